@@ -1,0 +1,42 @@
+#include "device.h"
+
+#include <cuda_runtime.h>
+
+#include <fmt/format.h>
+
+namespace kvgen::cuda {
+
+std::vector<DeviceInfo> list_devices(std::string* why_none) {
+    std::vector<DeviceInfo> out;
+    int n = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+        if (why_none) *why_none = fmt::format("no usable CUDA device ({})", cudaGetErrorString(err));
+        cudaGetLastError();  // clear the sticky-free error so later calls start clean
+        return out;
+    }
+    if (n == 0) {
+        if (why_none) *why_none = "no CUDA device is visible";
+        return out;
+    }
+    for (int i = 0; i < n; ++i) {
+        cudaDeviceProp p{};
+        if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
+        DeviceInfo d;
+        d.id = i;
+        d.name = p.name;
+        d.cc_major = p.major;
+        d.cc_minor = p.minor;
+        d.sm_count = p.multiProcessorCount;
+        d.total_bytes = p.totalGlobalMem;
+        if (cudaSetDevice(i) == cudaSuccess) {
+            size_t free_b = 0, total_b = 0;
+            if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) d.free_bytes = free_b;
+        }
+        out.push_back(d);
+    }
+    if (out.empty() && why_none) *why_none = "CUDA devices are present but their properties cannot be read";
+    return out;
+}
+
+}  // namespace kvgen::cuda

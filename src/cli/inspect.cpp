@@ -1,0 +1,156 @@
+#include "cli/inspect.h"
+
+#include <map>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/format.h"
+#include "common/error.h"
+#include "gguf/gguf.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace kvgen {
+
+namespace {
+
+struct TypeStats {
+    int count = 0;
+    uint64_t bytes = 0;
+    int64_t elements = 0;
+};
+
+std::string meta_string(const GgufFile& f, const char* key) {
+    const GgufValue* v = f.find(key);
+    return v && v->type() == GgufValueType::STRING ? v->as_string() : "";
+}
+
+}  // namespace
+
+void run_inspect(const std::string& model_path, const std::string& json_path, bool verbose) {
+    GgufFile file = GgufFile::open(model_path);
+    const bool vocab_only = file.tensors().empty();
+    const std::string arch = gguf_architecture(file);
+
+    // A file with weights must be a model kvgen can run: the same checks as loading it for generation.
+    Config cfg;
+    ModelWeights weights;
+    const bool has_config = !vocab_only || arch == "llama";
+    if (has_config) cfg = Config::from_gguf(file);
+    if (!vocab_only) weights = bind_weights(file, cfg);
+
+    std::map<std::string, TypeStats> types;
+    int64_t n_params = 0;
+    for (const GgufTensor& t : file.tensors()) {
+        TypeStats& s = types[ggml_type_name(t.type)];
+        ++s.count;
+        s.bytes += t.nbytes;
+        s.elements += t.n_elements();
+        n_params += t.n_elements();
+    }
+    const std::string tok_model = meta_string(file, "tokenizer.ggml.model");
+    const std::string tok_pre = meta_string(file, "tokenizer.ggml.pre");
+    const GgufValue* tokens = file.find("tokenizer.ggml.tokens");
+    const int64_t kv_per_token = has_config ? cfg.kv_bytes_per_token(2) : 0;
+    const int64_t kv_total = kv_per_token * (has_config ? cfg.n_ctx_train : 0);
+
+    if (!json_path.empty()) {
+        nlohmann::ordered_json j;
+        j["file"] = model_path;
+        j["file_size"] = file.file_size();
+        j["gguf_version"] = file.version();
+        j["n_tensors"] = file.tensors().size();
+        j["architecture"] = arch;
+        j["vocab_only"] = vocab_only;
+        if (has_config) {
+            j["name"] = cfg.name;
+            j["n_params"] = n_params;
+            j["n_layers"] = cfg.n_layers;
+            j["n_heads"] = cfg.n_heads;
+            j["n_kv_heads"] = cfg.n_kv_heads;
+            j["head_dim"] = cfg.head_dim;
+            j["n_embd"] = cfg.n_embd;
+            j["n_ff"] = cfg.n_ff;
+            j["n_vocab"] = cfg.n_vocab;
+            j["n_ctx_train"] = cfg.n_ctx_train;
+            j["rope_base"] = cfg.rope_base;
+            j["rope_dim"] = cfg.rope_dim;
+            j["rope_scaling"] = cfg.rope_scaling == RopeScaling::Linear ? "linear" : "none";
+            j["rope_scale"] = cfg.rope_scale;
+            j["rms_eps"] = cfg.rms_eps;
+            if (!vocab_only) {
+                j["tied_output"] = weights.tied_output;
+                j["rope_freqs"] = weights.rope_freqs.tensor != nullptr;
+            }
+            j["kv_cache"] = {{"type", "f16"},
+                             {"bytes_per_token", kv_per_token},
+                             {"n_ctx", cfg.n_ctx_train},
+                             {"bytes", kv_total}};
+        }
+        j["tokenizer"] = {{"model", tok_model}, {"pre", tok_pre}, {"n_tokens", tokens ? tokens->size() : 0}};
+        nlohmann::ordered_json jt = nlohmann::ordered_json::object();
+        for (const auto& [name, s] : types) jt[name] = {{"tensors", s.count}, {"bytes", s.bytes}, {"params", s.elements}};
+        j["tensor_types"] = jt;
+        if (verbose) {
+            nlohmann::ordered_json jm = nlohmann::ordered_json::object();
+            for (const auto& [key, v] : file.metadata()) jm[key] = v.describe(200);
+            j["metadata"] = jm;
+        }
+        write_text_file(json_path, j.dump(2) + "\n");
+        return;
+    }
+
+    std::string out;
+    auto line = [&out](const std::string& label, const std::string& value) {
+        out += fmt::format("{:<14}{}\n", label + ":", value);
+    };
+    line("file", fmt::format("{} ({}, GGUF v{}, {} tensors, {} metadata keys)", model_path,
+                             human_bytes(double(file.file_size())), file.version(), file.tensors().size(),
+                             file.metadata().size()));
+    line("architecture", arch.empty() ? "(none)" : arch);
+    if (has_config) {
+        line("name", cfg.name);
+        if (!vocab_only) line("parameters", fmt::format("{} ({})", human_count(double(n_params)), n_params));
+        line("layers", std::to_string(cfg.n_layers));
+        line("heads", cfg.n_kv_heads == cfg.n_heads
+                          ? fmt::format("{} (KV heads {}, multi-head)", cfg.n_heads, cfg.n_kv_heads)
+                          : fmt::format("{} (KV heads {}, grouped-query {}:1)", cfg.n_heads, cfg.n_kv_heads,
+                                        cfg.n_rep()));
+        line("head_dim", std::to_string(cfg.head_dim));
+        line("n_embd", std::to_string(cfg.n_embd));
+        line("n_ff", std::to_string(cfg.n_ff));
+        line("vocab", std::to_string(cfg.n_vocab));
+        line("context", fmt::format("{} (trained)", cfg.n_ctx_train));
+        line("rope", fmt::format("base {}, {} of {} dims rotated{}{}", cfg.rope_base, cfg.rope_dim, cfg.head_dim,
+                                 cfg.rope_scaling == RopeScaling::Linear
+                                     ? fmt::format(", linear scaling x{}", cfg.rope_scale)
+                                     : "",
+                                 weights.rope_freqs.tensor ? ", rope_freqs factors" : ""));
+        line("rms_eps", fmt::format("{:g}", cfg.rms_eps));
+        if (!vocab_only) line("output", weights.tied_output ? "tied to token_embd" : "separate output.weight");
+    }
+    line("tokenizer", tok_model.empty() ? "(none)"
+                                        : fmt::format("{}{}, {} tokens", tok_model,
+                                                      tok_pre.empty() ? "" : " (pre " + tok_pre + ")",
+                                                      tokens ? tokens->size() : 0));
+    if (vocab_only) {
+        out += "vocabulary-only file: no tensors\n";
+    } else {
+        out += "tensor types:\n";
+        for (const auto& [name, s] : types)
+            out += fmt::format("  {:<6} {:>5} tensors {:>10} params {:>10}\n", name, s.count,
+                               human_count(double(s.elements)), human_bytes(double(s.bytes)));
+    }
+    if (has_config)
+        out += fmt::format("KV cache (f16): {} per token, {} for {} tokens\n", human_bytes(double(kv_per_token)),
+                           human_bytes(double(kv_total)), cfg.n_ctx_train);
+    if (verbose) {
+        out += "metadata:\n";
+        for (const auto& [key, v] : file.metadata()) out += fmt::format("  {} = {}\n", key, v.describe());
+    }
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    std::fflush(stdout);
+}
+
+}  // namespace kvgen

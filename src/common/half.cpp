@@ -1,0 +1,56 @@
+#include "common/half.h"
+
+
+namespace kvgen {
+
+float fp16_to_fp32(uint16_t h) {
+    const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+    const uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0) {
+        if (mant == 0) {
+            bits = sign;
+        } else {  // subnormal: normalize
+            int e = -1;
+            do {
+                ++e;
+                mant <<= 1;
+            } while ((mant & 0x400u) == 0);
+            bits = sign | uint32_t(127 - 15 - e) << 23 | (mant & 0x3ffu) << 13;
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | mant << 13;
+    } else {
+        bits = sign | (exp + 127 - 15) << 23 | mant << 13;
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t fp32_to_fp16(float f) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    const uint16_t sign = uint16_t((bits >> 16) & 0x8000u);
+    const uint32_t abs = bits & 0x7fffffffu;
+    if (abs > 0x7f800000u) return sign | 0x7e00u;  // NaN
+    if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520: inf
+    if (abs < 0x38800000u) {                         // below the smallest normal: subnormal or zero
+        if (abs < 0x33000000u) return sign;          // below half the smallest subnormal
+        const uint32_t e = abs >> 23;
+        const uint32_t m = (abs & 0x7fffffu) | 0x800000u;
+        const uint32_t shift = 126 - e;  // 14..24
+        uint32_t r = m >> shift;
+        const uint32_t rem = m & ((1u << shift) - 1);
+        const uint32_t half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (r & 1u))) ++r;
+        return sign | uint16_t(r);
+    }
+    uint32_t r = ((abs - 0x38000000u) >> 13);  // rebias exponent 127 -> 15
+    const uint32_t rem = abs & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) ++r;
+    return sign | uint16_t(r);
+}
+
+}  // namespace kvgen

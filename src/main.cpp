@@ -1,0 +1,110 @@
+// kvgen: the command line. Parses options, dispatches to a mode, and is the only place that prints errors.
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "cli/format.h"
+#include "cli/inspect.h"
+#include "common/error.h"
+
+#ifdef KVGEN_HAVE_CUDA
+#include "device.h"
+#endif
+
+namespace {
+
+// `--list-devices`, as llama.cpp: the CPU, then each CUDA device this build can use.
+void list_devices() {
+    std::printf("Available devices:\n  cpu: %u hardware threads\n", std::thread::hardware_concurrency());
+#ifdef KVGEN_HAVE_CUDA
+    std::string why;
+    const auto devices = kvgen::cuda::list_devices(&why);
+    for (const auto& d : devices)
+        std::printf("  cuda%d: %s (compute %d.%d, %d SMs, %.1f GiB, %.1f GiB free)\n", d.id, d.name.c_str(), d.cc_major,
+                    d.cc_minor, d.sm_count, double(d.total_bytes) / (1 << 30), double(d.free_bytes) / (1 << 30));
+    if (devices.empty()) std::printf("  cuda: %s\n", why.c_str());
+#else
+    std::printf("  cuda: this build has no CUDA backend (configure with -DKVGEN_CUDA=ON)\n");
+#endif
+}
+
+constexpr const char* kDefaultModel = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+// The default model: models/... under the working directory, else beside the build directory of this binary.
+std::string default_model_path() {
+    if (::access(kDefaultModel, F_OK) == 0) return kDefaultModel;
+    char exe[4096];
+    const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        std::string dir(exe);
+        for (int up = 0; up < 3; ++up) {
+            dir = dir.substr(0, dir.find_last_of('/'));
+            const std::string candidate = dir + "/" + kDefaultModel;
+            if (::access(candidate.c_str(), F_OK) == 0) return candidate;
+        }
+    }
+    return kDefaultModel;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"kvgen: text generation for LLaMA-style GGUF models, built around the KV cache", "kvgen"};
+    app.set_version_flag("--version", "kvgen 0.1.0");
+
+    std::string model;
+    std::string json_path;
+    bool inspect = false;
+    bool verbose = false;
+    bool devices = false;
+    app.add_option("-m,--model", model, fmt::format("GGUF model file (default: {})", kDefaultModel));
+    app.add_flag("--inspect", inspect, "print the model's architecture, tensor types and KV cache cost, then exit");
+    app.add_option("--json", json_path, "write a machine-readable report to this file ('-' for stdout)");
+    app.add_flag("--list-devices", devices, "list the devices kvgen can run on, then exit");
+    app.add_flag("-v,--verbose", verbose, "more detail (--inspect: every metadata key)");
+
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::CallForHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::CallForAllHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::CallForVersion& e) {
+        return app.exit(e);
+    } catch (const CLI::ParseError& e) {
+        std::fprintf(stderr, "kvgen: error: %s (see --help)\n", e.what());
+        return 1;
+    }
+
+    try {
+        if (devices) {
+            list_devices();
+            return 0;
+        }
+        if (model.empty()) model = default_model_path();
+        if (!json_path.empty()) kvgen::check_writable(json_path);
+        if (inspect) {
+            kvgen::run_inspect(model, json_path, verbose);
+            return 0;
+        }
+        throw kvgen::Error("generation is not implemented yet: use --inspect");
+    } catch (const kvgen::Error& e) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "kvgen: error: %s\n", e.what());
+        return 1;
+    } catch (const std::bad_alloc&) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "kvgen: error: out of memory\n");
+        return 1;
+    } catch (const std::exception& e) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "kvgen: error: %s\n", e.what());
+        return 1;
+    }
+}

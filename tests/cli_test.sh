@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# End-to-end checks of kvgen and kvgen-synth: --inspect on every shared model and on synthetic files of every
+# type, and bad input answered by one "kvgen: error:" line with exit status 1.
+# usage: cli_test.sh KVGEN KVGEN_SYNTH SHARED_DIR SOURCE_DIR
+set -euo pipefail
+kvgen=$1 synth=$2 shared=$3 src=$4
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0 passed=0
+
+pass() { passed=$((passed + 1)); }
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+# expect_error NAME PATTERN CMD...: exit status 1, stdout empty, stderr exactly one line "kvgen: error: ..."
+# containing PATTERN.
+expect_error() {
+    local name=$1 pattern=$2
+    shift 2
+    local rc=0
+    "$@" >"$tmp/out" 2>"$tmp/err" </dev/null || rc=$?
+    if [[ $rc -ne 1 ]]; then fail "$name: exit status $rc, expected 1 ($(head -c 300 "$tmp/err"))"; return; fi
+    if [[ -s $tmp/out ]]; then fail "$name: wrote to stdout"; return; fi
+    if [[ $(wc -l <"$tmp/err") -ne 1 ]]; then fail "$name: stderr is not one line: $(cat "$tmp/err")"; return; fi
+    if ! grep -q "^kvgen\(-synth\)\?: error: .*$pattern" "$tmp/err"; then
+        fail "$name: stderr '$(cat "$tmp/err")' lacks '$pattern'"
+        return
+    fi
+    pass
+}
+
+expect_ok() {  # expect_ok NAME PATTERN CMD...: exit 0 and PATTERN in stdout
+    local name=$1 pattern=$2
+    shift 2
+    local rc=0
+    "$@" >"$tmp/out" 2>"$tmp/err" </dev/null || rc=$?
+    if [[ $rc -ne 0 ]]; then fail "$name: exit status $rc: $(head -c 300 "$tmp/err")"; return; fi
+    if ! grep -q -- "$pattern" "$tmp/out"; then fail "$name: output lacks '$pattern'"; return; fi
+    pass
+}
+
+# --inspect on every shared file.
+for f in "$shared"/testdata/*/*.gguf; do
+    expect_ok "inspect $(basename "$f")" "architecture:" "$kvgen" -m "$f" --inspect
+done
+expect_ok "inspect tiny: KV cost" "KV cache (f16): 32 B per token, 128 KiB for 4096 tokens" \
+    "$kvgen" -m "$shared/testdata/tiny/llama-2-tiny-random.gguf" --inspect
+expect_ok "inspect ref: GQA" "grouped-query 4:1" "$kvgen" -m "$shared/testdata/ref/open-gqa-Q4_K_M.gguf" --inspect
+expect_ok "inspect vocab-only" "vocabulary-only file" "$kvgen" -m "$shared/testdata/vocab/ggml-vocab-gpt-2.gguf" --inspect
+
+# The default model (scripts/test.sh fetches it first).
+default="$src/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+if [[ -f $default ]]; then
+    expect_ok "inspect default model" "KV cache (f16): 22.5 KiB per token, 180 MiB for 8192 tokens" \
+        "$kvgen" -m "$default" --inspect
+    expect_ok "inspect default model: tied" "tied to token_embd" "$kvgen" -m "$default" --inspect
+    expect_ok "inspect default model: JSON" '"n_kv_heads": 3' "$kvgen" -m "$default" --inspect --json -
+    "$kvgen" -m "$default" --inspect --json "$tmp/inspect.json" >/dev/null
+    if python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["n_layers"]==30 and d["kv_cache"]["bytes_per_token"]==23040' "$tmp/inspect.json"; then
+        pass
+    else
+        fail "inspect --json FILE: not the expected JSON"
+    fi
+else
+    fail "default model missing: run models/fetch-default.sh"
+fi
+
+# Synthetic files of every type, written by kvgen-synth and read back by kvgen.
+vocab="$shared/testdata/ref/open-gqa-Q8_0.gguf"
+for type in F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K Q4_K_M; do
+    out="$tmp/synth-$type.gguf"
+    if "$synth" tiny --type "$type" --vocab "$vocab" -o "$out" --threads 2 2>"$tmp/err"; then
+        expect_ok "synth $type: inspect" "synthetic tiny $type" "$kvgen" -m "$out" --inspect
+    else
+        fail "kvgen-synth $type: $(cat "$tmp/err")"
+    fi
+done
+expect_ok "synth Q4_K_M mixes types" "Q6_K" "$kvgen" -m "$tmp/synth-Q4_K_M.gguf" --inspect
+if ls "$tmp"/*.tmp.* >/dev/null 2>&1; then fail "kvgen-synth left a temporary file"; else pass; fi
+
+# Bad input: one clear line and exit status 1.
+tiny="$shared/testdata/tiny/llama-2-tiny-random.gguf"
+expect_error "missing file" "No such file" "$kvgen" -m "$tmp/none.gguf" --inspect
+expect_error "directory" "is a directory" "$kvgen" -m "$tmp" --inspect
+: >"$tmp/empty.gguf"
+expect_error "empty file" "empty file" "$kvgen" -m "$tmp/empty.gguf" --inspect
+echo "hello, I am not a model" >"$tmp/text.gguf"
+expect_error "not GGUF" "not a GGUF file" "$kvgen" -m "$tmp/text.gguf" --inspect
+head -c 100000 "$tiny" >"$tmp/trunc.gguf"
+expect_error "truncated" "offset" "$kvgen" -m "$tmp/trunc.gguf" --inspect
+head -c $(($(stat -c %s "$tiny") - 1)) "$tiny" >"$tmp/trunc-data.gguf"
+expect_error "truncated data" "runs past the end" "$kvgen" -m "$tmp/trunc-data.gguf" --inspect
+expect_error "unsupported architecture" "unsupported architecture 'kvgen-test'" \
+    "$kvgen" -m "$src/tests/data/dequant_golden.bin" --inspect
+expect_error "unknown flag" "--no-such-flag" "$kvgen" --no-such-flag
+expect_error "unwritable --json" "cannot write" "$kvgen" -m "$tiny" --inspect --json /nonexistent-dir/x.json
+expect_error "synth: unknown shape" "unknown shape" "$synth" gpt-9 --vocab "$vocab" -o "$tmp/x.gguf"
+expect_error "synth: no vocab" "--vocab" "$synth" tiny -o "$tmp/x.gguf"
+expect_error "synth: bad type" "unknown type 'Q9_9'" "$synth" tiny --type Q9_9 --vocab "$vocab" -o "$tmp/x.gguf"
+
+echo "$passed passed, $failures failed"
+[[ $failures -eq 0 ]]

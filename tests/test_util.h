@@ -1,0 +1,23 @@
+#pragma once
+#include <cstdint>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+namespace kvgen::test {
+
+inline std::string shared(const std::string& rel) { return std::string(KVGEN_SHARED_DIR) + "/" + rel; }
+inline std::string source(const std::string& rel) { return std::string(KVGEN_SOURCE_DIR) + "/" + rel; }
+
+inline std::vector<uint8_t> read_bytes(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    REQUIRE(in.good());
+    return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+inline bool file_exists(const std::string& path) { return std::ifstream(path).good(); }
+
+}  // namespace kvgen::test
