@@ -15,8 +15,7 @@ ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" "$@"
 # CTest shows a skipped test without its reason: say why the [cuda] tests did not run.
 cuda_tests="$build_dir/tests/kvgen_cuda_tests"
 if [[ -x $cuda_tests ]]; then
-    rc=0
-    reason=$("$cuda_tests" --list-test-names-only 2>&1 | head -n 1) || rc=$?
+    reason=$("$cuda_tests" --list-test-names-only 2>&1 | head -n 1) || true
     [[ $reason == SKIP* ]] && echo "$reason"
 fi
 exit 0
