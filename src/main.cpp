@@ -10,6 +10,7 @@
 
 #include "cli/format.h"
 #include "cli/inspect.h"
+#include "cli/tokenize.h"
 #include "common/error.h"
 
 #ifdef KVGEN_HAVE_CUDA
@@ -63,9 +64,17 @@ int main(int argc, char** argv) {
     bool inspect = false;
     bool verbose = false;
     bool devices = false;
+    bool tokenize = false;
+    std::string prompt, prompt_file;
+    kvgen::TokenizeOptions tok_opt;
     app.add_option("-m,--model", model, fmt::format("GGUF model file (default: {})", kDefaultModel));
     app.add_flag("--inspect", inspect, "print the model's architecture, tensor types and KV cache cost, then exit");
     app.add_option("--json", json_path, "write a machine-readable report to this file ('-' for stdout)");
+    app.add_option("-p,--prompt", prompt, "prompt text");
+    app.add_option("-f,--file", prompt_file, "read the prompt from a file");
+    app.add_flag("--tokenize", tokenize, "print the prompt's token ids on one line (-v: one piece per line), then exit");
+    app.add_flag("--no-bos", tok_opt.no_bos, "do not add the BOS token even when the model asks for it");
+    app.add_flag("--special", tok_opt.parse_special, "parse control-token text in the prompt (e.g. <|im_start|>)");
     app.add_flag("--list-devices", devices, "list the devices kvgen can run on, then exit");
     app.add_flag("-v,--verbose", verbose, "more detail (--inspect: every metadata key)");
 
@@ -89,6 +98,17 @@ int main(int argc, char** argv) {
         }
         if (model.empty()) model = default_model_path();
         if (!json_path.empty()) kvgen::check_writable(json_path);
+        if (!prompt_file.empty()) {
+            if (!prompt.empty()) throw kvgen::Error("give the prompt with -p or -f, not both");
+            prompt = kvgen::read_text_file(prompt_file);
+        }
+        if (tokenize) {
+            tok_opt.model_path = model;
+            tok_opt.text = prompt;
+            tok_opt.verbose = verbose;
+            kvgen::run_tokenize(tok_opt);
+            return 0;
+        }
         if (inspect) {
             kvgen::run_inspect(model, json_path, verbose);
             return 0;

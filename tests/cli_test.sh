@@ -64,6 +64,21 @@ else
     fail "default model missing: run models/fetch-default.sh"
 fi
 
+# --tokenize, on vocabulary-only files and models.
+spm="$shared/testdata/vocab/ggml-vocab-llama-spm.gguf"
+expect_ok "tokenize SPM with BOS" "^1 15043 3186$" "$kvgen" -m "$spm" --tokenize -p "Hello world"
+expect_ok "tokenize --no-bos" "^15043 3186$" "$kvgen" -m "$spm" --tokenize -p "Hello world" --no-bos
+expect_ok "tokenize -v pieces" "15043 -> ' Hello'" "$kvgen" -m "$spm" --tokenize -p "Hello world" -v
+expect_ok "tokenize GPT-2" "^15496 995$" "$kvgen" -m "$shared/testdata/vocab/ggml-vocab-gpt-2.gguf" --tokenize -p "Hello world"
+printf 'Hello world' >"$tmp/prompt.txt"
+expect_ok "tokenize -f FILE" "^1 15043 3186$" "$kvgen" -m "$spm" --tokenize -f "$tmp/prompt.txt"
+if [[ -f $default ]]; then
+    expect_ok "tokenize default model" "^19556 905$" "$kvgen" -m "$default" --tokenize -p "Hello world"
+    expect_ok "tokenize --special" "^1 6004$" "$kvgen" -m "$default" --tokenize -p "<|im_start|>hi" --special
+fi
+expect_error "tokenize: missing prompt file" "cannot open" "$kvgen" -m "$spm" --tokenize -f "$tmp/none.txt"
+expect_error "tokenize: no tokenizer" "no tokenizer" "$kvgen" -m "$src/tests/data/dequant_golden.bin" --tokenize -p hi
+
 # Synthetic files of every type, written by kvgen-synth and read back by kvgen.
 vocab="$shared/testdata/ref/open-gqa-Q8_0.gguf"
 for type in F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K Q4_K_M; do

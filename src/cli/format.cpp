@@ -52,6 +52,31 @@ void check_writable(const std::string& path) {
         throw Error(fmt::format("{}: cannot write: {}", path, std::strerror(errno)));
 }
 
+std::string read_text_file(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw Error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+    struct stat st {};
+    if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+        ::close(fd);
+        throw Error(fmt::format("{}: is a directory", path));
+    }
+    std::string out;
+    char buf[1 << 16];
+    for (;;) {
+        const ssize_t n = ::read(fd, buf, sizeof(buf));
+        if (n == 0) break;
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            const int e = errno;
+            ::close(fd);
+            throw Error(fmt::format("{}: read failed: {}", path, std::strerror(e)));
+        }
+        out.append(buf, size_t(n));
+    }
+    ::close(fd);
+    return out;
+}
+
 void write_text_file(const std::string& path, const std::string& text) {
     if (path == "-") {
         std::fwrite(text.data(), 1, text.size(), stdout);

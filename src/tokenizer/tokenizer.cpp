@@ -1,0 +1,249 @@
+#include "tokenizer/tokenizer.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "tokenizer/tokenizer_impl.h"
+#include "tokenizer/utf8.h"
+
+namespace kvgen {
+
+namespace {
+
+const char* const kSpace = "\xe2\x96\x81";  // U+2581, SentencePiece's visible space
+
+// Control tokens that end a turn in common chat formats (llama.cpp treats the same texts as end of generation).
+const char* const kEndOfTurn[] = {"<|eot_id|>", "<|im_end|>",    "<|end|>", "<end_of_turn>", "<|endoftext|>",
+                                  "<|eom_id|>", "<|end_of_text|>", "<EOT>",  "_<EOT>",       "<|return|>"};
+
+int32_t id_key(const GgufFile& f, const char* key, int n_vocab, int32_t fallback) {
+    const GgufValue* v = f.find(key);
+    if (!v || !v->is_integer()) return fallback;
+    const int64_t id = v->as_i64();
+    return (id >= 0 && id < n_vocab) ? int32_t(id) : -1;
+}
+
+bool bool_key(const GgufFile& f, const char* key, bool fallback) {
+    const GgufValue* v = f.find(key);
+    return (v && v->type() == GgufValueType::BOOL) ? v->as_bool() : fallback;
+}
+
+}  // namespace
+
+Tokenizer::Tokenizer() = default;
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+Tokenizer::~Tokenizer() = default;
+
+Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
+    Tokenizer t;
+    const GgufValue* model = f.find("tokenizer.ggml.model");
+    if (!model || model->type() != GgufValueType::STRING)
+        throw Error(fmt::format("{}: no tokenizer (tokenizer.ggml.model is missing)", f.path()));
+    t.model_ = model->as_string();
+    if (t.model_ == "llama") {
+        t.kind_ = Kind::Spm;
+    } else if (t.model_ == "gpt2") {
+        t.kind_ = Kind::Bpe;
+    } else {
+        throw Error(fmt::format("{}: tokenizer model '{}' is not supported (llama, gpt2)", f.path(), t.model_));
+    }
+    if (const GgufValue* pre = f.find("tokenizer.ggml.pre"); pre && pre->type() == GgufValueType::STRING)
+        t.pre_ = pre->as_string();
+
+    const GgufValue* tokens = f.find("tokenizer.ggml.tokens");
+    if (!tokens || tokens->elem_type() != GgufValueType::STRING || tokens->size() == 0)
+        throw Error(fmt::format("{}: tokenizer.ggml.tokens is missing or not a list of strings", f.path()));
+    t.tokens_ = tokens->strings();
+    const size_t n = t.tokens_.size();
+    t.scores_.assign(n, 0.0f);
+    if (const GgufValue* s = f.find("tokenizer.ggml.scores"); s && s->is_array() && s->size() == n && !s->raw().empty())
+        for (size_t i = 0; i < n; ++i) t.scores_[i] = float(s->number_at(i));
+    t.types_.assign(n, TokenType::Normal);
+    if (const GgufValue* ty = f.find("tokenizer.ggml.token_type");
+        ty && ty->is_array() && ty->size() == n && !ty->raw().empty() && !ty->is_float()) {
+        for (size_t i = 0; i < n; ++i) {
+            const int64_t v = ty->integer_at(i);
+            t.types_[i] = (v >= 1 && v <= 6) ? TokenType(v) : TokenType::Normal;
+        }
+    }
+    // note: like llama.cpp, a text that appears twice maps to its last id.
+    t.index_.reserve(n);
+    for (size_t i = 0; i < n; ++i) t.index_[t.tokens_[i]] = int32_t(i);
+
+    const int nv = int(n);
+    const bool spm = t.kind_ == Kind::Spm;
+    t.bos_ = id_key(f, "tokenizer.ggml.bos_token_id", nv, spm ? 1 : -1);
+    t.eos_ = id_key(f, "tokenizer.ggml.eos_token_id", nv, spm ? 2 : -1);
+    t.unk_ = id_key(f, "tokenizer.ggml.unknown_token_id", nv, spm ? 0 : -1);
+    t.add_bos_ = bool_key(f, "tokenizer.ggml.add_bos_token", spm);
+    t.add_eos_ = bool_key(f, "tokenizer.ggml.add_eos_token", false);
+    t.add_space_prefix_ = bool_key(f, "tokenizer.ggml.add_space_prefix", spm);
+
+    for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"})
+        if (const int32_t id = id_key(f, key, nv, -1); id >= 0) t.eog_.push_back(id);
+    for (const char* text : kEndOfTurn) {
+        const int32_t id = t.find(text);
+        if (id >= 0 && (t.types_[size_t(id)] == TokenType::Control || t.types_[size_t(id)] == TokenType::UserDefined))
+            t.eog_.push_back(id);
+    }
+    if (t.eos_ >= 0) t.eog_.push_back(t.eos_);
+
+    for (size_t i = 0; i < n; ++i) {
+        const TokenType ty = t.types_[i];
+        if ((ty == TokenType::Control || ty == TokenType::UserDefined || ty == TokenType::Unknown) &&
+            !t.tokens_[i].empty())
+            t.specials_.push_back(int32_t(i));
+    }
+    std::stable_sort(t.specials_.begin(), t.specials_.end(), [&t](int32_t a, int32_t b) {
+        return t.tokens_[size_t(a)].size() > t.tokens_[size_t(b)].size();
+    });
+
+    if (spm) t.spm_split_words_ = spm_words_independent(t.tokens_);
+    t.impl_ = std::make_unique<Impl>();
+    if (t.kind_ == Kind::Bpe) {
+        const GgufValue* merges = f.find("tokenizer.ggml.merges");
+        if (!merges || merges->elem_type() != GgufValueType::STRING)
+            throw Error(fmt::format("{}: a gpt2 tokenizer needs tokenizer.ggml.merges", f.path()));
+        bool unknown_pre = false;
+        bpe_init(*t.impl_, merges->strings(), t.pre_, &unknown_pre);
+        t.pre_fallback_ = unknown_pre;
+    }
+    return t;
+}
+
+int32_t Tokenizer::find(std::string_view text) const {
+    const auto it = index_.find(text);
+    return it == index_.end() ? -1 : it->second;
+}
+
+bool Tokenizer::is_eog(int32_t id) const { return std::find(eog_.begin(), eog_.end(), id) != eog_.end(); }
+
+void Tokenizer::encode_text(std::string_view text, bool space_prefix, std::vector<int32_t>& out) const {
+    if (kind_ == Kind::Bpe) {
+        bpe_encode(text, *impl_, index_, out);
+        return;
+    }
+    std::string escaped;
+    escaped.reserve(text.size() + 8);
+    if (space_prefix) escaped += kSpace;
+    for (char c : text) {
+        if (c == ' ') escaped += kSpace;
+        else escaped += c;
+    }
+    spm_encode(escaped, index_, scores_, unk_, spm_split_words_, out);
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool parse_special) const {
+    std::vector<int32_t> out;
+    if (add_bos && bos_ >= 0) out.push_back(bos_);
+
+    // Split out special tokens, longest text first; control and unknown tokens only when parse_special
+    // (user-defined tokens always, as llama.cpp does).
+    struct Fragment {
+        size_t start, len;
+        int32_t token;  // -1: raw text
+    };
+    std::vector<Fragment> frags;
+    if (!text.empty()) frags.push_back({0, text.size(), -1});
+    for (int32_t id : specials_) {
+        if (!parse_special && types_[size_t(id)] != TokenType::UserDefined) continue;
+        const std::string& st = tokens_[size_t(id)];
+        std::vector<Fragment> next;
+        for (const Fragment& fr : frags) {
+            if (fr.token >= 0) {
+                next.push_back(fr);
+                continue;
+            }
+            size_t pos = fr.start;
+            const size_t end = fr.start + fr.len;
+            while (pos < end) {
+                const size_t hit = text.substr(0, end).find(st, pos);
+                if (hit == std::string_view::npos) break;
+                if (hit > pos) next.push_back({pos, hit - pos, -1});
+                next.push_back({hit, st.size(), id});
+                pos = hit + st.size();
+            }
+            if (pos < end) next.push_back({pos, end - pos, -1});
+        }
+        frags.swap(next);
+    }
+
+    bool prev_special = true;  // SentencePiece prefixes a space at the start and after each special token
+    for (const Fragment& fr : frags) {
+        if (fr.token >= 0) {
+            out.push_back(fr.token);
+            prev_special = true;
+        } else {
+            encode_text(text.substr(fr.start, fr.len), add_space_prefix_ && prev_special, out);
+            prev_special = false;
+        }
+    }
+    if (add_eos_ && add_bos && eos_ >= 0) out.push_back(eos_);
+    return out;
+}
+
+std::string Tokenizer::piece(int32_t id, bool render_special) const {
+    if (id < 0 || id >= n_vocab()) return "";
+    const std::string& text = tokens_[size_t(id)];
+    const TokenType type = types_[size_t(id)];
+    if (type == TokenType::Control) return render_special ? text : "";
+    if (type == TokenType::UserDefined) return text;
+    if (kind_ == Kind::Spm) {
+        if (type == TokenType::Byte && text.size() == 6 && text.compare(0, 3, "<0x") == 0) {
+            return std::string(1, char(std::stoi(text.substr(3, 2), nullptr, 16)));
+        }
+        if (type == TokenType::Unknown) return render_special ? text : "\xe2\x96\x85";  // ▅, as llama.cpp prints it
+        std::string out;
+        for (size_t i = 0; i < text.size();) {
+            if (text.compare(i, 3, kSpace) == 0) {
+                out += ' ';
+                i += 3;
+            } else {
+                out += text[i++];
+            }
+        }
+        return out;
+    }
+    // Byte-level BPE: each character stands for one byte.
+    std::string out;
+    for (size_t i = 0; i < text.size();) {
+        const size_t n = utf8::valid_at(text, i);
+        if (n == 0) {
+            out += text[i++];
+            continue;
+        }
+        uint32_t cp = static_cast<unsigned char>(text[i]) & (0x7f >> (n == 1 ? 0 : n));
+        for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(text[i + k]) & 0x3f);
+        const auto it = impl_->unicode_to_byte.find(cp);
+        if (it != impl_->unicode_to_byte.end()) out += char(it->second);
+        else out.append(text, i, n);
+        i += n;
+    }
+    return out;
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool render_special) const {
+    std::string out;
+    for (int32_t id : ids) out += piece(id, render_special);
+    if (kind_ == Kind::Spm && add_space_prefix_ && !out.empty() && out[0] == ' ') out.erase(0, 1);
+    return out;
+}
+
+std::string TextStream::push(int32_t id) {
+    pending_ += tok_.piece(id, special_);
+    const size_t hold = utf8::incomplete_tail(pending_);
+    std::string ready = pending_.substr(0, pending_.size() - hold);
+    pending_.erase(0, pending_.size() - hold);
+    return ready;
+}
+
+std::string TextStream::finish() {
+    std::string rest;
+    rest.swap(pending_);
+    return rest;
+}
+
+}  // namespace kvgen
