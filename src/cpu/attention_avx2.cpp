@@ -1,0 +1,4 @@
+// Compiled with -mavx2 -mfma -mf16c; used only where the CPU has them.
+#include "cpu/ops.h"
+#define KVGEN_ATTENTION_ITEMS attention_items_avx2
+#include "cpu/attention_kernels.inc"

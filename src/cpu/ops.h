@@ -1,0 +1,37 @@
+#pragma once
+// Element-wise and attention ops of the CPU forward pass. Shapes: [n_tokens][...] rows, outermost first.
+#include <cstdint>
+
+#include "cpu/thread_pool.h"
+#include "engine/kv_cache.h"
+#include "model/config.h"
+
+namespace kvgen::cpu {
+
+// out[i] = x[i] / sqrt(mean(x[i]^2) + eps) * w, for n rows of dim.
+void rmsnorm(float* out, const float* x, const float* w, int n, int dim, float eps);
+
+// cos/sin tables for n positions pos0..: [n][rope_dim / 2] each. freq_factors (Llama 3.1 rope_freqs) may be null.
+void rope_tables(float* cos_t, float* sin_t, int pos0, int n, const Config& c, const float* freq_factors);
+// Rotates adjacent pairs (x[2j], x[2j+1]) of the first rope_dim dims of every head: x is [n][n_heads][head_dim].
+void rope(float* x, const float* cos_t, const float* sin_t, int n, int n_heads, const Config& c);
+
+// h[j] = silu(gate[j]) * up[j], in place in gate.
+void swiglu(float* gate, const float* up, int64_t count);
+void add(float* x, const float* y, int64_t count);
+
+// Causal attention of n queries at positions pos0.. over cache positions 0..pos: out and q are
+// [n][n_heads][head_dim]; query head h reads KV head h / n_rep. scratch: threads x attention_scratch floats.
+void attention(float* out, const float* q, const KvCache& kv, int l, int pos0, int n, const Config& c,
+               float* scratch, ThreadPool& pool);
+int64_t attention_scratch(const Config& c, int n_ctx);
+
+namespace kernels {
+// One (token, KV head) pair per work item w = i * n_kv_heads + g, for w in [w0, w1).
+void attention_items_avx2(float* out, const float* q, const KvCache& kv, int l, int pos0, const Config& c,
+                          int64_t w0, int64_t w1, float* scratch);
+void attention_items_generic(float* out, const float* q, const KvCache& kv, int l, int pos0, const Config& c,
+                             int64_t w0, int64_t w1, float* scratch);
+}  // namespace kernels
+
+}  // namespace kvgen::cpu

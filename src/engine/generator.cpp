@@ -1,0 +1,82 @@
+#include "engine/generator.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+
+namespace kvgen {
+
+namespace {
+double ms_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+const float* Generator::prefill(const std::vector<int32_t>& tokens, int from) {
+    const float* logits = nullptr;
+    for (int pos = from; pos < int(tokens.size()); pos += backend_.n_batch()) {
+        const int n = std::min(backend_.n_batch(), int(tokens.size()) - pos);
+        logits = backend_.forward(tokens.data() + pos, n, pos);
+    }
+    return logits;
+}
+
+GenerateStats Generator::run(const std::vector<int32_t>& prompt, const GenerateOptions& opt,
+                             const std::function<bool(int32_t, const float*)>& on_token,
+                             const std::function<bool(int32_t)>& is_eog, int n_vocab) {
+    GenerateStats st;
+    st.n_prompt = int(prompt.size());
+    if (prompt.empty()) throw Error("the prompt is empty (give -p TEXT; a model without BOS needs some text)");
+    if (int(prompt.size()) >= backend_.n_ctx())
+        throw Error(fmt::format("prompt has {} tokens but the context holds {} (raise --ctx-size)", prompt.size(),
+                                backend_.n_ctx()));
+    Sampler sampler(opt.sampler);
+    std::vector<int32_t> seq = prompt;
+
+    backend_.kv_truncate(0);
+    auto t0 = std::chrono::steady_clock::now();
+    const float* logits = prefill(seq, 0);
+    st.prefill_ms = ms_since(t0);
+    double step_ms = st.prefill_ms;
+
+    for (;;) {
+        auto ts = std::chrono::steady_clock::now();
+        const int32_t id = sampler.sample(logits, n_vocab, seq);
+        const double sms = ms_since(ts);
+        st.sample_ms += sms;
+        st.token_ms.push_back(step_ms + sms);
+        st.tokens.push_back(id);
+        seq.push_back(id);
+        if (!on_token(id, logits)) {
+            st.stop = "stopped";
+            break;
+        }
+        if (is_eog && is_eog(id)) {
+            st.stop = "eog";
+            break;
+        }
+        if (opt.n_predict >= 0 && int(st.tokens.size()) >= opt.n_predict) {
+            st.stop = "n_predict";
+            break;
+        }
+        if (int(seq.size()) >= backend_.n_ctx()) {
+            st.stop = "context";
+            break;
+        }
+        t0 = std::chrono::steady_clock::now();
+        if (opt.kv_cache) {
+            logits = backend_.forward(&seq.back(), 1, int(seq.size()) - 1);
+        } else {
+            backend_.kv_truncate(0);  // recompute everything: the comparison the cache is measured against
+            logits = prefill(seq, 0);
+        }
+        step_ms = ms_since(t0);
+        st.decode_ms += step_ms;
+    }
+    return st;
+}
+
+}  // namespace kvgen

@@ -1,0 +1,44 @@
+#pragma once
+// The generation loop: prefill the prompt in batches, then decode one token per step through the cache, or (with
+// the cache off) clear it and recompute the whole sequence every step with the same prefill path.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/sampler.h"
+
+namespace kvgen {
+
+struct GenerateOptions {
+    int n_predict = -1;  // -1: until end of generation or a full context
+    bool kv_cache = true;
+    SamplerOptions sampler;
+};
+
+struct GenerateStats {
+    int n_prompt = 0;
+    std::vector<int32_t> tokens;  // generated ids
+    double prefill_ms = 0;        // the prompt's forward pass
+    double decode_ms = 0;         // every later forward pass
+    double sample_ms = 0;
+    std::vector<double> token_ms;  // latency of each generated token (forward + sampling)
+    std::string stop;              // "eog", "n_predict", "context", "stopped"
+};
+
+class Generator {
+public:
+    explicit Generator(Backend& backend) : backend_(backend) {}
+
+    // on_token(id, logits that chose it) returns false to stop. is_eog decides end of generation (null: never).
+    GenerateStats run(const std::vector<int32_t>& prompt, const GenerateOptions& opt,
+                      const std::function<bool(int32_t, const float*)>& on_token,
+                      const std::function<bool(int32_t)>& is_eog, int n_vocab);
+
+private:
+    const float* prefill(const std::vector<int32_t>& tokens, int from);
+    Backend& backend_;
+};
+
+}  // namespace kvgen
