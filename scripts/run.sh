@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Set-up, fetch the default model if missing, then show it: what kvgen knows about the model and its KV cache.
-# Extra arguments go to kvgen.
+# Set-up, fetch the default model if missing, then one generation with the KV cache and the same one without it
+# (--no-kv-cache), printing both timings. Extra arguments go to both kvgen runs.
 set -euo pipefail
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then
-    echo "usage: scripts/run.sh [KVGEN ARGS...]"
+    echo "usage: scripts/run.sh [KVGEN ARGS...]   (default: --chat -p 'What is the capital of France?' -n 64)"
     exit 0
 fi
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-scripts/setup.sh
+scripts/setup.sh >/dev/null
 models/fetch-default.sh
-build/kvgen -m models/SmolLM2-135M-Instruct.Q4_1.gguf --inspect "$@"
+args=("$@")
+if ((${#args[@]} == 0)); then args=(--chat -p "What is the capital of France? Answer in two sentences." -n 64 --temp 0); fi
+echo "== with the KV cache ==" >&2
+build/kvgen "${args[@]}"
+echo >&2
+echo "== without the KV cache (every step recomputes the whole sequence) ==" >&2
+build/kvgen --no-kv-cache "${args[@]}"

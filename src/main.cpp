@@ -7,9 +7,12 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 
 #include "cli/format.h"
 #include "cli/inspect.h"
+#include "cli/generate.h"
 #include "cli/tokenize.h"
 #include "common/error.h"
 
@@ -69,15 +72,42 @@ int main(int argc, char** argv) {
     kvgen::TokenizeOptions tok_opt;
     app.add_option("-m,--model", model, fmt::format("GGUF model file (default: {})", kDefaultModel));
     app.add_flag("--inspect", inspect, "print the model's architecture, tensor types and KV cache cost, then exit");
-    app.add_option("--json", json_path, "write a machine-readable report to this file ('-' for stdout)");
+    app.add_option("--json", json_path, "write a machine-readable report to this file ('-' for stdout with --inspect)");
     app.add_option("-p,--prompt", prompt, "prompt text");
     app.add_option("-f,--file", prompt_file, "read the prompt from a file");
     app.add_flag("--tokenize", tokenize, "print the prompt's token ids on one line (-v: one piece per line), then exit");
     app.add_flag("--no-bos", tok_opt.no_bos, "do not add the BOS token even when the model asks for it");
     app.add_flag("--special", tok_opt.parse_special, "parse control-token text in the prompt (e.g. <|im_start|>)");
+    kvgen::GenerateCliOptions gen;
+    std::string kv_type = "f16";
+    app.add_option("-n,--n-predict", gen.n_predict, "tokens to generate (-1: until end of generation or full context)")
+        ->check(CLI::Range(-1, 1 << 30));
+    app.add_option("-c,--ctx-size", gen.n_ctx, "context size in tokens (default: min(model context, 4096))")
+        ->check(CLI::Range(1, 1 << 24));
+    app.add_option("-b,--batch-size", gen.n_batch, "prompt tokens per forward pass")->check(CLI::Range(1, 1 << 16));
+    app.add_option("-t,--threads", gen.n_threads, "threads (default: physical cores)")->check(CLI::Range(1, 1024));
+    app.add_option("--temp", gen.sampler.temp, "temperature (0: greedy)")->check(CLI::Range(0.0, 100.0));
+    app.add_option("--top-k", gen.sampler.top_k, "top-k sampling (0: off)")->check(CLI::Range(0, 1 << 24));
+    app.add_option("--top-p", gen.sampler.top_p, "top-p sampling (1: off)")->check(CLI::Range(0.0, 1.0));
+    app.add_option("--min-p", gen.sampler.min_p, "min-p sampling (0: off)")->check(CLI::Range(0.0, 1.0));
+    app.add_option("--repeat-penalty", gen.sampler.repeat_penalty, "penalty for repeated tokens (1: off)")
+        ->check(CLI::Range(0.0, 100.0));
+    app.add_option("--repeat-last-n", gen.sampler.repeat_last_n, "tokens the penalty looks back (-1: all)")
+        ->check(CLI::Range(-1, 1 << 24));
+    app.add_option("-s,--seed", gen.seed, "random seed (-1: random)")->check(CLI::Range(-1LL, 4294967295LL));
+    app.add_flag("--no-kv-cache", [&gen](int64_t) { gen.kv_cache = false; },
+                 "recompute the whole sequence every step (to measure what the cache buys)");
+    app.add_option("--kv-type", kv_type, "KV cache element type")->check(CLI::IsMember({"f16", "f32"}));
+    app.add_option("--device", gen.device, "where to run")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+    app.add_flag("--chat", gen.chat, "wrap the prompt in the model's chat format");
+    app.add_flag("--ignore-eos", gen.ignore_eos, "keep generating past end-of-generation tokens");
+    app.add_option("--dump-logits", gen.dump_logits_path, "write each step's logits (float32 rows of n_vocab)");
+    app.add_flag("--no-perf", gen.no_perf, "do not print the timing lines");
     app.add_flag("--list-devices", devices, "list the devices kvgen can run on, then exit");
     app.add_flag("-v,--verbose", verbose, "more detail (--inspect: every metadata key)");
 
+    spdlog::set_default_logger(spdlog::stderr_color_st("kvgen"));
+    spdlog::set_pattern("kvgen: %l: %v");
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {
@@ -113,7 +143,18 @@ int main(int argc, char** argv) {
             kvgen::run_inspect(model, json_path, verbose);
             return 0;
         }
-        throw kvgen::Error("generation is not implemented yet: use --inspect");
+        if (prompt.empty() && prompt_file.empty())
+            throw kvgen::Error("no prompt: give -p TEXT or -f FILE (or --inspect / --tokenize)");
+        if (json_path == "-") throw kvgen::Error("--json -: stdout carries the generated text; give a file name");
+        gen.model_path = model;
+        gen.prompt = prompt;
+        gen.kv_type = kv_type == "f32" ? kvgen::KvType::F32 : kvgen::KvType::F16;
+        gen.special = tok_opt.parse_special;
+        gen.no_bos = tok_opt.no_bos;
+        gen.verbose = verbose;
+        gen.json_path = json_path;
+        kvgen::run_generate(gen);
+        return 0;
     } catch (const kvgen::Error& e) {
         std::fflush(stdout);
         std::fprintf(stderr, "kvgen: error: %s\n", e.what());

@@ -79,12 +79,50 @@ fi
 expect_error "tokenize: missing prompt file" "cannot open" "$kvgen" -m "$spm" --tokenize -f "$tmp/none.txt"
 expect_error "tokenize: no tokenizer" "no tokenizer" "$kvgen" -m "$src/tests/data/dequant_golden.bin" --tokenize -p hi
 
+# Generation.
+ref="$shared/testdata/ref/open-gqa-Q8_0.gguf"
+expect_ok "generate: JSON keys" "" "$kvgen" -m "$ref" -p "Hello" -n 8 --temp 0 -t 2 --json "$tmp/gen.json" \
+    --dump-logits "$tmp/logits.f32"
+if python3 - "$tmp/gen.json" "$tmp/logits.f32" <<'PY'; then pass; else fail "generate: --json/--dump-logits content"; fi
+import json, os, sys
+d = json.load(open(sys.argv[1]))
+keys = ["model", "device", "threads", "kv_cache", "n_ctx", "prompt_tokens", "tokens", "text", "load_ms", "prefill_ms",
+        "decode_ms", "prefill_tok_s", "decode_tok_s", "token_ms", "kv_cache_bytes", "peak_rss_bytes"]
+missing = [k for k in keys if k not in d]
+assert not missing, missing
+assert d["kv_cache"] is True and d["device"] == "cpu" and d["threads"] == 2
+assert len(d["tokens"]) == 8 and len(d["token_ms"]) == 8 and d["prompt_tokens"][0] == 1
+assert os.path.getsize(sys.argv[2]) == 8 * 4096 * 4
+PY
+"$kvgen" -m "$ref" -p "Hello" -n 8 --temp 0 --no-kv-cache --json "$tmp/gen-nokv.json" >/dev/null 2>&1
+if python3 -c 'import json,sys; a=json.load(open(sys.argv[1])); b=json.load(open(sys.argv[2])); assert a["tokens"]==b["tokens"] and b["kv_cache"] is False' "$tmp/gen.json" "$tmp/gen-nokv.json"; then
+    pass
+else
+    fail "generate: --no-kv-cache tokens differ from the cached run"
+fi
+if [[ -f $default ]]; then
+    expect_ok "default model: greedy chat answers Paris" "Paris" \
+        "$kvgen" --chat -p "What is the capital of France?" --temp 0 -n 24
+fi
+expect_error "generate: no prompt" "no prompt" "$kvgen" -m "$ref"
+expect_error "generate: prompt longer than context" "raise --ctx-size" "$kvgen" -m "$ref" -p "one two three four five six" -c 4
+expect_error "generate: -n -5" "n-predict" "$kvgen" -m "$ref" -p hi -n -5
+expect_error "generate: -c 0" "ctx-size" "$kvgen" -m "$ref" -p hi -c 0
+expect_error "generate: --temp -1" "temp" "$kvgen" -m "$ref" -p hi --temp -1
+expect_error "generate: --top-p 2" "top-p" "$kvgen" -m "$ref" -p hi --top-p 2
+expect_error "generate: -t 0" "threads" "$kvgen" -m "$ref" -p hi -t 0
+expect_error "generate: --kv-type q4" "kv-type" "$kvgen" -m "$ref" -p hi --kv-type q4
+expect_error "generate: vocabulary-only file" "vocabulary-only" "$kvgen" -m "$spm" -p hi
+expect_error "generate: unwritable --json" "cannot write" "$kvgen" -m "$ref" -p hi --json /nonexistent-dir/x.json
+expect_error "generate: --chat without a template" "chat_template" "$kvgen" -m "$ref" -p hi --chat
+
 # Synthetic files of every type, written by kvgen-synth and read back by kvgen.
 vocab="$shared/testdata/ref/open-gqa-Q8_0.gguf"
 for type in F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K Q4_K_M; do
     out="$tmp/synth-$type.gguf"
     if "$synth" tiny --type "$type" --vocab "$vocab" -o "$out" --threads 2 2>"$tmp/err"; then
         expect_ok "synth $type: inspect" "synthetic tiny $type" "$kvgen" -m "$out" --inspect
+        expect_ok "synth $type: generate" "" "$kvgen" -m "$out" -p "Hello" -n 4 --temp 0 --no-perf
     else
         fail "kvgen-synth $type: $(cat "$tmp/err")"
     fi

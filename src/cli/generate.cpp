@@ -1,0 +1,197 @@
+#include "cli/generate.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "cli/chat.h"
+#include "cli/format.h"
+#include "common/error.h"
+#include "cpu/cpu_backend.h"
+#include "cpu/matmul.h"
+#include "model/weights.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kvgen {
+
+namespace {
+
+size_t peak_rss_bytes() {
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    return size_t(ru.ru_maxrss) * 1024;
+}
+
+// Raw float32 rows, written to a temporary beside the target and renamed into place when complete.
+class LogitsFile {
+public:
+    LogitsFile(const std::string& path, int n_vocab) : path_(path), n_vocab_(n_vocab) {
+        if (path.empty()) return;
+        tmp_ = path + ".tmp." + std::to_string(::getpid());
+        f_ = std::fopen(tmp_.c_str(), "wb");
+        if (!f_) throw Error(fmt::format("{}: cannot create: {}", path, std::strerror(errno)));
+    }
+    ~LogitsFile() {
+        if (f_) {
+            std::fclose(f_);
+            std::remove(tmp_.c_str());
+        }
+    }
+    void row(const float* logits) {
+        if (f_ && std::fwrite(logits, 4, size_t(n_vocab_), f_) != size_t(n_vocab_))
+            throw Error(fmt::format("{}: write failed", path_));
+    }
+    void commit() {
+        if (!f_) return;
+        const bool ok = std::fclose(f_) == 0;
+        f_ = nullptr;
+        if (!ok || std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+            std::remove(tmp_.c_str());
+            throw Error(fmt::format("{}: cannot finish writing", path_));
+        }
+    }
+
+private:
+    std::string path_, tmp_;
+    int n_vocab_;
+    std::FILE* f_ = nullptr;
+};
+
+std::string timing_line(const char* label, double ms, int n, const char* unit) {
+    const double per = n > 0 ? ms / n : 0.0;
+    const double tps = ms > 0 ? 1000.0 * n / ms : 0.0;
+    return fmt::format("kvgen: {:>16} = {:10.2f} ms / {:5d} {:<6} ({:8.2f} ms per token, {:8.2f} tokens per second)\n",
+                       label, ms, n, unit, per, tps);
+}
+
+}  // namespace
+
+void run_generate(const GenerateCliOptions& opt) {
+    if (!opt.json_path.empty()) check_writable(opt.json_path);
+    if (!opt.dump_logits_path.empty()) check_writable(opt.dump_logits_path);
+    if (opt.device == "cuda")
+        throw Error("--device cuda: the CUDA backend is not available yet in this build (use --device cpu)");
+
+    const auto t_load = std::chrono::steady_clock::now();
+    const Model model = Model::load(opt.model_path);
+    const Config& c = model.config;
+    const Tokenizer tok = Tokenizer::from_gguf(model.file);
+    if (tok.n_vocab() != c.n_vocab)
+        throw Error(fmt::format("{}: the tokenizer has {} tokens but the model {}", opt.model_path, tok.n_vocab(),
+                                c.n_vocab));
+    if (tok.pre_fallback())
+        spdlog::warn("unknown pre-tokenizer '{}': using GPT-2's rules, token ids may differ from the model's", tok.pre());
+
+    std::string text = opt.prompt;
+    bool special = opt.special;
+    if (opt.chat) {
+        const GgufValue* t = model.file.find("tokenizer.chat_template");
+        text = apply_chat_template(t && t->type() == GgufValueType::STRING ? t->as_string() : "", text);
+        special = true;
+    }
+    const std::vector<int32_t> prompt = tok.encode(text, tok.add_bos() && !opt.no_bos, special);
+
+    cpu::CpuOptions copt;
+    copt.n_ctx = opt.n_ctx > 0 ? opt.n_ctx : std::min(c.n_ctx_train, 4096);
+    copt.n_batch = opt.n_batch;
+    copt.n_threads = opt.n_threads > 0 ? opt.n_threads : cpu::ThreadPool::physical_cores();
+    copt.kv_type = opt.kv_type;
+    if (int(prompt.size()) >= copt.n_ctx)
+        throw Error(fmt::format("prompt has {} tokens but the context holds {} (raise --ctx-size)", prompt.size(),
+                                copt.n_ctx));
+    if (copt.n_ctx > c.n_ctx_train)
+        spdlog::warn("--ctx-size {} exceeds the model's trained context {}", copt.n_ctx, c.n_ctx_train);
+    cpu::CpuBackend backend(model, copt);
+    const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_load).count();
+
+    const uint32_t seed = opt.seed >= 0 ? uint32_t(opt.seed) : std::random_device{}();
+    std::string summary = fmt::format(
+        "kvgen: model {} ({}, {} layers, {} heads / {} KV heads, head_dim {}, vocab {})\n"
+        "kvgen: device cpu ({} threads, {} kernels), batch {}, KV cache {}: {}, {} for {} positions\n",
+        opt.model_path, c.name, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.n_vocab, copt.n_threads,
+        cpu::matmul_isa(), copt.n_batch, opt.kv_cache ? "on" : "off (every step recomputes the whole sequence)",
+        opt.kv_type == KvType::F16 ? "f16" : "f32", human_bytes(double(backend.kv_bytes())), copt.n_ctx);
+    if (opt.verbose) summary += fmt::format("kvgen: prompt {} tokens, seed {}\n", prompt.size(), seed);
+    std::fputs(summary.c_str(), stderr);
+
+    GenerateOptions g;
+    g.n_predict = opt.n_predict;
+    g.kv_cache = opt.kv_cache;
+    g.sampler = opt.sampler;
+    g.sampler.seed = seed;
+    LogitsFile dump(opt.dump_logits_path, c.n_vocab);
+    TextStream stream(tok);
+    std::string generated;
+    auto emit = [&](const std::string& s) {
+        if (s.empty()) return;
+        generated += s;
+        std::fwrite(s.data(), 1, s.size(), stdout);
+        std::fflush(stdout);
+    };
+    auto is_eog = [&](int32_t id) { return !opt.ignore_eos && tok.is_eog(id); };
+    const GenerateStats st = Generator(backend).run(
+        prompt, g,
+        [&](int32_t id, const float* logits) {
+            dump.row(logits);
+            if (!is_eog(id)) emit(stream.push(id));
+            return true;
+        },
+        is_eog, c.n_vocab);
+    emit(stream.finish());
+    dump.commit();
+    if (st.stop == "context")
+        spdlog::warn("stopped: the context of {} tokens is full (raise --ctx-size)", copt.n_ctx);
+
+    const int n_gen = int(st.tokens.size());
+    const int n_decode = std::max(0, n_gen - 1);
+    const double total_ms = load_ms + st.prefill_ms + st.decode_ms + st.sample_ms;
+    if (!opt.no_perf) {
+        std::string t = "\n";
+        t += fmt::format("kvgen: {:>16} = {:10.2f} ms\n", "load time", load_ms);
+        t += timing_line("sampling time", st.sample_ms, n_gen, "runs");
+        t += timing_line("prompt eval time", st.prefill_ms, st.n_prompt, "tokens");
+        t += timing_line("eval time", st.decode_ms, n_decode, "runs");
+        t += fmt::format("kvgen: {:>16} = {:10.2f} ms / {:5d} tokens\n", "total time", total_ms, st.n_prompt + n_gen);
+        t += fmt::format("kvgen: mode: KV cache {}, KV cache {} bytes ({}), peak resident memory {}\n",
+                         opt.kv_cache ? "on" : "off", backend.kv_bytes(), human_bytes(double(backend.kv_bytes())),
+                         human_bytes(double(peak_rss_bytes())));
+        std::fputs(t.c_str(), stderr);
+    }
+
+    if (!opt.json_path.empty()) {
+        nlohmann::ordered_json j;
+        j["model"] = opt.model_path;
+        j["device"] = "cpu";
+        j["threads"] = copt.n_threads;
+        j["kv_cache"] = opt.kv_cache;
+        j["kv_type"] = opt.kv_type == KvType::F16 ? "f16" : "f32";
+        j["n_ctx"] = copt.n_ctx;
+        j["n_batch"] = copt.n_batch;
+        j["seed"] = seed;
+        j["prompt_tokens"] = prompt;
+        j["tokens"] = st.tokens;
+        j["text"] = generated;  // invalid UTF-8 (a model can emit it) is replaced when dumped
+        j["stop"] = st.stop;
+        j["load_ms"] = load_ms;
+        j["prefill_ms"] = st.prefill_ms;
+        j["decode_ms"] = st.decode_ms;
+        j["sample_ms"] = st.sample_ms;
+        j["prefill_tok_s"] = st.prefill_ms > 0 ? 1000.0 * st.n_prompt / st.prefill_ms : 0.0;
+        j["decode_tok_s"] = st.decode_ms > 0 ? 1000.0 * n_decode / st.decode_ms : 0.0;
+        j["token_ms"] = st.token_ms;
+        j["kv_cache_bytes"] = backend.kv_bytes();
+        j["peak_rss_bytes"] = peak_rss_bytes();
+        write_text_file(opt.json_path, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+    }
+}
+
+}  // namespace kvgen

@@ -1,0 +1,34 @@
+#pragma once
+#include <string>
+
+#include "engine/generator.h"
+#include "engine/kv_cache.h"
+
+namespace kvgen {
+
+struct GenerateCliOptions {
+    std::string model_path;
+    std::string prompt;
+    int n_predict = -1;
+    int n_ctx = 0;  // 0: min(model context, 4096)
+    int n_batch = 512;
+    int n_threads = 0;  // 0: physical cores
+    KvType kv_type = KvType::F16;
+    std::string device = "auto";
+    bool kv_cache = true;
+    bool chat = false;
+    bool special = false;
+    bool no_bos = false;
+    bool ignore_eos = false;
+    bool verbose = false;
+    bool no_perf = false;
+    long long seed = -1;  // -1: random
+    SamplerOptions sampler;
+    std::string json_path;
+    std::string dump_logits_path;
+};
+
+// Generates text: streamed to stdout; the model/cache summary and timings to stderr; reports to the named files.
+void run_generate(const GenerateCliOptions& opt);
+
+}  // namespace kvgen
