@@ -10,11 +10,13 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "cli/bench_memory.h"
 #include "cli/format.h"
 #include "cli/inspect.h"
 #include "cli/generate.h"
 #include "cli/tokenize.h"
 #include "common/error.h"
+#include "cpu/thread_pool.h"
 
 #ifdef KVGEN_HAVE_CUDA
 #include "device.h"
@@ -67,6 +69,7 @@ int main(int argc, char** argv) {
     bool inspect = false;
     bool verbose = false;
     bool devices = false;
+    bool bench_memory = false;
     bool tokenize = false;
     std::string prompt, prompt_file;
     kvgen::TokenizeOptions tok_opt;
@@ -103,6 +106,7 @@ int main(int argc, char** argv) {
     app.add_flag("--ignore-eos", gen.ignore_eos, "keep generating past end-of-generation tokens");
     app.add_option("--dump-logits", gen.dump_logits_path, "write each step's logits (float32 rows of n_vocab)");
     app.add_flag("--no-perf", gen.no_perf, "do not print the timing lines");
+    app.add_flag("--bench-memory", bench_memory, "measure memory read bandwidth (the ceiling for decode), then exit");
     app.add_flag("--list-devices", devices, "list the devices kvgen can run on, then exit");
     app.add_flag("-v,--verbose", verbose, "more detail (--inspect: every metadata key)");
 
@@ -122,6 +126,10 @@ int main(int argc, char** argv) {
     }
 
     try {
+        if (bench_memory) {
+            kvgen::run_bench_memory(gen.n_threads > 0 ? gen.n_threads : kvgen::cpu::ThreadPool::physical_cores());
+            return 0;
+        }
         if (devices) {
             list_devices();
             return 0;

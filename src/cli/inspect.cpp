@@ -82,6 +82,12 @@ void run_inspect(const std::string& model_path, const std::string& json_path, bo
             if (!vocab_only) {
                 j["tied_output"] = weights.tied_output;
                 j["rope_freqs"] = weights.rope_freqs.tensor != nullptr;
+                // Decode reads every weight once per token, except the embedding table (one row is looked up)
+                // unless it doubles as the output projection.
+                uint64_t per_token = 0;
+                for (const GgufTensor& t : file.tensors()) per_token += t.nbytes;
+                if (!weights.tied_output) per_token -= weights.token_embd.tensor->nbytes;
+                j["weight_bytes_per_token"] = per_token;
             }
             j["kv_cache"] = {{"type", "f16"},
                              {"bytes_per_token", kv_per_token},

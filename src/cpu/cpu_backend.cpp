@@ -48,6 +48,8 @@ CpuBackend::CpuBackend(const Model& model, const CpuOptions& opt)
     rope_sin_.resize(nb * size_t(c_.rope_dim / 2));
     const size_t max_cols = size_t(std::max({c_.n_embd, c_.n_ff, int(q_dim)}));
     mm_scratch_.resize(size_t(pool_.size()) * max_cols);
+    a32_.resize(nb * (max_cols / 32 + 1));
+    a256_.resize(nb * (max_cols / 256 + 1));
     att_scratch_.resize(size_t(pool_.size()) * size_t(attention_scratch(c_, kv_.n_ctx())));
 }
 
@@ -55,6 +57,7 @@ const float* CpuBackend::forward(const int32_t* tokens, int n, int pos0) {
     KVGEN_ASSERT(n >= 1 && n <= n_batch_ && pos0 >= 0 && pos0 + n <= kv_.n_ctx() && pos0 <= kv_.n_past());
     const ModelWeights& w = model_.weights;
     const int n_embd = c_.n_embd;
+    const int64_t q_dim = int64_t(c_.n_heads) * c_.head_dim;
     for (int i = 0; i < n; ++i)
         if (tokens[i] < 0 || tokens[i] >= c_.n_vocab)
             throw Error(fmt::format("token id {} is outside the vocabulary of {}", tokens[i], c_.n_vocab));
@@ -69,21 +72,25 @@ const float* CpuBackend::forward(const int32_t* tokens, int n, int pos0) {
         const LayerWeights& L = w.layers[size_t(l)];
         // attention: normalize, project, rotate, write K/V into the cache, attend over the cache
         rmsnorm(xn, x, attn_norm_[size_t(l)].data(), n, n_embd, c_.rms_eps);
-        matmul(q_.data(), xn, L.wq, n, mm_scratch_.data(), pool_);
-        matmul(k_.data(), xn, L.wk, n, mm_scratch_.data(), pool_);
-        matmul(v_.data(), xn, L.wv, n, mm_scratch_.data(), pool_);
+        Activations a_in(xn, n, n_embd, a32_.data(), a256_.data());
+        matmul(q_.data(), a_in, L.wq, mm_scratch_.data(), pool_);
+        matmul(k_.data(), a_in, L.wk, mm_scratch_.data(), pool_);
+        matmul(v_.data(), a_in, L.wv, mm_scratch_.data(), pool_);
         rope(q_.data(), rope_cos_.data(), rope_sin_.data(), n, c_.n_heads, c_);
         rope(k_.data(), rope_cos_.data(), rope_sin_.data(), n, c_.n_kv_heads, c_);
         kv_.write(l, pos0, n, k_.data(), v_.data());
         attention(att_.data(), q_.data(), kv_, l, pos0, n, c_, att_scratch_.data(), pool_);
-        matmul(xn, att_.data(), L.wo, n, mm_scratch_.data(), pool_);
+        Activations a_att(att_.data(), n, q_dim, a32_.data(), a256_.data());
+        matmul(xn, a_att, L.wo, mm_scratch_.data(), pool_);
         add(x, xn, int64_t(n) * n_embd);  // residual
         // feed-forward: SwiGLU
         rmsnorm(xn, x, ffn_norm_[size_t(l)].data(), n, n_embd, c_.rms_eps);
-        matmul(gate_.data(), xn, L.w_gate, n, mm_scratch_.data(), pool_);
-        matmul(up_.data(), xn, L.w_up, n, mm_scratch_.data(), pool_);
+        Activations a_ffn(xn, n, n_embd, a32_.data(), a256_.data());
+        matmul(gate_.data(), a_ffn, L.w_gate, mm_scratch_.data(), pool_);
+        matmul(up_.data(), a_ffn, L.w_up, mm_scratch_.data(), pool_);
         swiglu(gate_.data(), up_.data(), int64_t(n) * c_.n_ff);
-        matmul(xn, gate_.data(), L.w_down, n, mm_scratch_.data(), pool_);
+        Activations a_down(gate_.data(), n, c_.n_ff, a32_.data(), a256_.data());
+        matmul(xn, a_down, L.w_down, mm_scratch_.data(), pool_);
         add(x, xn, int64_t(n) * n_embd);
     }
     kv_.set_n_past(pos0 + n);
@@ -91,7 +98,8 @@ const float* CpuBackend::forward(const int32_t* tokens, int n, int pos0) {
     // logits for the last position only
     const float* last = x + int64_t(n - 1) * n_embd;
     rmsnorm(xn, last, output_norm_.data(), 1, n_embd, c_.rms_eps);
-    matmul(logits_.data(), xn, w.output, 1, mm_scratch_.data(), pool_);
+    Activations a_out(xn, 1, n_embd, a32_.data(), a256_.data());
+    matmul(logits_.data(), a_out, w.output, mm_scratch_.data(), pool_);
     return logits_.data();
 }
 

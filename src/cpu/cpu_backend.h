@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "cpu/thread_pool.h"
+#include "cpu/vecdot.h"
 #include "engine/backend.h"
 #include "engine/kv_cache.h"
 #include "model/weights.h"
@@ -41,6 +42,8 @@ private:
     // Activations, sized once for n_batch: [n_batch][...].
     std::vector<float> x_, xn_, q_, k_, v_, att_, gate_, up_, logits_, rope_cos_, rope_sin_;
     std::vector<float> mm_scratch_, att_scratch_;
+    std::vector<BlockA32> a32_;    // the integer forms of a matmul input: [n_batch][cols / 32]
+    std::vector<BlockA256> a256_;  // and [n_batch][cols / 256] for k-quant weights
 };
 
 }  // namespace kvgen::cpu

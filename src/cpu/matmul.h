@@ -1,16 +1,41 @@
 #pragma once
-// y = x W^T for a weight in its GGUF type: y[i][r] = dot(W row r, x[i]) for n tokens. Each row is decoded once per
-// call and dotted with every token (matrix-vector for decode, matrix-matrix for prefill). Rows are split across
-// threads; each row's sum runs in a fixed order, so results do not depend on the thread count.
+// y = x W^T for a weight in its GGUF type: y[i][r] = dot(W row r, x[i]) for n tokens (matrix-vector for decode,
+// matrix-matrix for prefill). Quantized weights meet integer activations in integer dot products (vecdot.h), read
+// straight from the mapped file; float weights (F32, F16, BF16) are dotted in f32. Rows are split across threads;
+// each row's sum runs in a fixed order, so results do not depend on the thread count.
 #include <cstdint>
 
 #include "cpu/thread_pool.h"
+#include "cpu/vecdot.h"
 #include "model/weights.h"
 
 namespace kvgen::cpu {
 
-// x: [n][w.cols], y: [n][w.rows]. scratch: at least threads x w.cols floats.
-void matmul(float* y, const float* x, const WeightView& w, int n, float* scratch, ThreadPool& pool);
+// The input of one or more matmuls: n rows of cols floats, quantized (vecdot.h) on first use by a quantized weight
+// and then reused (Q, K and V share one input; so do gate and up).
+class Activations {
+public:
+    // Buffers: a32 [n][cols / 32], a256 [n][cols / 256] (may be null when cols is not a multiple of 256).
+    Activations(const float* x, int n, int64_t cols, BlockA32* a32, BlockA256* a256)
+        : x_(x), a32_(a32), a256_(a256), n_(n), cols_(cols) {}
+    const float* x() const { return x_; }
+    int n() const { return n_; }
+    int64_t cols() const { return cols_; }
+    // The activations in the given integer form (quantized on first request), and the bytes from one token's to
+    // the next's.
+    const void* quantized(ActFormat f, ThreadPool& pool, int64_t* stride);
+
+private:
+    const float* x_;
+    BlockA32* a32_;
+    BlockA256* a256_;
+    int n_;
+    int64_t cols_;
+    bool have_a32_ = false, have_a256_ = false;
+};
+
+// y: [n][w.rows]. scratch: at least threads x w.cols floats (rows of float weight types are decoded there).
+void matmul(float* y, Activations& x, const WeightView& w, float* scratch, ThreadPool& pool);
 
 // Rows `rows` of an embedding-like weight, decoded: out [n][w.cols].
 void get_rows(float* out, const WeightView& w, const int32_t* rows, int n);
@@ -20,8 +45,12 @@ const char* matmul_isa();
 
 namespace kernels {
 // One implementation per instruction set (matmul_avx2.cpp, matmul_generic.cpp): rows [r0, r1).
-void matmul_rows_avx2(float* y, const float* x, const WeightView& w, int n, int64_t r0, int64_t r1, float* buf);
-void matmul_rows_generic(float* y, const float* x, const WeightView& w, int n, int64_t r0, int64_t r1, float* buf);
+// xq is null for float weight types.
+// xq: the activations in act_format(w.type) with xq_stride bytes per token; null for float weight types.
+void matmul_rows_avx2(float* y, const float* x, const void* xq, int64_t xq_stride, const WeightView& w, int n,
+                      int64_t r0, int64_t r1, float* buf);
+void matmul_rows_generic(float* y, const float* x, const void* xq, int64_t xq_stride, const WeightView& w, int n,
+                         int64_t r0, int64_t r1, float* buf);
 }  // namespace kernels
 
 }  // namespace kvgen::cpu

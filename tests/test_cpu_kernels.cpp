@@ -1,0 +1,106 @@
+// CPU kernels: every quantized type's integer dot product (AVX2 and portable builds) against dequantize-then-dot
+// in f64, for 1 to 4 tokens at once; the activation quantizers' round trip; the thread pool.
+#include <atomic>
+#include <cmath>
+#include <random>
+
+#include "cpu/matmul.h"
+#include "cpu/thread_pool.h"
+#include "cpu/vecdot.h"
+#include "model/dequant.h"
+#include "synth/synth.h"
+#include "test_util.h"
+
+using namespace kvgen;
+using namespace kvgen::cpu;
+
+namespace {
+
+bool cpu_has_avx2() {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#else
+    return false;
+#endif
+}
+
+}  // namespace
+
+TEST_CASE("integer dot products match dequantize-then-dot for every quantized type", "[cpu][vecdot]") {
+    const int64_t cols = 512;
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(4 * cols);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = normal(rng) * (i % 97 == 0 ? 8.0f : 1.0f);  // a few outliers
+    for (const char* name : {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}) {
+        INFO(name);
+        GgmlType t;
+        REQUIRE(ggml_type_from_name(name, &t));
+        const GgmlTypeInfo* info = ggml_type_info(t);
+        std::vector<uint8_t> row(size_t(cols / info->block_size * info->type_size));
+        synth_random_rows(t, row.data(), 1, cols, 0.05f, 99);
+        std::vector<float> wf(cols);
+        dequantize_row(t, row.data(), wf.data(), cols);
+
+        // Activations in the form this type uses, for 4 tokens.
+        std::vector<BlockA32> a32(4 * cols / 32);
+        std::vector<BlockA256> a256(4 * cols / 256);
+        const bool k = act_format(t) == ActFormat::A256;
+        for (int tkn = 0; tkn < 4; ++tkn) {
+            kernels::quantize_a32_generic(x.data() + tkn * cols, a32.data() + tkn * cols / 32, cols);
+            kernels::quantize_a256_generic(x.data() + tkn * cols, a256.data() + tkn * cols / 256, cols);
+        }
+        const void* xq = k ? static_cast<const void*>(a256.data()) : static_cast<const void*>(a32.data());
+        const int64_t stride = k ? cols / 256 * int64_t(sizeof(BlockA256)) : cols / 32 * int64_t(sizeof(BlockA32));
+
+        for (int nt = 1; nt <= 4; ++nt) {
+            float generic[4], avx2[4];
+            kernels::vec_dot_generic(t, row.data(), xq, stride, nt, generic, cols);
+            if (cpu_has_avx2()) kernels::vec_dot_avx2(t, row.data(), xq, stride, nt, avx2, cols);
+            for (int tkn = 0; tkn < nt; ++tkn) {
+                double ref = 0, mag = 0;
+                for (int64_t j = 0; j < cols; ++j) {
+                    ref += double(wf[size_t(j)]) * x[size_t(tkn * cols + j)];
+                    mag += std::fabs(double(wf[size_t(j)]) * x[size_t(tkn * cols + j)]);
+                }
+                INFO("tokens " << nt << " token " << tkn << " ref " << ref);
+                // 16-bit activations: the error is a few parts in 10^5 of the sum of magnitudes.
+                CHECK(std::fabs(generic[tkn] - ref) <= 1e-4 * mag);
+                if (cpu_has_avx2()) CHECK(std::fabs(avx2[tkn] - ref) <= 1e-4 * mag);
+            }
+        }
+    }
+}
+
+TEST_CASE("activation quantization keeps 16 bits of each block", "[cpu][vecdot]") {
+    std::vector<float> x(256);
+    for (int j = 0; j < 256; ++j) x[size_t(j)] = std::sin(0.37f * float(j)) * (j == 5 ? 40.0f : 1.0f);
+    BlockA256 b;
+    kernels::quantize_a256_generic(x.data(), &b, 256);
+    BlockA32 a[8];
+    kernels::quantize_a32_generic(x.data(), a, 256);
+    for (int j = 0; j < 256; ++j) {
+        CHECK(std::abs(int(b.hi[j])) <= 127);
+        CHECK(std::abs(int(b.lo[j])) <= 127);
+        const float back = b.d * float(255 * b.hi[j] + b.lo[j]);
+        CHECK(std::fabs(back - x[size_t(j)]) <= 0.5f * b.d + 1e-7f);
+        const BlockA32& s = a[j / 32];
+        CHECK(std::fabs(s.d * float(255 * s.hi[j % 32] + s.lo[j % 32]) - x[size_t(j)]) <= 0.5f * s.d + 1e-7f);
+    }
+}
+
+TEST_CASE("the thread pool covers every index once, for any thread count", "[cpu][threads]") {
+    for (int threads : {1, 2, 3, 7}) {
+        ThreadPool pool(threads);
+        for (int64_t n : {0, 1, 5, 1000}) {
+            std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+            for (int rep = 0; rep < 20; ++rep)
+                pool.parallel_for(n, [&](int64_t b, int64_t e, int) {
+                    for (int64_t i = b; i < e; ++i) hits[size_t(i)]++;
+                });
+            for (auto& h : hits) CHECK(h.load() == 20);
+        }
+    }
+    CHECK(ThreadPool::physical_cores() >= 1);
+}
