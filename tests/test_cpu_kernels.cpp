@@ -25,6 +25,15 @@ bool cpu_has_avx2() {
 #endif
 }
 
+bool cpu_has_avx512() {
+#if defined(__x86_64__)
+    return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+#else
+    return false;
+#endif
+}
+
 }  // namespace
 
 TEST_CASE("integer dot products match dequantize-then-dot for every quantized type", "[cpu][vecdot]") {
@@ -48,16 +57,17 @@ TEST_CASE("integer dot products match dequantize-then-dot for every quantized ty
         std::vector<BlockA256> a256(4 * cols / 256);
         const bool k = act_format(t) == ActFormat::A256;
         for (int tkn = 0; tkn < 4; ++tkn) {
-            kernels::quantize_a32_generic(x.data() + tkn * cols, a32.data() + tkn * cols / 32, cols);
-            kernels::quantize_a256_generic(x.data() + tkn * cols, a256.data() + tkn * cols / 256, cols);
+            quantize_a32(x.data() + tkn * cols, a32.data() + tkn * cols / 32, cols);
+            quantize_a256(x.data() + tkn * cols, a256.data() + tkn * cols / 256, cols);
         }
         const void* xq = k ? static_cast<const void*>(a256.data()) : static_cast<const void*>(a32.data());
         const int64_t stride = k ? cols / 256 * int64_t(sizeof(BlockA256)) : cols / 32 * int64_t(sizeof(BlockA32));
 
         for (int nt = 1; nt <= 4; ++nt) {
-            float generic[4], avx2[4];
+            float generic[4], avx2[4], avx512[4];
             kernels::vec_dot_generic(t, row.data(), xq, stride, nt, generic, cols);
             if (cpu_has_avx2()) kernels::vec_dot_avx2(t, row.data(), xq, stride, nt, avx2, cols);
+            if (cpu_has_avx512()) kernels::vec_dot_avx512(t, row.data(), xq, stride, nt, avx512, cols);
             for (int tkn = 0; tkn < nt; ++tkn) {
                 double ref = 0, mag = 0;
                 for (int64_t j = 0; j < cols; ++j) {
@@ -68,6 +78,7 @@ TEST_CASE("integer dot products match dequantize-then-dot for every quantized ty
                 // 16-bit activations: the error is a few parts in 10^5 of the sum of magnitudes.
                 CHECK(std::fabs(generic[tkn] - ref) <= 1e-4 * mag);
                 if (cpu_has_avx2()) CHECK(std::fabs(avx2[tkn] - ref) <= 1e-4 * mag);
+                if (cpu_has_avx512()) CHECK(std::fabs(avx512[tkn] - ref) <= 1e-4 * mag);
             }
         }
     }
@@ -77,17 +88,18 @@ TEST_CASE("activation quantization keeps 16 bits of each block", "[cpu][vecdot]"
     std::vector<float> x(256);
     for (int j = 0; j < 256; ++j) x[size_t(j)] = std::sin(0.37f * float(j)) * (j == 5 ? 40.0f : 1.0f);
     BlockA256 b;
-    kernels::quantize_a256_generic(x.data(), &b, 256);
+    quantize_a256(x.data(), &b, 256);
     BlockA32 a[8];
-    kernels::quantize_a32_generic(x.data(), a, 256);
+    quantize_a32(x.data(), a, 256);
     for (int j = 0; j < 256; ++j) {
-        CHECK(std::abs(int(b.hi[j])) <= 127);
-        CHECK(std::abs(int(b.lo[j])) <= 127);
-        const float back = b.d * float(255 * b.hi[j] + b.lo[j]);
-        CHECK(std::fabs(back - x[size_t(j)]) <= 0.5f * b.d + 1e-7f);
+        CHECK(std::abs(int(b.q[j])) <= 32512);
+        CHECK(std::fabs(b.d * float(b.q[j]) - x[size_t(j)]) <= 0.5f * b.d + 1e-7f);
         const BlockA32& s = a[j / 32];
-        CHECK(std::fabs(s.d * float(255 * s.hi[j % 32] + s.lo[j % 32]) - x[size_t(j)]) <= 0.5f * s.d + 1e-7f);
+        CHECK(std::fabs(s.d * float(s.q[j % 32]) - x[size_t(j)]) <= 0.5f * s.d + 1e-7f);
     }
+    int sum = 0;
+    for (int j = 16; j < 32; ++j) sum += b.q[j];
+    CHECK(b.bsums[1] == sum);
 }
 
 TEST_CASE("the thread pool covers every index once, for any thread count", "[cpu][threads]") {

@@ -128,10 +128,15 @@ TEST_CASE("one prefill of N tokens gives the logits of N single-token steps", "[
     std::vector<float> la(a, a + n_vocab);
     const float* b = nullptr;
     for (int i = 0; i < int(tokens.size()); ++i) b = stepped.forward(&tokens[size_t(i)], 1, i);
-    double max_rel = 0;
-    for (int j = 0; j < n_vocab; ++j) max_rel = std::max(max_rel, std::fabs(double(la[size_t(j)]) - b[j]) / (std::fabs(double(b[j])) + 1e-2));
-    INFO("max relative difference " << max_rel);
-    CHECK(max_rel < 1e-3);
+    // Relative to the logits' scale (their largest magnitude): single elements near zero have no meaningful
+    // relative error.
+    double max_diff = 0, max_mag = 0;
+    for (int j = 0; j < n_vocab; ++j) {
+        max_diff = std::max(max_diff, std::fabs(double(la[size_t(j)]) - b[j]));
+        max_mag = std::max(max_mag, std::fabs(double(b[j])));
+    }
+    INFO("max difference " << max_diff << " of logits up to " << max_mag);
+    CHECK(max_diff <= 1e-3 * max_mag);
 }
 
 TEST_CASE("a fixed seed gives the same tokens with 1 and 2 threads", "[engine][invariant]") {

@@ -47,7 +47,7 @@ CpuBackend::CpuBackend(const Model& model, const CpuOptions& opt)
     rope_cos_.resize(nb * size_t(c_.rope_dim / 2));
     rope_sin_.resize(nb * size_t(c_.rope_dim / 2));
     const size_t max_cols = size_t(std::max({c_.n_embd, c_.n_ff, int(q_dim)}));
-    mm_scratch_.resize(size_t(pool_.size()) * max_cols);
+    mm_scratch_.resize(size_t(pool_.size()) * size_t(matmul_scratch(int64_t(max_cols))));
     a32_.resize(nb * (max_cols / 32 + 1));
     a256_.resize(nb * (max_cols / 256 + 1));
     att_scratch_.resize(size_t(pool_.size()) * size_t(attention_scratch(c_, kv_.n_ctx())));

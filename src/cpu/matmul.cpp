@@ -8,8 +8,6 @@ namespace kvgen::cpu {
 namespace {
 
 using RowsFn = void (*)(float*, const float*, const void*, int64_t, const WeightView&, int, int64_t, int64_t, float*);
-using QuantFn = void (*)(const float*, BlockA32*, int64_t);
-using QuantKFn = void (*)(const float*, BlockA256*, int64_t);
 
 bool has_avx2() {
 #if defined(__x86_64__)
@@ -20,10 +18,19 @@ bool has_avx2() {
 #endif
 }
 
+bool has_avx512_vnni() {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+#else
+    return false;
+#endif
+}
+
 const bool kAvx2 = has_avx2();
-const RowsFn kRows = kAvx2 ? kernels::matmul_rows_avx2 : kernels::matmul_rows_generic;
-const QuantFn kQuant = kAvx2 ? kernels::quantize_a32_avx2 : kernels::quantize_a32_generic;
-const QuantKFn kQuantK = kAvx2 ? kernels::quantize_a256_avx2 : kernels::quantize_a256_generic;
+const bool kAvx512 = has_avx512_vnni();
+const RowsFn kRows = kAvx512 ? kernels::matmul_rows_avx512 : kAvx2 ? kernels::matmul_rows_avx2 : kernels::matmul_rows_generic;
 
 // Quantizes n rows (in parallel when there are several).
 template <typename Fn>
@@ -39,19 +46,19 @@ void each_row(int n, ThreadPool& pool, Fn&& fn) {
 
 }  // namespace
 
-const char* matmul_isa() { return kAvx2 ? "avx2" : "generic"; }
+const char* matmul_isa() { return kAvx512 ? "avx512-vnni" : kAvx2 ? "avx2" : "generic"; }
 
 const void* Activations::quantized(ActFormat f, ThreadPool& pool, int64_t* stride) {
     if (f == ActFormat::A256) {
         KVGEN_ASSERT(a256_ != nullptr && cols_ % 256 == 0);
         const int64_t nb = cols_ / 256;
-        if (!have_a256_) each_row(n_, pool, [&](int64_t i) { kQuantK(x_ + i * cols_, a256_ + i * nb, cols_); });
+        if (!have_a256_) each_row(n_, pool, [&](int64_t i) { quantize_a256(x_ + i * cols_, a256_ + i * nb, cols_); });
         have_a256_ = true;
         *stride = nb * int64_t(sizeof(BlockA256));
         return a256_;
     }
     const int64_t nb = cols_ / 32;
-    if (!have_a32_) each_row(n_, pool, [&](int64_t i) { kQuant(x_ + i * cols_, a32_ + i * nb, cols_); });
+    if (!have_a32_) each_row(n_, pool, [&](int64_t i) { quantize_a32(x_ + i * cols_, a32_ + i * nb, cols_); });
     have_a32_ = true;
     *stride = nb * int64_t(sizeof(BlockA32));
     return a32_;
@@ -61,10 +68,10 @@ void matmul(float* y, Activations& x, const WeightView& w, float* scratch, Threa
     KVGEN_ASSERT(w.tensor != nullptr && w.cols == x.cols());
     const ActFormat f = act_format(w.type);
     int64_t stride = 0;
-    const void* xq = f == ActFormat::None ? nullptr : x.quantized(f, pool, &stride);
     const int n = x.n();
+    const void* xq = (f == ActFormat::None || n >= kGemmMinTokens) ? nullptr : x.quantized(f, pool, &stride);
     pool.parallel_for(w.rows, [&](int64_t r0, int64_t r1, int t) {
-        kRows(y, x.x(), xq, stride, w, n, r0, r1, scratch + int64_t(t) * w.cols);
+        kRows(y, x.x(), xq, stride, w, n, r0, r1, scratch + int64_t(t) * matmul_scratch(w.cols));
     });
 }
 

@@ -1,8 +1,9 @@
 #pragma once
-// y = x W^T for a weight in its GGUF type: y[i][r] = dot(W row r, x[i]) for n tokens (matrix-vector for decode,
-// matrix-matrix for prefill). Quantized weights meet integer activations in integer dot products (vecdot.h), read
-// straight from the mapped file; float weights (F32, F16, BF16) are dotted in f32. Rows are split across threads;
-// each row's sum runs in a fixed order, so results do not depend on the thread count.
+// y = x W^T for a weight in its GGUF type: y[i][r] = dot(W row r, x[i]) for n tokens. Decode (fewer than
+// kGemmMinTokens tokens): quantized weights meet 16-bit integer activations in integer dot products (vecdot.h),
+// read straight from the mapped file, and float weights are dotted in f32. Prefill: tiles of rows are decoded to f32
+// once and multiplied with the f32 activations by a register-blocked GEMM. Rows are split across threads; each
+// row's sum runs in a fixed order, so results do not depend on the thread count.
 #include <cstdint>
 
 #include "cpu/thread_pool.h"
@@ -34,19 +35,26 @@ private:
     bool have_a32_ = false, have_a256_ = false;
 };
 
-// y: [n][w.rows]. scratch: at least threads x w.cols floats (rows of float weight types are decoded there).
+// Batches of at least this many tokens take the prefill path: weight tiles decoded to f32 and an f32 GEMM.
+constexpr int kGemmMinTokens = 8;
+// Scratch floats each thread needs for a weight of `cols` columns.
+inline int64_t matmul_scratch(int64_t cols) { return cols * 4; }
+
+// y: [n][w.rows]. scratch: threads x matmul_scratch(w.cols) floats.
 void matmul(float* y, Activations& x, const WeightView& w, float* scratch, ThreadPool& pool);
 
 // Rows `rows` of an embedding-like weight, decoded: out [n][w.cols].
 void get_rows(float* out, const WeightView& w, const int32_t* rows, int n);
 
-// The instruction set the kernels were dispatched to ("avx2" or "generic").
+// The instruction set the kernels were dispatched to ("avx512-vnni", "avx2" or "generic").
 const char* matmul_isa();
 
 namespace kernels {
 // One implementation per instruction set (matmul_avx2.cpp, matmul_generic.cpp): rows [r0, r1).
 // xq is null for float weight types.
 // xq: the activations in act_format(w.type) with xq_stride bytes per token; null for float weight types.
+void matmul_rows_avx512(float* y, const float* x, const void* xq, int64_t xq_stride, const WeightView& w, int n,
+                        int64_t r0, int64_t r1, float* buf);
 void matmul_rows_avx2(float* y, const float* x, const void* xq, int64_t xq_stride, const WeightView& w, int n,
                       int64_t r0, int64_t r1, float* buf);
 void matmul_rows_generic(float* y, const float* x, const void* xq, int64_t xq_stride, const WeightView& w, int n,

@@ -1,9 +1,8 @@
 #pragma once
-// Quantized dot products. Each token's activations are quantized once to 16-bit integers held as two signed 8-bit
-// planes, x ~ d * (255 * hi + lo) with |hi|, |lo| <= 127, and each weight block is multiplied with both planes in
-// integers (two byte products where llama.cpp does one). The result keeps integer speed while the activation
-// rounding (1 part in 32512 of a block's largest value) stays far below the 8-bit rounding a llama.cpp-style
-// kernel adds, so logits land near the exact math.
+// Quantized dot products. Each token's activations are quantized once to 16-bit integers (x ~ d * q, |q| <= 32512
+// per block), each weight block is widened to 16 bits, and the two are multiplied in integers (AVX2 madd, AVX-512
+// VNNI dpwssd). The activation rounding (1 part in 32512 of a block's largest value) stays far below the 8-bit
+// rounding of llama.cpp's kernels, so logits land near the exact math at integer speed.
 #include <cstdint>
 
 #include "model/ggml_types.h"
@@ -13,18 +12,16 @@ namespace kvgen::cpu {
 // 32 activations, for the legacy 32-weight blocks (and Q2_K, Q3_K).
 struct BlockA32 {
     float d;
-    int32_t sum[2];  // sum of 255 * hi + lo over elements 0..15 and 16..31
-    int8_t hi[32];
-    int8_t lo[32];
+    int32_t sum[2];  // sums of q over elements 0..15 and 16..31
+    int16_t q[32];
 };
 static_assert(sizeof(BlockA32) == 76, "BlockA32");
 
 // 256 activations, for Q4_K, Q5_K and Q6_K: one scale per super-block, so sub-block scales stay integers.
 struct BlockA256 {
     float d;
-    int32_t bsums[16];  // sums over each 16 elements
-    int8_t hi[256];
-    int8_t lo[256];
+    int32_t bsums[16];  // sums of q over each 16 elements
+    int16_t q[256];
 };
 static_assert(sizeof(BlockA256) == 580, "BlockA256");
 
@@ -40,14 +37,15 @@ inline ActFormat act_format(GgmlType t) {
     }
 }
 
+// n: a multiple of 32 (of 256 for the A256 form).
+void quantize_a32(const float* x, BlockA32* y, int64_t n);
+void quantize_a256(const float* x, BlockA256* y, int64_t n);
+
 namespace kernels {
-// n: a multiple of 32 (of 256 for the A256 form). One implementation per instruction set.
-void quantize_a32_avx2(const float* x, BlockA32* y, int64_t n);
-void quantize_a32_generic(const float* x, BlockA32* y, int64_t n);
-void quantize_a256_avx2(const float* x, BlockA256* y, int64_t n);
-void quantize_a256_generic(const float* x, BlockA256* y, int64_t n);
 // out[t] = dot(weight row w, activations x_t) for t < nt (1 to 4), x_t at x + t * x_stride bytes, in the form
-// act_format(type) names. The weight row's blocks are unpacked once for all nt tokens.
+// act_format(type) names. The weight row's blocks are unpacked once for all nt tokens. One implementation per
+// instruction set; vec_dot_generic is the reference.
+void vec_dot_avx512(GgmlType type, const void* w, const void* x, int64_t x_stride, int nt, float* out, int64_t n);
 void vec_dot_avx2(GgmlType type, const void* w, const void* x, int64_t x_stride, int nt, float* out, int64_t n);
 void vec_dot_generic(GgmlType type, const void* w, const void* x, int64_t x_stride, int nt, float* out, int64_t n);
 }  // namespace kernels

@@ -1,0 +1,49 @@
+// Activation quantization for the integer dot products (vecdot.h): one code path for every instruction set, since
+// it runs once per token and row while the dot products run once per weight.
+#include <cmath>
+
+#include "cpu/vecdot.h"
+
+namespace kvgen::cpu {
+
+namespace {
+constexpr float kQMax = 32512.0f;
+
+inline int16_t quant(float v, float id) {
+    int q = int(std::nearbyint(v * id));
+    return int16_t(q > 32512 ? 32512 : q < -32512 ? -32512 : q);
+}
+
+inline float block_scale(const float* x, int n, float* id) {
+    float amax = 0;
+    for (int j = 0; j < n; ++j) amax = std::fmax(amax, std::fabs(x[j]));
+    const float d = amax / kQMax;
+    *id = d > 0 ? 1.0f / d : 0.0f;
+    return d;
+}
+}  // namespace
+
+void quantize_a32(const float* x, BlockA32* y, int64_t n) {
+    for (int64_t b = 0; b < n / 32; ++b, x += 32) {
+        float id;
+        y[b].d = block_scale(x, 32, &id);
+        int s[2] = {0, 0};
+        for (int j = 0; j < 32; ++j) s[j / 16] += y[b].q[j] = quant(x[j], id);
+        y[b].sum[0] = s[0];
+        y[b].sum[1] = s[1];
+    }
+}
+
+void quantize_a256(const float* x, BlockA256* y, int64_t n) {
+    for (int64_t b = 0; b < n / 256; ++b, x += 256) {
+        float id;
+        y[b].d = block_scale(x, 256, &id);
+        for (int g = 0; g < 16; ++g) {
+            int s = 0;
+            for (int j = 16 * g; j < 16 * g + 16; ++j) s += y[b].q[j] = quant(x[j], id);
+            y[b].bsums[g] = s;
+        }
+    }
+}
+
+}  // namespace kvgen::cpu
