@@ -5,7 +5,8 @@
 namespace kvgen::cpu {
 
 namespace {
-using ItemsFn = void (*)(float*, const float*, const KvCache&, int, int, const Config&, int64_t, int64_t, float*);
+using ItemsFn = void (*)(float*, const float*, const KvCache&, int, int, const Config&, int64_t, int64_t, int64_t,
+                        float*);
 ItemsFn pick() {
 #if defined(__x86_64__)
     __builtin_cpu_init();
@@ -71,8 +72,9 @@ int64_t attention_scratch(const Config& c, int n_ctx) { return c.head_dim + int6
 void attention(float* out, const float* q, const KvCache& kv, int l, int pos0, int n, const Config& c,
                float* scratch, ThreadPool& pool) {
     const int64_t per_thread = attention_scratch(c, kv.n_ctx());
-    pool.parallel_for(int64_t(n) * c.n_kv_heads, [&](int64_t w0, int64_t w1, int t) {
-        kItems(out, q, kv, l, pos0, c, w0, w1, scratch + per_thread * t);
+    const int64_t n_items = int64_t(n) * c.n_kv_heads;
+    pool.parallel_for(n_items, [&](int64_t w0, int64_t w1, int t) {
+        kItems(out, q, kv, l, pos0, c, n_items, w0, w1, scratch + per_thread * t);
     });
 }
 

@@ -27,11 +27,11 @@ void attention(float* out, const float* q, const KvCache& kv, int l, int pos0, i
 int64_t attention_scratch(const Config& c, int n_ctx);
 
 namespace kernels {
-// One (token, KV head) pair per work item w = i * n_kv_heads + g, for w in [w0, w1).
+// One (token, KV head) pair per work item, for items [w0, w1) of n_items = n_tokens * n_kv_heads.
 void attention_items_avx2(float* out, const float* q, const KvCache& kv, int l, int pos0, const Config& c,
-                          int64_t w0, int64_t w1, float* scratch);
+                          int64_t n_items, int64_t w0, int64_t w1, float* scratch);
 void attention_items_generic(float* out, const float* q, const KvCache& kv, int l, int pos0, const Config& c,
-                             int64_t w0, int64_t w1, float* scratch);
+                             int64_t n_items, int64_t w0, int64_t w1, float* scratch);
 }  // namespace kernels
 
 }  // namespace kvgen::cpu
