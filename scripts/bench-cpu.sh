@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # CPU speed, as a markdown report on stdout:
 #  1. the machine's memory read bandwidth (kvgen --bench-memory), the ceiling for decode;
-#  2. prefill (a P-token prompt) and decode (N tokens) tokens/s per model, with decode's weight bandwidth and its
-#     share of the measured ceiling;
+#  2. prefill (P tokens) and decode (N tokens) tokens/s per model from `kvgen --bench` (3 runs after a warm-up,
+#     avg ± stddev), with decode's weight bandwidth and its share of the measured ceiling;
 #  3. the cost of --no-kv-cache: total time to generate G tokens with and without the cache (first model).
 # With no MODEL arguments it benchmarks the default model and TinyLlama-1.1B-shaped Q4_K_M and Q8_0 files made on
 # the spot with kvgen-synth (random weights, the default model's vocabulary).
@@ -47,47 +47,30 @@ echo
 echo "$(date -u +%Y-%m-%d), $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, $threads threads;"
 echo "memory read bandwidth (\`kvgen --bench-memory -t $threads\`): **$bw GB/s**."
 echo
-echo "| model | weights read per token | prefill t/s ($prompt_len-token prompt) | decode t/s ($gen tokens) | decode weight GB/s | % of bandwidth |"
+echo "| model | weights read per token | prefill t/s (pp$prompt_len) | decode t/s (tg$gen) | decode weight GB/s | % of bandwidth |"
 echo "|---|---|---|---|---|---|"
-# A prompt of about prompt_len tokens: repeated plain words (each one token in common vocabularies).
-prompt=$(python3 -c "import sys; print(' '.join(['the cache'] * (int(sys.argv[1]) // 2)))" "$prompt_len")
 for m in "${models[@]}"; do
-    echo "bench-cpu: $(basename "$m")" >&2
-    "$kvgen" -m "$m" -p "$prompt" -n "$gen" --ignore-eos --temp 0 -t "$threads" --no-perf --json "$tmp/r.json" \
-        >/dev/null 2>"$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
+    echo "bench-cpu: kvgen --bench $(basename "$m")" >&2
+    "$kvgen" --bench -m "$m" -p "$prompt_len" -n "$gen" -r 3 -t "$threads" -o json >"$tmp/r.json" 2>"$tmp/err" ||
+        { cat "$tmp/err" >&2; exit 1; }
     python3 - "$m" "$tmp/r.json" "$bw" <<'PY'
 import json, os, sys
 from subprocess import run
-m, r, bw = sys.argv[1], json.load(open(sys.argv[2])), float(sys.argv[3])
+m, tests, bw = sys.argv[1], json.load(open(sys.argv[2])), float(sys.argv[3])
+pp = next(t for t in tests if t["n_prompt"] > 0)
+tg = next(t for t in tests if t["n_gen"] > 0)
 # Weight bytes read per decoded token (kvgen --inspect: all but an untied embedding table).
 info = json.loads(run([os.environ["KVGEN"], "-m", m, "--inspect", "--json", "-"], capture_output=True, check=True).stdout)
 size = info["weight_bytes_per_token"]
-gbs = size * r["decode_tok_s"] / 1e9
-print(f"| {os.path.basename(m)} | {size / 1e6:.0f} MB | {r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.1f} "
-      f"| {gbs:.2f} | {100 * gbs / bw:.0f}% |")
+gbs = size * tg["avg_ts"] / 1e9
+print(f"| {os.path.basename(m)} | {size / 1e6:.0f} MB | {pp['avg_ts']:.1f} ± {pp['stddev_ts']:.1f} "
+      f"| {tg['avg_ts']:.1f} ± {tg['stddev_ts']:.1f} | {gbs:.2f} | {100 * gbs / bw:.0f}% |")
 PY
 done
 
 m=${models[0]}
 echo
-echo "Cost of \`--no-kv-cache\` ($(basename "$m"), $nocache_gen generated tokens, 8-token prompt):"
+echo "Cost of \`--no-kv-cache\` ($(basename "$m"), from \`scripts/bench-kv.sh --lengths $nocache_gen\`):"
 echo
-echo "| mode | total time | decode t/s |"
-echo "|---|---|---|"
-for mode in cache nocache; do
-    echo "bench-cpu: $nocache_gen tokens, $mode" >&2
-    flag=()
-    [[ $mode == nocache ]] && flag=(--no-kv-cache)
-    "$kvgen" -m "$m" -p "The key-value cache of a transformer" -n "$nocache_gen" --ignore-eos --temp 0 \
-        -t "$threads" --no-perf "${flag[@]}" --json "$tmp/$mode.json" >/dev/null 2>"$tmp/err" ||
-        { cat "$tmp/err" >&2; exit 1; }
-done
-python3 - "$tmp/cache.json" "$tmp/nocache.json" <<'PY'
-import json, sys
-a, b = (json.load(open(p)) for p in sys.argv[1:3])
-total = lambda r: (r["prefill_ms"] + r["decode_ms"]) / 1000
-print(f"| KV cache | {total(a):.1f} s | {a['decode_tok_s']:.1f} |")
-print(f"| --no-kv-cache | {total(b):.1f} s | {b['decode_tok_s']:.1f} |")
-print(f"\nWithout the cache the same {len(a['tokens'])} tokens take {total(b) / total(a):.1f}x as long "
-      f"(identical tokens: {a['tokens'] == b['tokens']}).")
-PY
+"$root/scripts/bench-kv.sh" "$m" --lengths "$nocache_gen" --runs 1 --threads "$threads" --out "$tmp/kv" >/dev/null
+sed -n '/^| tokens generated/,/Identical tokens/p' "$tmp/kv/results.md"

@@ -1,5 +1,6 @@
 // kvgen: the command line. Parses options, dispatches to a mode, and is the only place that prints errors.
 #include <cstdio>
+#include <algorithm>
 #include <string>
 #include <thread>
 
@@ -10,10 +11,12 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "cli/bench.h"
 #include "cli/bench_memory.h"
 #include "cli/format.h"
 #include "cli/inspect.h"
 #include "cli/generate.h"
+#include "cli/signals.h"
 #include "cli/tokenize.h"
 #include "common/error.h"
 #include "cpu/thread_pool.h"
@@ -70,6 +73,9 @@ int main(int argc, char** argv) {
     bool verbose = false;
     bool devices = false;
     bool bench_memory = false;
+    bool bench = false;
+    int repetitions = 5;
+    std::string depths = "0", output_format = "md";
     bool tokenize = false;
     std::string prompt, prompt_file;
     kvgen::TokenizeOptions tok_opt;
@@ -106,6 +112,13 @@ int main(int argc, char** argv) {
     app.add_flag("--ignore-eos", gen.ignore_eos, "keep generating past end-of-generation tokens");
     app.add_option("--dump-logits", gen.dump_logits_path, "write each step's logits (float32 rows of n_vocab)");
     app.add_flag("--no-perf", gen.no_perf, "do not print the timing lines");
+    app.add_flag("--bench", bench,
+                 "benchmark like llama-bench: prefill of -p N[,N..] and decode of -n N random tokens at -d depths");
+    app.add_option("-r,--repetitions", repetitions, "--bench: timed runs per test (after a warm-up)")
+        ->check(CLI::Range(1, 1000));
+    app.add_option("-d,--n-depth", depths, "--bench: tokens already in the KV cache, e.g. 0,1024,4096");
+    app.add_option("-o,--output-format", output_format, "--bench: md, json or csv")
+        ->check(CLI::IsMember({"md", "json", "csv"}));
     app.add_flag("--bench-memory", bench_memory, "measure memory read bandwidth (the ceiling for decode), then exit");
     app.add_flag("--list-devices", devices, "list the devices kvgen can run on, then exit");
     app.add_flag("-v,--verbose", verbose, "more detail (--inspect: every metadata key)");
@@ -136,6 +149,21 @@ int main(int argc, char** argv) {
         }
         if (model.empty()) model = default_model_path();
         if (!json_path.empty()) kvgen::check_writable(json_path);
+        if (bench) {
+            kvgen::BenchOptions b;
+            b.model_path = model;
+            if (!prompt.empty()) b.n_prompt = kvgen::parse_int_list(prompt, "-p", 0);
+            if (app.count("-n")) b.n_gen = {std::max(0, gen.n_predict)};
+            b.depths = kvgen::parse_int_list(depths, "-d", 0);
+            b.repetitions = repetitions;
+            b.n_threads = gen.n_threads;
+            b.n_batch = gen.n_batch;
+            b.kv_type = kv_type == "f32" ? kvgen::KvType::F32 : kvgen::KvType::F16;
+            b.kv_cache = gen.kv_cache;
+            b.output = output_format;
+            kvgen::run_bench(b);
+            return 0;
+        }
         if (!prompt_file.empty()) {
             if (!prompt.empty()) throw kvgen::Error("give the prompt with -p or -f, not both");
             prompt = kvgen::read_text_file(prompt_file);
@@ -161,8 +189,8 @@ int main(int argc, char** argv) {
         gen.no_bos = tok_opt.no_bos;
         gen.verbose = verbose;
         gen.json_path = json_path;
-        kvgen::run_generate(gen);
-        return 0;
+        kvgen::install_signal_handlers();
+        return kvgen::run_generate(gen);
     } catch (const kvgen::Error& e) {
         std::fflush(stdout);
         std::fprintf(stderr, "kvgen: error: %s\n", e.what());

@@ -150,5 +150,52 @@ expect_error "synth: unknown shape" "unknown shape" "$synth" gpt-9 --vocab "$voc
 expect_error "synth: no vocab" "--vocab" "$synth" tiny -o "$tmp/x.gguf"
 expect_error "synth: bad type" "unknown type 'Q9_9'" "$synth" tiny --type Q9_9 --vocab "$vocab" -o "$tmp/x.gguf"
 
+# Reliability: every bad input of the table answers with one line and status 1.
+"$synth" tiny --vocab "$vocab" -o "$tmp/iq4.gguf" --tensor-type blk.0.attn_q.weight=IQ4_NL 2>/dev/null
+expect_error "unsupported tensor type (inspect)" "has type IQ4_NL (supported: F32" "$kvgen" -m "$tmp/iq4.gguf" --inspect
+expect_error "unsupported tensor type (generate)" "blk.0.attn_q.weight' has type IQ4_NL" "$kvgen" -m "$tmp/iq4.gguf" -p hi
+expect_error "--device cuda without a GPU" "--device cuda" "$kvgen" -m "$ref" -p hi --device cuda
+if [[ -f $default ]]; then
+    expect_error "KV cache too large to allocate" "cannot allocate the KV cache: [0-9]* bytes" \
+        "$kvgen" -m "$default" -p hi -c 16777216
+fi
+expect_error "unknown --device" "device" "$kvgen" -m "$ref" -p hi --device tpu
+expect_error "not a directory" "Not a directory" "$kvgen" -m "$tiny/model.gguf" --inspect
+if [[ $(id -u) -ne 0 ]]; then
+    cp "$tiny" "$tmp/locked.gguf"
+    chmod 000 "$tmp/locked.gguf"
+    expect_error "unreadable file" "Permission denied" "$kvgen" -m "$tmp/locked.gguf" --inspect
+else
+    echo "note: running as root, which can read any file: the unreadable-file case is checked as non-root only"
+fi
+
+# SIGINT stops at the next token, prints the timings, writes the report marked interrupted, exits 130.
+"$kvgen" -m "$ref" -p "Hello" -n 100000 --ignore-eos --temp 0 -c 4096 --json "$tmp/int.json" \
+    >"$tmp/int.out" 2>"$tmp/int.err" &
+pid=$!
+for _ in $(seq 1 100); do [[ -s $tmp/int.out ]] && break; sleep 0.1; done
+sleep 0.5
+kill -INT "$pid"
+rc=0
+wait "$pid" || rc=$?
+if [[ $rc -eq 130 && -s $tmp/int.out ]] && grep -q "eval time" "$tmp/int.err" &&
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["interrupted"] and d["stop"] == "interrupted" and len(d["tokens"]) > 0' "$tmp/int.json"; then
+    pass
+else
+    fail "SIGINT: status $rc, stderr: $(tail -n 3 "$tmp/int.err")"
+fi
+
+# A reader that goes away (kvgen ... | head -c 10) ends the run quietly.
+set +o pipefail
+"$kvgen" -m "$ref" -p "Hello" -n 2000 --ignore-eos --temp 0 2>"$tmp/pipe.err" | head -c 10 >/dev/null
+rc=${PIPESTATUS[0]}
+set -o pipefail
+if [[ $rc -eq 0 ]] && ! grep -q "error" "$tmp/pipe.err"; then pass; else fail "SIGPIPE: status $rc: $(cat "$tmp/pipe.err")"; fi
+
+# The model file is only read.
+before=$(sha256sum "$tiny" | cut -d' ' -f1)
+"$kvgen" -m "$tiny" -p "Hello" -n 4 --temp 0 >/dev/null 2>&1
+if [[ $(sha256sum "$tiny" | cut -d' ' -f1) == "$before" ]]; then pass; else fail "the model file changed"; fi
+
 echo "$passed passed, $failures failed"
 [[ $failures -eq 0 ]]

@@ -15,6 +15,7 @@
 
 #include "cli/chat.h"
 #include "cli/format.h"
+#include "cli/signals.h"
 #include "common/error.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/matmul.h"
@@ -29,6 +30,15 @@ size_t peak_rss_bytes() {
     rusage ru{};
     getrusage(RUSAGE_SELF, &ru);
     return size_t(ru.ru_maxrss) * 1024;
+}
+
+size_t current_rss_bytes() {
+    long pages = 0, resident = 0;
+    if (std::FILE* f = std::fopen("/proc/self/statm", "r")) {
+        if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+        std::fclose(f);
+    }
+    return size_t(resident) * size_t(::sysconf(_SC_PAGESIZE));
 }
 
 // Raw float32 rows, written to a temporary beside the target and renamed into place when complete.
@@ -75,7 +85,7 @@ std::string timing_line(const char* label, double ms, int n, const char* unit) {
 
 }  // namespace
 
-void run_generate(const GenerateCliOptions& opt) {
+int run_generate(const GenerateCliOptions& opt) {
     if (!opt.json_path.empty()) check_writable(opt.json_path);
     if (!opt.dump_logits_path.empty()) check_writable(opt.dump_logits_path);
     if (opt.device == "cuda")
@@ -108,9 +118,9 @@ void run_generate(const GenerateCliOptions& opt) {
     if (int(prompt.size()) >= copt.n_ctx)
         throw Error(fmt::format("prompt has {} tokens but the context holds {} (raise --ctx-size)", prompt.size(),
                                 copt.n_ctx));
+    cpu::CpuBackend backend(model, copt);
     if (copt.n_ctx > c.n_ctx_train)
         spdlog::warn("--ctx-size {} exceeds the model's trained context {}", copt.n_ctx, c.n_ctx_train);
-    cpu::CpuBackend backend(model, copt);
     const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_load).count();
 
     const uint32_t seed = opt.seed >= 0 ? uint32_t(opt.seed) : std::random_device{}();
@@ -131,36 +141,45 @@ void run_generate(const GenerateCliOptions& opt) {
     LogitsFile dump(opt.dump_logits_path, c.n_vocab);
     TextStream stream(tok);
     std::string generated;
+    bool stdout_closed = false;  // the reader went away (kvgen ... | head): stop quietly
     auto emit = [&](const std::string& s) {
-        if (s.empty()) return;
+        if (s.empty() || stdout_closed) return;
         generated += s;
-        std::fwrite(s.data(), 1, s.size(), stdout);
-        std::fflush(stdout);
+        if (std::fwrite(s.data(), 1, s.size(), stdout) != s.size() || std::fflush(stdout) != 0) stdout_closed = true;
     };
     auto is_eog = [&](int32_t id) { return !opt.ignore_eos && tok.is_eog(id); };
-    const GenerateStats st = Generator(backend).run(
+    // Resident memory after the first token and every 500th, to show it stays flat.
+    std::vector<std::pair<int, size_t>> rss_samples;
+    int n_tokens = 0;
+    GenerateStats st = Generator(backend).run(
         prompt, g,
         [&](int32_t id, const float* logits) {
             dump.row(logits);
             if (!is_eog(id)) emit(stream.push(id));
-            return true;
+            ++n_tokens;
+            if (n_tokens == 1 || n_tokens % 500 == 0) rss_samples.emplace_back(n_tokens, current_rss_bytes());
+            return !interrupted() && !stdout_closed;
         },
         is_eog, c.n_vocab);
     emit(stream.finish());
     dump.commit();
-    if (st.stop == "context")
+    const bool was_interrupted = interrupted();
+    if (was_interrupted) st.stop = "interrupted";
+    const bool quiet = stdout_closed && !was_interrupted;  // the reader has gone: no timings, no warnings
+    if (st.stop == "context" && !quiet)
         spdlog::warn("stopped: the context of {} tokens is full (raise --ctx-size)", copt.n_ctx);
 
     const int n_gen = int(st.tokens.size());
     const int n_decode = std::max(0, n_gen - 1);
     const double total_ms = load_ms + st.prefill_ms + st.decode_ms + st.sample_ms;
-    if (!opt.no_perf) {
+    if (!opt.no_perf && !quiet) {
         std::string t = "\n";
         t += fmt::format("kvgen: {:>16} = {:10.2f} ms\n", "load time", load_ms);
         t += timing_line("sampling time", st.sample_ms, n_gen, "runs");
         t += timing_line("prompt eval time", st.prefill_ms, st.n_prompt, "tokens");
         t += timing_line("eval time", st.decode_ms, n_decode, "runs");
         t += fmt::format("kvgen: {:>16} = {:10.2f} ms / {:5d} tokens\n", "total time", total_ms, st.n_prompt + n_gen);
+        if (was_interrupted) t += "kvgen: interrupted\n";
         t += fmt::format("kvgen: mode: KV cache {}, KV cache {} bytes ({}), peak resident memory {}\n",
                          opt.kv_cache ? "on" : "off", backend.kv_bytes(), human_bytes(double(backend.kv_bytes())),
                          human_bytes(double(peak_rss_bytes())));
@@ -181,6 +200,7 @@ void run_generate(const GenerateCliOptions& opt) {
         j["tokens"] = st.tokens;
         j["text"] = generated;  // invalid UTF-8 (a model can emit it) is replaced when dumped
         j["stop"] = st.stop;
+        j["interrupted"] = was_interrupted;
         j["load_ms"] = load_ms;
         j["prefill_ms"] = st.prefill_ms;
         j["decode_ms"] = st.decode_ms;
@@ -190,8 +210,10 @@ void run_generate(const GenerateCliOptions& opt) {
         j["token_ms"] = st.token_ms;
         j["kv_cache_bytes"] = backend.kv_bytes();
         j["peak_rss_bytes"] = peak_rss_bytes();
+        j["rss_samples"] = rss_samples;  // [token index, resident bytes]
         write_text_file(opt.json_path, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
     }
+    return was_interrupted ? 130 : 0;
 }
 
 }  // namespace kvgen

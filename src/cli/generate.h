@@ -29,6 +29,7 @@ struct GenerateCliOptions {
 };
 
 // Generates text: streamed to stdout; the model/cache summary and timings to stderr; reports to the named files.
-void run_generate(const GenerateCliOptions& opt);
+// Returns the exit status: 0, or 130 when a SIGINT stopped the run (after the text, timings and report).
+int run_generate(const GenerateCliOptions& opt);
 
 }  // namespace kvgen

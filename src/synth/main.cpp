@@ -32,6 +32,8 @@ int main(int argc, char** argv) {
     app.add_option("--n-ff", dims.n_ff)->check(CLI::Range(1, 1 << 18));
     app.add_option("--n-ctx", dims.n_ctx)->check(CLI::Range(1, 1 << 24));
     app.add_option("--rope-base", dims.rope_base);
+    std::vector<std::string> overrides;
+    app.add_option("--tensor-type", overrides, "NAME=TYPE: store one tensor in another ggml type (repeatable)");
     app.add_flag("--tied", tied, "tie the output projection to the token embeddings");
     app.add_flag("--untied", untied, "write a separate output.weight");
     app.add_flag("--list", list, "list the named shapes and exit");
@@ -61,6 +63,12 @@ int main(int argc, char** argv) {
         if (dims.n_ff) opt.shape.n_ff = dims.n_ff;
         if (dims.n_ctx) opt.shape.n_ctx = dims.n_ctx;
         if (app.count("--rope-base")) opt.shape.rope_base = dims.rope_base;
+        for (const std::string& o : overrides) {
+            const size_t eq = o.find('=');
+            if (eq == std::string::npos || eq == 0 || eq + 1 == o.size())
+                throw Error(fmt::format("--tensor-type '{}': expected NAME=TYPE", o));
+            opt.tensor_types.emplace_back(o.substr(0, eq), o.substr(eq + 1));
+        }
         if (tied) opt.shape.tied = true;
         if (untied) opt.shape.tied = false;
 

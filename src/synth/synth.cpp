@@ -250,40 +250,58 @@ GgufWriter synth_layout(const SynthOptions& opt, const GgufFile& vocab) {
 
     const int64_t n_embd = s.n_embd, n_ff = s.n_ff;
     const int64_t head_dim = n_embd / s.n_heads, kv_dim = head_dim * s.n_kv_heads;
+    size_t overrides_used = 0;
+    auto add = [&](const std::string& name, GgmlType t, std::vector<int64_t> ne) {
+        for (const auto& [tensor, type_name] : opt.tensor_types) {
+            if (tensor != name) continue;
+            if (!ggml_type_from_name(type_name, &t))
+                throw Error(fmt::format("synth: --tensor-type {}: unknown type '{}'", name, type_name));
+            if (ne[0] % ggml_type_info(t)->block_size != 0)
+                throw Error(fmt::format("synth: --tensor-type {}: rows of {} are not whole {} blocks", name, ne[0],
+                                        type_name));
+            ++overrides_used;
+        }
+        w.add_tensor(name, t, ne);
+    };
     auto matrix = [&](const std::string& name, int64_t cols, int64_t rows, GgmlType t) {
-        w.add_tensor(name, fit_type(t, cols), {cols, rows});
+        add(name, fit_type(t, cols), {cols, rows});
     };
     const GgmlType body = mix ? GgmlType::Q4_K : base;
     matrix("token_embd.weight", n_embd, n_vocab, body);
-    w.add_tensor("output_norm.weight", GgmlType::F32, {n_embd});
+    add("output_norm.weight", GgmlType::F32, {n_embd});
     if (!s.tied) matrix("output.weight", n_embd, n_vocab, mix ? GgmlType::Q6_K : base);
     for (int l = 0; l < s.n_layers; ++l) {
         const std::string p = fmt::format("blk.{}.", l);
         const GgmlType wide = mix && more_bits(l, s.n_layers) ? GgmlType::Q6_K : body;
-        w.add_tensor(p + "attn_norm.weight", GgmlType::F32, {n_embd});
+        add(p + "attn_norm.weight", GgmlType::F32, {n_embd});
         matrix(p + "attn_q.weight", n_embd, n_embd, body);
         matrix(p + "attn_k.weight", n_embd, kv_dim, body);
         matrix(p + "attn_v.weight", n_embd, kv_dim, wide);
         matrix(p + "attn_output.weight", n_embd, n_embd, body);
-        w.add_tensor(p + "ffn_norm.weight", GgmlType::F32, {n_embd});
+        add(p + "ffn_norm.weight", GgmlType::F32, {n_embd});
         matrix(p + "ffn_gate.weight", n_embd, n_ff, body);
         matrix(p + "ffn_up.weight", n_embd, n_ff, body);
         matrix(p + "ffn_down.weight", n_ff, n_embd, wide);
     }
+    if (overrides_used != opt.tensor_types.size())
+        throw Error("synth: a --tensor-type names a tensor this shape does not have");
     return w;
 }
 
 void synth_fill(const SynthOptions& opt, const GgufTensor& info, size_t i, uint8_t* dst, uint64_t nbytes) {
-    (void)nbytes;
     const uint64_t seed = tensor_seed(opt.seed, i);
-    if (info.n_dims == 1) {  // norm weights: near 1, F32
+    if (!ggml_type_supported(info.type)) {  // a --tensor-type kvgen cannot compute with: any bytes will do
+        Rng(seed).bytes(dst, size_t(nbytes));
+        return;
+    }
+    if (info.n_dims == 1 && info.type == uint32_t(GgmlType::F32)) {  // norm weights: near 1
         Rng r(seed);
         float* y = reinterpret_cast<float*>(dst);
         for (int64_t j = 0; j < info.ne[0]; ++j) y[j] = 0.9f + 0.2f * r.uniform();
         return;
     }
-    const float sigma = 1.0f / std::sqrt(float(info.ne[0]));
-    synth_random_rows(GgmlType(info.type), dst, info.ne[1], info.ne[0], sigma, seed);
+    const float sigma = info.n_dims == 1 ? 0.5f : 1.0f / std::sqrt(float(info.ne[0]));
+    synth_random_rows(GgmlType(info.type), dst, info.n_elements() / info.ne[0], info.ne[0], sigma, seed);
 }
 
 }  // namespace kvgen

@@ -30,6 +30,9 @@ struct SynthOptions {
     SynthShape shape;
     std::string type = "Q8_0";  // F32, F16, BF16, any supported quant, or Q4_K_M (a Q4_K + Q6_K mix)
     uint64_t seed = 1;
+    // Per-tensor type overrides (name -> any ggml type name, also ones kvgen cannot compute with, whose blocks are
+    // random bytes): makes files for error-path tests.
+    std::vector<std::pair<std::string, std::string>> tensor_types;
 };
 
 // The weight types kvgen-synth writes, as accepted by SynthOptions::type.

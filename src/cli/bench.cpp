@@ -1,0 +1,192 @@
+#include "cli/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <random>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/format.h"
+#include "common/error.h"
+#include "cpu/cpu_backend.h"
+#include "model/weights.h"
+
+namespace kvgen {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+struct Test {
+    std::string name;  // pp512, tg128 @ d1024
+    int n_prompt = 0, n_gen = 0, depth = 0;
+    std::vector<double> tok_s;
+};
+
+// Fills the cache with `depth` tokens (untimed), in batches.
+void fill(Backend& b, const std::vector<int32_t>& tokens, int depth) {
+    b.kv_truncate(0);
+    for (int pos = 0; pos < depth; pos += b.n_batch()) {
+        const int n = std::min(b.n_batch(), depth - pos);
+        b.forward(tokens.data() + pos, n, pos);
+    }
+}
+
+// Seconds for one repetition of a test.
+double run_once(Backend& b, const std::vector<int32_t>& tokens, const Test& t, bool kv_cache) {
+    fill(b, tokens, t.depth);
+    if (t.n_prompt > 0) {
+        const auto t0 = Clock::now();
+        for (int pos = t.depth; pos < t.depth + t.n_prompt; pos += b.n_batch()) {
+            const int n = std::min(b.n_batch(), t.depth + t.n_prompt - pos);
+            b.forward(tokens.data() + pos, n, pos);
+        }
+        return seconds_since(t0);
+    }
+    const auto t0 = Clock::now();
+    for (int k = 0; k < t.n_gen; ++k) {
+        const int pos = t.depth + k;
+        if (kv_cache) {
+            b.forward(tokens.data() + pos, 1, pos);
+        } else {  // recompute the whole sequence through the prefill path, as --no-kv-cache generation does
+            b.kv_truncate(0);
+            for (int p = 0; p <= pos; p += b.n_batch()) b.forward(tokens.data() + p, std::min(b.n_batch(), pos + 1 - p), p);
+        }
+    }
+    return seconds_since(t0);
+}
+
+std::string model_label(const Model& m, int64_t* params, uint64_t* bytes) {
+    std::map<std::string, uint64_t> by_type;
+    *params = 0;
+    *bytes = 0;
+    for (const GgufTensor& t : m.file.tensors()) {
+        *params += t.n_elements();
+        *bytes += t.nbytes;
+        if (t.n_dims == 2) by_type[ggml_type_name(t.type)] += t.nbytes;
+    }
+    std::string main_type;
+    uint64_t most = 0;
+    for (const auto& [name, b] : by_type)
+        if (b > most) {
+            most = b;
+            main_type = name;
+        }
+    return fmt::format("llama {} {}", human_count(double(*params)), main_type);
+}
+
+}  // namespace
+
+std::vector<int> parse_int_list(const std::string& text, const char* option, int min_value) {
+    std::vector<int> out;
+    std::stringstream ss(text);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        size_t used = 0;
+        int v = 0;
+        try {
+            v = std::stoi(item, &used);
+        } catch (const std::exception&) {
+            used = 0;
+        }
+        if (item.empty() || used != item.size() || v < min_value)
+            throw Error(fmt::format("{} '{}': expected a comma-separated list of integers >= {}", option, text,
+                                    min_value));
+        out.push_back(v);
+    }
+    if (out.empty()) throw Error(fmt::format("{}: empty list", option));
+    return out;
+}
+
+void run_bench(const BenchOptions& opt) {
+    if (opt.output != "md" && opt.output != "json" && opt.output != "csv")
+        throw Error(fmt::format("-o '{}': expected md, json or csv", opt.output));
+    const Model model = Model::load(opt.model_path);
+    const Config& c = model.config;
+
+    std::vector<Test> tests;
+    for (int d : opt.depths) {
+        const std::string at = d > 0 ? fmt::format(" @ d{}", d) : "";
+        for (int p : opt.n_prompt)
+            if (p > 0) tests.push_back({fmt::format("pp{}{}", p, at), p, 0, d, {}});
+        for (int n : opt.n_gen)
+            if (n > 0) tests.push_back({fmt::format("tg{}{}", n, at), 0, n, d, {}});
+    }
+    int need = 1;
+    for (const Test& t : tests) need = std::max(need, t.depth + t.n_prompt + t.n_gen);
+
+    cpu::CpuOptions copt;
+    copt.n_ctx = need;
+    copt.n_batch = opt.n_batch;
+    copt.n_threads = opt.n_threads > 0 ? opt.n_threads : cpu::ThreadPool::physical_cores();
+    copt.kv_type = opt.kv_type;
+    cpu::CpuBackend backend(model, copt);
+
+    std::mt19937 rng(1234);
+    std::uniform_int_distribution<int32_t> dist(0, c.n_vocab - 1);
+    std::vector<int32_t> tokens(static_cast<size_t>(need));
+    for (int32_t& t : tokens) t = dist(rng);
+
+    for (Test& t : tests) {
+        std::fprintf(stderr, "kvgen: bench %s: warm-up + %d runs\n", t.name.c_str(), opt.repetitions);
+        run_once(backend, tokens, t, opt.kv_cache);
+        const int n = t.n_prompt > 0 ? t.n_prompt : t.n_gen;
+        for (int r = 0; r < opt.repetitions; ++r) t.tok_s.push_back(n / run_once(backend, tokens, t, opt.kv_cache));
+    }
+
+    int64_t params = 0;
+    uint64_t bytes = 0;
+    const std::string label = model_label(model, &params, &bytes);
+    const std::string backend_name = opt.kv_cache ? "CPU" : "CPU (no KV cache)";
+    auto stats = [](const std::vector<double>& v, double* avg, double* sd) {
+        *avg = 0;
+        for (double x : v) *avg += x;
+        *avg /= double(v.size());
+        *sd = 0;
+        for (double x : v) *sd += (x - *avg) * (x - *avg);
+        *sd = v.size() > 1 ? std::sqrt(*sd / double(v.size() - 1)) : 0.0;
+    };
+
+    std::string out;
+    if (opt.output == "md") {
+        out += "| model | size | params | backend | threads | test | t/s |\n";
+        out += "| --- | ---: | ---: | --- | ---: | ---: | ---: |\n";
+        for (const Test& t : tests) {
+            double avg, sd;
+            stats(t.tok_s, &avg, &sd);
+            out += fmt::format("| {} | {} | {} | {} | {} | {} | {:.2f} ± {:.2f} |\n", label, human_bytes(double(bytes)),
+                               human_count(double(params)), backend_name, copt.n_threads, t.name, avg, sd);
+        }
+    } else if (opt.output == "csv") {
+        out += "model,size,params,backend,threads,kv_cache,test,n_prompt,n_gen,n_depth,avg_ts,stddev_ts\n";
+        for (const Test& t : tests) {
+            double avg, sd;
+            stats(t.tok_s, &avg, &sd);
+            out += fmt::format("\"{}\",{},{},CPU,{},{},{},{},{},{},{:.4f},{:.4f}\n", label, bytes, params,
+                               copt.n_threads, opt.kv_cache ? 1 : 0, t.name, t.n_prompt, t.n_gen, t.depth, avg, sd);
+        }
+    } else {
+        nlohmann::ordered_json arr = nlohmann::ordered_json::array();
+        for (const Test& t : tests) {
+            double avg, sd;
+            stats(t.tok_s, &avg, &sd);
+            arr.push_back({{"model", label},         {"model_file", opt.model_path}, {"size", bytes},
+                           {"params", params},       {"backend", "CPU"},            {"threads", copt.n_threads},
+                           {"kv_cache", opt.kv_cache}, {"test", t.name},             {"n_prompt", t.n_prompt},
+                           {"n_gen", t.n_gen},       {"n_depth", t.depth},          {"avg_ts", avg},
+                           {"stddev_ts", sd},        {"samples_ts", t.tok_s}});
+        }
+        out = arr.dump(2) + "\n";
+    }
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    std::fflush(stdout);
+}
+
+}  // namespace kvgen
