@@ -49,7 +49,7 @@ PY
 export ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1
 for t in "${targets[@]}"; do
     echo "fuzz: fuzz_$t for $seconds s" >&2
-    "$build/fuzz_$t" -max_total_time="$seconds" -max_len=65536 -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
+    "$build/tests/fuzz/fuzz_$t" -max_total_time="$seconds" -max_len=65536 -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 \
         -artifact_prefix="$build/findings/" "$tmp/$t" 2>"$tmp/$t.log" || {
         tail -n 60 "$tmp/$t.log" >&2
         echo "fuzz: fuzz_$t found a problem; the input is in $build/findings/" >&2

@@ -1,11 +1,15 @@
 // Malformed GGUF files: every truncation of the tiny model's first 4 KiB and a set of single-field corruptions must
 // be rejected with a kvgen::Error that names the byte offset; nothing may crash or allocate what a count claims.
+#include <dirent.h>
+
 #include <cstring>
 #include <random>
 
 #include "common/error.h"
 #include "gguf/gguf.h"
+#include "model/weights.h"
 #include "test_util.h"
+#include "tokenizer/tokenizer.h"
 
 using namespace kvgen;
 
@@ -156,4 +160,34 @@ TEST_CASE("random byte corruptions of the header never crash", "[gguf][corrupt]"
         }
     }
     CHECK(rejected > 0);  // most flips land in string bytes and still parse; some must not
+}
+
+TEST_CASE("every fuzz regression input is handled", "[gguf][corrupt][fuzz]") {
+    const std::string dir = test::source("tests/data/fuzz");
+    DIR* dp = opendir(dir.c_str());
+    REQUIRE(dp != nullptr);
+    int files = 0, rejected = 0;
+    while (dirent* e = readdir(dp)) {
+        const std::string name = e->d_name;
+        if (name.size() < 5 || name.compare(name.size() - 4, 4, ".bin") != 0) continue;
+        ++files;
+        INFO(name);
+        try {
+            const GgufFile f = GgufFile::parse(test::read_bytes(dir + "/" + name), name);
+            try {
+                bind_weights(f, Config::from_gguf(f));
+            } catch (const Error&) {
+            }
+            try {
+                (void)Tokenizer::from_gguf(f).encode("hello", true);
+            } catch (const Error&) {
+            }
+        } catch (const Error& err) {
+            ++rejected;
+            CHECK(std::string(err.what()).find("(offset ") != std::string::npos);
+        }
+    }
+    closedir(dp);
+    CHECK(files >= 2);
+    CHECK(rejected >= 2);  // the hand-made ones are malformed
 }
