@@ -192,6 +192,14 @@ rc=${PIPESTATUS[0]}
 set -o pipefail
 if [[ $rc -eq 0 ]] && ! grep -q "error" "$tmp/pipe.err"; then pass; else fail "SIGPIPE: status $rc: $(cat "$tmp/pipe.err")"; fi
 
+# A long run does not drift: resident memory after the first token equals that after the last.
+"$kvgen" -m "$ref" -p "Hello" -n 1500 --ignore-eos --temp 0.8 -s 3 -c 1600 --json "$tmp/long.json" >/dev/null 2>&1
+if python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["rss_samples"]; assert len(s) >= 3 and s[-1][1] - s[0][1] < (2 << 20), s' "$tmp/long.json"; then
+    pass
+else
+    fail "resident memory grew during a 1500-token run"
+fi
+
 # The model file is only read.
 before=$(sha256sum "$tiny" | cut -d' ' -f1)
 "$kvgen" -m "$tiny" -p "Hello" -n 4 --temp 0 >/dev/null 2>&1

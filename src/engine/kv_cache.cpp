@@ -1,5 +1,7 @@
 #include "engine/kv_cache.h"
 
+#include <cinttypes>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -12,16 +14,36 @@ namespace kvgen {
 
 void KvCache::Free::operator()(void* p) const { std::free(p); }
 
+namespace {
+// MemAvailable from /proc/meminfo in bytes, or 0 when unknown.
+uint64_t available_memory() {
+    std::FILE* f = std::fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    uint64_t kib = 0;
+    while (std::fgets(line, sizeof(line), f))
+        if (std::sscanf(line, "MemAvailable: %" SCNu64 " kB", &kib) == 1) break;
+    std::fclose(f);
+    return kib * 1024;
+}
+}  // namespace
+
 KvCache::KvCache(const Config& c, int n_ctx, KvType type)
     : type_(type), n_layers_(c.n_layers), n_kv_heads_(c.n_kv_heads), head_dim_(c.head_dim), n_ctx_(n_ctx) {
     bytes_ = bytes_needed(c, n_ctx, type);
-    // note: calloc maps zero pages lazily, so an oversized cache fails here (or costs nothing until used) rather
-    // than touching every page up front.
+    const uint64_t available = available_memory();
+    auto fail = [&](const std::string& why) {
+        return Error(fmt::format("cannot allocate the KV cache: {} bytes needed for {} positions{} (lower --ctx-size)",
+                                 bytes_, n_ctx, why));
+    };
+    if (available != 0 && bytes_ > available) throw fail(fmt::format(", {} bytes available", available));
     k_.reset(std::calloc(bytes_ / 2, 1));
     v_.reset(std::calloc(bytes_ / 2, 1));
-    if (!k_ || !v_)
-        throw Error(fmt::format("cannot allocate the KV cache: {} bytes needed for {} positions (lower --ctx-size)",
-                                bytes_, n_ctx));
+    if (!k_ || !v_) throw fail("");
+    // note: touch every page now, so the cache is resident from the start: memory stays flat while positions fill,
+    // and a cache that does not fit fails here rather than partway through a run.
+    std::memset(k_.get(), 0, bytes_ / 2);
+    std::memset(v_.get(), 0, bytes_ / 2);
 }
 
 void KvCache::write(int l, int pos0, int n, const float* k, const float* v) {
