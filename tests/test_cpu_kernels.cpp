@@ -4,6 +4,7 @@
 #include <cmath>
 #include <random>
 
+#include "cpu/cpu_features.h"
 #include "cpu/matmul.h"
 #include "cpu/thread_pool.h"
 #include "cpu/vecdot.h"
@@ -15,24 +16,6 @@ using namespace kvgen;
 using namespace kvgen::cpu;
 
 namespace {
-
-bool cpu_has_avx2() {
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-#else
-    return false;
-#endif
-}
-
-bool cpu_has_avx512() {
-#if defined(__x86_64__)
-    return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-#else
-    return false;
-#endif
-}
 
 }  // namespace
 
@@ -66,8 +49,8 @@ TEST_CASE("integer dot products match dequantize-then-dot for every quantized ty
         for (int nt = 1; nt <= 4; ++nt) {
             float generic[4], avx2[4], avx512[4];
             kernels::vec_dot_generic(t, row.data(), xq, stride, nt, generic, cols);
-            if (cpu_has_avx2()) kernels::vec_dot_avx2(t, row.data(), xq, stride, nt, avx2, cols);
-            if (cpu_has_avx512()) kernels::vec_dot_avx512(t, row.data(), xq, stride, nt, avx512, cols);
+            if (has_avx2()) kernels::vec_dot_avx2(t, row.data(), xq, stride, nt, avx2, cols);
+            if (has_avx512_vnni()) kernels::vec_dot_avx512(t, row.data(), xq, stride, nt, avx512, cols);
             for (int tkn = 0; tkn < nt; ++tkn) {
                 double ref = 0, mag = 0;
                 for (int64_t j = 0; j < cols; ++j) {
@@ -77,8 +60,8 @@ TEST_CASE("integer dot products match dequantize-then-dot for every quantized ty
                 INFO("tokens " << nt << " token " << tkn << " ref " << ref);
                 // 16-bit activations: the error is a few parts in 10^5 of the sum of magnitudes.
                 CHECK(std::fabs(generic[tkn] - ref) <= 1e-4 * mag);
-                if (cpu_has_avx2()) CHECK(std::fabs(avx2[tkn] - ref) <= 1e-4 * mag);
-                if (cpu_has_avx512()) CHECK(std::fabs(avx512[tkn] - ref) <= 1e-4 * mag);
+                if (has_avx2()) CHECK(std::fabs(avx2[tkn] - ref) <= 1e-4 * mag);
+                if (has_avx512_vnni()) CHECK(std::fabs(avx512[tkn] - ref) <= 1e-4 * mag);
             }
         }
     }

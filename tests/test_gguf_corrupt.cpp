@@ -26,17 +26,20 @@ void poke(std::vector<uint8_t>& b, size_t at, T v) {
     std::memcpy(b.data() + at, &v, sizeof(T));
 }
 
-// Offset of a tensor info: where its name's u64 length field starts.
-size_t tensor_info_at(const std::vector<uint8_t>& b, const std::string& name) {
+// Where a GGUF string (u64 length, then the bytes) holding `name` starts: the first or the last occurrence.
+size_t string_at(const std::vector<uint8_t>& b, const std::string& name, bool last) {
     std::string pattern(8, '\0');
     const uint64_t len = name.size();
     std::memcpy(&pattern[0], &len, 8);
     pattern += name;
     const std::string hay(b.begin(), b.end());
-    const size_t at = hay.rfind(pattern);
+    const size_t at = last ? hay.rfind(pattern) : hay.find(pattern);
     REQUIRE(at != std::string::npos);
     return at;
 }
+
+// Offset of a tensor info: where its name's u64 length field starts (tensor infos follow the metadata).
+size_t tensor_info_at(const std::vector<uint8_t>& b, const std::string& name) { return string_at(b, name, true); }
 
 void expect_rejected(std::vector<uint8_t> bytes, const std::string& what) {
     INFO("expected: " << what);
@@ -109,14 +112,7 @@ TEST_CASE("a huge array count is rejected before anything is allocated", "[gguf]
     const auto& good = tiny_bytes();
     // tokenizer.ggml.tokens: key, type ARRAY, element type STRING, then the u64 count.
     const std::string key = "tokenizer.ggml.tokens";
-    std::string pattern(8, '\0');
-    const uint64_t len = key.size();
-    std::memcpy(&pattern[0], &len, 8);
-    pattern += key;
-    const std::string hay(good.begin(), good.end());
-    const size_t at = hay.find(pattern);
-    REQUIRE(at != std::string::npos);
-    const size_t count_at = at + pattern.size() + 4 + 4;
+    const size_t count_at = string_at(good, key, false) + 8 + key.size() + 4 + 4;
     std::vector<uint8_t> b = good;
     poke<uint64_t>(b, count_at, 1ull << 61);
     expect_rejected(b, "cannot fit");

@@ -1,6 +1,7 @@
 #include "cpu/matmul.h"
 
 #include "common/error.h"
+#include "cpu/cpu_features.h"
 #include "model/dequant.h"
 
 namespace kvgen::cpu {
@@ -8,25 +9,6 @@ namespace kvgen::cpu {
 namespace {
 
 using RowsFn = void (*)(float*, const float*, const void*, int64_t, const WeightView&, int, int64_t, int64_t, float*);
-
-bool has_avx2() {
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-#else
-    return false;
-#endif
-}
-
-bool has_avx512_vnni() {
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-#else
-    return false;
-#endif
-}
 
 const bool kAvx2 = has_avx2();
 const bool kAvx512 = has_avx512_vnni();

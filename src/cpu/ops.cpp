@@ -2,20 +2,14 @@
 
 #include <cmath>
 
+#include "cpu/cpu_features.h"
+
 namespace kvgen::cpu {
 
 namespace {
 using ItemsFn = void (*)(float*, const float*, const KvCache&, int, int, const Config&, int64_t, int64_t, int64_t,
                         float*);
-ItemsFn pick() {
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-        return kernels::attention_items_avx2;
-#endif
-    return kernels::attention_items_generic;
-}
-const ItemsFn kItems = pick();
+const ItemsFn kItems = has_avx2() ? kernels::attention_items_avx2 : kernels::attention_items_generic;
 }  // namespace
 
 void rmsnorm(float* out, const float* x, const float* w, int n, int dim, float eps) {

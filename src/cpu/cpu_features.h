@@ -1,0 +1,9 @@
+#pragma once
+// Which kernel builds this CPU can run (checked once; the answer does not change while the process runs).
+
+namespace kvgen::cpu {
+
+bool has_avx2();         // AVX2 with FMA and F16C
+bool has_avx512_vnni();  // AVX-512 F, BW, VL and VNNI (and AVX2)
+
+}  // namespace kvgen::cpu
