@@ -10,8 +10,10 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 scripts/setup.sh --no-build
 models/fetch-default.sh
+# note: warnings stay warnings here: the instrumented -O2 build makes GCC 12 report false -Wmaybe-uninitialized
+# inside libstdc++ (<regex>, through Catch2). The plain build in scripts/test.sh is the one held to -Werror.
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVGEN_CUDA=OFF \
-    -DKVGEN_SANITIZE=address,undefined -DKVGEN_WERROR="${KVGEN_WERROR:-OFF}" >build-asan.log 2>&1 ||
+    -DKVGEN_SANITIZE=address,undefined -DKVGEN_WERROR=OFF >build-asan.log 2>&1 ||
     { cat build-asan.log >&2; exit 1; }
 rm -f build-asan.log
 cmake --build build-asan -j "$(nproc)"

@@ -1,5 +1,6 @@
 #include "cpu/thread_pool.h"
 
+#include <chrono>
 #include <fstream>
 #include <set>
 #include <string>
@@ -17,7 +18,10 @@ inline void cpu_relax() {
     _mm_pause();
 #endif
 }
-constexpr int kSpins = 200000;
+// note: a worker spins this long for the next region before sleeping. Decode starts a region every few tens of
+// microseconds, so short spins keep hand-offs cheap; a longer spin would steal the core from whatever else runs
+// (another process, or a busy main thread) for no gain.
+constexpr auto kSpin = std::chrono::microseconds(100);
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads < 1 ? 1 : n_threads) {
@@ -54,16 +58,22 @@ void ThreadPool::run(int64_t n, Task task, void* ctx) {
     }
     cv_.notify_all();
     slice(0);
-    while (pending_.load(std::memory_order_acquire) != 0) cpu_relax();
+    // note: after a short spin, yield: when the machine is oversubscribed a worker may be waiting for this very core.
+    for (int i = 0; pending_.load(std::memory_order_acquire) != 0; ++i) {
+        if (i < 4096) cpu_relax();
+        else std::this_thread::yield();
+    }
 }
 
 void ThreadPool::worker(int t) {
     uint64_t seen = 0;
     for (;;) {
         uint64_t g = generation_.load(std::memory_order_acquire);
-        for (int i = 0; g == seen && i < kSpins; ++i) {
+        const auto deadline = std::chrono::steady_clock::now() + kSpin;
+        for (int i = 0; g == seen; ++i) {
             cpu_relax();
             g = generation_.load(std::memory_order_acquire);
+            if ((i & 63) == 63 && std::chrono::steady_clock::now() > deadline) break;
         }
         if (g == seen) {
             std::unique_lock<std::mutex> lock(mu_);

@@ -1,6 +1,6 @@
 #pragma once
-// A fixed pool of workers for the forward pass. A parallel region costs a few microseconds: workers spin briefly
-// on a generation counter before sleeping, since decode runs hundreds of short regions per token.
+// A fixed pool of workers for the forward pass. A parallel region costs a few microseconds: workers spin for up
+// to 100 us on a generation counter before sleeping, since decode runs hundreds of short regions per token.
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
