@@ -39,7 +39,8 @@ int32_t Sampler::sample(const float* logits, int n_vocab, const std::vector<int3
     // Probabilities of the survivors (before temperature, as llama.cpp's top-p and min-p see them).
     const float mx = cand_[0].first;
     double sum = 0.0;
-    std::vector<double> p(keep);
+    std::vector<double>& p = probs_;
+    p.resize(keep);
     for (size_t i = 0; i < keep; ++i) sum += p[i] = std::exp(double(cand_[i].first - mx));
     if (opt_.top_p < 1.0f) {
         double cum = 0.0;

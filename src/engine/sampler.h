@@ -29,6 +29,7 @@ private:
     std::mt19937 rng_;
     std::vector<float> work_;
     std::vector<std::pair<float, int32_t>> cand_;
+    std::vector<double> probs_;
 };
 
 }  // namespace kvgen
