@@ -30,10 +30,6 @@ double nrmse(const float* ours, const float* exact, int n) {
     return std::sqrt(err / var);
 }
 
-struct RefCase {
-    std::string model, stem;
-};
-
 void check_reference(const std::string& stem, KvType kv_type, int threads, int n_batch) {
     const std::string dir = test::shared("testdata/ref/");
     std::ifstream jf(dir + stem + ".json");
