@@ -107,7 +107,10 @@ int main(int argc, char** argv) {
     app.add_flag("--no-kv-cache", [&gen](int64_t) { gen.kv_cache = false; },
                  "recompute the whole sequence every step (to measure what the cache buys)");
     app.add_option("--kv-type", kv_type, "KV cache element type")->check(CLI::IsMember({"f16", "f32"}));
-    app.add_option("--device", gen.device, "where to run")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+    app.add_option("--device", gen.device, "where to run (auto: the GPU when this build and machine have one)")
+        ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+    app.add_flag("--no-cuda-graphs", [&gen](int64_t) { gen.cuda_graphs = false; },
+                 "CUDA: launch the decode step kernel by kernel instead of replaying a captured graph");
     app.add_flag("--chat", gen.chat, "wrap the prompt in the model's chat format");
     app.add_flag("--ignore-eos", gen.ignore_eos, "keep generating past end-of-generation tokens");
     app.add_option("--dump-logits", gen.dump_logits_path, "write each step's logits (float32 rows of n_vocab)");
@@ -161,6 +164,8 @@ int main(int argc, char** argv) {
             b.kv_type = kv_type == "f32" ? kvgen::KvType::F32 : kvgen::KvType::F16;
             b.kv_cache = gen.kv_cache;
             b.output = output_format;
+            b.device = gen.device;
+            b.cuda_graphs = gen.cuda_graphs;
             kvgen::run_bench(b);
             return 0;
         }

@@ -81,7 +81,7 @@ expect_error "tokenize: no tokenizer" "no tokenizer" "$kvgen" -m "$src/tests/dat
 
 # Generation.
 ref="$shared/testdata/ref/open-gqa-Q8_0.gguf"
-expect_ok "generate: JSON keys" "" "$kvgen" -m "$ref" -p "Hello" -n 8 --temp 0 -t 2 --json "$tmp/gen.json" \
+expect_ok "generate: JSON keys" "" "$kvgen" -m "$ref" -p "Hello" -n 8 --temp 0 -t 2 --device cpu --json "$tmp/gen.json" \
     --dump-logits "$tmp/logits.f32"
 if python3 - "$tmp/gen.json" "$tmp/logits.f32" <<'PY'; then pass; else fail "generate: --json/--dump-logits content"; fi
 import json, os, sys
@@ -154,10 +154,17 @@ expect_error "synth: bad type" "unknown type 'Q9_9'" "$synth" tiny --type Q9_9 -
 "$synth" tiny --vocab "$vocab" -o "$tmp/iq4.gguf" --tensor-type blk.0.attn_q.weight=IQ4_NL 2>/dev/null
 expect_error "unsupported tensor type (inspect)" "has type IQ4_NL (supported: F32" "$kvgen" -m "$tmp/iq4.gguf" --inspect
 expect_error "unsupported tensor type (generate)" "blk.0.attn_q.weight' has type IQ4_NL" "$kvgen" -m "$tmp/iq4.gguf" -p hi
-expect_error "--device cuda without a GPU" "--device cuda" "$kvgen" -m "$ref" -p hi --device cuda
+if "$kvgen" --list-devices | grep -q '^  cuda0:'; then
+    expect_error "--device cuda: KV cache larger than the GPU" "not enough GPU memory .* is free" \
+        "$kvgen" -m "$ref" -p hi -c 16777216 --device cuda
+    expect_error "--device cuda with --kv-type f32" "keeps its KV cache in f16" "$kvgen" -m "$ref" -p hi \
+        --device cuda --kv-type f32
+else
+    expect_error "--device cuda without a GPU" "--device cuda" "$kvgen" -m "$ref" -p hi --device cuda
+fi
 if [[ -f $default ]]; then
     expect_error "KV cache too large to allocate" "cannot allocate the KV cache: [0-9]* bytes" \
-        "$kvgen" -m "$default" -p hi -c 16777216
+        "$kvgen" -m "$default" -p hi -c 16777216 --device cpu
 fi
 expect_error "unknown --device" "device" "$kvgen" -m "$ref" -p hi --device tpu
 expect_error "not a directory" "Not a directory" "$kvgen" -m "$tiny/model.gguf" --inspect

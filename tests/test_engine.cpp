@@ -11,94 +11,33 @@
 #include "cpu/cpu_backend.h"
 #include "engine/generator.h"
 #include "model/weights.h"
+#include "reference_check.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace kvgen;
+using test::check_reference;
+using test::kRefStems;
 
 namespace {
 
-double nrmse(const float* ours, const float* exact, int n) {
-    double mean = 0;
-    for (int j = 0; j < n; ++j) mean += exact[j];
-    mean /= n;
-    double err = 0, var = 0;
-    for (int j = 0; j < n; ++j) {
-        err += (double(ours[j]) - exact[j]) * (double(ours[j]) - exact[j]);
-        var += (exact[j] - mean) * (exact[j] - mean);
-    }
-    return std::sqrt(err / var);
+std::function<std::unique_ptr<Backend>(const Model&)> cpu_backend(KvType kv_type, int threads, int n_batch) {
+    return [=](const Model& model) -> std::unique_ptr<Backend> {
+        cpu::CpuOptions opt;
+        opt.n_ctx = 256;
+        opt.n_threads = threads;
+        opt.kv_type = kv_type;
+        opt.n_batch = n_batch;
+        return std::make_unique<cpu::CpuBackend>(model, opt);
+    };
 }
-
-void check_reference(const std::string& stem, KvType kv_type, int threads, int n_batch) {
-    const std::string dir = test::shared("testdata/ref/");
-    std::ifstream jf(dir + stem + ".json");
-    REQUIRE(jf.good());
-    const nlohmann::json j = nlohmann::json::parse(jf);
-    const std::string model_file = j["model"].get<std::string>();
-    const std::string model_path =
-        model_file == "llama-2-tiny-random.gguf" ? test::shared("testdata/tiny/" + model_file) : dir + model_file;
-    const Model model = Model::load(model_path);
-    const Tokenizer tok = Tokenizer::from_gguf(model.file);
-
-    const auto prompt = tok.encode(j["prompt"].get<std::string>(), tok.add_bos());
-    CHECK(prompt == j["prompt_ids"].get<std::vector<int32_t>>());
-
-    const auto exact_ids = j["ids"].get<std::vector<int32_t>>();
-    const auto margins = j["margins"].get<std::vector<double>>();
-    const auto rows = j["rows"].get<std::vector<int>>();
-    const double tol = std::max(0.01, 1.5 * j["peer_nrmse"].get<double>());
-    const double gap = std::max(0.05, 4.0 * j["peer_rms_err"].get<double>());
-    const int n_vocab = model.config.n_vocab;
-    const auto exact_bytes = test::read_bytes(dir + stem + ".exact.f32");
-    REQUIRE(exact_bytes.size() == rows.size() * size_t(n_vocab) * 4);
-
-    cpu::CpuOptions opt;
-    opt.n_ctx = 256;
-    opt.n_threads = threads;
-    opt.kv_type = kv_type;
-    opt.n_batch = n_batch;
-    cpu::CpuBackend backend(model, opt);
-    GenerateOptions gopt;
-    gopt.n_predict = int(exact_ids.size());
-    gopt.sampler.temp = 0.0f;
-    int step = 0, compared = 0;
-    bool on_path = true;
-    Generator(backend).run(
-        prompt, gopt,
-        [&](int32_t id, const float* logits) {
-            const auto r = std::find(rows.begin(), rows.end(), step);
-            if (on_path && r != rows.end()) {
-                const float* exact = reinterpret_cast<const float*>(exact_bytes.data()) +
-                                     size_t(r - rows.begin()) * size_t(n_vocab);
-                const double e = nrmse(logits, exact, n_vocab);
-                INFO(stem << " step " << step << " nrmse " << e << " tolerance " << tol);
-                CHECK(e <= tol);
-                ++compared;
-            }
-            if (on_path && margins[size_t(step)] > gap) {
-                INFO(stem << " step " << step << " margin " << margins[size_t(step)]);
-                CHECK(id == exact_ids[size_t(step)]);
-            }
-            if (id != exact_ids[size_t(step)]) on_path = false;
-            ++step;
-            return true;
-        },
-        nullptr, n_vocab);
-    CHECK(compared >= 1);
-}
-
-const char* const kRefStems[] = {"llama-2-tiny-random.p1", "open-gqa-Q8_0.p1",   "open-gqa-Q8_0.p3",
-                                 "open-gqa-Q4_0.p1",       "open-gqa-Q4_0.p3",   "open-gqa-Q4_K_M.p1",
-                                 "open-gqa-Q4_K_M.p3",     "open-gqa-Q6_K.p1",   "open-gqa-Q6_K.p3",
-                                 "open-mha-F16.p1",        "open-mha-F16.p3"};
 
 }  // namespace
 
 TEST_CASE("every reference case passes the fidelity rules (f16 cache)", "[engine][fidelity]") {
     for (const char* stem : kRefStems) {
         INFO(stem);
-        check_reference(stem, KvType::F16, 2, 512);
+        check_reference(stem, cpu_backend(KvType::F16, 2, 512));
     }
 }
 
@@ -106,7 +45,7 @@ TEST_CASE("every reference case passes the fidelity rules (f32 cache, one thread
           "[engine][fidelity]") {
     for (const char* stem : kRefStems) {
         INFO(stem);
-        check_reference(stem, KvType::F32, 1, 7);
+        check_reference(stem, cpu_backend(KvType::F32, 1, 7));
     }
 }
 

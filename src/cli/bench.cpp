@@ -13,7 +13,7 @@
 
 #include "cli/format.h"
 #include "common/error.h"
-#include "cpu/cpu_backend.h"
+#include "cli/backend_select.h"
 #include "model/weights.h"
 
 namespace kvgen {
@@ -108,6 +108,7 @@ std::vector<int> parse_int_list(const std::string& text, const char* option, int
 void run_bench(const BenchOptions& opt) {
     if (opt.output != "md" && opt.output != "json" && opt.output != "csv")
         throw Error(fmt::format("-o '{}': expected md, json or csv", opt.output));
+    resolve_device(opt.device);  // a missing device fails before the model loads
     const Model model = Model::load(opt.model_path);
     const Config& c = model.config;
 
@@ -122,12 +123,17 @@ void run_bench(const BenchOptions& opt) {
     int need = 1;
     for (const Test& t : tests) need = std::max(need, t.depth + t.n_prompt + t.n_gen);
 
-    cpu::CpuOptions copt;
-    copt.n_ctx = need;
-    copt.n_batch = opt.n_batch;
-    copt.n_threads = opt.n_threads > 0 ? opt.n_threads : cpu::ThreadPool::physical_cores();
-    copt.kv_type = opt.kv_type;
-    cpu::CpuBackend backend(model, copt);
+    BackendChoice choice;
+    choice.device = opt.device;
+    choice.n_ctx = need;
+    choice.n_batch = opt.n_batch;
+    choice.n_threads = opt.n_threads;
+    choice.kv_type = opt.kv_type;
+    choice.cuda_graphs = opt.cuda_graphs;
+    SelectedBackend selected = make_backend(model, choice);
+    Backend& backend = *selected.backend;
+    const bool cuda = selected.device == "cuda";
+    std::fprintf(stderr, "kvgen: bench on %s\n", selected.description.c_str());
 
     std::mt19937 rng(1234);
     std::uniform_int_distribution<int32_t> dist(0, c.n_vocab - 1);
@@ -144,7 +150,8 @@ void run_bench(const BenchOptions& opt) {
     int64_t params = 0;
     uint64_t bytes = 0;
     const std::string label = model_label(model, &params, &bytes);
-    const std::string backend_name = opt.kv_cache ? "CPU" : "CPU (no KV cache)";
+    const std::string backend_base = cuda ? "CUDA" : "CPU";
+    const std::string backend_name = opt.kv_cache ? backend_base : backend_base + " (no KV cache)";
     auto stats = [](const std::vector<double>& v, double* avg, double* sd) {
         *avg = 0;
         for (double x : v) *avg += x;
@@ -162,15 +169,15 @@ void run_bench(const BenchOptions& opt) {
             double avg, sd;
             stats(t.tok_s, &avg, &sd);
             out += fmt::format("| {} | {} | {} | {} | {} | {} | {:.2f} ± {:.2f} |\n", label, human_bytes(double(bytes)),
-                               human_count(double(params)), backend_name, copt.n_threads, t.name, avg, sd);
+                               human_count(double(params)), backend_name, selected.n_threads, t.name, avg, sd);
         }
     } else if (opt.output == "csv") {
         out += "model,size,params,backend,threads,kv_cache,test,n_prompt,n_gen,n_depth,avg_ts,stddev_ts\n";
         for (const Test& t : tests) {
             double avg, sd;
             stats(t.tok_s, &avg, &sd);
-            out += fmt::format("\"{}\",{},{},CPU,{},{},{},{},{},{},{:.4f},{:.4f}\n", label, bytes, params,
-                               copt.n_threads, opt.kv_cache ? 1 : 0, t.name, t.n_prompt, t.n_gen, t.depth, avg, sd);
+            out += fmt::format("\"{}\",{},{},{},{},{},{},{},{},{},{:.4f},{:.4f}\n", label, bytes, params,
+                               backend_base, selected.n_threads, opt.kv_cache ? 1 : 0, t.name, t.n_prompt, t.n_gen, t.depth, avg, sd);
         }
     } else {
         nlohmann::ordered_json arr = nlohmann::ordered_json::array();
@@ -178,10 +185,10 @@ void run_bench(const BenchOptions& opt) {
             double avg, sd;
             stats(t.tok_s, &avg, &sd);
             arr.push_back({{"model", label},         {"model_file", opt.model_path}, {"size", bytes},
-                           {"params", params},       {"backend", "CPU"},            {"threads", copt.n_threads},
+                           {"params", params},       {"backend", backend_base},      {"threads", selected.n_threads},
                            {"kv_cache", opt.kv_cache}, {"test", t.name},             {"n_prompt", t.n_prompt},
                            {"n_gen", t.n_gen},       {"n_depth", t.depth},          {"avg_ts", avg},
-                           {"stddev_ts", sd},        {"samples_ts", t.tok_s}});
+                           {"stddev_ts", sd},        {"samples_ts", t.tok_s},      {"device", selected.description}});
         }
         out = arr.dump(2) + "\n";
     }

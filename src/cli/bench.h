@@ -17,6 +17,8 @@ struct BenchOptions {
     KvType kv_type = KvType::F16;
     bool kv_cache = true;  // false: each decode step recomputes the whole sequence
     std::string output = "md";  // md, json, csv
+    std::string device = "auto";  // cpu, cuda, auto
+    bool cuda_graphs = true;
 };
 
 // `kvgen --bench`, as llama-bench: random tokens, a prefill test of each -p size and a decode test of each -n size

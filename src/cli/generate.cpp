@@ -13,12 +13,11 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "cli/backend_select.h"
 #include "cli/chat.h"
 #include "cli/format.h"
 #include "cli/signals.h"
 #include "common/error.h"
-#include "cpu/cpu_backend.h"
-#include "cpu/matmul.h"
 #include "model/weights.h"
 #include "tokenizer/tokenizer.h"
 
@@ -88,8 +87,7 @@ std::string timing_line(const char* label, double ms, int n, const char* unit) {
 int run_generate(const GenerateCliOptions& opt) {
     if (!opt.json_path.empty()) check_writable(opt.json_path);
     if (!opt.dump_logits_path.empty()) check_writable(opt.dump_logits_path);
-    if (opt.device == "cuda")
-        throw Error("--device cuda: the CUDA backend is not available yet in this build (use --device cpu)");
+    const std::string device = resolve_device(opt.device);  // a missing device fails before the model loads
 
     const auto t_load = std::chrono::steady_clock::now();
     const Model model = Model::load(opt.model_path);
@@ -110,26 +108,29 @@ int run_generate(const GenerateCliOptions& opt) {
     }
     const std::vector<int32_t> prompt = tok.encode(text, tok.add_bos() && !opt.no_bos, special);
 
-    cpu::CpuOptions copt;
-    copt.n_ctx = opt.n_ctx > 0 ? opt.n_ctx : std::min(c.n_ctx_train, 4096);
-    copt.n_batch = opt.n_batch;
-    copt.n_threads = opt.n_threads > 0 ? opt.n_threads : cpu::ThreadPool::physical_cores();
-    copt.kv_type = opt.kv_type;
-    if (int(prompt.size()) >= copt.n_ctx)
+    BackendChoice choice;
+    choice.device = device;
+    choice.n_ctx = opt.n_ctx > 0 ? opt.n_ctx : std::min(c.n_ctx_train, 4096);
+    choice.n_batch = opt.n_batch;
+    choice.n_threads = opt.n_threads;
+    choice.kv_type = opt.kv_type;
+    choice.cuda_graphs = opt.cuda_graphs;
+    if (int(prompt.size()) >= choice.n_ctx)
         throw Error(fmt::format("prompt has {} tokens but the context holds {} (raise --ctx-size)", prompt.size(),
-                                copt.n_ctx));
-    cpu::CpuBackend backend(model, copt);
-    if (copt.n_ctx > c.n_ctx_train)
-        spdlog::warn("--ctx-size {} exceeds the model's trained context {}", copt.n_ctx, c.n_ctx_train);
+                                choice.n_ctx));
+    SelectedBackend selected = make_backend(model, choice);
+    Backend& backend = *selected.backend;
+    if (choice.n_ctx > c.n_ctx_train)
+        spdlog::warn("--ctx-size {} exceeds the model's trained context {}", choice.n_ctx, c.n_ctx_train);
     const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_load).count();
 
     const uint32_t seed = opt.seed >= 0 ? uint32_t(opt.seed) : std::random_device{}();
     std::string summary = fmt::format(
         "kvgen: model {} ({}, {} layers, {} heads / {} KV heads, head_dim {}, vocab {})\n"
-        "kvgen: device cpu ({} threads, {} kernels), batch {}, KV cache {}: {}, {} for {} positions\n",
-        opt.model_path, c.name, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.n_vocab, copt.n_threads,
-        cpu::matmul_isa(), copt.n_batch, opt.kv_cache ? "on" : "off (every step recomputes the whole sequence)",
-        opt.kv_type == KvType::F16 ? "f16" : "f32", human_bytes(double(backend.kv_bytes())), copt.n_ctx);
+        "kvgen: device {}, batch {}, KV cache {}: {}, {} for {} positions\n",
+        opt.model_path, c.name, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.n_vocab, selected.description,
+        backend.n_batch(), opt.kv_cache ? "on" : "off (every step recomputes the whole sequence)",
+        opt.kv_type == KvType::F16 ? "f16" : "f32", human_bytes(double(backend.kv_bytes())), backend.n_ctx());
     if (opt.verbose) summary += fmt::format("kvgen: prompt {} tokens, seed {}\n", prompt.size(), seed);
     std::fputs(summary.c_str(), stderr);
 
@@ -167,7 +168,7 @@ int run_generate(const GenerateCliOptions& opt) {
     if (was_interrupted) st.stop = "interrupted";
     const bool quiet = stdout_closed && !was_interrupted;  // the reader has gone: no timings, no warnings
     if (st.stop == "context" && !quiet)
-        spdlog::warn("stopped: the context of {} tokens is full (raise --ctx-size)", copt.n_ctx);
+        spdlog::warn("stopped: the context of {} tokens is full (raise --ctx-size)", backend.n_ctx());
 
     const int n_gen = int(st.tokens.size());
     const int n_decode = std::max(0, n_gen - 1);
@@ -189,12 +190,13 @@ int run_generate(const GenerateCliOptions& opt) {
     if (!opt.json_path.empty()) {
         nlohmann::ordered_json j;
         j["model"] = opt.model_path;
-        j["device"] = "cpu";
-        j["threads"] = copt.n_threads;
+        j["device"] = selected.device;
+        j["device_name"] = selected.description;
+        j["threads"] = selected.n_threads;
         j["kv_cache"] = opt.kv_cache;
         j["kv_type"] = opt.kv_type == KvType::F16 ? "f16" : "f32";
-        j["n_ctx"] = copt.n_ctx;
-        j["n_batch"] = copt.n_batch;
+        j["n_ctx"] = backend.n_ctx();
+        j["n_batch"] = backend.n_batch();
         j["seed"] = seed;
         j["prompt_tokens"] = prompt;
         j["tokens"] = st.tokens;

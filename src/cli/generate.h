@@ -15,6 +15,7 @@ struct GenerateCliOptions {
     int n_threads = 0;  // 0: physical cores
     KvType kv_type = KvType::F16;
     std::string device = "auto";
+    bool cuda_graphs = true;
     bool kv_cache = true;
     bool chat = false;
     bool special = false;

@@ -1,0 +1,543 @@
+#include "ops.cuh"
+
+#include <algorithm>
+#include <cmath>
+
+#include "cuda_common.cuh"
+#include "quant.cuh"
+
+namespace kvgen::cuda {
+
+namespace {
+
+constexpr int kWarp = 32;
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+unsigned grid_for(int64_t items, int block) { return unsigned((items + block - 1) / block); }
+
+// --- dequantization ---------------------------------------------------------------------------------------------
+
+template <GgmlType T, typename Out>
+__global__ void dequantize_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t chunks_per_row,
+                                  int64_t n_chunks, Out* __restrict__ out) {
+    const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (g >= n_chunks) return;
+    float v[32];
+    row_chunk<T>(w + (g / chunks_per_row) * row_bytes, g % chunks_per_row, v);
+    Out* o = out + g * 32;
+    if constexpr (std::is_same<Out, float>::value) {
+        float4* o4 = reinterpret_cast<float4*>(o);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) o4[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+    } else {
+        __half2* o2 = reinterpret_cast<__half2*>(o);
+#pragma unroll
+        for (int k = 0; k < 16; ++k) o2[k] = __floats2half2_rn(v[2 * k], v[2 * k + 1]);
+    }
+}
+
+template <typename Out>
+void dequantize_any(const DevWeight& w, Out* out, cudaStream_t s) {
+    const int64_t cpr = w.cols / 32, n_chunks = w.rows * cpr;
+    const bool ok = dispatch_type(w.type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        dequantize_kernel<T, Out><<<grid_for(n_chunks, 256), 256, 0, s>>>(w.data, w.row_bytes, cpr, n_chunks, out);
+    });
+    if (!ok) throw Error(fmt::format("CUDA: no device decoder for {}", ggml_type_name(w.type)));
+    KVGEN_CUDA_LAUNCHED("dequantize");
+}
+
+template <GgmlType T>
+__global__ void get_rows_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t chunks_per_row,
+                                int64_t n_rows, const int32_t* __restrict__ tokens, int n, float* __restrict__ out) {
+    const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (g >= int64_t(n) * chunks_per_row) return;
+    const int i = int(g / chunks_per_row);
+    const int64_t c = g % chunks_per_row;
+    int64_t row = tokens[i];
+    row = row < 0 ? 0 : (row >= n_rows ? n_rows - 1 : row);  // the host checked; never read out of bounds
+    float v[32];
+    row_chunk<T>(w + row * row_bytes, c, v);
+    float4* o4 = reinterpret_cast<float4*>(out + g * 32);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) o4[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+}
+
+// --- decode matrix-vector product ---------------------------------------------------------------------------------
+// A warp owns kMvRows rows; each lane walks the row's 32-weight chunks with a stride of 32 chunks, so one load
+// instruction of the warp covers 32 consecutive chunks (contiguous blocks) of each row. The 32 activations of a
+// chunk are loaded once (four 16-byte loads) and used for every row of the warp; lane sums meet in a shuffle
+// reduction.
+
+constexpr int kMvWarps = 4, kMvRows = 2;
+
+template <GgmlType T>
+__global__ void __launch_bounds__(kMvWarps * kWarp)
+    matvec_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t n_chunks, int64_t rows,
+                  const float* __restrict__ x, float* __restrict__ y, int accumulate) {
+    const int lane = threadIdx.x % kWarp;
+    const int64_t r0 = (int64_t(blockIdx.x) * kMvWarps + threadIdx.x / kWarp) * kMvRows;
+    if (r0 >= rows) return;
+    float acc[kMvRows];
+#pragma unroll
+    for (int r = 0; r < kMvRows; ++r) acc[r] = 0.0f;
+    for (int64_t c = lane; c < n_chunks; c += kWarp) {
+        float xv[32];
+        const float4* xp = reinterpret_cast<const float4*>(x + c * 32);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const float4 t = __ldg(xp + k);
+            xv[4 * k] = t.x;
+            xv[4 * k + 1] = t.y;
+            xv[4 * k + 2] = t.z;
+            xv[4 * k + 3] = t.w;
+        }
+#pragma unroll
+        for (int r = 0; r < kMvRows; ++r) {
+            if (r0 + r < rows) {
+                float wv[32];
+                row_chunk<T>(w + (r0 + r) * row_bytes, c, wv);
+                float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 32; i += 2) {
+                    s0 = fmaf(wv[i], xv[i], s0);
+                    s1 = fmaf(wv[i + 1], xv[i + 1], s1);
+                }
+                acc[r] += s0 + s1;
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < kMvRows; ++r) {
+        const float v = warp_sum(acc[r]);
+        if (lane == 0 && r0 + r < rows) y[r0 + r] = accumulate ? y[r0 + r] + v : v;
+    }
+}
+
+// --- element-wise ops ---------------------------------------------------------------------------------------------
+
+__global__ void rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,
+                               int dim, float eps) {
+    const float* xi = x + int64_t(blockIdx.x) * dim;
+    float* oi = out + int64_t(blockIdx.x) * dim;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) ss += xi[j] * xi[j];
+    ss = warp_sum(ss);
+    __shared__ float part[32];
+    if (threadIdx.x % kWarp == 0) part[threadIdx.x / kWarp] = ss;
+    __syncthreads();
+    if (threadIdx.x < kWarp) {
+        float v = threadIdx.x < blockDim.x / kWarp ? part[threadIdx.x] : 0.0f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) part[0] = v;
+    }
+    __syncthreads();
+    const float inv = float(1.0 / sqrt(double(part[0]) / dim + double(eps)));
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) oi[j] = xi[j] * inv * w[j];
+}
+
+__global__ void rope_tables_kernel(const int* __restrict__ d_pos0, int n, int half, const double* __restrict__ pw,
+                                   const double* __restrict__ ff, double pos_div, float* __restrict__ cos_t,
+                                   float* __restrict__ sin_t) {
+    const int g = blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= n * half) return;
+    const int i = g / half, j = g % half;
+    double theta = double(*d_pos0 + i) / pos_div * pw[j];
+    if (ff) theta /= ff[j];
+    double sn, cs;
+    sincos(theta, &sn, &cs);
+    cos_t[g] = float(cs);
+    sin_t[g] = float(sn);
+}
+
+__global__ void rope_kernel(float* __restrict__ x, const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+                            int n, int n_heads, int head_dim, int half) {
+    const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (g >= int64_t(n) * n_heads * half) return;
+    const int j = int(g % half);
+    const int64_t ih = g / half;  // token * n_heads + head
+    const int i = int(ih / n_heads);
+    float* v = x + ih * head_dim;
+    const float c = cos_t[int64_t(i) * half + j], sn = sin_t[int64_t(i) * half + j];
+    const float a = v[2 * j], b = v[2 * j + 1];
+    v[2 * j] = a * c - b * sn;
+    v[2 * j + 1] = a * sn + b * c;
+}
+
+__global__ void store_kv_kernel(const float* __restrict__ k, const float* __restrict__ v,
+                                const float* __restrict__ cos_t, const float* __restrict__ sin_t, int n,
+                                const int* __restrict__ d_pos0, int n_kv_heads, int head_dim, int half_rope,
+                                int n_ctx, __half* __restrict__ kc, __half* __restrict__ vc) {
+    const int pairs = head_dim / 2;
+    const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (g >= int64_t(n) * n_kv_heads * pairs) return;
+    const int j = int(g % pairs);
+    const int64_t ih = g / pairs;  // token * n_kv_heads + head
+    const int i = int(ih / n_kv_heads), h = int(ih % n_kv_heads);
+    const float* kr = k + ih * head_dim;
+    const float* vr = v + ih * head_dim;
+    float a = kr[2 * j], b = kr[2 * j + 1];
+    if (cos_t && j < half_rope) {
+        const float c = cos_t[int64_t(i) * half_rope + j], sn = sin_t[int64_t(i) * half_rope + j];
+        const float ra = a * c - b * sn, rb = a * sn + b * c;
+        a = ra;
+        b = rb;
+    }
+    const int64_t dst = (int64_t(h) * n_ctx + (*d_pos0 + i)) * head_dim + 2 * j;
+    *reinterpret_cast<__half2*>(kc + dst) = __floats2half2_rn(a, b);
+    *reinterpret_cast<__half2*>(vc + dst) = __floats2half2_rn(vr[2 * j], vr[2 * j + 1]);
+}
+
+__global__ void swiglu_kernel(float* __restrict__ g, const float* __restrict__ u, int64_t count) {
+    const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (j < count) g[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+}
+
+__global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t count) {
+    const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (j < count) x[j] += y[j];
+}
+
+__global__ void to_f16_kernel(const float* __restrict__ x, __half* __restrict__ y, int64_t count) {
+    const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (j < count) y[j] = __float2half_rn(fminf(fmaxf(x[j], -65504.0f), 65504.0f));
+}
+
+// --- attention ----------------------------------------------------------------------------------------------------
+// A warp attends NQ query heads of one KV group (they read the same K/V rows) over a range of positions: lane l
+// holds elements [E l, E l + E) of each head_dim = 32 E vector, a position costs one shuffle reduction per query
+// head, and softmax is online (running max m, sum l, unnormalized output o).
+
+constexpr int kAttnWarps = 4;
+
+template <int E>
+__device__ __forceinline__ void load_halves(const __half* p, float (&out)[E]) {
+    if constexpr (E % 4 == 0) {
+#pragma unroll
+        for (int e = 0; e < E; e += 4) {
+            const uint2 u = *reinterpret_cast<const uint2*>(p + e);
+            const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+            const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+            out[e] = a.x;
+            out[e + 1] = a.y;
+            out[e + 2] = b.x;
+            out[e + 3] = b.y;
+        }
+    } else if constexpr (E % 2 == 0) {
+#pragma unroll
+        for (int e = 0; e < E; e += 2) {
+            const float2 a = __half22float2(*reinterpret_cast<const __half2*>(p + e));
+            out[e] = a.x;
+            out[e + 1] = a.y;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < E; ++e) out[e] = __half2float(p[e]);
+    }
+}
+
+template <int NQ, int E>
+__device__ __forceinline__ void warp_attend(const float (&q)[NQ][E], const __half* kb, const __half* vb, int t0,
+                                            int t1, int step, float (&m)[NQ], float (&l)[NQ], float (&o)[NQ][E]) {
+    constexpr int hd = 32 * E;
+    const int lane = threadIdx.x % kWarp;
+    for (int t = t0; t < t1; t += step) {
+        float kv[E], vv[E];
+        load_halves<E>(kb + int64_t(t) * hd + lane * E, kv);
+        load_halves<E>(vb + int64_t(t) * hd + lane * E, vv);
+#pragma unroll
+        for (int r = 0; r < NQ; ++r) {
+            float s = 0.0f;
+#pragma unroll
+            for (int e = 0; e < E; ++e) s = fmaf(q[r][e], kv[e], s);
+            s = warp_sum(s);
+            const float mn = fmaxf(m[r], s);
+            const float corr = expf(m[r] - mn), p = expf(s - mn);
+            l[r] = l[r] * corr + p;
+#pragma unroll
+            for (int e = 0; e < E; ++e) o[r][e] = fmaf(o[r][e], corr, p * vv[e]);
+            m[r] = mn;
+        }
+    }
+}
+
+template <int NQ, int E>
+__device__ __forceinline__ void load_query(const float* q, float scale, float (&qr)[NQ][E], float (&m)[NQ],
+                                           float (&l)[NQ], float (&o)[NQ][E]) {
+    constexpr int hd = 32 * E;
+    const int lane = threadIdx.x % kWarp;
+#pragma unroll
+    for (int r = 0; r < NQ; ++r) {
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            qr[r][e] = q[r * hd + lane * E + e] * scale;
+            o[r][e] = 0.0f;
+        }
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+}
+
+// grid (n_heads / NQ, splits), kAttnWarps warps; partials [n_heads][splits][hd + 2] = (o unnormalized, m, l).
+template <int NQ, int E>
+__global__ void __launch_bounds__(kAttnWarps * kWarp)
+    attention_decode_kernel(const float* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc,
+                            const int* __restrict__ d_pos0, int n_rep, int n_ctx, int splits, float scale,
+                            float* __restrict__ partials) {
+    constexpr int hd = 32 * E;
+    const int h0 = blockIdx.x * NQ, g = h0 / n_rep, sp = blockIdx.y;
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    const int n_pos = *d_pos0 + 1;
+    const int len = (n_pos + splits - 1) / splits;
+    const int t0 = min(n_pos, sp * len), t1 = min(n_pos, t0 + len);
+
+    float qr[NQ][E], m[NQ], l[NQ], o[NQ][E];
+    load_query<NQ, E>(q + int64_t(h0) * hd, scale, qr, m, l, o);
+    const int64_t base = int64_t(g) * n_ctx * hd;
+    warp_attend<NQ, E>(qr, kc + base, vc + base, t0 + warp, t1, kAttnWarps, m, l, o);
+
+    // combine the block's warps: shared [warp][NQ][hd + 2]
+    __shared__ float sm[kAttnWarps][NQ][hd + 2];
+#pragma unroll
+    for (int r = 0; r < NQ; ++r) {
+#pragma unroll
+        for (int e = 0; e < E; ++e) sm[warp][r][lane * E + e] = o[r][e];
+        if (lane == 0) {
+            sm[warp][r][hd] = m[r];
+            sm[warp][r][hd + 1] = l[r];
+        }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < NQ * hd; idx += blockDim.x) {
+        const int r = idx / hd, j = idx % hd;
+        float mx = -INFINITY;
+        for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, sm[w][r][hd]);
+        float acc = 0.0f, sum = 0.0f;
+        if (mx != -INFINITY) {
+            for (int w = 0; w < kAttnWarps; ++w) {
+                const float f = expf(sm[w][r][hd] - mx);
+                acc += sm[w][r][j] * f;
+                sum += sm[w][r][hd + 1] * f;
+            }
+        }
+        float* dst = partials + (int64_t(h0 + r) * splits + sp) * (hd + 2);
+        dst[j] = acc;
+        if (j == 0) {
+            dst[hd] = mx;
+            dst[hd + 1] = sum;
+        }
+    }
+}
+
+// grid n_heads: out[h] = sum over splits of o_s e^(m_s - M) / sum of l_s e^(m_s - M).
+__global__ void attention_combine_kernel(const float* __restrict__ partials, int splits, int hd,
+                                         float* __restrict__ out) {
+    const int h = blockIdx.x;
+    const float* p = partials + int64_t(h) * splits * (hd + 2);
+    float mx = -INFINITY;
+    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, p[int64_t(s) * (hd + 2) + hd]);
+    float sum = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+        const float* ps = p + int64_t(s) * (hd + 2);
+        if (ps[hd] != -INFINITY) sum += ps[hd + 1] * expf(ps[hd] - mx);
+    }
+    for (int j = threadIdx.x; j < hd; j += blockDim.x) {
+        float acc = 0.0f;
+        for (int s = 0; s < splits; ++s) {
+            const float* ps = p + int64_t(s) * (hd + 2);
+            if (ps[hd] != -INFINITY) acc += ps[j] * expf(ps[hd] - mx);
+        }
+        out[int64_t(h) * hd + j] = acc / sum;
+    }
+}
+
+// grid (n_heads / NQ, ceil(n / kAttnWarps)): warp w takes query i = blockIdx.y * kAttnWarps + w over positions
+// 0 ..= pos0 + i; the block's warps are consecutive queries of one head group and share their K/V reads.
+template <int NQ, int E>
+__global__ void __launch_bounds__(kAttnWarps * kWarp)
+    attention_prefill_kernel(const float* __restrict__ q, const __half* __restrict__ kc,
+                             const __half* __restrict__ vc, const int* __restrict__ d_pos0, int n, int n_heads,
+                             int n_rep, int n_ctx, float scale, float* __restrict__ out) {
+    constexpr int hd = 32 * E;
+    const int h0 = blockIdx.x * NQ, g = h0 / n_rep;
+    const int i = blockIdx.y * kAttnWarps + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    if (i >= n) return;
+    float qr[NQ][E], m[NQ], l[NQ], o[NQ][E];
+    const int64_t row = (int64_t(i) * n_heads + h0) * hd;
+    load_query<NQ, E>(q + row, scale, qr, m, l, o);
+    const int64_t base = int64_t(g) * n_ctx * hd;
+    warp_attend<NQ, E>(qr, kc + base, vc + base, 0, *d_pos0 + i + 1, 1, m, l, o);
+#pragma unroll
+    for (int r = 0; r < NQ; ++r) {
+        const float inv = 1.0f / l[r];
+#pragma unroll
+        for (int e = 0; e < E; ++e) out[row + int64_t(r) * hd + lane * E + e] = o[r][e] * inv;
+    }
+}
+
+// Query heads per block: the largest of 8, 4, 3, 2, 1 that divides n_rep.
+int heads_per_block(int n_rep) {
+    for (int nq : {8, 4, 3, 2, 1})
+        if (n_rep % nq == 0) return nq;
+    return 1;
+}
+
+template <typename F>
+void dispatch_attention(int n_rep, int head_dim, F&& f) {
+    auto by_e = [&](auto nq) {
+        switch (head_dim) {
+            case 32: f(nq, std::integral_constant<int, 1>{}); return;
+            case 64: f(nq, std::integral_constant<int, 2>{}); return;
+            case 96: f(nq, std::integral_constant<int, 3>{}); return;
+            case 128: f(nq, std::integral_constant<int, 4>{}); return;
+            case 256: f(nq, std::integral_constant<int, 8>{}); return;
+            default: throw Error(fmt::format("CUDA: head_dim {} is not supported (32, 64, 96, 128, 256)", head_dim));
+        }
+    };
+    switch (heads_per_block(n_rep)) {
+        case 8: by_e(std::integral_constant<int, 8>{}); return;
+        case 4: by_e(std::integral_constant<int, 4>{}); return;
+        case 3: by_e(std::integral_constant<int, 3>{}); return;
+        case 2: by_e(std::integral_constant<int, 2>{}); return;
+        default: by_e(std::integral_constant<int, 1>{}); return;
+    }
+}
+
+}  // namespace
+
+// --- launchers ----------------------------------------------------------------------------------------------------
+
+bool device_type_supported(GgmlType t) {
+    return dispatch_type(t, [](auto) {});
+}
+
+void dequantize_f32(const DevWeight& w, float* out, cudaStream_t s) { dequantize_any(w, out, s); }
+void dequantize_f16(const DevWeight& w, __half* out, cudaStream_t s) { dequantize_any(w, out, s); }
+
+void get_rows(const DevWeight& emb, const int32_t* d_tokens, int n, float* out, cudaStream_t s) {
+    const int64_t cpr = emb.cols / 32;
+    const bool ok = dispatch_type(emb.type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        get_rows_kernel<T><<<grid_for(int64_t(n) * cpr, 128), 128, 0, s>>>(emb.data, emb.row_bytes, cpr, emb.rows,
+                                                                            d_tokens, n, out);
+    });
+    if (!ok) throw Error(fmt::format("CUDA: no device decoder for {}", ggml_type_name(emb.type)));
+    KVGEN_CUDA_LAUNCHED("get_rows");
+}
+
+void matvec(const DevWeight& w, const float* x, float* y, bool accumulate, cudaStream_t s) {
+    const int64_t rows_per_block = kMvWarps * kMvRows;
+    const bool ok = dispatch_type(w.type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        matvec_kernel<T><<<grid_for(w.rows, int(rows_per_block)), kMvWarps * kWarp, 0, s>>>(
+            w.data, w.row_bytes, w.cols / 32, w.rows, x, y, accumulate ? 1 : 0);
+    });
+    if (!ok) throw Error(fmt::format("CUDA: no device decoder for {}", ggml_type_name(w.type)));
+    KVGEN_CUDA_LAUNCHED("matvec");
+}
+
+void rmsnorm(const float* x, const float* w, float* out, int n, int dim, float eps, cudaStream_t s) {
+    rmsnorm_kernel<<<n, 256, 0, s>>>(x, w, out, dim, eps);
+    KVGEN_CUDA_LAUNCHED("rmsnorm");
+}
+
+void rope_tables(const int* d_pos0, int n, int half, const double* pw, const double* ff, double pos_div,
+                 float* cos_t, float* sin_t, cudaStream_t s) {
+    rope_tables_kernel<<<grid_for(int64_t(n) * half, 128), 128, 0, s>>>(d_pos0, n, half, pw, ff, pos_div, cos_t,
+                                                                        sin_t);
+    KVGEN_CUDA_LAUNCHED("rope_tables");
+}
+
+void rope(float* x, const float* cos_t, const float* sin_t, int n, int n_heads, int head_dim, int rope_dim,
+          cudaStream_t s) {
+    const int half = rope_dim / 2;
+    rope_kernel<<<grid_for(int64_t(n) * n_heads * half, 256), 256, 0, s>>>(x, cos_t, sin_t, n, n_heads, head_dim,
+                                                                           half);
+    KVGEN_CUDA_LAUNCHED("rope");
+}
+
+void store_kv(const float* k, const float* v, const float* cos_t, const float* sin_t, int n, const int* d_pos0,
+              int n_kv_heads, int head_dim, int rope_dim, int n_ctx, __half* k_cache, __half* v_cache,
+              cudaStream_t s) {
+    const int64_t items = int64_t(n) * n_kv_heads * (head_dim / 2);
+    store_kv_kernel<<<grid_for(items, 256), 256, 0, s>>>(k, v, cos_t, sin_t, n, d_pos0, n_kv_heads, head_dim,
+                                                         rope_dim / 2, n_ctx, k_cache, v_cache);
+    KVGEN_CUDA_LAUNCHED("store_kv");
+}
+
+void swiglu(float* gate, const float* up, int64_t count, cudaStream_t s) {
+    swiglu_kernel<<<grid_for(count, 256), 256, 0, s>>>(gate, up, count);
+    KVGEN_CUDA_LAUNCHED("swiglu");
+}
+
+void add(float* x, const float* y, int64_t count, cudaStream_t s) {
+    add_kernel<<<grid_for(count, 256), 256, 0, s>>>(x, y, count);
+    KVGEN_CUDA_LAUNCHED("add");
+}
+
+void to_f16(const float* x, __half* y, int64_t count, cudaStream_t s) {
+    to_f16_kernel<<<grid_for(count, 256), 256, 0, s>>>(x, y, count);
+    KVGEN_CUDA_LAUNCHED("to_f16");
+}
+
+void check_cublas(cublasStatus_t st, const char* what) {
+    if (st != CUBLAS_STATUS_SUCCESS) throw Error(fmt::format("cuBLAS: {} failed: {}", what, cublasGetStatusString(st)));
+}
+
+void gemm_f16(cublasHandle_t h, const __half* w, const __half* x, float* out, int rows, int n, int cols,
+              bool accumulate) {
+    // Column-major, cuBLAS sees W as a cols x rows matrix to transpose and x as cols x n; out is rows x n.
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    check_cublas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &alpha, w, CUDA_R_16F, cols, x, CUDA_R_16F,
+                              cols, &beta, out, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx");
+}
+
+bool attention_head_dim_supported(int hd) { return hd == 32 || hd == 64 || hd == 96 || hd == 128 || hd == 256; }
+
+int attention_splits(const AttnShape& a, int sm_count) {
+    // note: enough blocks to give every multiprocessor about four, whatever the depth; at small depths the extra
+    // splits find no positions and exit at once.
+    const int groups = a.n_heads / heads_per_block(a.n_heads / a.n_kv_heads);
+    const int want = (4 * sm_count + groups - 1) / groups;
+    return std::max(1, std::min({want, 64, a.n_ctx}));
+}
+
+int64_t attention_partials(const AttnShape& a, int splits) {
+    return int64_t(a.n_heads) * splits * (a.head_dim + 2);
+}
+
+void attention_decode(const float* q, const __half* k_cache, const __half* v_cache, const int* d_pos0,
+                      const AttnShape& a, int splits, float* partials, float* out, cudaStream_t s) {
+    const int n_rep = a.n_heads / a.n_kv_heads;
+    const float scale = 1.0f / std::sqrt(float(a.head_dim));
+    dispatch_attention(n_rep, a.head_dim, [&](auto nq, auto e) {
+        constexpr int NQ = decltype(nq)::value, E = decltype(e)::value;
+        const dim3 grid(unsigned(a.n_heads / NQ), unsigned(splits));
+        attention_decode_kernel<NQ, E>
+            <<<grid, kAttnWarps * kWarp, 0, s>>>(q, k_cache, v_cache, d_pos0, n_rep, a.n_ctx, splits, scale, partials);
+    });
+    KVGEN_CUDA_LAUNCHED("attention_decode");
+    attention_combine_kernel<<<a.n_heads, 128, 0, s>>>(partials, splits, a.head_dim, out);
+    KVGEN_CUDA_LAUNCHED("attention_combine");
+}
+
+void attention_prefill(const float* q, const __half* k_cache, const __half* v_cache, const int* d_pos0, int n,
+                       const AttnShape& a, float* out, cudaStream_t s) {
+    const int n_rep = a.n_heads / a.n_kv_heads;
+    const float scale = 1.0f / std::sqrt(float(a.head_dim));
+    dispatch_attention(n_rep, a.head_dim, [&](auto nq, auto e) {
+        constexpr int NQ = decltype(nq)::value, E = decltype(e)::value;
+        const dim3 grid(unsigned(a.n_heads / NQ), unsigned((n + kAttnWarps - 1) / kAttnWarps));
+        attention_prefill_kernel<NQ, E><<<grid, kAttnWarps * kWarp, 0, s>>>(q, k_cache, v_cache, d_pos0, n, a.n_heads,
+                                                                            n_rep, a.n_ctx, scale, out);
+    });
+    KVGEN_CUDA_LAUNCHED("attention_prefill");
+}
+
+}  // namespace kvgen::cuda

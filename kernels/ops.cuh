@@ -1,0 +1,83 @@
+#pragma once
+// The CUDA kernels of the forward pass, as host launchers on a stream. Each one has a CPU twin, named beside it,
+// that the [cuda] tests compare it with (tests/test_cuda_kernels.cpp). Shapes follow the CPU backend:
+// activations are [n_tokens][...] rows of f32; the KV cache of one layer is [n_kv_heads][n_ctx][head_dim] f16.
+// Positions come from device memory (d_pos0), so a captured decode graph replays at any position.
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "model/ggml_types.h"
+
+namespace kvgen::cuda {
+
+// A weight matrix in device memory, in its GGUF type: rows of cols weights, row_bytes apart.
+struct DevWeight {
+    GgmlType type = GgmlType::F32;
+    int64_t rows = 0, cols = 0, row_bytes = 0;
+    const uint8_t* data = nullptr;
+};
+
+// True when kvgen has a device decoder for the type (every type the CPU computes with).
+bool device_type_supported(GgmlType t);
+
+// All weights of w decoded to f32 / f16, row-major [rows][cols]. Twin: dequantize_row.
+void dequantize_f32(const DevWeight& w, float* out, cudaStream_t s);
+void dequantize_f16(const DevWeight& w, __half* out, cudaStream_t s);
+
+// out[i] = row tokens[i] of the embedding table, decoded. Twin: CPU get_rows (dequantize_row of the row).
+void get_rows(const DevWeight& emb, const int32_t* d_tokens, int n, float* out, cudaStream_t s);
+
+// y[r] = W[r] . x (y[r] += when accumulate), one token: the decode matrix-vector product, reading the quantized
+// blocks directly. Twin: a double-precision dot of the dequantized row (the CPU matmul up to its rounding).
+void matvec(const DevWeight& w, const float* x, float* y, bool accumulate, cudaStream_t s);
+
+// Twin: cpu::rmsnorm.
+void rmsnorm(const float* x, const float* w, float* out, int n, int dim, float eps, cudaStream_t s);
+
+// cos/sin tables [n][rope_dim / 2] for positions *d_pos0 + i: theta = (pos / pos_div) * pw[j] (/ ff[j]), in double.
+// pw[j] = base^(-2j / rope_dim); ff (Llama 3.1 rope_freqs) may be null. Twin: cpu::rope_tables.
+void rope_tables(const int* d_pos0, int n, int half, const double* pw, const double* ff, double pos_div,
+                 float* cos_t, float* sin_t, cudaStream_t s);
+// Rotates pairs of the first rope_dim dims of each head of x [n][n_heads][head_dim] in place. Twin: cpu::rope.
+void rope(float* x, const float* cos_t, const float* sin_t, int n, int n_heads, int head_dim, int rope_dim,
+          cudaStream_t s);
+// Writes n positions of K (rotated like rope(); cos_t == nullptr: as given) and V, each [n][n_kv_heads][head_dim]
+// f32, into one layer's f16 cache at positions *d_pos0 .. Twin: cpu::rope + KvCache::write.
+void store_kv(const float* k, const float* v, const float* cos_t, const float* sin_t, int n, const int* d_pos0,
+              int n_kv_heads, int head_dim, int rope_dim, int n_ctx, __half* k_cache, __half* v_cache,
+              cudaStream_t s);
+
+// gate[j] = silu(gate[j]) * up[j]; x[j] += y[j]; y = f16(x) (saturating). Twins: cpu::swiglu, cpu::add.
+void swiglu(float* gate, const float* up, int64_t count, cudaStream_t s);
+void add(float* x, const float* y, int64_t count, cudaStream_t s);
+void to_f16(const float* x, __half* y, int64_t count, cudaStream_t s);
+
+// out[n][rows] = x[n][cols] . W[rows][cols]^T (+= when accumulate): f16 operands, f32 accumulation on the tensor
+// cores (cuBLAS, on the handle's stream). Twin: the same product of the f16-rounded operands in double.
+void gemm_f16(cublasHandle_t h, const __half* w, const __half* x, float* out, int rows, int n, int cols,
+              bool accumulate);
+void check_cublas(cublasStatus_t st, const char* what);
+
+struct AttnShape {
+    int n_heads = 0, n_kv_heads = 0, head_dim = 0, n_ctx = 0;
+};
+// head_dim values the attention kernels are built for (32, 64, 96, 128, 256).
+bool attention_head_dim_supported(int head_dim);
+// Blocks per query-head group for decode (flash-decoding splits) on a device of sm_count multiprocessors.
+int attention_splits(const AttnShape& a, int sm_count);
+// Floats of partial results attention_decode needs: n_heads * splits * (head_dim + 2).
+int64_t attention_partials(const AttnShape& a, int splits);
+
+// One query (position *d_pos0) of each head over cache positions 0 ..= *d_pos0: flash-decoding, positions split
+// across `splits` blocks per query-head group, then a log-sum-exp combine. q, out: [n_heads][head_dim].
+// Twin: cpu::attention with n = 1.
+void attention_decode(const float* q, const __half* k_cache, const __half* v_cache, const int* d_pos0,
+                      const AttnShape& a, int splits, float* partials, float* out, cudaStream_t s);
+// n queries at positions *d_pos0 + i, each over cache positions 0 ..= its own (causal). Twin: cpu::attention.
+void attention_prefill(const float* q, const __half* k_cache, const __half* v_cache, const int* d_pos0, int n,
+                       const AttnShape& a, float* out, cudaStream_t s);
+
+}  // namespace kvgen::cuda

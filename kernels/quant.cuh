@@ -1,0 +1,359 @@
+#pragma once
+// Device decoders of the GGUF weight types, read straight from the uploaded blocks. The unit of work is a chunk of
+// 32 consecutive weights: a legacy block (Q4_0 .. Q8_0), one of the 8 chunks of a k-quant super-block, or 32 plain
+// f16 / bf16 / f32 values. Every kernel that reads weights (decode matvec, embedding lookup, dequantization to f16
+// for the prefill GEMM) decodes chunks with these, so one decoder per type serves them all. The CPU twin is
+// dequantize_row (src/model/dequant_impl.h): an independent implementation of the same layouts, compared with
+// these in the [cuda] tests.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "model/ggml_types.h"
+
+namespace kvgen::cuda {
+
+__device__ __forceinline__ float h2f(const uint8_t* p) {  // a half at a 2-byte aligned address
+    return __half2float(__ushort_as_half(*reinterpret_cast<const uint16_t*>(p)));
+}
+__device__ __forceinline__ uint32_t le32_unaligned(const uint8_t* p) {  // 2-byte aligned
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+    return uint32_t(h[0]) | (uint32_t(h[1]) << 16);
+}
+
+// Q4_K / Q5_K 6-bit scale and min of sub-block j (0..7), packed in 12 bytes.
+__device__ __forceinline__ void k4_scale_min_dev(int j, const uint8_t* q, float* sc, float* m) {
+    if (j < 4) {
+        *sc = float(q[j] & 63);
+        *m = float(q[j + 4] & 63);
+    } else {
+        *sc = float((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4));
+        *m = float((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+// Q3_K 6-bit scale j (0..15), minus 32.
+__device__ __forceinline__ int q3k_scale_dev(int j, const uint8_t* packed) {
+    const int lo = (j < 8) ? (packed[j] & 0x0f) : (packed[j - 8] >> 4);
+    const int hi = (packed[8 + (j % 4)] >> (2 * (j / 4))) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+
+template <GgmlType T>
+struct Dq;
+
+// Each Dq<T>: kWeights per block, kBytes per block, kChunks = kWeights / 32, and chunk(blk, s, w) writing the 32
+// weights of chunk s of the block at blk.
+
+template <>
+struct Dq<GgmlType::Q4_0> {
+    static constexpr int kWeights = 32, kBytes = 18, kChunks = 1;
+    __device__ __forceinline__ static void chunk(const uint8_t* b, int, float (&w)[32]) {
+        const float d = h2f(b);
+        const uint16_t* qs = reinterpret_cast<const uint16_t*>(b + 2);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const uint32_t v = qs[k];
+            w[2 * k] = d * float(int(v & 0x0f) - 8);
+            w[2 * k + 1] = d * float(int((v >> 8) & 0x0f) - 8);
+            w[2 * k + 16] = d * float(int((v >> 4) & 0x0f) - 8);
+            w[2 * k + 17] = d * float(int((v >> 12) & 0x0f) - 8);
+        }
+    }
+};
+
+template <>
+struct Dq<GgmlType::Q4_1> {
+    static constexpr int kWeights = 32, kBytes = 20, kChunks = 1;
+    __device__ __forceinline__ static void chunk(const uint8_t* b, int, float (&w)[32]) {
+        const float d = h2f(b), m = h2f(b + 2);
+        const uint32_t* qs = reinterpret_cast<const uint32_t*>(b + 4);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const uint32_t v = qs[k];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                w[4 * k + i] = d * float((v >> (8 * i)) & 0x0f) + m;
+                w[4 * k + i + 16] = d * float((v >> (8 * i + 4)) & 0x0f) + m;
+            }
+        }
+    }
+};
+
+template <>
+struct Dq<GgmlType::Q5_0> {
+    static constexpr int kWeights = 32, kBytes = 22, kChunks = 1;
+    __device__ __forceinline__ static void chunk(const uint8_t* b, int, float (&w)[32]) {
+        const float d = h2f(b);
+        const uint32_t qh = le32_unaligned(b + 2);
+        const uint16_t* qs = reinterpret_cast<const uint16_t*>(b + 6);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const uint32_t v = qs[k];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int j = 2 * k + i;
+                const int lo = int((v >> (8 * i)) & 0x0f) | int(((qh >> j) & 1u) << 4);
+                const int hi = int((v >> (8 * i + 4)) & 0x0f) | int(((qh >> (j + 16)) & 1u) << 4);
+                w[j] = d * float(lo - 16);
+                w[j + 16] = d * float(hi - 16);
+            }
+        }
+    }
+};
+
+template <>
+struct Dq<GgmlType::Q5_1> {
+    static constexpr int kWeights = 32, kBytes = 24, kChunks = 1;
+    __device__ __forceinline__ static void chunk(const uint8_t* b, int, float (&w)[32]) {
+        const float d = h2f(b), m = h2f(b + 2);
+        const uint32_t qh = *reinterpret_cast<const uint32_t*>(b + 4);
+        const uint32_t* qs = reinterpret_cast<const uint32_t*>(b + 8);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const uint32_t v = qs[k];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int j = 4 * k + i;
+                const int lo = int((v >> (8 * i)) & 0x0f) | int(((qh >> j) & 1u) << 4);
+                const int hi = int((v >> (8 * i + 4)) & 0x0f) | int(((qh >> (j + 16)) & 1u) << 4);
+                w[j] = d * float(lo) + m;
+                w[j + 16] = d * float(hi) + m;
+            }
+        }
+    }
+};
+
+template <>
+struct Dq<GgmlType::Q8_0> {
+    static constexpr int kWeights = 32, kBytes = 34, kChunks = 1;
+    __device__ __forceinline__ static void chunk(const uint8_t* b, int, float (&w)[32]) {
+        const float d = h2f(b);
+        const uint16_t* qs = reinterpret_cast<const uint16_t*>(b + 2);
+#pragma unroll
+        for (int k = 0; k < 16; ++k) {
+            const uint32_t v = qs[k];
+            w[2 * k] = d * float(int8_t(v & 0xff));
+            w[2 * k + 1] = d * float(int8_t(v >> 8));
+        }
+    }
+};
+
+// Q2_K (84 bytes: scales[16], qs[64], d, dmin). Chunk s: half s / 4 (32 bytes of qs), bit shift 2 * (s % 4);
+// weights 0..15 and 16..31 of the chunk have their own scale byte.
+template <>
+struct Dq<GgmlType::Q2_K> {
+    static constexpr int kWeights = 256, kBytes = 84, kChunks = 8;
+    __device__ __forceinline__ static void chunk(const uint8_t* b, int s, float (&w)[32]) {
+        const float d = h2f(b + 80), dmin = h2f(b + 82);
+        const int half = s / 4, shift = 2 * (s % 4);
+        const uint32_t* q = reinterpret_cast<const uint32_t*>(b + 16 + 32 * half);
+#pragma unroll
+        for (int sub = 0; sub < 2; ++sub) {
+            const uint8_t sc = b[half * 8 + (s % 4) * 2 + sub];
+            const float dl = d * float(sc & 0x0f), ml = dmin * float(sc >> 4);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const uint32_t v = q[4 * sub + k] >> shift;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) w[16 * sub + 4 * k + i] = dl * float((v >> (8 * i)) & 3) - ml;
+            }
+        }
+    }
+};
+
+// Q3_K (110 bytes: hmask[32], qs[64], scales[12], d). As Q2_K for the low two bits; hmask bit
+// 4 * half + s % 4 of byte l is the third bit (clear: subtract 4).
+template <>
+struct Dq<GgmlType::Q3_K> {
+    static constexpr int kWeights = 256, kBytes = 110, kChunks = 8;
+    __device__ __forceinline__ static void chunk(const uint8_t* b, int s, float (&w)[32]) {
+        const float d = h2f(b + 108);
+        const int half = s / 4, shift = 2 * (s % 4);
+        const uint32_t hbit = 4 * half + s % 4;
+        const uint16_t* q = reinterpret_cast<const uint16_t*>(b + 32 + 32 * half);
+        const uint16_t* hm = reinterpret_cast<const uint16_t*>(b);
+#pragma unroll
+        for (int sub = 0; sub < 2; ++sub) {
+            const float dl = d * float(q3k_scale_dev(half * 8 + (s % 4) * 2 + sub, b + 96));
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                const uint32_t v = uint32_t(q[8 * sub + k]) >> shift;
+                const uint32_t h = uint32_t(hm[8 * sub + k]) >> hbit;
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    const int val = int((v >> (8 * i)) & 3) - (((h >> (8 * i)) & 1u) ? 0 : 4);
+                    w[16 * sub + 2 * k + i] = dl * float(val);
+                }
+            }
+        }
+    }
+};
+
+// Q4_K (144 bytes: d, dmin, scales[12], qs[128]). Chunk s: bytes 32 * (s / 2) of qs, low nibbles for even s.
+template <>
+struct Dq<GgmlType::Q4_K> {
+    static constexpr int kWeights = 256, kBytes = 144, kChunks = 8;
+    __device__ __forceinline__ static void chunk(const uint8_t* b, int s, float (&w)[32]) {
+        float sc, m;
+        k4_scale_min_dev(s, b + 4, &sc, &m);
+        const float dl = h2f(b) * sc, ml = h2f(b + 2) * m;
+        const uint4* q = reinterpret_cast<const uint4*>(b + 16 + 32 * (s / 2));
+        const int shift = 4 * (s % 2);
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const uint4 v4 = q[k];
+            const uint32_t v[4] = {v4.x, v4.y, v4.z, v4.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    w[16 * k + 4 * e + i] = dl * float((v[e] >> (8 * i + shift)) & 0x0f) - ml;
+        }
+    }
+};
+
+// Q5_K (176 bytes: d, dmin, scales[12], qh[32], qs[128]). As Q4_K; bit s of qh[l] is the fifth bit.
+template <>
+struct Dq<GgmlType::Q5_K> {
+    static constexpr int kWeights = 256, kBytes = 176, kChunks = 8;
+    __device__ __forceinline__ static void chunk(const uint8_t* b, int s, float (&w)[32]) {
+        float sc, m;
+        k4_scale_min_dev(s, b + 4, &sc, &m);
+        const float dl = h2f(b) * sc, ml = h2f(b + 2) * m;
+        const uint4* q = reinterpret_cast<const uint4*>(b + 48 + 32 * (s / 2));
+        const uint4* qh = reinterpret_cast<const uint4*>(b + 16);
+        const int shift = 4 * (s % 2);
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const uint4 v4 = q[k], h4 = qh[k];
+            const uint32_t v[4] = {v4.x, v4.y, v4.z, v4.w};
+            const uint32_t h[4] = {h4.x, h4.y, h4.z, h4.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const uint32_t lo = (v[e] >> (8 * i + shift)) & 0x0f;
+                    const uint32_t hi = (h[e] >> (8 * i + s)) & 1u;
+                    w[16 * k + 4 * e + i] = dl * float(lo | (hi << 4)) - ml;
+                }
+        }
+    }
+};
+
+// Q6_K (210 bytes: ql[128], qh[64], scales[16] int8, d). Chunk s: half s / 4, quarter qq = s % 4: low nibbles
+// from ql[l] (qq 0, 2) or ql[l + 32] (qq 1, 3), low (qq < 2) or high nibble, top bits (qh[l] >> 2 qq) & 3.
+template <>
+struct Dq<GgmlType::Q6_K> {
+    static constexpr int kWeights = 256, kBytes = 210, kChunks = 8;
+    __device__ __forceinline__ static void chunk(const uint8_t* b, int s, float (&w)[32]) {
+        const float d = h2f(b + 208);
+        const int half = s / 4, qq = s % 4;
+        const uint16_t* ql = reinterpret_cast<const uint16_t*>(b + 64 * half + 32 * (qq & 1));
+        const uint16_t* qh = reinterpret_cast<const uint16_t*>(b + 128 + 32 * half);
+        const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192 + 8 * half);
+        const int nshift = (qq >= 2) ? 4 : 0, hshift = 2 * qq;
+#pragma unroll
+        for (int sub = 0; sub < 2; ++sub) {
+            const float dl = d * float(sc[sub + 2 * qq]);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                const uint32_t lv = uint32_t(ql[8 * sub + k]) >> nshift;
+                const uint32_t hv = uint32_t(qh[8 * sub + k]) >> hshift;
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    const int q = int(((lv >> (8 * i)) & 0x0f) | (((hv >> (8 * i)) & 3u) << 4)) - 32;
+                    w[16 * sub + 2 * k + i] = dl * float(q);
+                }
+            }
+        }
+    }
+};
+
+template <>
+struct Dq<GgmlType::F16> {
+    static constexpr int kWeights = 32, kBytes = 64, kChunks = 1;
+    __device__ __forceinline__ static void chunk(const uint8_t* b, int, float (&w)[32]) {
+        const uint4* p = reinterpret_cast<const uint4*>(b);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const uint4 v = p[k];
+            const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                w[8 * k + 2 * e] = __half2float(__ushort_as_half(uint16_t(u[e] & 0xffffu)));
+                w[8 * k + 2 * e + 1] = __half2float(__ushort_as_half(uint16_t(u[e] >> 16)));
+            }
+        }
+    }
+};
+
+template <>
+struct Dq<GgmlType::BF16> {
+    static constexpr int kWeights = 32, kBytes = 64, kChunks = 1;
+    __device__ __forceinline__ static void chunk(const uint8_t* b, int, float (&w)[32]) {
+        const uint4* p = reinterpret_cast<const uint4*>(b);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const uint4 v = p[k];
+            const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                w[8 * k + 2 * e] = __uint_as_float(u[e] << 16);
+                w[8 * k + 2 * e + 1] = __uint_as_float(u[e] & 0xffff0000u);
+            }
+        }
+    }
+};
+
+template <>
+struct Dq<GgmlType::F32> {
+    static constexpr int kWeights = 32, kBytes = 128, kChunks = 1;
+    __device__ __forceinline__ static void chunk(const uint8_t* b, int, float (&w)[32]) {
+        const float4* p = reinterpret_cast<const float4*>(b);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const float4 v = p[k];
+            w[4 * k] = v.x;
+            w[4 * k + 1] = v.y;
+            w[4 * k + 2] = v.z;
+            w[4 * k + 3] = v.w;
+        }
+    }
+};
+
+// Chunk c (0 .. cols / 32) of a row that starts at `row`.
+template <GgmlType T>
+__device__ __forceinline__ void row_chunk(const uint8_t* row, int64_t c, float (&w)[32]) {
+    using D = Dq<T>;
+    Dq<T>::chunk(row + (c / D::kChunks) * D::kBytes, int(c % D::kChunks), w);
+}
+
+template <GgmlType T>
+using TypeTag = std::integral_constant<GgmlType, T>;
+
+// Calls f(TypeTag<T>{}) for the runtime type t (a generic lambda reads T as decltype(tag)::value); false for a
+// type without a device decoder.
+template <typename F>
+bool dispatch_type(GgmlType t, F&& f) {
+    switch (t) {
+        case GgmlType::F32: f(TypeTag<GgmlType::F32>{}); return true;
+        case GgmlType::F16: f(TypeTag<GgmlType::F16>{}); return true;
+        case GgmlType::BF16: f(TypeTag<GgmlType::BF16>{}); return true;
+        case GgmlType::Q4_0: f(TypeTag<GgmlType::Q4_0>{}); return true;
+        case GgmlType::Q4_1: f(TypeTag<GgmlType::Q4_1>{}); return true;
+        case GgmlType::Q5_0: f(TypeTag<GgmlType::Q5_0>{}); return true;
+        case GgmlType::Q5_1: f(TypeTag<GgmlType::Q5_1>{}); return true;
+        case GgmlType::Q8_0: f(TypeTag<GgmlType::Q8_0>{}); return true;
+        case GgmlType::Q2_K: f(TypeTag<GgmlType::Q2_K>{}); return true;
+        case GgmlType::Q3_K: f(TypeTag<GgmlType::Q3_K>{}); return true;
+        case GgmlType::Q4_K: f(TypeTag<GgmlType::Q4_K>{}); return true;
+        case GgmlType::Q5_K: f(TypeTag<GgmlType::Q5_K>{}); return true;
+        case GgmlType::Q6_K: f(TypeTag<GgmlType::Q6_K>{}); return true;
+        default: return false;
+    }
+}
+
+}  // namespace kvgen::cuda

@@ -1,0 +1,199 @@
+#include "testing.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "cuda_common.cuh"
+#include "ops.cuh"
+
+namespace kvgen::cuda::testing {
+
+namespace {
+
+// A device copy that frees itself.
+template <typename T>
+struct Dev {
+    T* p = nullptr;
+    size_t n = 0;
+    explicit Dev(size_t count) : n(count) { KVGEN_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(1, n) * sizeof(T))); }
+    explicit Dev(const std::vector<T>& v) : Dev(v.size()) {
+        KVGEN_CUDA_CHECK(cudaMemcpy(p, v.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+    }
+    ~Dev() { cudaFree(p); }
+    Dev(const Dev&) = delete;
+    Dev& operator=(const Dev&) = delete;
+    std::vector<T> get() const {
+        std::vector<T> out(n);
+        KVGEN_CUDA_CHECK(cudaDeviceSynchronize());
+        KVGEN_CUDA_CHECK(cudaMemcpy(out.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+        return out;
+    }
+};
+
+DevWeight dev_weight(const HostWeight& w, const Dev<uint8_t>& bytes) {
+    return DevWeight{w.type, w.rows, w.cols, int64_t(w.bytes->size()) / w.rows, bytes.p};
+}
+
+std::vector<float> halves_to_floats(const std::vector<__half>& h) {
+    std::vector<float> out(h.size());
+    for (size_t i = 0; i < h.size(); ++i) out[i] = __half2float(h[i]);
+    return out;
+}
+
+// A poisoned output: NaN everywhere, so an element the kernel forgets to write fails the comparison.
+template <typename T>
+void poison(Dev<T>& d) {
+    KVGEN_CUDA_CHECK(cudaMemset(d.p, 0xff, d.n * sizeof(T)));
+}
+
+}  // namespace
+
+std::vector<float> dequantize(const HostWeight& w, bool via_f16) {
+    Dev<uint8_t> b(*w.bytes);
+    const size_t n = size_t(w.rows * w.cols);
+    if (via_f16) {
+        Dev<__half> out(n);
+        poison(out);
+        dequantize_f16(dev_weight(w, b), out.p, nullptr);
+        return halves_to_floats(out.get());
+    }
+    Dev<float> out(n);
+    poison(out);
+    dequantize_f32(dev_weight(w, b), out.p, nullptr);
+    return out.get();
+}
+
+std::vector<float> get_rows(const HostWeight& w, const std::vector<int32_t>& ids) {
+    Dev<uint8_t> b(*w.bytes);
+    Dev<int32_t> d_ids(ids);
+    Dev<float> out(ids.size() * size_t(w.cols));
+    poison(out);
+    kvgen::cuda::get_rows(dev_weight(w, b), d_ids.p, int(ids.size()), out.p, nullptr);
+    return out.get();
+}
+
+std::vector<float> matvec(const HostWeight& w, const std::vector<float>& x, const std::vector<float>* y0) {
+    Dev<uint8_t> b(*w.bytes);
+    Dev<float> dx(x);
+    Dev<float> y(size_t(w.rows));
+    if (y0)
+        KVGEN_CUDA_CHECK(cudaMemcpy(y.p, y0->data(), y0->size() * 4, cudaMemcpyHostToDevice));
+    else
+        poison(y);
+    kvgen::cuda::matvec(dev_weight(w, b), dx.p, y.p, y0 != nullptr, nullptr);
+    return y.get();
+}
+
+std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0) {
+    // The backend's prefill product, step by step: activations to f16, weights to f16, cuBLAS with f32 accumulation.
+    Dev<uint8_t> b(*w.bytes);
+    Dev<float> dx(x);
+    Dev<__half> xh(x.size()), wh(size_t(w.rows * w.cols));
+    to_f16(dx.p, xh.p, int64_t(x.size()), nullptr);
+    const DevWeight dw = dev_weight(w, b);
+    const __half* a = reinterpret_cast<const __half*>(b.p);
+    if (w.type != GgmlType::F16) {
+        dequantize_f16(dw, wh.p, nullptr);
+        a = wh.p;
+    }
+    Dev<float> y(size_t(n) * size_t(w.rows));
+    if (y0) KVGEN_CUDA_CHECK(cudaMemcpy(y.p, y0->data(), y0->size() * 4, cudaMemcpyHostToDevice));
+    cublasHandle_t h = nullptr;
+    check_cublas(cublasCreate(&h), "cublasCreate");
+    try {
+        gemm_f16(h, a, xh.p, y.p, int(w.rows), n, int(w.cols), y0 != nullptr);
+        std::vector<float> out = y.get();
+        cublasDestroy(h);
+        return out;
+    } catch (...) {
+        cublasDestroy(h);
+        throw;
+    }
+}
+
+std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps) {
+    Dev<float> dx(x), dw(w), out(x.size());
+    poison(out);
+    kvgen::cuda::rmsnorm(dx.p, dw.p, out.p, n, dim, eps, nullptr);
+    return out.get();
+}
+
+std::vector<float> swiglu(const std::vector<float>& gate, const std::vector<float>& up) {
+    Dev<float> g(gate), u(up);
+    kvgen::cuda::swiglu(g.p, u.p, int64_t(gate.size()), nullptr);
+    return g.get();
+}
+
+std::vector<float> add(const std::vector<float>& x, const std::vector<float>& y) {
+    Dev<float> dx(x), dy(y);
+    kvgen::cuda::add(dx.p, dy.p, int64_t(x.size()), nullptr);
+    return dx.get();
+}
+
+namespace {
+struct RopeDev {
+    Dev<double> pw, ff;
+    Dev<float> cos_t, sin_t;
+    Dev<int> pos;
+    RopeDev(int n, int pos0, const Config& c, const std::vector<float>& freq_factors)
+        : pw(size_t(c.rope_dim / 2)), ff(freq_factors.size()), cos_t(size_t(n) * (c.rope_dim / 2)),
+          sin_t(size_t(n) * (c.rope_dim / 2)), pos(std::vector<int>{pos0}) {
+        const int half = c.rope_dim / 2;
+        std::vector<double> p(static_cast<size_t>(half)), f(freq_factors.begin(), freq_factors.end());
+        for (int j = 0; j < half; ++j) p[size_t(j)] = std::pow(double(c.rope_base), -2.0 * j / double(c.rope_dim));
+        KVGEN_CUDA_CHECK(cudaMemcpy(pw.p, p.data(), p.size() * 8, cudaMemcpyHostToDevice));
+        if (!f.empty()) KVGEN_CUDA_CHECK(cudaMemcpy(ff.p, f.data(), f.size() * 8, cudaMemcpyHostToDevice));
+        const double div = c.rope_scaling == RopeScaling::Linear ? double(c.rope_scale) : 1.0;
+        rope_tables(pos.p, n, half, pw.p, f.empty() ? nullptr : ff.p, div, cos_t.p, sin_t.p, nullptr);
+    }
+};
+}  // namespace
+
+std::vector<float> rope(const std::vector<float>& x, int n, int n_heads, int pos0, const Config& c,
+                        const std::vector<float>& freq_factors) {
+    RopeDev r(n, pos0, c, freq_factors);
+    Dev<float> dx(x);
+    kvgen::cuda::rope(dx.p, r.cos_t.p, r.sin_t.p, n, n_heads, c.head_dim, c.rope_dim, nullptr);
+    return dx.get();
+}
+
+std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos0, int n, int n_ctx) {
+    RopeDev r(n, pos0, c, {});
+    const size_t cache = size_t(c.n_kv_heads) * n_ctx * c.head_dim;
+    Dev<float> dk(k);
+    Dev<__half> kc(cache), vc(cache);
+    store_kv(dk.p, dk.p, r.cos_t.p, r.sin_t.p, n, r.pos.p, c.n_kv_heads, c.head_dim, c.rope_dim, n_ctx, kc.p, vc.p,
+             nullptr);
+    const std::vector<float> all = halves_to_floats(kc.get());
+    std::vector<float> out(size_t(n) * c.n_kv_heads * c.head_dim);
+    for (int i = 0; i < n; ++i)
+        for (int h = 0; h < c.n_kv_heads; ++h)
+            for (int j = 0; j < c.head_dim; ++j)
+                out[(size_t(i) * c.n_kv_heads + h) * c.head_dim + j] =
+                    all[(size_t(h) * n_ctx + pos0 + i) * c.head_dim + j];
+    return out;
+}
+
+std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
+                             const std::vector<float>& v, int pos0, int n, int n_ctx, int splits) {
+    const int n_pos = pos0 + n;
+    const size_t cache = size_t(c.n_kv_heads) * n_ctx * c.head_dim;
+    Dev<float> dk(k), dv(v), dq(q), out(q.size());
+    Dev<__half> kc(cache), vc(cache);
+    Dev<int> zero(std::vector<int>{0}), pos(std::vector<int>{pos0});
+    store_kv(dk.p, dv.p, nullptr, nullptr, n_pos, zero.p, c.n_kv_heads, c.head_dim, c.rope_dim, n_ctx, kc.p, vc.p,
+             nullptr);
+    poison(out);
+    const AttnShape a{c.n_heads, c.n_kv_heads, c.head_dim, n_ctx};
+    if (n == 1) {
+        Dev<float> partials(size_t(attention_partials(a, splits)));
+        poison(partials);
+        attention_decode(dq.p, kc.p, vc.p, pos.p, a, splits, partials.p, out.p, nullptr);
+        return out.get();
+    }
+    attention_prefill(dq.p, kc.p, vc.p, pos.p, n, a, out.p, nullptr);
+    return out.get();
+}
+
+}  // namespace kvgen::cuda::testing

@@ -1,0 +1,42 @@
+#pragma once
+// Host-side entry points to each CUDA kernel, for the [cuda] tests: inputs are uploaded, the kernel runs through the
+// same launcher the backend uses, and the result comes back as floats. Declared without CUDA types.
+#include <cstdint>
+#include <vector>
+
+#include "model/config.h"
+#include "model/ggml_types.h"
+
+namespace kvgen::cuda::testing {
+
+// rows x cols weights of `type` given as their GGUF bytes.
+struct HostWeight {
+    GgmlType type;
+    int64_t rows, cols;
+    const std::vector<uint8_t>* bytes;
+};
+
+std::vector<float> dequantize(const HostWeight& w, bool via_f16);
+std::vector<float> get_rows(const HostWeight& w, const std::vector<int32_t>& ids);
+// y = W x (accumulate: y0 + W x) through the decode kernel.
+std::vector<float> matvec(const HostWeight& w, const std::vector<float>& x, const std::vector<float>* y0);
+// [n][rows] = x[n][cols] . W^T through the prefill path (f16 decode + cuBLAS); accumulate onto y0 when given.
+std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0);
+
+std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps);
+std::vector<float> swiglu(const std::vector<float>& gate, const std::vector<float>& up);
+std::vector<float> add(const std::vector<float>& x, const std::vector<float>& y);
+// x [n][n_heads][head_dim] rotated for positions pos0 .. (freq_factors: [rope_dim / 2] or empty).
+std::vector<float> rope(const std::vector<float>& x, int n, int n_heads, int pos0, const Config& c,
+                        const std::vector<float>& freq_factors);
+
+// Attention of n queries q [n][n_heads][head_dim] at positions pos0 .. over K/V [pos0 + n][n_kv_heads][head_dim]
+// (f32, stored to an f16 cache of n_ctx positions by store_kv without rotation). n == 1 uses the flash-decoding
+// kernel with `splits` splits, n > 1 the prefill kernel.
+std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
+                             const std::vector<float>& v, int pos0, int n, int n_ctx, int splits);
+// K rotated and stored by store_kv for positions pos0 .. pos0 + n, read back from the f16 cache as floats:
+// [n][n_kv_heads][head_dim].
+std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos0, int n, int n_ctx);
+
+}  // namespace kvgen::cuda::testing

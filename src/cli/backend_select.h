@@ -1,0 +1,35 @@
+#pragma once
+// `--device cpu|cuda|auto`: builds the backend a run asked for, with a one-line description for the logs.
+#include <memory>
+#include <string>
+
+#include "engine/backend.h"
+#include "engine/kv_cache.h"
+#include "model/weights.h"
+
+namespace kvgen {
+
+struct BackendChoice {
+    std::string device = "auto";  // auto: the first CUDA device when this build has one and it is visible
+    int n_ctx = 4096;
+    int n_batch = 512;
+    int n_threads = 0;  // CPU; 0: physical cores
+    KvType kv_type = KvType::F16;
+    bool cuda_graphs = true;
+    bool progress = true;  // CUDA: weight upload progress on stderr
+};
+
+struct SelectedBackend {
+    std::unique_ptr<Backend> backend;
+    std::string device;       // "cpu" or "cuda"
+    std::string description;  // "cpu (2 threads, avx512-vnni kernels)", "cuda0 (NVIDIA H200, 132 SMs, 139.8 GiB)"
+    int n_threads = 0;        // CPU threads (0 for CUDA)
+};
+
+// "cpu" or "cuda": what --device auto picks on this machine (cuda when built with it and a device is visible).
+std::string resolve_device(const std::string& device);
+
+// Throws kvgen::Error for a device this build or machine lacks, or an option the device does not support.
+SelectedBackend make_backend(const Model& model, const BackendChoice& choice);
+
+}  // namespace kvgen

@@ -1,0 +1,163 @@
+// [cuda] The whole forward pass: CUDA backend against the CPU backend (the reference), prefill and decode logits,
+// on the default model, the shared reference files and synthetic files of every weight type.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "cpu/cpu_backend.h"
+#include "cuda_backend.h"
+#include "gguf/gguf.h"
+#include "model/weights.h"
+#include "reference_check.h"
+#include "synth/synth.h"
+#include "test_util.h"
+
+using namespace kvgen;
+
+namespace {
+
+Model model_from_bytes(std::vector<uint8_t> bytes, const std::string& name) {
+    Model m{GgufFile::parse(std::move(bytes), name), Config{}, ModelWeights{}};
+    m.config = Config::from_gguf(m.file);
+    m.weights = bind_weights(m.file, m.config);
+    return m;
+}
+
+Model synth_model(const std::string& type) {
+    static const GgufFile vocab = GgufFile::open(test::shared("testdata/ref/open-gqa-Q8_0.gguf"));
+    SynthOptions o;
+    o.shape = {"test", 256, 3, 4, 2, 512, 512, 10000.0f, false};
+    o.type = type;
+    o.seed = 42;
+    const GgufWriter w = synth_layout(o, vocab);
+    return model_from_bytes(
+        w.to_bytes([&](size_t i, uint8_t* dst, uint64_t n) { synth_fill(o, w.tensor_info(i), i, dst, n); }),
+        "synth-" + type);
+}
+
+int argmax(const std::vector<float>& v) { return int(std::max_element(v.begin(), v.end()) - v.begin()); }
+
+float top2_gap(const std::vector<float>& v) {
+    std::vector<float> s = v;
+    std::partial_sort(s.begin(), s.begin() + 2, s.end(), std::greater<float>());
+    return s[0] - s[1];
+}
+
+// CUDA logits within 1% of the CPU's largest logit, and the same greedy choice unless the CPU's top two are closer
+// than that.
+void check_logits(const std::vector<float>& cpu, const std::vector<float>& gpu, const std::string& where) {
+    REQUIRE(cpu.size() == gpu.size());
+    float scale = 0.0f, worst = 0.0f;
+    for (size_t i = 0; i < cpu.size(); ++i) {
+        scale = std::max(scale, std::fabs(cpu[i]));
+        const float d = std::fabs(cpu[i] - gpu[i]);
+        worst = std::isnan(d) ? INFINITY : std::max(worst, d);
+    }
+    const float tol = 0.01f * std::max(scale, 1.0f);
+    INFO(where << ": worst |cpu - cuda| " << worst << " (" << 100.0 * worst / std::max(scale, 1.0f)
+               << "% of the largest logit " << scale << ")");
+    REQUIRE(worst <= tol);
+    if (top2_gap(cpu) > 2 * tol) REQUIRE(argmax(cpu) == argmax(gpu));
+}
+
+std::vector<float> copy(const float* p, int n) { return std::vector<float>(p, p + n); }
+
+void compare_backends(const Model& m, const std::string& label) {
+    INFO(label);
+    const int n_vocab = m.config.n_vocab;
+    cpu::CpuOptions co;
+    co.n_ctx = 256;
+    co.n_batch = 64;
+    co.n_threads = 2;
+    cpu::CpuBackend cpu(m, co);
+    cuda::CudaOptions go;
+    go.n_ctx = 256;
+    go.n_batch = 64;
+    std::unique_ptr<Backend> gpu = cuda::make_backend(m, go);
+
+    std::mt19937 rng(3);
+    std::uniform_int_distribution<int32_t> dist(0, n_vocab - 1);
+    std::vector<int32_t> prompt(12);
+    for (int32_t& t : prompt) t = dist(rng);
+    std::vector<float> lc = copy(cpu.forward(prompt.data(), 12, 0), n_vocab);
+    std::vector<float> lg = copy(gpu->forward(prompt.data(), 12, 0), n_vocab);
+    check_logits(lc, lg, "prefill of 12 tokens");
+    for (int step = 0; step < 12; ++step) {
+        const int32_t id = argmax(lc);
+        lc = copy(cpu.forward(&id, 1, 12 + step), n_vocab);
+        lg = copy(gpu->forward(&id, 1, 12 + step), n_vocab);
+        check_logits(lc, lg, "decode step " + std::to_string(step));
+    }
+    REQUIRE(gpu->n_past() == 24);
+}
+
+}  // namespace
+
+TEST_CASE("CUDA and CPU logits agree on the default model", "[cuda][forward]") {
+    if (!test::file_exists(KVGEN_DEFAULT_MODEL)) FAIL("default model missing: run models/fetch-default.sh");
+    compare_backends(Model::load(KVGEN_DEFAULT_MODEL), "default model");
+}
+
+TEST_CASE("CUDA and CPU logits agree on the shared reference models", "[cuda][forward]") {
+    for (const char* f : {"ref/open-gqa-Q4_0.gguf", "ref/open-gqa-Q4_K_M.gguf", "ref/open-gqa-Q6_K.gguf",
+                          "ref/open-gqa-Q8_0.gguf", "ref/open-mha-F16.gguf", "tiny/llama-2-tiny-random.gguf"})
+        compare_backends(Model::load(test::shared(std::string("testdata/") + f)), f);
+}
+
+TEST_CASE("CUDA and CPU logits agree on synthetic models of every weight type", "[cuda][forward]") {
+    for (const std::string& type : synth_types()) compare_backends(synth_model(type), "synthetic " + type);
+}
+
+TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals stepping", "[cuda][forward]") {
+    if (!test::file_exists(KVGEN_DEFAULT_MODEL)) FAIL("default model missing: run models/fetch-default.sh");
+    const Model m = Model::load(KVGEN_DEFAULT_MODEL);
+    const int n_vocab = m.config.n_vocab;
+    cuda::CudaOptions go;
+    go.n_ctx = 128;
+    go.n_batch = 32;
+    std::unique_ptr<Backend> with = cuda::make_backend(m, go);
+    go.graphs = false;
+    std::unique_ptr<Backend> without = cuda::make_backend(m, go);
+    std::vector<int32_t> seq = {1, 504, 3158, 282, 4649, 314};
+    const int n0 = int(seq.size());
+    std::vector<float> a = copy(with->forward(seq.data(), n0, 0), n_vocab);
+    std::vector<float> b = copy(without->forward(seq.data(), n0, 0), n_vocab);
+    REQUIRE(a == b);
+    for (int step = 0; step < 20; ++step) {
+        const int32_t id = argmax(a);
+        seq.push_back(id);
+        a = copy(with->forward(&id, 1, int(seq.size()) - 1), n_vocab);
+        b = copy(without->forward(&id, 1, int(seq.size()) - 1), n_vocab);
+        INFO("step " << step);
+        REQUIRE(a == b);  // the same kernels on the same data: bit for bit
+    }
+    // The whole sequence again in one prefill (what --no-kv-cache does each step) against the last decode step.
+    with->kv_truncate(0);
+    const std::vector<float> p = copy(with->forward(seq.data(), int(seq.size()), 0), n_vocab);
+    check_logits(a, p, "prefill of the whole sequence vs cached decode");
+}
+
+TEST_CASE("a model that does not fit on the GPU is refused with needed and free bytes", "[cuda][forward]") {
+    const Model m = Model::load(test::shared("testdata/ref/open-gqa-Q8_0.gguf"));
+    cuda::CudaOptions go;
+    go.n_ctx = 1 << 24;  // a KV cache of many GiB per layer
+    go.n_batch = 16;
+    REQUIRE_THROWS_WITH(cuda::make_backend(m, go), Catch::Contains("not enough GPU memory") &&
+                                                        Catch::Contains("is free"));
+}
+
+TEST_CASE("the CUDA backend passes every reference case's fidelity rules", "[cuda][fidelity]") {
+    for (int n_batch : {512, 1}) {  // prefill through the GEMM path, then through the decode kernels alone
+        for (const char* stem : test::kRefStems) {
+            INFO(stem << " batch " << n_batch);
+            test::check_reference(stem, [n_batch](const Model& model) {
+                cuda::CudaOptions o;
+                o.n_ctx = 256;
+                o.n_batch = n_batch;
+                return cuda::make_backend(model, o);
+            });
+        }
+    }
+}

@@ -1,0 +1,236 @@
+// [cuda] Every CUDA kernel against its CPU twin, on fresh random inputs with poisoned (NaN) outputs, so a wrong
+// index or an element left unwritten fails.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <random>
+
+#include "common/half.h"
+#include "cpu/ops.h"
+#include "cpu/thread_pool.h"
+#include "engine/kv_cache.h"
+#include "model/dequant.h"
+#include "synth/synth.h"
+#include "testing.h"
+
+using namespace kvgen;
+namespace ct = kvgen::cuda::testing;
+
+namespace {
+
+const char* const kTypes[] = {"F32", "F16",  "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
+                              "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"};
+
+std::vector<uint8_t> random_weights(GgmlType t, int64_t rows, int64_t cols, uint64_t seed) {
+    const GgmlTypeInfo* info = ggml_type_info(t);
+    std::vector<uint8_t> b(size_t(rows * ggml_row_bytes(*info, cols)));
+    synth_random_rows(t, b.data(), rows, cols, 0.05f, seed);
+    return b;
+}
+
+std::vector<float> randn(size_t n, uint32_t seed, float sigma = 1.0f) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> d(0.0f, sigma);
+    std::vector<float> v(n);
+    for (float& x : v) x = d(rng);
+    return v;
+}
+
+float max_abs(const std::vector<float>& v) {
+    float m = 0.0f;
+    for (float x : v) m = std::max(m, std::fabs(x));
+    return m;
+}
+
+// Every element within tol (absolute); NaN never passes.
+void require_close(const std::vector<float>& got, const std::vector<float>& want, double tol) {
+    REQUIRE(got.size() == want.size());
+    double worst = 0.0;
+    size_t at = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        const double d = std::fabs(double(got[i]) - double(want[i]));
+        if (!(d <= worst)) {  // NaN lands here too
+            worst = std::isnan(d) ? INFINITY : d;
+            at = i;
+        }
+    }
+    INFO("worst |diff| " << worst << " at " << at << " (got " << got[at] << ", want " << want[at] << "), tol " << tol);
+    REQUIRE(worst <= tol);
+}
+
+Config attn_config(int n_heads, int n_kv, int hd) {
+    Config c;
+    c.n_vocab = 16;
+    c.n_embd = n_heads * hd;
+    c.n_ff = 32;
+    c.n_layers = 1;
+    c.n_heads = n_heads;
+    c.n_kv_heads = n_kv;
+    c.head_dim = hd;
+    c.rope_dim = hd;
+    c.n_ctx_train = 4096;
+    return c;
+}
+
+}  // namespace
+
+TEST_CASE("device dequantization equals dequantize_row for every type", "[cuda][kernels]") {
+    for (const char* name : kTypes) {
+        INFO(name);
+        GgmlType t;
+        REQUIRE(ggml_type_from_name(name, &t));
+        const int64_t rows = 5, cols = 768;
+        const std::vector<uint8_t> b = random_weights(t, rows, cols, 7);
+        std::vector<float> want(size_t(rows * cols));
+        dequantize_row(t, b.data(), want.data(), rows * cols);
+        const ct::HostWeight w{t, rows, cols, &b};
+        // note: nvcc may fuse d * q - m into one FMA where the CPU rounds twice: a few ulps.
+        require_close(ct::dequantize(w, false), want, 1e-6 * max_abs(want));
+        std::vector<float> want16(want.size());
+        for (size_t i = 0; i < want.size(); ++i) want16[i] = fp16_to_fp32(fp32_to_fp16(want[i]));
+        require_close(ct::dequantize(w, true), want16, 1e-3 * max_abs(want));
+    }
+}
+
+TEST_CASE("embedding lookup decodes the requested rows", "[cuda][kernels]") {
+    for (const char* name : kTypes) {
+        INFO(name);
+        GgmlType t;
+        REQUIRE(ggml_type_from_name(name, &t));
+        const int64_t rows = 50, cols = 512;
+        const std::vector<uint8_t> b = random_weights(t, rows, cols, 11);
+        const std::vector<int32_t> ids = {0, 49, 7, 7, 23};
+        std::vector<float> want(ids.size() * size_t(cols));
+        const int64_t rb = int64_t(b.size()) / rows;
+        for (size_t i = 0; i < ids.size(); ++i)
+            dequantize_row(t, b.data() + ids[i] * rb, want.data() + i * size_t(cols), cols);
+        require_close(ct::get_rows({t, rows, cols, &b}, ids), want, 1e-6 * max_abs(want));
+    }
+}
+
+TEST_CASE("decode matvec and prefill GEMM match a double-precision product for every type", "[cuda][kernels]") {
+    for (const char* name : kTypes) {
+        INFO(name);
+        GgmlType t;
+        REQUIRE(ggml_type_from_name(name, &t));
+        const int64_t rows = 37, cols = 1280;  // rows not a multiple of the rows per block; 5 k-quant blocks
+        const std::vector<uint8_t> b = random_weights(t, rows, cols, 13);
+        std::vector<float> wf(size_t(rows * cols));
+        dequantize_row(t, b.data(), wf.data(), rows * cols);
+        const int n = 5;
+        const std::vector<float> x = randn(size_t(n * cols), 17);
+        const std::vector<float> y0 = randn(size_t(n * rows), 19);
+        const ct::HostWeight w{t, rows, cols, &b};
+
+        // matvec: one token, plain and accumulating
+        std::vector<float> want(static_cast<size_t>(rows)), want_acc(static_cast<size_t>(rows));
+        double mag = 0;
+        for (int64_t r = 0; r < rows; ++r) {
+            double s = 0;
+            for (int64_t j = 0; j < cols; ++j) {
+                s += double(wf[size_t(r * cols + j)]) * x[size_t(j)];
+                mag = std::max(mag, std::fabs(double(wf[size_t(r * cols + j)]) * x[size_t(j)]));
+            }
+            want[size_t(r)] = float(s);
+            want_acc[size_t(r)] = float(s + y0[size_t(r)]);
+        }
+        const std::vector<float> x1(x.begin(), x.begin() + cols);
+        const std::vector<float> y1(y0.begin(), y0.begin() + rows);  // first token's rows
+        require_close(ct::matvec(w, x1, nullptr), want, 1e-5 * mag * double(cols) / 32);
+        require_close(ct::matvec(w, x1, &y1), want_acc, 1e-5 * mag * double(cols) / 32);
+
+        // GEMM: the same product of the f16-rounded operands, f32 accumulation
+        std::vector<float> want_g(size_t(n * rows));
+        for (int i = 0; i < n; ++i)
+            for (int64_t r = 0; r < rows; ++r) {
+                double s = y0[size_t(i * rows + r)];
+                for (int64_t j = 0; j < cols; ++j)
+                    s += double(fp16_to_fp32(fp32_to_fp16(wf[size_t(r * cols + j)]))) *
+                         fp16_to_fp32(fp32_to_fp16(x[size_t(i * cols + j)]));
+                want_g[size_t(i * rows + r)] = float(s);
+            }
+        require_close(ct::gemm(w, x, n, &y0), want_g, 1e-5 * mag * double(cols) / 32);
+    }
+}
+
+TEST_CASE("rmsnorm, swiglu and add match the CPU ops", "[cuda][kernels]") {
+    const int n = 3, dim = 896;
+    const std::vector<float> x = randn(size_t(n * dim), 23, 3.0f), w = randn(size_t(dim), 29);
+    std::vector<float> want(x.size());
+    cpu::rmsnorm(want.data(), x.data(), w.data(), n, dim, 1e-5f);
+    require_close(ct::rmsnorm(x, w, n, dim, 1e-5f), want, 1e-5 * max_abs(want));
+
+    const std::vector<float> g = randn(4099, 31, 4.0f), u = randn(4099, 37);
+    std::vector<float> sw = g;
+    cpu::swiglu(sw.data(), u.data(), int64_t(sw.size()));
+    require_close(ct::swiglu(g, u), sw, 1e-5 * max_abs(sw));
+    std::vector<float> sum = g;
+    cpu::add(sum.data(), u.data(), int64_t(sum.size()));
+    require_close(ct::add(g, u), sum, 0.0);
+}
+
+TEST_CASE("RoPE and the K store match cpu::rope at small and large positions", "[cuda][kernels]") {
+    for (int variant = 0; variant < 3; ++variant) {
+        Config c = attn_config(6, 2, 64);
+        c.rope_base = 500000.0f;
+        std::vector<float> ff;
+        if (variant == 1) {  // linear scaling
+            c.rope_scaling = RopeScaling::Linear;
+            c.rope_scale = 4.0f;
+        }
+        if (variant == 2) {  // Llama 3.1 frequency factors, and a partial rotation
+            c.rope_dim = 32;
+            ff = randn(size_t(c.rope_dim / 2), 41);
+            for (float& f : ff) f = 1.0f + std::fabs(f) * 4.0f;
+        }
+        for (int pos0 : {0, 3001}) {
+            INFO("variant " << variant << " pos0 " << pos0);
+            const int n = 4;
+            const int half = c.rope_dim / 2;
+            std::vector<float> ct_(size_t(n * half)), st_(size_t(n * half));
+            cpu::rope_tables(ct_.data(), st_.data(), pos0, n, c, ff.empty() ? nullptr : ff.data());
+            const std::vector<float> q = randn(size_t(n * c.n_heads * c.head_dim), 43);
+            std::vector<float> want = q;
+            cpu::rope(want.data(), ct_.data(), st_.data(), n, c.n_heads, c);
+            require_close(ct::rope(q, n, c.n_heads, pos0, c, ff), want, 2e-6 * max_abs(want));
+            if (variant != 2) {
+                const std::vector<float> k = randn(size_t(n * c.n_kv_heads * c.head_dim), 47);
+                std::vector<float> wk = k;
+                cpu::rope(wk.data(), ct_.data(), st_.data(), n, c.n_kv_heads, c);
+                for (float& v : wk) v = fp16_to_fp32(fp32_to_fp16(v));
+                require_close(ct::store_k(c, k, pos0, n, 4096), wk, 1e-3 * max_abs(wk));
+            }
+        }
+    }
+}
+
+TEST_CASE("flash-decoding and prefill attention match cpu::attention", "[cuda][kernels]") {
+    struct Shape {
+        int n_heads, n_kv, hd;
+    };
+    cpu::ThreadPool pool(2);
+    for (const Shape s : {Shape{8, 2, 64}, Shape{4, 4, 128}, Shape{9, 3, 64}, Shape{4, 2, 96}, Shape{2, 1, 256},
+                          Shape{16, 2, 32}, Shape{5, 1, 64}}) {
+        const Config c = attn_config(s.n_heads, s.n_kv, s.hd);
+        const int n_ctx = 1200;
+        for (int pos0 : {0, 1, 37, 1100}) {
+            for (int n : {1, 7, 40}) {
+                if (pos0 + n > n_ctx) continue;
+                const int n_pos = pos0 + n;
+                const size_t kvd = size_t(s.n_kv) * s.hd;
+                const std::vector<float> k = randn(size_t(n_pos) * kvd, 53 + uint32_t(pos0));
+                const std::vector<float> v = randn(size_t(n_pos) * kvd, 59 + uint32_t(n));
+                const std::vector<float> q = randn(size_t(n) * s.n_heads * s.hd, 61, 2.0f);
+                KvCache kv(c, n_ctx, KvType::F16);
+                kv.write(0, 0, n_pos, k.data(), v.data());
+                std::vector<float> want(q.size()), scratch(size_t(2 * cpu::attention_scratch(c, n_ctx)));
+                cpu::attention(want.data(), q.data(), kv, 0, pos0, n, c, scratch.data(), pool);
+                for (int splits : n == 1 ? std::vector<int>{1, 3, 64} : std::vector<int>{0}) {
+                    INFO("heads " << s.n_heads << "/" << s.n_kv << " hd " << s.hd << " pos0 " << pos0 << " n " << n
+                                  << " splits " << splits);
+                    require_close(ct::attention(c, q, k, v, pos0, n, n_ctx, splits), want, 2e-5 * max_abs(want));
+                }
+            }
+        }
+    }
+}
