@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "cuda_common.cuh"
+#include "matvec.cuh"
 #include "quant.cuh"
 
 namespace kvgen::cuda {
@@ -68,13 +69,7 @@ __global__ void get_rows_kernel(const uint8_t* __restrict__ w, int64_t row_bytes
     for (int k = 0; k < 8; ++k) o4[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
 }
 
-// --- decode matrix-vector product ---------------------------------------------------------------------------------
-// A warp owns kMvRows rows; each lane walks the row's 32-weight chunks with a stride of 32 chunks, so one load
-// instruction of the warp covers 32 consecutive chunks (contiguous blocks) of each row. The 32 activations of a
-// chunk are loaded once (four 16-byte loads) and used for every row of the warp; lane sums meet in a shuffle
-// reduction.
-
-constexpr int kMvWarps = 4, kMvRows = 2;
+// --- decode matrix-vector product (matvec.cuh) -------------------------------------------------------------------
 
 template <GgmlType T>
 __global__ void __launch_bounds__(kMvWarps * kWarp)
@@ -84,34 +79,7 @@ __global__ void __launch_bounds__(kMvWarps * kWarp)
     const int64_t r0 = (int64_t(blockIdx.x) * kMvWarps + threadIdx.x / kWarp) * kMvRows;
     if (r0 >= rows) return;
     float acc[kMvRows];
-#pragma unroll
-    for (int r = 0; r < kMvRows; ++r) acc[r] = 0.0f;
-    for (int64_t c = lane; c < n_chunks; c += kWarp) {
-        float xv[32];
-        const float4* xp = reinterpret_cast<const float4*>(x + c * 32);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            const float4 t = __ldg(xp + k);
-            xv[4 * k] = t.x;
-            xv[4 * k + 1] = t.y;
-            xv[4 * k + 2] = t.z;
-            xv[4 * k + 3] = t.w;
-        }
-#pragma unroll
-        for (int r = 0; r < kMvRows; ++r) {
-            if (r0 + r < rows) {
-                float wv[32];
-                row_chunk<T>(w + (r0 + r) * row_bytes, c, wv);
-                float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-                for (int i = 0; i < 32; i += 2) {
-                    s0 = fmaf(wv[i], xv[i], s0);
-                    s1 = fmaf(wv[i + 1], xv[i + 1], s1);
-                }
-                acc[r] += s0 + s1;
-            }
-        }
-    }
+    matvec_lane<T>(w, row_bytes, n_chunks, rows, r0, lane, x, acc);
 #pragma unroll
     for (int r = 0; r < kMvRows; ++r) {
         const float v = warp_sum(acc[r]);

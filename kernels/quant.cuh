@@ -9,22 +9,37 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "model/ggml_types.h"
 
+// The decoders compile for the host too (KVGEN_HD), so the CPU-only CI checks their bit layouts against
+// dequantize_row without a GPU (tests/test_cuda_host.cpp); the kernels call the very same functions.
+#define KVGEN_HD __host__ __device__ __forceinline__
+
 namespace kvgen::cuda {
 
-__device__ __forceinline__ float h2f(const uint8_t* p) {  // a half at a 2-byte aligned address
+KVGEN_HD float bits_to_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+    return __uint_as_float(u);
+#else
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+KVGEN_HD float h2f(const uint8_t* p) {  // a half at a 2-byte aligned address
     return __half2float(__ushort_as_half(*reinterpret_cast<const uint16_t*>(p)));
 }
-__device__ __forceinline__ uint32_t le32_unaligned(const uint8_t* p) {  // 2-byte aligned
+KVGEN_HD uint32_t le32_unaligned(const uint8_t* p) {  // 2-byte aligned
     const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
     return uint32_t(h[0]) | (uint32_t(h[1]) << 16);
 }
 
 // Q4_K / Q5_K 6-bit scale and min of sub-block j (0..7), packed in 12 bytes.
-__device__ __forceinline__ void k4_scale_min_dev(int j, const uint8_t* q, float* sc, float* m) {
+KVGEN_HD void k4_scale_min_dev(int j, const uint8_t* q, float* sc, float* m) {
     if (j < 4) {
         *sc = float(q[j] & 63);
         *m = float(q[j + 4] & 63);
@@ -35,7 +50,7 @@ __device__ __forceinline__ void k4_scale_min_dev(int j, const uint8_t* q, float*
 }
 
 // Q3_K 6-bit scale j (0..15), minus 32.
-__device__ __forceinline__ int q3k_scale_dev(int j, const uint8_t* packed) {
+KVGEN_HD int q3k_scale_dev(int j, const uint8_t* packed) {
     const int lo = (j < 8) ? (packed[j] & 0x0f) : (packed[j - 8] >> 4);
     const int hi = (packed[8 + (j % 4)] >> (2 * (j / 4))) & 3;
     return (lo | (hi << 4)) - 32;
@@ -50,7 +65,7 @@ struct Dq;
 template <>
 struct Dq<GgmlType::Q4_0> {
     static constexpr int kWeights = 32, kBytes = 18, kChunks = 1;
-    __device__ __forceinline__ static void chunk(const uint8_t* b, int, float (&w)[32]) {
+    KVGEN_HD static void chunk(const uint8_t* b, int, float (&w)[32]) {
         const float d = h2f(b);
         const uint16_t* qs = reinterpret_cast<const uint16_t*>(b + 2);
 #pragma unroll
@@ -67,7 +82,7 @@ struct Dq<GgmlType::Q4_0> {
 template <>
 struct Dq<GgmlType::Q4_1> {
     static constexpr int kWeights = 32, kBytes = 20, kChunks = 1;
-    __device__ __forceinline__ static void chunk(const uint8_t* b, int, float (&w)[32]) {
+    KVGEN_HD static void chunk(const uint8_t* b, int, float (&w)[32]) {
         const float d = h2f(b), m = h2f(b + 2);
         const uint32_t* qs = reinterpret_cast<const uint32_t*>(b + 4);
 #pragma unroll
@@ -85,7 +100,7 @@ struct Dq<GgmlType::Q4_1> {
 template <>
 struct Dq<GgmlType::Q5_0> {
     static constexpr int kWeights = 32, kBytes = 22, kChunks = 1;
-    __device__ __forceinline__ static void chunk(const uint8_t* b, int, float (&w)[32]) {
+    KVGEN_HD static void chunk(const uint8_t* b, int, float (&w)[32]) {
         const float d = h2f(b);
         const uint32_t qh = le32_unaligned(b + 2);
         const uint16_t* qs = reinterpret_cast<const uint16_t*>(b + 6);
@@ -107,7 +122,7 @@ struct Dq<GgmlType::Q5_0> {
 template <>
 struct Dq<GgmlType::Q5_1> {
     static constexpr int kWeights = 32, kBytes = 24, kChunks = 1;
-    __device__ __forceinline__ static void chunk(const uint8_t* b, int, float (&w)[32]) {
+    KVGEN_HD static void chunk(const uint8_t* b, int, float (&w)[32]) {
         const float d = h2f(b), m = h2f(b + 2);
         const uint32_t qh = *reinterpret_cast<const uint32_t*>(b + 4);
         const uint32_t* qs = reinterpret_cast<const uint32_t*>(b + 8);
@@ -129,7 +144,7 @@ struct Dq<GgmlType::Q5_1> {
 template <>
 struct Dq<GgmlType::Q8_0> {
     static constexpr int kWeights = 32, kBytes = 34, kChunks = 1;
-    __device__ __forceinline__ static void chunk(const uint8_t* b, int, float (&w)[32]) {
+    KVGEN_HD static void chunk(const uint8_t* b, int, float (&w)[32]) {
         const float d = h2f(b);
         const uint16_t* qs = reinterpret_cast<const uint16_t*>(b + 2);
 #pragma unroll
@@ -146,7 +161,7 @@ struct Dq<GgmlType::Q8_0> {
 template <>
 struct Dq<GgmlType::Q2_K> {
     static constexpr int kWeights = 256, kBytes = 84, kChunks = 8;
-    __device__ __forceinline__ static void chunk(const uint8_t* b, int s, float (&w)[32]) {
+    KVGEN_HD static void chunk(const uint8_t* b, int s, float (&w)[32]) {
         const float d = h2f(b + 80), dmin = h2f(b + 82);
         const int half = s / 4, shift = 2 * (s % 4);
         const uint32_t* q = reinterpret_cast<const uint32_t*>(b + 16 + 32 * half);
@@ -169,7 +184,7 @@ struct Dq<GgmlType::Q2_K> {
 template <>
 struct Dq<GgmlType::Q3_K> {
     static constexpr int kWeights = 256, kBytes = 110, kChunks = 8;
-    __device__ __forceinline__ static void chunk(const uint8_t* b, int s, float (&w)[32]) {
+    KVGEN_HD static void chunk(const uint8_t* b, int s, float (&w)[32]) {
         const float d = h2f(b + 108);
         const int half = s / 4, shift = 2 * (s % 4);
         const uint32_t hbit = 4 * half + s % 4;
@@ -196,7 +211,7 @@ struct Dq<GgmlType::Q3_K> {
 template <>
 struct Dq<GgmlType::Q4_K> {
     static constexpr int kWeights = 256, kBytes = 144, kChunks = 8;
-    __device__ __forceinline__ static void chunk(const uint8_t* b, int s, float (&w)[32]) {
+    KVGEN_HD static void chunk(const uint8_t* b, int s, float (&w)[32]) {
         float sc, m;
         k4_scale_min_dev(s, b + 4, &sc, &m);
         const float dl = h2f(b) * sc, ml = h2f(b + 2) * m;
@@ -219,7 +234,7 @@ struct Dq<GgmlType::Q4_K> {
 template <>
 struct Dq<GgmlType::Q5_K> {
     static constexpr int kWeights = 256, kBytes = 176, kChunks = 8;
-    __device__ __forceinline__ static void chunk(const uint8_t* b, int s, float (&w)[32]) {
+    KVGEN_HD static void chunk(const uint8_t* b, int s, float (&w)[32]) {
         float sc, m;
         k4_scale_min_dev(s, b + 4, &sc, &m);
         const float dl = h2f(b) * sc, ml = h2f(b + 2) * m;
@@ -248,7 +263,7 @@ struct Dq<GgmlType::Q5_K> {
 template <>
 struct Dq<GgmlType::Q6_K> {
     static constexpr int kWeights = 256, kBytes = 210, kChunks = 8;
-    __device__ __forceinline__ static void chunk(const uint8_t* b, int s, float (&w)[32]) {
+    KVGEN_HD static void chunk(const uint8_t* b, int s, float (&w)[32]) {
         const float d = h2f(b + 208);
         const int half = s / 4, qq = s % 4;
         const uint16_t* ql = reinterpret_cast<const uint16_t*>(b + 64 * half + 32 * (qq & 1));
@@ -275,7 +290,7 @@ struct Dq<GgmlType::Q6_K> {
 template <>
 struct Dq<GgmlType::F16> {
     static constexpr int kWeights = 32, kBytes = 64, kChunks = 1;
-    __device__ __forceinline__ static void chunk(const uint8_t* b, int, float (&w)[32]) {
+    KVGEN_HD static void chunk(const uint8_t* b, int, float (&w)[32]) {
         const uint4* p = reinterpret_cast<const uint4*>(b);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
@@ -293,7 +308,7 @@ struct Dq<GgmlType::F16> {
 template <>
 struct Dq<GgmlType::BF16> {
     static constexpr int kWeights = 32, kBytes = 64, kChunks = 1;
-    __device__ __forceinline__ static void chunk(const uint8_t* b, int, float (&w)[32]) {
+    KVGEN_HD static void chunk(const uint8_t* b, int, float (&w)[32]) {
         const uint4* p = reinterpret_cast<const uint4*>(b);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
@@ -301,8 +316,8 @@ struct Dq<GgmlType::BF16> {
             const uint32_t u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                w[8 * k + 2 * e] = __uint_as_float(u[e] << 16);
-                w[8 * k + 2 * e + 1] = __uint_as_float(u[e] & 0xffff0000u);
+                w[8 * k + 2 * e] = bits_to_float(u[e] << 16);
+                w[8 * k + 2 * e + 1] = bits_to_float(u[e] & 0xffff0000u);
             }
         }
     }
@@ -311,7 +326,7 @@ struct Dq<GgmlType::BF16> {
 template <>
 struct Dq<GgmlType::F32> {
     static constexpr int kWeights = 32, kBytes = 128, kChunks = 1;
-    __device__ __forceinline__ static void chunk(const uint8_t* b, int, float (&w)[32]) {
+    KVGEN_HD static void chunk(const uint8_t* b, int, float (&w)[32]) {
         const float4* p = reinterpret_cast<const float4*>(b);
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
@@ -326,7 +341,7 @@ struct Dq<GgmlType::F32> {
 
 // Chunk c (0 .. cols / 32) of a row that starts at `row`.
 template <GgmlType T>
-__device__ __forceinline__ void row_chunk(const uint8_t* row, int64_t c, float (&w)[32]) {
+KVGEN_HD void row_chunk(const uint8_t* row, int64_t c, float (&w)[32]) {
     using D = Dq<T>;
     Dq<T>::chunk(row + (c / D::kChunks) * D::kBytes, int(c % D::kChunks), w);
 }

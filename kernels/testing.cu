@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cuda_common.cuh"
+#include "matvec.cuh"
 #include "ops.cuh"
 
 namespace kvgen::cuda::testing {
@@ -197,3 +198,49 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
 }
 
 }  // namespace kvgen::cuda::testing
+
+namespace kvgen::cuda::host {
+
+std::vector<float> dequantize(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols) {
+    std::vector<float> out(size_t(rows * cols));
+    const GgmlTypeInfo* info = ggml_type_info(type);
+    const int64_t row_bytes = ggml_row_bytes(*info, cols);
+    const bool ok = dispatch_type(type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < cols / 32; ++c) {
+                float w[32];
+                row_chunk<T>(bytes + r * row_bytes, c, w);
+                std::copy(w, w + 32, out.begin() + r * cols + c * 32);
+            }
+    });
+    if (!ok) throw Error(fmt::format("no device decoder for {}", ggml_type_name(type)));
+    return out;
+}
+
+std::vector<float> matvec(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
+                          const std::vector<float>& x) {
+    std::vector<float> y(size_t(rows), NAN);
+    const int64_t row_bytes = ggml_row_bytes(*ggml_type_info(type), cols);
+    const bool ok = dispatch_type(type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        for (int64_t r0 = 0; r0 < rows; r0 += kMvRows) {
+            float lanes[32][kMvRows];
+            for (int lane = 0; lane < 32; ++lane) matvec_lane<T>(bytes, row_bytes, cols / 32, rows, r0, lane, x.data(), lanes[lane]);
+            for (int r = 0; r < kMvRows && r0 + r < rows; ++r) {
+                float v[32];
+                for (int lane = 0; lane < 32; ++lane) v[lane] = lanes[lane][r];
+                for (int o = 16; o > 0; o >>= 1) {  // __shfl_xor_sync butterfly: every lane ends with the sum
+                    float nv[32];
+                    for (int lane = 0; lane < 32; ++lane) nv[lane] = v[lane] + v[lane ^ o];
+                    std::copy(nv, nv + 32, v);
+                }
+                y[size_t(r0 + r)] = v[0];
+            }
+        }
+    });
+    if (!ok) throw Error(fmt::format("no device decoder for {}", ggml_type_name(type)));
+    return y;
+}
+
+}  // namespace kvgen::cuda::host

@@ -40,3 +40,13 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
 std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos0, int n, int n_ctx);
 
 }  // namespace kvgen::cuda::testing
+
+namespace kvgen::cuda::host {
+
+// The device decoders and the matvec lane body run on the host (no GPU needed): the bit layouts and the kernel's
+// indexing, checked by the CPU-only tests against dequantize_row.
+std::vector<float> dequantize(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols);
+// y = W x with the kernel's lane split (32 lanes, stride 32 chunks, kMvRows rows per warp) and a butterfly sum.
+std::vector<float> matvec(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols, const std::vector<float>& x);
+
+}  // namespace kvgen::cuda::host

@@ -1,0 +1,50 @@
+#pragma once
+// The per-lane body of the decode matrix-vector kernel, compiled for the host too so that the CPU-only CI runs the
+// kernel's own indexing (tests/test_cuda_host.cpp emulates the 32 lanes of a warp and its reduction).
+#include "quant.cuh"
+
+namespace kvgen::cuda {
+
+// A warp owns kMvRows rows; each lane walks the row's 32-weight chunks with a stride of 32 chunks, so one load
+// instruction of the warp covers 32 consecutive chunks (contiguous blocks) of each row. The 32 activations of a
+// chunk are loaded once (eight 16-byte loads) and used for every row of the warp.
+constexpr int kMvWarps = 4, kMvRows = 2;
+
+template <GgmlType T>
+KVGEN_HD void matvec_lane(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t n_chunks, int64_t rows,
+                          int64_t r0, int lane, const float* __restrict__ x, float (&acc)[kMvRows]) {
+#pragma unroll
+    for (int r = 0; r < kMvRows; ++r) acc[r] = 0.0f;
+    for (int64_t c = lane; c < n_chunks; c += 32) {
+        float xv[32];
+        const float4* xp = reinterpret_cast<const float4*>(x + c * 32);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+#if defined(__CUDA_ARCH__)
+            const float4 t = __ldg(xp + k);
+#else
+            const float4 t = xp[k];
+#endif
+            xv[4 * k] = t.x;
+            xv[4 * k + 1] = t.y;
+            xv[4 * k + 2] = t.z;
+            xv[4 * k + 3] = t.w;
+        }
+#pragma unroll
+        for (int r = 0; r < kMvRows; ++r) {
+            if (r0 + r < rows) {
+                float wv[32];
+                row_chunk<T>(w + (r0 + r) * row_bytes, c, wv);
+                float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 32; i += 2) {
+                    s0 = fmaf(wv[i], xv[i], s0);
+                    s1 = fmaf(wv[i + 1], xv[i + 1], s1);
+                }
+                acc[r] += s0 + s1;
+            }
+        }
+    }
+}
+
+}  // namespace kvgen::cuda

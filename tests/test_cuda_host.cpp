@@ -1,0 +1,48 @@
+// The CUDA decoders and the decode matvec's lane arithmetic, run on the host: these need no GPU, so CI checks the
+// device code's bit layouts and indexing on every run (the [cuda] tests repeat them on a device).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <random>
+
+#include "model/dequant.h"
+#include "synth/synth.h"
+#include "testing.h"
+
+using namespace kvgen;
+
+TEST_CASE("the CUDA decoders, run on the host, equal dequantize_row for every type", "[cuda-host]") {
+    for (const char* name : {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K",
+                             "Q5_K", "Q6_K"}) {
+        INFO(name);
+        GgmlType t;
+        REQUIRE(ggml_type_from_name(name, &t));
+        const int64_t rows = 7, cols = 1024;
+        std::vector<uint8_t> b(size_t(rows * ggml_row_bytes(*ggml_type_info(t), cols)));
+        synth_random_rows(t, b.data(), rows, cols, 0.05f, 3);
+        std::vector<float> want(size_t(rows * cols));
+        dequantize_row(t, b.data(), want.data(), rows * cols);
+        const std::vector<float> got = cuda::host::dequantize(t, b.data(), rows, cols);
+        REQUIRE(got.size() == want.size());
+        size_t bad = 0;
+        for (size_t i = 0; i < got.size(); ++i)
+            if (!(std::fabs(got[i] - want[i]) <= 1e-6f * (1.0f + std::fabs(want[i])))) ++bad;
+        CHECK(bad == 0);
+
+        // The matvec lane split (rows not a multiple of the rows per warp) against a double-precision product.
+        std::mt19937 rng(9);
+        std::normal_distribution<float> d(0.0f, 1.0f);
+        std::vector<float> x(static_cast<size_t>(cols));
+        for (float& v : x) v = d(rng);
+        const std::vector<float> y = cuda::host::matvec(t, b.data(), rows, cols, x);
+        for (int64_t r = 0; r < rows; ++r) {
+            double s = 0, mag = 0;
+            for (int64_t j = 0; j < cols; ++j) {
+                s += double(want[size_t(r * cols + j)]) * x[size_t(j)];
+                mag += std::fabs(double(want[size_t(r * cols + j)]) * x[size_t(j)]);
+            }
+            INFO("row " << r << " got " << y[size_t(r)] << " want " << s);
+            CHECK(std::fabs(y[size_t(r)] - s) <= 1e-5 * mag);
+        }
+    }
+}
