@@ -31,13 +31,24 @@ size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 size_t weight_bytes(const WeightView& w) { return size_t(w.rows) * size_t(w.row_bytes); }
 
-// The weight matrices the device keeps in their GGUF types (norms are decoded to f32 separately).
+// The weight matrices the device keeps in their GGUF types (norms are decoded to f32 separately), in upload order.
 std::vector<const WeightView*> device_weights(const Model& m) {
     std::vector<const WeightView*> out{&m.weights.token_embd};
     if (!m.weights.tied_output) out.push_back(&m.weights.output);
     for (const LayerWeights& L : m.weights.layers)
         for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) out.push_back(w);
     return out;
+}
+
+// Whether weight a is uploaded right after weight b's last row (no padding), so that the two read as one matrix:
+// Q, K and V (one decode matvec for all three) and gate, up (one SwiGLU kernel). Rows stay aligned: a group
+// starts on kAlign and every row size of a type is a multiple of what its decoder's loads need.
+bool continues(const Model& m, const WeightView* prev, const WeightView* next) {
+    for (const LayerWeights& L : m.weights.layers)
+        if ((prev == &L.wq && next == &L.wk) || (prev == &L.wk && next == &L.wv) ||
+            (prev == &L.w_gate && next == &L.w_up))
+            return prev->type == next->type && prev->row_bytes == next->row_bytes;
+    return false;
 }
 
 std::string gib(double bytes) { return fmt::format("{:.2f} GiB", bytes / double(1ull << 30)); }
@@ -68,7 +79,7 @@ Sizes sizes_for(const Model& m, int n_batch, int splits) {
 }
 
 size_t buffer_bytes(const Sizes& s, int n_layers) {
-    const int64_t f32 = 2 * s.nb * s.e + 2 * s.nb * s.qd + 2 * s.nb * s.kvd + 2 * s.nb * s.ff + s.vocab + s.partials +
+    const int64_t f32 = 2 * s.nb * s.e + 2 * s.nb * s.qd + 2 * s.kvd + 2 * s.nb * s.kvd + 2 * s.nb * s.ff + s.vocab + s.partials +
                         (2 * int64_t(n_layers) + 1) * s.e + 2 * s.nb * s.half;
     return size_t(f32) * 4 + size_t(s.xh + s.wh) * 2 + size_t(2 + s.nb) * 4 + size_t(2 * s.half) * 8 + 16 * kAlign;
 }
@@ -126,6 +137,8 @@ private:
         DevWeight wq, wk, wv, wo, gate, up, down;
         const float *attn_norm, *ffn_norm;
         __half *k_cache, *v_cache;
+        DevWeight qkv;     // wq, wk, wv as one matrix when they were uploaded back to back (fused_qkv)
+        bool fused_qkv;
     };
     std::vector<LayerDev> layers_;
     DevWeight embd_, output_;
@@ -217,6 +230,7 @@ void CudaBackend::upload(const CudaOptions& opt) {
         int turn = 0, last_pct = -1;
         std::vector<uint8_t*> dst(ws.size());
         for (size_t i = 0; i < ws.size(); ++i) {
+            if (i > 0 && !continues(model_, ws[i - 1], ws[i])) off = align_up(off);
             dst[i] = arena + off;
             const size_t bytes = weight_bytes(*ws[i]);
             for (size_t p = 0; p < bytes; p += kStage, turn ^= 1) {
@@ -233,7 +247,7 @@ void CudaBackend::upload(const CudaOptions& opt) {
                     last_pct = pct;
                 }
             }
-            off += align_up(bytes);
+            off += bytes;
         }
         KVGEN_CUDA_CHECK(cudaStreamSynchronize(stream_));
         cleanup();
@@ -247,7 +261,12 @@ void CudaBackend::upload(const CudaOptions& opt) {
         const int64_t cache_elems = int64_t(c_.n_kv_heads) * n_ctx_ * c_.head_dim;
         for (const LayerWeights& L : model_.weights.layers) {
             LayerDev d{dev(L.wq), dev(L.wk),       dev(L.wv),       dev(L.wo), dev(L.w_gate), dev(L.w_up),
-                       dev(L.w_down), upload_f32(L.attn_norm), upload_f32(L.ffn_norm), nullptr, nullptr};
+                       dev(L.w_down), upload_f32(L.attn_norm), upload_f32(L.ffn_norm), nullptr, nullptr, {}, false};
+            if (continues(model_, &L.wq, &L.wk) && continues(model_, &L.wk, &L.wv)) {
+                d.qkv = d.wq;
+                d.qkv.rows = d.wq.rows + d.wk.rows + d.wv.rows;
+                d.fused_qkv = true;
+            }
             d.k_cache = alloc<__half>(cache_elems);
             d.v_cache = alloc<__half>(cache_elems);
             KVGEN_CUDA_CHECK(cudaMemsetAsync(d.k_cache, 0, size_t(cache_elems) * 2, stream_));
@@ -282,7 +301,7 @@ void CudaBackend::upload(const CudaOptions& opt) {
     const Sizes s = sizes_for(model_, n_batch_, splits_);
     x_ = alloc<float>(s.nb * s.e);
     xn_ = alloc<float>(s.nb * s.e);
-    q_ = alloc<float>(s.nb * s.qd);
+    q_ = alloc<float>(std::max(s.nb * s.qd, s.qd + 2 * s.kvd));  // one token's fused q|k|v fits too
     att_ = alloc<float>(s.nb * s.qd);
     k_ = alloc<float>(s.nb * s.kvd);
     v_ = alloc<float>(s.nb * s.kvd);
@@ -330,21 +349,35 @@ void CudaBackend::enqueue(int n) {
     rope_tables(d_pos0, n, c_.rope_dim / 2, pw_, ff_, pos_div_, cos_, sin_, stream_);
     for (const LayerDev& L : layers_) {
         rmsnorm(x_, L.attn_norm, xn_, n, e, c_.rms_eps, stream_);
-        proj(L.wq, xn_, n, q_, false);
-        proj(L.wk, xn_, n, k_, false);
-        proj(L.wv, xn_, n, v_, false);
-        rope(q_, cos_, sin_, n, c_.n_heads, c_.head_dim, c_.rope_dim, stream_);
-        store_kv(k_, v_, cos_, sin_, n, d_pos0, c_.n_kv_heads, c_.head_dim, c_.rope_dim, n_ctx_, L.k_cache,
-                 L.v_cache, stream_);
+        // One token reads q, k and v from one matvec's output when the three were uploaded as one matrix.
+        float* q = q_;
+        float* k = k_;
+        float* v = v_;
+        if (n == 1 && L.fused_qkv) {
+            matvec(L.qkv, xn_, q_, false, stream_);
+            k = q_ + int64_t(c_.n_heads) * c_.head_dim;
+            v = k + int64_t(c_.n_kv_heads) * c_.head_dim;
+        } else {
+            proj(L.wq, xn_, n, q, false);
+            proj(L.wk, xn_, n, k, false);
+            proj(L.wv, xn_, n, v, false);
+        }
+        rope(q, cos_, sin_, n, c_.n_heads, c_.head_dim, c_.rope_dim, stream_);
+        store_kv(k, v, cos_, sin_, n, d_pos0, c_.n_kv_heads, c_.head_dim, c_.rope_dim, n_ctx_, L.k_cache, L.v_cache,
+                 stream_);
         if (n == 1)
-            attention_decode(q_, L.k_cache, L.v_cache, d_pos0, attn_, splits_, partials_, att_, stream_);
+            attention_decode(q, L.k_cache, L.v_cache, d_pos0, attn_, splits_, partials_, att_, stream_);
         else
-            attention_prefill(q_, L.k_cache, L.v_cache, d_pos0, n, attn_, att_, stream_);
+            attention_prefill(q, L.k_cache, L.v_cache, d_pos0, n, attn_, att_, stream_);
         proj(L.wo, att_, n, x_, true);  // the residual add is the product's accumulate
         rmsnorm(x_, L.ffn_norm, xn_, n, e, c_.rms_eps, stream_);
-        proj(L.gate, xn_, n, gate_, false);
-        proj(L.up, xn_, n, up_, false);
-        swiglu(gate_, up_, int64_t(n) * c_.n_ff, stream_);
+        if (n == 1 && glu_fusable(L.gate, L.up)) {
+            matvec_glu(L.gate, L.up, xn_, gate_, stream_);
+        } else {
+            proj(L.gate, xn_, n, gate_, false);
+            proj(L.up, xn_, n, up_, false);
+            swiglu(gate_, up_, int64_t(n) * c_.n_ff, stream_);
+        }
         proj(L.down, gate_, n, x_, true);
     }
     rmsnorm(x_ + int64_t(n - 1) * e, output_norm_, xn_, 1, e, c_.rms_eps, stream_);

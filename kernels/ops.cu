@@ -87,6 +87,24 @@ __global__ void __launch_bounds__(kMvWarps * kWarp)
     }
 }
 
+// gate and up rows r of a SwiGLU pair in one warp: y[r] = silu(gate[r] . x) * (up[r] . x).
+template <GgmlType T>
+__global__ void __launch_bounds__(kMvWarps * kWarp)
+    matvec_glu_kernel(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int64_t row_bytes,
+                      int64_t n_chunks, int64_t rows, const float* __restrict__ x, float* __restrict__ y) {
+    const int lane = threadIdx.x % kWarp;
+    const int64_t r0 = (int64_t(blockIdx.x) * kMvWarps + threadIdx.x / kWarp) * kMvRows;
+    if (r0 >= rows) return;
+    float g[kMvRows], u[kMvRows];
+    matvec_lane<T>(gate, row_bytes, n_chunks, rows, r0, lane, x, g);
+    matvec_lane<T>(up, row_bytes, n_chunks, rows, r0, lane, x, u);
+#pragma unroll
+    for (int r = 0; r < kMvRows; ++r) {
+        const float gs = warp_sum(g[r]), us = warp_sum(u[r]);
+        if (lane == 0 && r0 + r < rows) y[r0 + r] = gs / (1.0f + expf(-gs)) * us;
+    }
+}
+
 // --- element-wise ops ---------------------------------------------------------------------------------------------
 
 __global__ void rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,
@@ -407,6 +425,21 @@ void matvec(const DevWeight& w, const float* x, float* y, bool accumulate, cudaS
     });
     if (!ok) throw Error(fmt::format("CUDA: no device decoder for {}", ggml_type_name(w.type)));
     KVGEN_CUDA_LAUNCHED("matvec");
+}
+
+bool glu_fusable(const DevWeight& gate, const DevWeight& up) {
+    return gate.type == up.type && gate.rows == up.rows && gate.cols == up.cols && gate.row_bytes == up.row_bytes;
+}
+
+void matvec_glu(const DevWeight& gate, const DevWeight& up, const float* x, float* y, cudaStream_t s) {
+    if (!glu_fusable(gate, up)) throw Error("CUDA: matvec_glu needs gate and up of one type and shape");
+    const bool ok = dispatch_type(gate.type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        matvec_glu_kernel<T><<<grid_for(gate.rows, kMvWarps * kMvRows), kMvWarps * kWarp, 0, s>>>(
+            gate.data, up.data, gate.row_bytes, gate.cols / 32, gate.rows, x, y);
+    });
+    if (!ok) throw Error(fmt::format("CUDA: no device decoder for {}", ggml_type_name(gate.type)));
+    KVGEN_CUDA_LAUNCHED("matvec_glu");
 }
 
 void rmsnorm(const float* x, const float* w, float* out, int n, int dim, float eps, cudaStream_t s) {

@@ -34,6 +34,11 @@ void get_rows(const DevWeight& emb, const int32_t* d_tokens, int n, float* out, 
 // blocks directly. Twin: a double-precision dot of the dequantized row (the CPU matmul up to its rounding).
 void matvec(const DevWeight& w, const float* x, float* y, bool accumulate, cudaStream_t s);
 
+// One token's SwiGLU: y[r] = silu(gate[r] . x) * (up[r] . x), both products in one warp (gate and up must share
+// type and shape: glu_fusable). Twin: the two double-precision products and cpu::swiglu.
+bool glu_fusable(const DevWeight& gate, const DevWeight& up);
+void matvec_glu(const DevWeight& gate, const DevWeight& up, const float* x, float* y, cudaStream_t s);
+
 // Twin: cpu::rmsnorm.
 void rmsnorm(const float* x, const float* w, float* out, int n, int dim, float eps, cudaStream_t s);
 

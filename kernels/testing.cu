@@ -86,6 +86,14 @@ std::vector<float> matvec(const HostWeight& w, const std::vector<float>& x, cons
     return y.get();
 }
 
+std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x) {
+    Dev<uint8_t> g(*gate.bytes), u(*up.bytes);
+    Dev<float> dx(x), y(size_t(gate.rows));
+    poison(y);
+    kvgen::cuda::matvec_glu(dev_weight(gate, g), dev_weight(up, u), dx.p, y.p, nullptr);
+    return y.get();
+}
+
 std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0) {
     // The backend's prefill product, step by step: activations to f16, weights to f16, cuBLAS with f32 accumulation.
     Dev<uint8_t> b(*w.bytes);

@@ -20,6 +20,8 @@ std::vector<float> dequantize(const HostWeight& w, bool via_f16);
 std::vector<float> get_rows(const HostWeight& w, const std::vector<int32_t>& ids);
 // y = W x (accumulate: y0 + W x) through the decode kernel.
 std::vector<float> matvec(const HostWeight& w, const std::vector<float>& x, const std::vector<float>* y0);
+// silu(gate x) * (up x) through the fused decode kernel.
+std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x);
 // [n][rows] = x[n][cols] . W^T through the prefill path (f16 decode + cuBLAS); accumulate onto y0 when given.
 std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0);
 

@@ -139,6 +139,19 @@ TEST_CASE("decode matvec and prefill GEMM match a double-precision product for e
         require_close(ct::matvec(w, x1, nullptr), want, 1e-5 * mag * double(cols) / 32);
         require_close(ct::matvec(w, x1, &y1), want_acc, 1e-5 * mag * double(cols) / 32);
 
+        // the fused SwiGLU pair: this weight as gate, another of its type as up
+        const std::vector<uint8_t> b_up = random_weights(t, rows, cols, 14);
+        std::vector<float> uf(size_t(rows * cols));
+        dequantize_row(t, b_up.data(), uf.data(), rows * cols);
+        std::vector<float> g(want), u(static_cast<size_t>(rows));
+        for (int64_t r = 0; r < rows; ++r) {
+            double s = 0;
+            for (int64_t j = 0; j < cols; ++j) s += double(uf[size_t(r * cols + j)]) * x[size_t(j)];
+            u[size_t(r)] = float(s);
+        }
+        cpu::swiglu(g.data(), u.data(), rows);
+        require_close(ct::matvec_glu(w, {t, rows, cols, &b_up}, x1), g, 1e-5 * mag * double(cols) / 32 * 4);
+
         // GEMM: the same product of the f16-rounded operands, f32 accumulation
         std::vector<float> want_g(size_t(n * rows));
         for (int i = 0; i < n; ++i)
