@@ -9,10 +9,11 @@
 # token_ms); the total for a shorter length N is the same run's first N steps, which is exactly what a run of N
 # tokens executes. Medians over --runs runs with the cache and --nocache-runs without it (recomputation is slow:
 # about 7 minutes for 512 tokens of the default model on 2 cores).
-# Writes DIR/results.csv, DIR/results.md, DIR/total-time.png and DIR/token-latency.png (gnuplot).
+# Writes DIR/results.csv, DIR/results.md, DIR/total-time.png and DIR/token-latency.png (gnuplot; without it, the
+# tables alone). KVGEN_BIN names another build's kvgen.
 set -euo pipefail
 
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 model="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf" device=cpu lengths=64,128,256,512 runs=3 nocache_runs=1
 threads="" out="bench-kv-out"
@@ -29,12 +30,15 @@ while (($#)); do
         *) model=$1; shift ;;
     esac
 done
-kvgen="$root/build/kvgen"
+kvgen="${KVGEN_BIN:-$root/build/kvgen}"  # KVGEN_BIN: another build's binary
 [[ -x $kvgen ]] || { echo "bench-kv.sh: $kvgen missing: run scripts/setup.sh" >&2; exit 1; }
 [[ -f $model ]] || { echo "bench-kv.sh: model '$model' not found (models/fetch-default.sh fetches the default)" >&2; exit 1; }
-for tool in python3 gnuplot; do
-    command -v "$tool" >/dev/null || { echo "bench-kv.sh: $tool is required (scripts/setup.sh installs it)" >&2; exit 1; }
-done
+command -v python3 >/dev/null || { echo "bench-kv.sh: python3 is required" >&2; exit 1; }
+plots=1
+if ! command -v gnuplot >/dev/null; then
+    plots=0
+    echo "bench-kv.sh: gnuplot is not installed (scripts/setup.sh installs it): tables only, no plots" >&2
+fi
 [[ $lengths =~ ^[0-9]+(,[0-9]+)*$ ]] || { echo "bench-kv.sh: --lengths takes numbers like 64,128,256" >&2; exit 2; }
 [[ $runs =~ ^[1-9][0-9]*$ && $nocache_runs =~ ^[1-9][0-9]*$ ]] || { echo "bench-kv.sh: --runs takes a number >= 1" >&2; exit 2; }
 max=$(tr ',' '\n' <<<"$lengths" | sort -n | tail -n 1)
@@ -98,6 +102,11 @@ for name, run in (("cache", cache[0]), ("nocache", nocache[0])):
 print(open(f"{out}/results.md").read())
 PY
 
+if ((!plots)); then
+    sed -i '/total-time.png/d' "$out/results.md"
+    echo "bench-kv: wrote $out/results.csv, results.md" >&2
+    exit 0
+fi
 term="pngcairo size 900,560 font 'sans,11'"
 gnuplot -e "set terminal $term" -e "print ''" >/dev/null 2>&1 || term="png size 900,560"
 name=$(basename "$model")
