@@ -227,27 +227,47 @@ __device__ __forceinline__ void load_halves(const __half* p, float (&out)[E]) {
     }
 }
 
+// Positions are taken kAttnBatch at a time: their K and V rows are loaded before any is used, so several loads
+// are in flight per warp (a long cache is a stream of small rows), then folded into the softmax in order.
 template <int NQ, int E>
 __device__ __forceinline__ void warp_attend(const float (&q)[NQ][E], const __half* kb, const __half* vb, int t0,
                                             int t1, int step, float (&m)[NQ], float (&l)[NQ], float (&o)[NQ][E]) {
     constexpr int hd = 32 * E;
+    constexpr int P = E <= 4 ? 4 : 2;  // positions per batch (registers: 2 P E floats)
     const int lane = threadIdx.x % kWarp;
-    for (int t = t0; t < t1; t += step) {
-        float kv[E], vv[E];
-        load_halves<E>(kb + int64_t(t) * hd + lane * E, kv);
-        load_halves<E>(vb + int64_t(t) * hd + lane * E, vv);
+    for (int t = t0; t < t1; t += P * step) {
+        float kv[P][E], vv[P][E];
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+            const int tp = t + p * step;  // the same for the whole warp
+            if (tp < t1) {
+                load_halves<E>(kb + int64_t(tp) * hd + lane * E, kv[p]);
+                load_halves<E>(vb + int64_t(tp) * hd + lane * E, vv[p]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < E; ++e) kv[p][e] = vv[p][e] = 0.0f;
+            }
+        }
 #pragma unroll
         for (int r = 0; r < NQ; ++r) {
-            float s = 0.0f;
+            float s[P];
 #pragma unroll
-            for (int e = 0; e < E; ++e) s = fmaf(q[r][e], kv[e], s);
-            s = warp_sum(s);
-            const float mn = fmaxf(m[r], s);
-            const float corr = expf(m[r] - mn), p = expf(s - mn);
-            l[r] = l[r] * corr + p;
+            for (int p = 0; p < P; ++p) {
+                float d = 0.0f;
 #pragma unroll
-            for (int e = 0; e < E; ++e) o[r][e] = fmaf(o[r][e], corr, p * vv[e]);
-            m[r] = mn;
+                for (int e = 0; e < E; ++e) d = fmaf(q[r][e], kv[p][e], d);
+                s[p] = warp_sum(d);
+            }
+#pragma unroll
+            for (int p = 0; p < P; ++p) {
+                if (t + p * step >= t1) break;
+                const float mn = fmaxf(m[r], s[p]);
+                const float corr = expf(m[r] - mn), pr = expf(s[p] - mn);
+                l[r] = l[r] * corr + pr;
+#pragma unroll
+                for (int e = 0; e < E; ++e) o[r][e] = fmaf(o[r][e], corr, pr * vv[p][e]);
+                m[r] = mn;
+            }
         }
     }
 }
