@@ -51,7 +51,7 @@ echo "| model | weights read per token | prefill t/s (pp$prompt_len) | decode t/
 echo "|---|---|---|---|---|---|"
 for m in "${models[@]}"; do
     echo "bench-cpu: kvgen --bench $(basename "$m")" >&2
-    "$kvgen" --bench -m "$m" -p "$prompt_len" -n "$gen" -r 3 -t "$threads" -o json >"$tmp/r.json" 2>"$tmp/err" ||
+    "$kvgen" --bench --device cpu -m "$m" -p "$prompt_len" -n "$gen" -r 3 -t "$threads" -o json >"$tmp/r.json" 2>"$tmp/err" ||
         { cat "$tmp/err" >&2; exit 1; }
     python3 - "$m" "$tmp/r.json" "$bw" <<'PY'
 import json, os, sys

@@ -46,8 +46,8 @@ fi
 log "GPU: $gpu (building for sm_$arch); shared data: $shared"
 
 # --- 1. build and [cuda] tests ------------------------------------------------------------------------------------
-if [[ ! -f /usr/include/fmt/core.h && -x $shared/device-deps/unpack.sh ]]; then
-    eval "$("$shared/device-deps/unpack.sh" /opt/kvgen-deps)"
+if [[ ! -f /usr/include/fmt/core.h && -f $shared/device-deps/unpack.sh ]]; then
+    eval "$(bash "$shared/device-deps/unpack.sh" /opt/kvgen-deps)"
     log "libraries unpacked from $shared/device-deps"
 fi
 build="build-gpu"
