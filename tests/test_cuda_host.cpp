@@ -5,7 +5,9 @@
 #include <cmath>
 #include <random>
 
+#include "cuda_backend.h"
 #include "model/dequant.h"
+#include "model/weights.h"
 #include "synth/synth.h"
 #include "testing.h"
 
@@ -45,4 +47,26 @@ TEST_CASE("the CUDA decoders, run on the host, equal dequantize_row for every ty
             CHECK(std::fabs(y[size_t(r)] - s) <= 1e-5 * mag);
         }
     }
+}
+
+TEST_CASE("the CUDA memory plan counts weights, the f16 KV cache and buffers", "[cuda-host]") {
+    const Model m = Model::load(std::string(KVGEN_SHARED_DIR) + "/testdata/ref/open-gqa-Q8_0.gguf");
+    size_t matrices = 0;
+    for (const LayerWeights& L : m.weights.layers)
+        for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+            matrices += size_t(w->rows * w->row_bytes);
+    matrices += size_t(m.weights.token_embd.rows * m.weights.token_embd.row_bytes);
+    if (!m.weights.tied_output) matrices += size_t(m.weights.output.rows * m.weights.output.row_bytes);
+
+    cuda::CudaOptions o;
+    o.n_ctx = 1000;
+    o.n_batch = 1;
+    const cuda::CudaMemoryPlan one = cuda::plan_memory(m, o);
+    CHECK(one.weights >= matrices);
+    CHECK(one.weights <= matrices + 256 * (7 * m.weights.layers.size() + 2));  // alignment padding only
+    CHECK(one.kv_cache == size_t(m.config.kv_bytes_per_token(2)) * 1000);
+    o.n_batch = 512;
+    const cuda::CudaMemoryPlan batch = cuda::plan_memory(m, o);
+    CHECK(batch.buffers > one.buffers);  // activations for 512 tokens and the f16 GEMM scratch
+    CHECK(batch.total() == batch.weights + batch.kv_cache + batch.buffers);
 }
