@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "cuda_common.cuh"
+#include "attention.cuh"
 #include "matvec.cuh"
 #include "quant.cuh"
 
@@ -194,224 +195,28 @@ __global__ void to_f16_kernel(const float* __restrict__ x, __half* __restrict__ 
     if (j < count) y[j] = __float2half_rn(fminf(fmaxf(x[j], -65504.0f), 65504.0f));
 }
 
-// --- attention ----------------------------------------------------------------------------------------------------
-// A warp attends NQ query heads of one KV group (they read the same K/V rows) over a range of positions: lane l
-// holds elements [E l, E l + E) of each head_dim = 32 E vector, a position costs one shuffle reduction per query
-// head, and softmax is online (running max m, sum l, unnormalized output o).
-
-constexpr int kAttnWarps = 4;
-
-template <int E>
-__device__ __forceinline__ void load_halves(const __half* p, float (&out)[E]) {
-    if constexpr (E % 4 == 0) {
-#pragma unroll
-        for (int e = 0; e < E; e += 4) {
-            const uint2 u = *reinterpret_cast<const uint2*>(p + e);
-            const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
-            const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
-            out[e] = a.x;
-            out[e + 1] = a.y;
-            out[e + 2] = b.x;
-            out[e + 3] = b.y;
-        }
-    } else if constexpr (E % 2 == 0) {
-#pragma unroll
-        for (int e = 0; e < E; e += 2) {
-            const float2 a = __half22float2(*reinterpret_cast<const __half2*>(p + e));
-            out[e] = a.x;
-            out[e + 1] = a.y;
-        }
-    } else {
-#pragma unroll
-        for (int e = 0; e < E; ++e) out[e] = __half2float(p[e]);
-    }
-}
-
-// Positions are taken kAttnBatch at a time: their K and V rows are loaded before any is used, so several loads
-// are in flight per warp (a long cache is a stream of small rows), then folded into the softmax in order.
-template <int NQ, int E>
-__device__ __forceinline__ void warp_attend(const float (&q)[NQ][E], const __half* kb, const __half* vb, int t0,
-                                            int t1, int step, float (&m)[NQ], float (&l)[NQ], float (&o)[NQ][E]) {
-    constexpr int hd = 32 * E;
-    constexpr int P = E <= 4 ? 4 : 2;  // positions per batch (registers: 2 P E floats)
-    const int lane = threadIdx.x % kWarp;
-    for (int t = t0; t < t1; t += P * step) {
-        float kv[P][E], vv[P][E];
-#pragma unroll
-        for (int p = 0; p < P; ++p) {
-            const int tp = t + p * step;  // the same for the whole warp
-            if (tp < t1) {
-                load_halves<E>(kb + int64_t(tp) * hd + lane * E, kv[p]);
-                load_halves<E>(vb + int64_t(tp) * hd + lane * E, vv[p]);
-            } else {
-#pragma unroll
-                for (int e = 0; e < E; ++e) kv[p][e] = vv[p][e] = 0.0f;
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < NQ; ++r) {
-            float s[P];
-#pragma unroll
-            for (int p = 0; p < P; ++p) {
-                float d = 0.0f;
-#pragma unroll
-                for (int e = 0; e < E; ++e) d = fmaf(q[r][e], kv[p][e], d);
-                s[p] = warp_sum(d);
-            }
-#pragma unroll
-            for (int p = 0; p < P; ++p) {
-                if (t + p * step >= t1) break;
-                const float mn = fmaxf(m[r], s[p]);
-                const float corr = expf(m[r] - mn), pr = expf(s[p] - mn);
-                l[r] = l[r] * corr + pr;
-#pragma unroll
-                for (int e = 0; e < E; ++e) o[r][e] = fmaf(o[r][e], corr, pr * vv[p][e]);
-                m[r] = mn;
-            }
-        }
-    }
-}
+// --- attention (attention.cuh) -----------------------------------------------------------------------------------
 
 template <int NQ, int E>
-__device__ __forceinline__ void load_query(const float* q, float scale, float (&qr)[NQ][E], float (&m)[NQ],
-                                           float (&l)[NQ], float (&o)[NQ][E]) {
-    constexpr int hd = 32 * E;
-    const int lane = threadIdx.x % kWarp;
-#pragma unroll
-    for (int r = 0; r < NQ; ++r) {
-#pragma unroll
-        for (int e = 0; e < E; ++e) {
-            qr[r][e] = q[r * hd + lane * E + e] * scale;
-            o[r][e] = 0.0f;
-        }
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
-    }
-}
-
-// grid (n_heads / NQ, splits), kAttnWarps warps; partials [n_heads][splits][hd + 2] = (o unnormalized, m, l).
-template <int NQ, int E>
-__global__ void __launch_bounds__(kAttnWarps * kWarp)
+__global__ void __launch_bounds__(kAttnThreads)
     attention_decode_kernel(const float* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc,
                             const int* __restrict__ d_pos0, int n_rep, int n_ctx, int splits, float scale,
                             float* __restrict__ partials) {
-    constexpr int hd = 32 * E;
-    const int h0 = blockIdx.x * NQ, g = h0 / n_rep, sp = blockIdx.y;
-    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-    const int n_pos = *d_pos0 + 1;
-    const int len = (n_pos + splits - 1) / splits;
-    const int t0 = min(n_pos, sp * len), t1 = min(n_pos, t0 + len);
-
-    float qr[NQ][E], m[NQ], l[NQ], o[NQ][E];
-    load_query<NQ, E>(q + int64_t(h0) * hd, scale, qr, m, l, o);
-    const int64_t base = int64_t(g) * n_ctx * hd;
-    warp_attend<NQ, E>(qr, kc + base, vc + base, t0 + warp, t1, kAttnWarps, m, l, o);
-
-    // combine the block's warps: shared [warp][NQ][hd + 2]
-    __shared__ float sm[kAttnWarps][NQ][hd + 2];
-#pragma unroll
-    for (int r = 0; r < NQ; ++r) {
-#pragma unroll
-        for (int e = 0; e < E; ++e) sm[warp][r][lane * E + e] = o[r][e];
-        if (lane == 0) {
-            sm[warp][r][hd] = m[r];
-            sm[warp][r][hd + 1] = l[r];
-        }
-    }
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < NQ * hd; idx += blockDim.x) {
-        const int r = idx / hd, j = idx % hd;
-        float mx = -INFINITY;
-        for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, sm[w][r][hd]);
-        float acc = 0.0f, sum = 0.0f;
-        if (mx != -INFINITY) {
-            for (int w = 0; w < kAttnWarps; ++w) {
-                const float f = expf(sm[w][r][hd] - mx);
-                acc += sm[w][r][j] * f;
-                sum += sm[w][r][hd + 1] * f;
-            }
-        }
-        float* dst = partials + (int64_t(h0 + r) * splits + sp) * (hd + 2);
-        dst[j] = acc;
-        if (j == 0) {
-            dst[hd] = mx;
-            dst[hd + 1] = sum;
-        }
-    }
+    __shared__ float sm[kAttnDecodeShared<NQ, E>];
+    attention_decode_body<NQ, E>(DeviceThread{sm}, q, kc, vc, d_pos0, n_rep, n_ctx, splits, scale, partials);
 }
 
-// grid n_heads: out[h] = sum over splits of o_s e^(m_s - M) / sum of l_s e^(m_s - M).
 __global__ void attention_combine_kernel(const float* __restrict__ partials, int splits, int hd,
                                          float* __restrict__ out) {
-    const int h = blockIdx.x;
-    const float* p = partials + int64_t(h) * splits * (hd + 2);
-    float mx = -INFINITY;
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, p[int64_t(s) * (hd + 2) + hd]);
-    float sum = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-        const float* ps = p + int64_t(s) * (hd + 2);
-        if (ps[hd] != -INFINITY) sum += ps[hd + 1] * expf(ps[hd] - mx);
-    }
-    for (int j = threadIdx.x; j < hd; j += blockDim.x) {
-        float acc = 0.0f;
-        for (int s = 0; s < splits; ++s) {
-            const float* ps = p + int64_t(s) * (hd + 2);
-            if (ps[hd] != -INFINITY) acc += ps[j] * expf(ps[hd] - mx);
-        }
-        out[int64_t(h) * hd + j] = acc / sum;
-    }
+    attention_combine_body(DeviceThread{nullptr}, int(blockDim.x), partials, splits, hd, out);
 }
 
-// grid (n_heads / NQ, ceil(n / kAttnWarps)): warp w takes query i = blockIdx.y * kAttnWarps + w over positions
-// 0 ..= pos0 + i; the block's warps are consecutive queries of one head group and share their K/V reads.
 template <int NQ, int E>
-__global__ void __launch_bounds__(kAttnWarps * kWarp)
+__global__ void __launch_bounds__(kAttnThreads)
     attention_prefill_kernel(const float* __restrict__ q, const __half* __restrict__ kc,
                              const __half* __restrict__ vc, const int* __restrict__ d_pos0, int n, int n_heads,
                              int n_rep, int n_ctx, float scale, float* __restrict__ out) {
-    constexpr int hd = 32 * E;
-    const int h0 = blockIdx.x * NQ, g = h0 / n_rep;
-    const int i = blockIdx.y * kAttnWarps + threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-    if (i >= n) return;
-    float qr[NQ][E], m[NQ], l[NQ], o[NQ][E];
-    const int64_t row = (int64_t(i) * n_heads + h0) * hd;
-    load_query<NQ, E>(q + row, scale, qr, m, l, o);
-    const int64_t base = int64_t(g) * n_ctx * hd;
-    warp_attend<NQ, E>(qr, kc + base, vc + base, 0, *d_pos0 + i + 1, 1, m, l, o);
-#pragma unroll
-    for (int r = 0; r < NQ; ++r) {
-        const float inv = 1.0f / l[r];
-#pragma unroll
-        for (int e = 0; e < E; ++e) out[row + int64_t(r) * hd + lane * E + e] = o[r][e] * inv;
-    }
-}
-
-// Query heads per block: the largest of 8, 4, 3, 2, 1 that divides n_rep.
-int heads_per_block(int n_rep) {
-    for (int nq : {8, 4, 3, 2, 1})
-        if (n_rep % nq == 0) return nq;
-    return 1;
-}
-
-template <typename F>
-void dispatch_attention(int n_rep, int head_dim, F&& f) {
-    auto by_e = [&](auto nq) {
-        switch (head_dim) {
-            case 32: f(nq, std::integral_constant<int, 1>{}); return;
-            case 64: f(nq, std::integral_constant<int, 2>{}); return;
-            case 96: f(nq, std::integral_constant<int, 3>{}); return;
-            case 128: f(nq, std::integral_constant<int, 4>{}); return;
-            case 256: f(nq, std::integral_constant<int, 8>{}); return;
-            default: throw Error(fmt::format("CUDA: head_dim {} is not supported (32, 64, 96, 128, 256)", head_dim));
-        }
-    };
-    switch (heads_per_block(n_rep)) {
-        case 8: by_e(std::integral_constant<int, 8>{}); return;
-        case 4: by_e(std::integral_constant<int, 4>{}); return;
-        case 3: by_e(std::integral_constant<int, 3>{}); return;
-        case 2: by_e(std::integral_constant<int, 2>{}); return;
-        default: by_e(std::integral_constant<int, 1>{}); return;
-    }
+    attention_prefill_body<NQ, E>(DeviceThread{nullptr}, q, kc, vc, d_pos0, n, n_heads, n_rep, n_ctx, scale, out);
 }
 
 }  // namespace
@@ -537,12 +342,13 @@ void attention_decode(const float* q, const __half* k_cache, const __half* v_cac
                       const AttnShape& a, int splits, float* partials, float* out, cudaStream_t s) {
     const int n_rep = a.n_heads / a.n_kv_heads;
     const float scale = 1.0f / std::sqrt(float(a.head_dim));
-    dispatch_attention(n_rep, a.head_dim, [&](auto nq, auto e) {
+    const bool ok = dispatch_attention(n_rep, a.head_dim, [&](auto nq, auto e) {
         constexpr int NQ = decltype(nq)::value, E = decltype(e)::value;
         const dim3 grid(unsigned(a.n_heads / NQ), unsigned(splits));
         attention_decode_kernel<NQ, E>
-            <<<grid, kAttnWarps * kWarp, 0, s>>>(q, k_cache, v_cache, d_pos0, n_rep, a.n_ctx, splits, scale, partials);
+            <<<grid, kAttnThreads, 0, s>>>(q, k_cache, v_cache, d_pos0, n_rep, a.n_ctx, splits, scale, partials);
     });
+    if (!ok) throw Error(fmt::format("CUDA: head_dim {} has no attention kernel", a.head_dim));
     KVGEN_CUDA_LAUNCHED("attention_decode");
     attention_combine_kernel<<<a.n_heads, 128, 0, s>>>(partials, splits, a.head_dim, out);
     KVGEN_CUDA_LAUNCHED("attention_combine");
@@ -552,12 +358,13 @@ void attention_prefill(const float* q, const __half* k_cache, const __half* v_ca
                        const AttnShape& a, float* out, cudaStream_t s) {
     const int n_rep = a.n_heads / a.n_kv_heads;
     const float scale = 1.0f / std::sqrt(float(a.head_dim));
-    dispatch_attention(n_rep, a.head_dim, [&](auto nq, auto e) {
+    const bool ok = dispatch_attention(n_rep, a.head_dim, [&](auto nq, auto e) {
         constexpr int NQ = decltype(nq)::value, E = decltype(e)::value;
         const dim3 grid(unsigned(a.n_heads / NQ), unsigned((n + kAttnWarps - 1) / kAttnWarps));
-        attention_prefill_kernel<NQ, E><<<grid, kAttnWarps * kWarp, 0, s>>>(q, k_cache, v_cache, d_pos0, n, a.n_heads,
-                                                                            n_rep, a.n_ctx, scale, out);
+        attention_prefill_kernel<NQ, E><<<grid, kAttnThreads, 0, s>>>(q, k_cache, v_cache, d_pos0, n, a.n_heads,
+                                                                      n_rep, a.n_ctx, scale, out);
     });
+    if (!ok) throw Error(fmt::format("CUDA: head_dim {} has no attention kernel", a.head_dim));
     KVGEN_CUDA_LAUNCHED("attention_prefill");
 }
 

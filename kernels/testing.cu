@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cuda_common.cuh"
+#include "attention.cuh"
 #include "matvec.cuh"
 #include "ops.cuh"
 
@@ -249,6 +250,181 @@ std::vector<float> matvec(GgmlType type, const uint8_t* bytes, int64_t rows, int
     });
     if (!ok) throw Error(fmt::format("no device decoder for {}", ggml_type_name(type)));
     return y;
+}
+
+}  // namespace kvgen::cuda::host
+
+// --- the attention kernels' bodies on the host -----------------------------------------------------------------
+// A block runs as one fiber per CUDA thread (ucontext, one OS thread): a fiber runs until it reaches a warp
+// barrier (inside a shuffle) or the block barrier (__syncthreads), and a barrier opens when every live thread it
+// spans has arrived. Shuffles exchange through a per-warp array between two warp barriers, in the device's
+// butterfly order, so the sums are the device's.
+#include <ucontext.h>
+
+#include <functional>
+
+namespace kvgen::cuda::host {
+
+namespace {
+
+class FiberBlock;
+thread_local FiberBlock* g_block = nullptr;
+
+class FiberBlock {
+public:
+    enum Wait { kNone, kWarp, kBlock };
+
+    FiberBlock(int threads, size_t shared_floats, int bx, int by)
+        : bx_(bx), by_(by), smem_(shared_floats), exch_(size_t(threads)), fibers_(size_t(threads)) {}
+
+    void run(const std::function<void(int)>& body) {
+        body_ = &body;
+        FiberBlock* outer = g_block;
+        g_block = this;
+        for (size_t i = 0; i < fibers_.size(); ++i) {
+            Fiber& f = fibers_[i];
+            f.stack.resize(256 * 1024);
+            getcontext(&f.ctx);
+            f.ctx.uc_stack.ss_sp = f.stack.data();
+            f.ctx.uc_stack.ss_size = f.stack.size();
+            f.ctx.uc_link = &main_;
+            makecontext(&f.ctx, reinterpret_cast<void (*)()>(&FiberBlock::entry), 1, int(i));
+        }
+        for (;;) {
+            bool ran = false;
+            for (size_t i = 0; i < fibers_.size(); ++i) {
+                if (fibers_[i].done || fibers_[i].wait != kNone) continue;
+                current_ = int(i);
+                swapcontext(&main_, &fibers_[i].ctx);
+                ran = true;
+            }
+            bool live = false, released = false;
+            for (const Fiber& f : fibers_) live = live || !f.done;
+            if (!live) break;
+            released = release(kBlock, 0, int(fibers_.size())) || released;
+            for (int w = 0; w * 32 < int(fibers_.size()); ++w) released = release(kWarp, w * 32, w * 32 + 32) || released;
+            if (!ran && !released) throw Error("host emulation: the block's threads deadlocked at a barrier");
+        }
+        g_block = outer;
+    }
+
+    int bx() const { return bx_; }
+    int by() const { return by_; }
+    float* shared() { return smem_.data(); }
+
+    void wait(Wait kind) {
+        Fiber& f = fibers_[size_t(current_)];
+        f.wait = kind;
+        swapcontext(&f.ctx, &main_);
+    }
+
+    float warp_sum(float v) {
+        const int lane = current_ % 32, base = current_ - lane;
+        for (int o = 16; o > 0; o >>= 1) {
+            exch_[size_t(current_)] = v;
+            wait(kWarp);
+            const float p = exch_[size_t(base + (lane ^ o))];
+            wait(kWarp);
+            v += p;
+        }
+        return v;
+    }
+
+private:
+    struct Fiber {
+        ucontext_t ctx{};
+        std::vector<char> stack;
+        bool done = false;
+        Wait wait = kNone;
+    };
+
+    static void entry(int i) {
+        FiberBlock* b = g_block;
+        (*b->body_)(i);
+        b->fibers_[size_t(i)].done = true;
+    }
+
+    // Opens a barrier of threads [from, to) when every live one waits at it.
+    bool release(Wait kind, int from, int to) {
+        to = std::min(to, int(fibers_.size()));
+        int waiting = 0, live = 0;
+        for (int i = from; i < to; ++i) {
+            if (fibers_[size_t(i)].done) continue;
+            ++live;
+            if (fibers_[size_t(i)].wait == kind) ++waiting;
+        }
+        if (live == 0 || waiting != live) return false;
+        for (int i = from; i < to; ++i) fibers_[size_t(i)].wait = kNone;
+        return true;
+    }
+
+    int bx_, by_, current_ = 0;
+    std::vector<float> smem_;
+    std::vector<float> exch_;
+    std::vector<Fiber> fibers_;
+    ucontext_t main_{};
+    const std::function<void(int)>* body_ = nullptr;
+};
+
+// The HostThread context the attention bodies see.
+struct HostThread {
+    FiberBlock* b;
+    int tid;
+    int thread() const { return tid; }
+    int block_x() const { return b->bx(); }
+    int block_y() const { return b->by(); }
+    float warp_sum(float v) const { return b->warp_sum(v); }
+    void sync() const { b->wait(FiberBlock::kBlock); }
+    float* shared() const { return b->shared(); }
+};
+
+template <typename Body>
+void run_grid(int gx, int gy, int threads, size_t shared_floats, Body body) {
+    for (int by = 0; by < gy; ++by)
+        for (int bx = 0; bx < gx; ++bx) {
+            FiberBlock block(threads, shared_floats, bx, by);
+            const std::function<void(int)> f = [&](int tid) { body(HostThread{&block, tid}); };
+            block.run(f);
+        }
+}
+
+}  // namespace
+
+std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
+                             const std::vector<float>& v, int pos0, int n, int n_ctx, int splits) {
+    const int hd = c.head_dim, n_pos = pos0 + n, n_rep = c.n_heads / c.n_kv_heads;
+    // The f16 cache [n_kv_heads][n_ctx][head_dim], as store_kv writes it (no rotation here).
+    std::vector<__half> kc(size_t(c.n_kv_heads) * n_ctx * hd, __float2half(0.0f)), vc(kc);
+    for (int t = 0; t < n_pos; ++t)
+        for (int h = 0; h < c.n_kv_heads; ++h)
+            for (int j = 0; j < hd; ++j) {
+                const size_t src = (size_t(t) * c.n_kv_heads + h) * hd + j;
+                kc[(size_t(h) * n_ctx + t) * hd + j] = __float2half_rn(k[src]);
+                vc[(size_t(h) * n_ctx + t) * hd + j] = __float2half_rn(v[src]);
+            }
+    const float scale = 1.0f / std::sqrt(float(hd));
+    std::vector<float> out(q.size(), NAN);
+    const bool ok = dispatch_attention(n_rep, hd, [&](auto nq, auto e) {
+        constexpr int NQ = decltype(nq)::value, E = decltype(e)::value;
+        const int groups = c.n_heads / NQ;
+        if (n == 1) {
+            std::vector<float> partials(size_t(c.n_heads) * splits * (hd + 2), NAN);
+            run_grid(groups, splits, kAttnThreads, size_t(kAttnDecodeShared<NQ, E>), [&](const HostThread& t) {
+                attention_decode_body<NQ, E>(t, q.data(), kc.data(), vc.data(), &pos0, n_rep, n_ctx, splits, scale,
+                                             partials.data());
+            });
+            run_grid(c.n_heads, 1, 64, 0, [&](const HostThread& t) {
+                attention_combine_body(t, 64, partials.data(), splits, hd, out.data());
+            });
+        } else {
+            run_grid(groups, (n + kAttnWarps - 1) / kAttnWarps, kAttnThreads, 0, [&](const HostThread& t) {
+                attention_prefill_body<NQ, E>(t, q.data(), kc.data(), vc.data(), &pos0, n, c.n_heads, n_rep, n_ctx,
+                                              scale, out.data());
+            });
+        }
+    });
+    if (!ok) throw Error(fmt::format("no attention kernel for head_dim {}", hd));
+    return out;
 }
 
 }  // namespace kvgen::cuda::host

@@ -50,5 +50,9 @@ namespace kvgen::cuda::host {
 std::vector<float> dequantize(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols);
 // y = W x with the kernel's lane split (32 lanes, stride 32 chunks, kMvRows rows per warp) and a butterfly sum.
 std::vector<float> matvec(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols, const std::vector<float>& x);
+// The attention kernels' own bodies (attention.cuh) run on the host, each CUDA thread a fiber; arguments as
+// cuda::testing::attention.
+std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
+                             const std::vector<float>& v, int pos0, int n, int n_ctx, int splits);
 
 }  // namespace kvgen::cuda::host

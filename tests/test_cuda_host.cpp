@@ -5,7 +5,10 @@
 #include <cmath>
 #include <random>
 
+#include "cpu/ops.h"
+#include "cpu/thread_pool.h"
 #include "cuda_backend.h"
+#include "engine/kv_cache.h"
 #include "model/dequant.h"
 #include "model/weights.h"
 #include "synth/synth.h"
@@ -69,4 +72,56 @@ TEST_CASE("the CUDA memory plan counts weights, the f16 KV cache and buffers", "
     const cuda::CudaMemoryPlan batch = cuda::plan_memory(m, o);
     CHECK(batch.buffers > one.buffers);  // activations for 512 tokens and the f16 GEMM scratch
     CHECK(batch.total() == batch.weights + batch.kv_cache + batch.buffers);
+}
+
+TEST_CASE("the CUDA attention kernels' bodies, run on the host, match cpu::attention", "[cuda-host]") {
+    struct Shape {
+        int n_heads, n_kv, hd;
+    };
+    cpu::ThreadPool pool(1);
+    std::mt19937 rng(21);
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    auto randn = [&](size_t count, float sigma) {
+        std::vector<float> v(count);
+        for (float& x : v) x = d(rng) * sigma;
+        return v;
+    };
+    for (const Shape s : {Shape{4, 2, 64}, Shape{3, 1, 128}, Shape{6, 2, 96}, Shape{2, 2, 256}, Shape{8, 1, 32},
+                          Shape{5, 5, 64}}) {
+        Config c;
+        c.n_vocab = 16;
+        c.n_embd = s.n_heads * s.hd;
+        c.n_ff = 32;
+        c.n_layers = 1;
+        c.n_heads = s.n_heads;
+        c.n_kv_heads = s.n_kv;
+        c.head_dim = s.hd;
+        c.rope_dim = s.hd;
+        const int n_ctx = 80;
+        for (const auto& [pos0, n] : {std::pair{0, 1}, std::pair{1, 1}, std::pair{37, 1}, std::pair{0, 6},
+                                      std::pair{9, 11}}) {
+            const int n_pos = pos0 + n;
+            const size_t kvd = size_t(s.n_kv) * s.hd;
+            const std::vector<float> k = randn(size_t(n_pos) * kvd, 1.0f), v = randn(size_t(n_pos) * kvd, 1.0f);
+            const std::vector<float> q = randn(size_t(n) * s.n_heads * s.hd, 2.0f);
+            KvCache kv(c, n_ctx, KvType::F16);
+            kv.write(0, 0, n_pos, k.data(), v.data());
+            std::vector<float> want(q.size()), scratch(size_t(cpu::attention_scratch(c, n_ctx)));
+            cpu::attention(want.data(), q.data(), kv, 0, pos0, n, c, scratch.data(), pool);
+            float scale = 0.0f;
+            for (float x : want) scale = std::max(scale, std::fabs(x));
+            for (int splits : n == 1 ? std::vector<int>{1, 3, 16} : std::vector<int>{0}) {
+                INFO("heads " << s.n_heads << "/" << s.n_kv << " hd " << s.hd << " pos0 " << pos0 << " n " << n
+                              << " splits " << splits);
+                const std::vector<float> got = cuda::host::attention(c, q, k, v, pos0, n, n_ctx, splits);
+                float worst = 0.0f;
+                for (size_t i = 0; i < got.size(); ++i) {
+                    const float e = std::fabs(got[i] - want[i]);
+                    worst = std::isnan(e) ? INFINITY : std::max(worst, e);
+                }
+                INFO("worst |diff| " << worst << " of " << scale);
+                CHECK(worst <= 2e-5f * scale);
+            }
+        }
+    }
 }

@@ -1,0 +1,262 @@
+#pragma once
+// The attention kernels' bodies, written against a thread context so that the same source runs on the GPU
+// (DeviceThread, ops.cu) and on the host (HostThread, testing.cu: one std::thread per CUDA thread, shuffles and
+// barriers emulated), which lets the CPU-only CI execute them against cpu::attention.
+//
+// A warp attends NQ query heads of one KV group (they read the same K/V rows) over a range of positions: lane l
+// holds elements [E l, E l + E) of each head_dim = 32 E vector, a position costs one shuffle reduction per query
+// head, and softmax is online (running max m, sum l, unnormalized output o).
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "quant.cuh"  // KVGEN_HD
+
+namespace kvgen::cuda {
+
+constexpr int kAttnWarps = 4;
+constexpr int kAttnThreads = 32 * kAttnWarps;
+
+#if defined(__CUDACC__)
+struct DeviceThread {
+    float* smem;
+    __device__ __forceinline__ int thread() const { return int(threadIdx.x); }
+    __device__ __forceinline__ int block_x() const { return int(blockIdx.x); }
+    __device__ __forceinline__ int block_y() const { return int(blockIdx.y); }
+    __device__ __forceinline__ float warp_sum(float v) const {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        return v;
+    }
+    __device__ __forceinline__ void sync() const { __syncthreads(); }
+    __device__ __forceinline__ float* shared() const { return smem; }
+};
+#endif
+
+template <int E>
+KVGEN_HD void load_halves(const __half* p, float (&out)[E]) {
+    if constexpr (E % 4 == 0) {
+#pragma unroll
+        for (int e = 0; e < E; e += 4) {
+            const uint2 u = *reinterpret_cast<const uint2*>(p + e);
+            const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+            const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+            out[e] = a.x;
+            out[e + 1] = a.y;
+            out[e + 2] = b.x;
+            out[e + 3] = b.y;
+        }
+    } else if constexpr (E % 2 == 0) {
+#pragma unroll
+        for (int e = 0; e < E; e += 2) {
+            const float2 a = __half22float2(*reinterpret_cast<const __half2*>(p + e));
+            out[e] = a.x;
+            out[e + 1] = a.y;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < E; ++e) out[e] = __half2float(p[e]);
+    }
+}
+
+// Positions are taken P at a time: their K and V rows are loaded before any is used, so several loads are in
+// flight per warp (a long cache is a stream of small rows), then folded into the softmax in order.
+#pragma nv_exec_check_disable
+template <int NQ, int E, class Ctx>
+KVGEN_HD void warp_attend(const Ctx& ctx, const float (&q)[NQ][E], const __half* kb, const __half* vb, int t0,
+                          int t1, int step, float (&m)[NQ], float (&l)[NQ], float (&o)[NQ][E]) {
+    constexpr int hd = 32 * E;
+    constexpr int P = E <= 4 ? 4 : 2;  // positions per batch (registers: 2 P E floats)
+    const int lane = ctx.thread() % 32;
+    for (int t = t0; t < t1; t += P * step) {
+        float kv[P][E], vv[P][E];
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+            const int tp = t + p * step;  // the same for the whole warp
+            if (tp < t1) {
+                load_halves<E>(kb + int64_t(tp) * hd + lane * E, kv[p]);
+                load_halves<E>(vb + int64_t(tp) * hd + lane * E, vv[p]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < E; ++e) kv[p][e] = vv[p][e] = 0.0f;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < NQ; ++r) {
+            float s[P];
+#pragma unroll
+            for (int p = 0; p < P; ++p) {
+                float d = 0.0f;
+#pragma unroll
+                for (int e = 0; e < E; ++e) d = fmaf(q[r][e], kv[p][e], d);
+                s[p] = ctx.warp_sum(d);
+            }
+#pragma unroll
+            for (int p = 0; p < P; ++p) {
+                if (t + p * step >= t1) break;
+                const float mn = fmaxf(m[r], s[p]);
+                const float corr = expf(m[r] - mn), pr = expf(s[p] - mn);
+                l[r] = l[r] * corr + pr;
+#pragma unroll
+                for (int e = 0; e < E; ++e) o[r][e] = fmaf(o[r][e], corr, pr * vv[p][e]);
+                m[r] = mn;
+            }
+        }
+    }
+}
+
+#pragma nv_exec_check_disable
+template <int NQ, int E, class Ctx>
+KVGEN_HD void load_query(const Ctx& ctx, const float* q, float scale, float (&qr)[NQ][E], float (&m)[NQ],
+                         float (&l)[NQ], float (&o)[NQ][E]) {
+    constexpr int hd = 32 * E;
+    const int lane = ctx.thread() % 32;
+#pragma unroll
+    for (int r = 0; r < NQ; ++r) {
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            qr[r][e] = q[r * hd + lane * E + e] * scale;
+            o[r][e] = 0.0f;
+        }
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+}
+
+// Shared floats the decode body needs: [warp][NQ][hd + 2].
+template <int NQ, int E>
+constexpr int kAttnDecodeShared = kAttnWarps * NQ * (32 * E + 2);
+
+// grid (n_heads / NQ, splits), kAttnThreads threads; partials [n_heads][splits][hd + 2] = (o unnormalized, m, l).
+#pragma nv_exec_check_disable
+template <int NQ, int E, class Ctx>
+KVGEN_HD void attention_decode_body(const Ctx& ctx, const float* __restrict__ q, const __half* __restrict__ kc,
+                                    const __half* __restrict__ vc, const int* __restrict__ d_pos0, int n_rep,
+                                    int n_ctx, int splits, float scale, float* __restrict__ partials) {
+    constexpr int hd = 32 * E;
+    const int h0 = ctx.block_x() * NQ, g = h0 / n_rep, sp = ctx.block_y();
+    const int warp = ctx.thread() / 32, lane = ctx.thread() % 32;
+    const int n_pos = *d_pos0 + 1;
+    const int len = (n_pos + splits - 1) / splits;
+    const int t0 = n_pos < sp * len ? n_pos : sp * len;
+    const int t1 = n_pos < t0 + len ? n_pos : t0 + len;
+
+    float qr[NQ][E], m[NQ], l[NQ], o[NQ][E];
+    load_query<NQ, E>(ctx, q + int64_t(h0) * hd, scale, qr, m, l, o);
+    const int64_t base = int64_t(g) * n_ctx * hd;
+    warp_attend<NQ, E>(ctx, qr, kc + base, vc + base, t0 + warp, t1, kAttnWarps, m, l, o);
+
+    // combine the block's warps through shared memory [warp][NQ][hd + 2]
+    float* sm = ctx.shared();
+    auto at = [&](int w, int r, int j) -> float& { return sm[(w * NQ + r) * (hd + 2) + j]; };
+#pragma unroll
+    for (int r = 0; r < NQ; ++r) {
+#pragma unroll
+        for (int e = 0; e < E; ++e) at(warp, r, lane * E + e) = o[r][e];
+        if (lane == 0) {
+            at(warp, r, hd) = m[r];
+            at(warp, r, hd + 1) = l[r];
+        }
+    }
+    ctx.sync();
+    for (int idx = ctx.thread(); idx < NQ * hd; idx += kAttnThreads) {
+        const int r = idx / hd, j = idx % hd;
+        float mx = -INFINITY;
+        for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, at(w, r, hd));
+        float acc = 0.0f, sum = 0.0f;
+        if (mx != -INFINITY) {
+            for (int w = 0; w < kAttnWarps; ++w) {
+                const float f = expf(at(w, r, hd) - mx);
+                acc += at(w, r, j) * f;
+                sum += at(w, r, hd + 1) * f;
+            }
+        }
+        float* dst = partials + (int64_t(h0 + r) * splits + sp) * (hd + 2);
+        dst[j] = acc;
+        if (j == 0) {
+            dst[hd] = mx;
+            dst[hd + 1] = sum;
+        }
+    }
+}
+
+// grid n_heads, any block size: out[h] = sum over splits of o_s e^(m_s - M) / sum of l_s e^(m_s - M).
+#pragma nv_exec_check_disable
+template <class Ctx>
+KVGEN_HD void attention_combine_body(const Ctx& ctx, int block_threads, const float* __restrict__ partials,
+                                     int splits, int hd, float* __restrict__ out) {
+    const int h = ctx.block_x();
+    const float* p = partials + int64_t(h) * splits * (hd + 2);
+    float mx = -INFINITY;
+    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, p[int64_t(s) * (hd + 2) + hd]);
+    float sum = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+        const float* ps = p + int64_t(s) * (hd + 2);
+        if (ps[hd] != -INFINITY) sum += ps[hd + 1] * expf(ps[hd] - mx);
+    }
+    for (int j = ctx.thread(); j < hd; j += block_threads) {
+        float acc = 0.0f;
+        for (int s = 0; s < splits; ++s) {
+            const float* ps = p + int64_t(s) * (hd + 2);
+            if (ps[hd] != -INFINITY) acc += ps[j] * expf(ps[hd] - mx);
+        }
+        out[int64_t(h) * hd + j] = acc / sum;
+    }
+}
+
+// grid (n_heads / NQ, ceil(n / kAttnWarps)): warp w takes query i = block_y * kAttnWarps + w over positions
+// 0 ..= pos0 + i; the block's warps are consecutive queries of one head group and share their K/V reads.
+#pragma nv_exec_check_disable
+template <int NQ, int E, class Ctx>
+KVGEN_HD void attention_prefill_body(const Ctx& ctx, const float* __restrict__ q, const __half* __restrict__ kc,
+                                     const __half* __restrict__ vc, const int* __restrict__ d_pos0, int n,
+                                     int n_heads, int n_rep, int n_ctx, float scale, float* __restrict__ out) {
+    constexpr int hd = 32 * E;
+    const int h0 = ctx.block_x() * NQ, g = h0 / n_rep;
+    const int i = ctx.block_y() * kAttnWarps + ctx.thread() / 32, lane = ctx.thread() % 32;
+    if (i >= n) return;  // the whole warp
+    float qr[NQ][E], m[NQ], l[NQ], o[NQ][E];
+    const int64_t row = (int64_t(i) * n_heads + h0) * hd;
+    load_query<NQ, E>(ctx, q + row, scale, qr, m, l, o);
+    const int64_t base = int64_t(g) * n_ctx * hd;
+    warp_attend<NQ, E>(ctx, qr, kc + base, vc + base, 0, *d_pos0 + i + 1, 1, m, l, o);
+#pragma unroll
+    for (int r = 0; r < NQ; ++r) {
+        const float inv = 1.0f / l[r];
+#pragma unroll
+        for (int e = 0; e < E; ++e) out[row + int64_t(r) * hd + lane * E + e] = o[r][e] * inv;
+    }
+}
+
+// Query heads per block: the largest of 8, 4, 3, 2, 1 that divides n_rep.
+inline int heads_per_block(int n_rep) {
+    for (int nq : {8, 4, 3, 2, 1})
+        if (n_rep % nq == 0) return nq;
+    return 1;
+}
+
+// Calls f(NQ, E) as integral constants for n_rep and head_dim; false for a head_dim without kernels.
+template <typename F>
+bool dispatch_attention(int n_rep, int head_dim, F&& f) {
+    auto by_e = [&](auto nq) {
+        switch (head_dim) {
+            case 32: f(nq, std::integral_constant<int, 1>{}); return true;
+            case 64: f(nq, std::integral_constant<int, 2>{}); return true;
+            case 96: f(nq, std::integral_constant<int, 3>{}); return true;
+            case 128: f(nq, std::integral_constant<int, 4>{}); return true;
+            case 256: f(nq, std::integral_constant<int, 8>{}); return true;
+            default: return false;
+        }
+    };
+    switch (heads_per_block(n_rep)) {
+        case 8: return by_e(std::integral_constant<int, 8>{});
+        case 4: return by_e(std::integral_constant<int, 4>{});
+        case 3: return by_e(std::integral_constant<int, 3>{});
+        case 2: return by_e(std::integral_constant<int, 2>{});
+        default: return by_e(std::integral_constant<int, 1>{});
+    }
+}
+
+}  // namespace kvgen::cuda
