@@ -5,6 +5,7 @@
 
 #include "cuda_common.cuh"
 #include "attention.cuh"
+#include "elementwise.cuh"
 #include "matvec.cuh"
 #include "quant.cuh"
 
@@ -58,16 +59,7 @@ template <GgmlType T>
 __global__ void get_rows_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t chunks_per_row,
                                 int64_t n_rows, const int32_t* __restrict__ tokens, int n, float* __restrict__ out) {
     const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (g >= int64_t(n) * chunks_per_row) return;
-    const int i = int(g / chunks_per_row);
-    const int64_t c = g % chunks_per_row;
-    int64_t row = tokens[i];
-    row = row < 0 ? 0 : (row >= n_rows ? n_rows - 1 : row);  // the host checked; never read out of bounds
-    float v[32];
-    row_chunk<T>(w + row * row_bytes, c, v);
-    float4* o4 = reinterpret_cast<float4*>(out + g * 32);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) o4[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+    if (g < int64_t(n) * chunks_per_row) get_rows_item<T>(g, w, row_bytes, chunks_per_row, n_rows, tokens, out);
 }
 
 // --- decode matrix-vector product (matvec.cuh) -------------------------------------------------------------------
@@ -110,79 +102,35 @@ __global__ void __launch_bounds__(kMvWarps * kWarp)
 
 __global__ void rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,
                                int dim, float eps) {
-    const float* xi = x + int64_t(blockIdx.x) * dim;
-    float* oi = out + int64_t(blockIdx.x) * dim;
-    float ss = 0.0f;
-    for (int j = threadIdx.x; j < dim; j += blockDim.x) ss += xi[j] * xi[j];
-    ss = warp_sum(ss);
     __shared__ float part[32];
-    if (threadIdx.x % kWarp == 0) part[threadIdx.x / kWarp] = ss;
-    __syncthreads();
-    if (threadIdx.x < kWarp) {
-        float v = threadIdx.x < blockDim.x / kWarp ? part[threadIdx.x] : 0.0f;
-        v = warp_sum(v);
-        if (threadIdx.x == 0) part[0] = v;
-    }
-    __syncthreads();
-    const float inv = float(1.0 / sqrt(double(part[0]) / dim + double(eps)));
-    for (int j = threadIdx.x; j < dim; j += blockDim.x) oi[j] = xi[j] * inv * w[j];
+    rmsnorm_body(DeviceThread{part}, int(blockDim.x), x, w, out, dim, eps);
 }
 
 __global__ void rope_tables_kernel(const int* __restrict__ d_pos0, int n, int half, const double* __restrict__ pw,
                                    const double* __restrict__ ff, double pos_div, float* __restrict__ cos_t,
                                    float* __restrict__ sin_t) {
     const int g = blockIdx.x * blockDim.x + threadIdx.x;
-    if (g >= n * half) return;
-    const int i = g / half, j = g % half;
-    double theta = double(*d_pos0 + i) / pos_div * pw[j];
-    if (ff) theta /= ff[j];
-    double sn, cs;
-    sincos(theta, &sn, &cs);
-    cos_t[g] = float(cs);
-    sin_t[g] = float(sn);
+    if (g < n * half) rope_tables_item(g, d_pos0, half, pw, ff, pos_div, cos_t, sin_t);
 }
 
 __global__ void rope_kernel(float* __restrict__ x, const float* __restrict__ cos_t, const float* __restrict__ sin_t,
                             int n, int n_heads, int head_dim, int half) {
     const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (g >= int64_t(n) * n_heads * half) return;
-    const int j = int(g % half);
-    const int64_t ih = g / half;  // token * n_heads + head
-    const int i = int(ih / n_heads);
-    float* v = x + ih * head_dim;
-    const float c = cos_t[int64_t(i) * half + j], sn = sin_t[int64_t(i) * half + j];
-    const float a = v[2 * j], b = v[2 * j + 1];
-    v[2 * j] = a * c - b * sn;
-    v[2 * j + 1] = a * sn + b * c;
+    if (g < int64_t(n) * n_heads * half) rope_item(g, x, cos_t, sin_t, n_heads, head_dim, half);
 }
 
 __global__ void store_kv_kernel(const float* __restrict__ k, const float* __restrict__ v,
                                 const float* __restrict__ cos_t, const float* __restrict__ sin_t, int n,
                                 const int* __restrict__ d_pos0, int n_kv_heads, int head_dim, int half_rope,
                                 int n_ctx, __half* __restrict__ kc, __half* __restrict__ vc) {
-    const int pairs = head_dim / 2;
     const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (g >= int64_t(n) * n_kv_heads * pairs) return;
-    const int j = int(g % pairs);
-    const int64_t ih = g / pairs;  // token * n_kv_heads + head
-    const int i = int(ih / n_kv_heads), h = int(ih % n_kv_heads);
-    const float* kr = k + ih * head_dim;
-    const float* vr = v + ih * head_dim;
-    float a = kr[2 * j], b = kr[2 * j + 1];
-    if (cos_t && j < half_rope) {
-        const float c = cos_t[int64_t(i) * half_rope + j], sn = sin_t[int64_t(i) * half_rope + j];
-        const float ra = a * c - b * sn, rb = a * sn + b * c;
-        a = ra;
-        b = rb;
-    }
-    const int64_t dst = (int64_t(h) * n_ctx + (*d_pos0 + i)) * head_dim + 2 * j;
-    *reinterpret_cast<__half2*>(kc + dst) = __floats2half2_rn(a, b);
-    *reinterpret_cast<__half2*>(vc + dst) = __floats2half2_rn(vr[2 * j], vr[2 * j + 1]);
+    if (g < int64_t(n) * n_kv_heads * (head_dim / 2))
+        store_kv_item(g, k, v, cos_t, sin_t, d_pos0, n_kv_heads, head_dim, half_rope, n_ctx, kc, vc);
 }
 
 __global__ void swiglu_kernel(float* __restrict__ g, const float* __restrict__ u, int64_t count) {
     const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (j < count) g[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+    if (j < count) swiglu_item(j, g, u);
 }
 
 __global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t count) {
@@ -192,7 +140,7 @@ __global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, i
 
 __global__ void to_f16_kernel(const float* __restrict__ x, __half* __restrict__ y, int64_t count) {
     const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (j < count) y[j] = __float2half_rn(fminf(fmaxf(x[j], -65504.0f), 65504.0f));
+    if (j < count) to_f16_item(j, x, y);
 }
 
 // --- attention (attention.cuh) -----------------------------------------------------------------------------------

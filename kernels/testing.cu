@@ -6,6 +6,7 @@
 
 #include "cuda_common.cuh"
 #include "attention.cuh"
+#include "elementwise.cuh"
 #include "matvec.cuh"
 #include "ops.cuh"
 
@@ -283,7 +284,7 @@ public:
         g_block = this;
         for (size_t i = 0; i < fibers_.size(); ++i) {
             Fiber& f = fibers_[i];
-            f.stack.resize(256 * 1024);
+            f.stack.resize(64 * 1024);
             getcontext(&f.ctx);
             f.ctx.uc_stack.ss_sp = f.stack.data();
             f.ctx.uc_stack.ss_size = f.stack.size();
@@ -424,6 +425,70 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
         }
     });
     if (!ok) throw Error(fmt::format("no attention kernel for head_dim {}", hd));
+    return out;
+}
+
+}  // namespace kvgen::cuda::host
+
+namespace kvgen::cuda::host {
+
+std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps) {
+    std::vector<float> out(x.size(), NAN);
+    run_grid(n, 1, 256, 32, [&](const HostThread& t) { rmsnorm_body(t, 256, x.data(), w.data(), out.data(), dim, eps); });
+    return out;
+}
+
+namespace {
+void host_rope_tables(int n, int pos0, const Config& c, const std::vector<float>& freq_factors, std::vector<float>* cos_t,
+                      std::vector<float>* sin_t) {
+    const int half = c.rope_dim / 2;
+    std::vector<double> pw(static_cast<size_t>(half)), ff(freq_factors.begin(), freq_factors.end());
+    for (int j = 0; j < half; ++j) pw[size_t(j)] = std::pow(double(c.rope_base), -2.0 * j / double(c.rope_dim));
+    const double div = c.rope_scaling == RopeScaling::Linear ? double(c.rope_scale) : 1.0;
+    cos_t->assign(size_t(n) * half, NAN);
+    sin_t->assign(size_t(n) * half, NAN);
+    for (int g = 0; g < n * half; ++g)
+        rope_tables_item(g, &pos0, half, pw.data(), ff.empty() ? nullptr : ff.data(), div, cos_t->data(),
+                         sin_t->data());
+}
+}  // namespace
+
+std::vector<float> rope(const std::vector<float>& x, int n, int n_heads, int pos0, const Config& c,
+                        const std::vector<float>& freq_factors) {
+    std::vector<float> cs, sn, out = x;
+    host_rope_tables(n, pos0, c, freq_factors, &cs, &sn);
+    const int half = c.rope_dim / 2;
+    for (int64_t g = 0; g < int64_t(n) * n_heads * half; ++g)
+        rope_item(g, out.data(), cs.data(), sn.data(), n_heads, c.head_dim, half);
+    return out;
+}
+
+std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos0, int n, int n_ctx) {
+    std::vector<float> cs, sn;
+    host_rope_tables(n, pos0, c, {}, &cs, &sn);
+    std::vector<__half> kc(size_t(c.n_kv_heads) * n_ctx * c.head_dim, __float2half(NAN)), vc(kc);
+    for (int64_t g = 0; g < int64_t(n) * c.n_kv_heads * (c.head_dim / 2); ++g)
+        store_kv_item(g, k.data(), k.data(), cs.data(), sn.data(), &pos0, c.n_kv_heads, c.head_dim, c.rope_dim / 2,
+                      n_ctx, kc.data(), vc.data());
+    std::vector<float> out(size_t(n) * c.n_kv_heads * c.head_dim);
+    for (int i = 0; i < n; ++i)
+        for (int h = 0; h < c.n_kv_heads; ++h)
+            for (int j = 0; j < c.head_dim; ++j)
+                out[(size_t(i) * c.n_kv_heads + h) * c.head_dim + j] =
+                    __half2float(kc[(size_t(h) * n_ctx + pos0 + i) * c.head_dim + j]);
+    return out;
+}
+
+std::vector<float> get_rows(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
+                            const std::vector<int32_t>& ids) {
+    std::vector<float> out(ids.size() * size_t(cols), NAN);
+    const int64_t cpr = cols / 32, row_bytes = ggml_row_bytes(*ggml_type_info(type), cols);
+    const bool ok = dispatch_type(type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        for (int64_t g = 0; g < int64_t(ids.size()) * cpr; ++g)
+            get_rows_item<T>(g, bytes, row_bytes, cpr, rows, ids.data(), out.data());
+    });
+    if (!ok) throw Error(fmt::format("no device decoder for {}", ggml_type_name(type)));
     return out;
 }
 

@@ -50,6 +50,13 @@ namespace kvgen::cuda::host {
 std::vector<float> dequantize(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols);
 // y = W x with the kernel's lane split (32 lanes, stride 32 chunks, kMvRows rows per warp) and a butterfly sum.
 std::vector<float> matvec(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols, const std::vector<float>& x);
+// The element-wise kernels' bodies on the host (elementwise.cuh); arguments as their cuda::testing twins.
+std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps);
+std::vector<float> rope(const std::vector<float>& x, int n, int n_heads, int pos0, const Config& c,
+                        const std::vector<float>& freq_factors);
+std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos0, int n, int n_ctx);
+std::vector<float> get_rows(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
+                            const std::vector<int32_t>& ids);
 // The attention kernels' own bodies (attention.cuh) run on the host, each CUDA thread a fiber; arguments as
 // cuda::testing::attention.
 std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,

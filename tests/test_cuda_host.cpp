@@ -5,6 +5,7 @@
 #include <cmath>
 #include <random>
 
+#include "common/half.h"
 #include "cpu/ops.h"
 #include "cpu/thread_pool.h"
 #include "cuda_backend.h"
@@ -123,5 +124,100 @@ TEST_CASE("the CUDA attention kernels' bodies, run on the host, match cpu::atten
                 CHECK(worst <= 2e-5f * scale);
             }
         }
+    }
+}
+
+namespace {
+
+Config small_config(int n_heads, int n_kv, int hd) {
+    Config c;
+    c.n_vocab = 16;
+    c.n_embd = n_heads * hd;
+    c.n_ff = 32;
+    c.n_layers = 1;
+    c.n_heads = n_heads;
+    c.n_kv_heads = n_kv;
+    c.head_dim = hd;
+    c.rope_dim = hd;
+    return c;
+}
+
+std::vector<float> gaussian(size_t n, uint32_t seed, float sigma) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> d(0.0f, sigma);
+    std::vector<float> v(n);
+    for (float& x : v) x = d(rng);
+    return v;
+}
+
+float worst_diff(const std::vector<float>& a, const std::vector<float>& b) {
+    REQUIRE(a.size() == b.size());
+    float w = 0.0f;
+    for (size_t i = 0; i < a.size(); ++i) {
+        const float e = std::fabs(a[i] - b[i]);
+        w = std::isnan(e) ? INFINITY : std::max(w, e);
+    }
+    return w;
+}
+
+}  // namespace
+
+TEST_CASE("the CUDA element-wise bodies, run on the host, match the CPU ops", "[cuda-host]") {
+    // RMSNorm: one block of 256 threads per row (fibers), rows longer and shorter than the block
+    for (int dim : {96, 896, 2049}) {
+        const int n = 3;
+        const std::vector<float> x = gaussian(size_t(n * dim), 5, 3.0f), w = gaussian(size_t(dim), 6, 1.0f);
+        std::vector<float> want(x.size());
+        cpu::rmsnorm(want.data(), x.data(), w.data(), n, dim, 1e-5f);
+        INFO("dim " << dim);
+        CHECK(worst_diff(cuda::host::rmsnorm(x, w, n, dim, 1e-5f), want) <= 1e-5f * 8.0f);
+    }
+    // RoPE (plain, linear scaling, frequency factors with a partial rotation) and the rotated K store
+    for (int variant = 0; variant < 3; ++variant) {
+        Config c = small_config(6, 2, 64);
+        c.rope_base = 500000.0f;
+        std::vector<float> ff;
+        if (variant == 1) {
+            c.rope_scaling = RopeScaling::Linear;
+            c.rope_scale = 4.0f;
+        }
+        if (variant == 2) {
+            c.rope_dim = 32;
+            ff = gaussian(size_t(c.rope_dim / 2), 7, 1.0f);
+            for (float& f : ff) f = 1.0f + std::fabs(f) * 4.0f;
+        }
+        for (int pos0 : {0, 3001}) {
+            INFO("variant " << variant << " pos0 " << pos0);
+            const int n = 4, half = c.rope_dim / 2;
+            std::vector<float> cs(size_t(n * half)), sn(size_t(n * half));
+            cpu::rope_tables(cs.data(), sn.data(), pos0, n, c, ff.empty() ? nullptr : ff.data());
+            const std::vector<float> q = gaussian(size_t(n * c.n_heads * c.head_dim), 8, 1.0f);
+            std::vector<float> want = q;
+            cpu::rope(want.data(), cs.data(), sn.data(), n, c.n_heads, c);
+            CHECK(worst_diff(cuda::host::rope(q, n, c.n_heads, pos0, c, ff), want) <= 1e-5f);
+            if (variant != 2) {
+                const std::vector<float> k = gaussian(size_t(n * c.n_kv_heads * c.head_dim), 9, 1.0f);
+                std::vector<float> wk = k;
+                cpu::rope(wk.data(), cs.data(), sn.data(), n, c.n_kv_heads, c);
+                for (float& v : wk) v = fp16_to_fp32(fp32_to_fp16(v));
+                CHECK(worst_diff(cuda::host::store_k(c, k, pos0, n, 4096), wk) <= 4e-3f);
+            }
+        }
+    }
+}
+
+TEST_CASE("the CUDA embedding lookup body, run on the host, decodes the requested rows", "[cuda-host]") {
+    for (const char* name : {"F16", "Q4_0", "Q5_1", "Q3_K", "Q4_K", "Q6_K"}) {
+        INFO(name);
+        GgmlType t;
+        REQUIRE(ggml_type_from_name(name, &t));
+        const int64_t rows = 40, cols = 512, rb = ggml_row_bytes(*ggml_type_info(t), cols);
+        std::vector<uint8_t> b(size_t(rows * rb));
+        synth_random_rows(t, b.data(), rows, cols, 0.05f, 4);
+        const std::vector<int32_t> ids = {0, 39, 7, 7, 23};
+        std::vector<float> want(ids.size() * size_t(cols));
+        for (size_t i = 0; i < ids.size(); ++i)
+            dequantize_row(t, b.data() + ids[i] * rb, want.data() + i * size_t(cols), cols);
+        CHECK(worst_diff(cuda::host::get_rows(t, b.data(), rows, cols, ids), want) <= 1e-6f);
     }
 }

@@ -1,0 +1,109 @@
+#pragma once
+// The bodies of the element-wise kernels and RMSNorm: one work item per call (g, the global thread index), or a
+// block body against a thread context (attention.cuh's DeviceThread / the tests' host emulation). ops.cu launches
+// them; the CPU-only tests call the same functions on the host against the CPU twins.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "quant.cuh"
+
+namespace kvgen::cuda {
+
+template <GgmlType T>
+KVGEN_HD void get_rows_item(int64_t g, const uint8_t* __restrict__ w, int64_t row_bytes, int64_t chunks_per_row,
+                            int64_t n_rows, const int32_t* __restrict__ tokens, float* __restrict__ out) {
+    const int i = int(g / chunks_per_row);
+    const int64_t c = g % chunks_per_row;
+    int64_t row = tokens[i];
+    row = row < 0 ? 0 : (row >= n_rows ? n_rows - 1 : row);  // the host checked; never read out of bounds
+    float v[32];
+    row_chunk<T>(w + row * row_bytes, c, v);
+    float4* o4 = reinterpret_cast<float4*>(out + g * 32);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) o4[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+}
+
+// One row per block of block_threads (a multiple of 32, at most 1024) threads; shared: 32 floats.
+#pragma nv_exec_check_disable
+template <class Ctx>
+KVGEN_HD void rmsnorm_body(const Ctx& ctx, int block_threads, const float* __restrict__ x, const float* __restrict__ w,
+                           float* __restrict__ out, int dim, float eps) {
+    const float* xi = x + int64_t(ctx.block_x()) * dim;
+    float* oi = out + int64_t(ctx.block_x()) * dim;
+    const int t = ctx.thread();
+    float ss = 0.0f;
+    for (int j = t; j < dim; j += block_threads) ss += xi[j] * xi[j];
+    ss = ctx.warp_sum(ss);
+    float* part = ctx.shared();
+    if (t % 32 == 0) part[t / 32] = ss;
+    ctx.sync();
+    if (t < 32) {
+        float v = t < block_threads / 32 ? part[t] : 0.0f;
+        v = ctx.warp_sum(v);
+        if (t == 0) part[0] = v;
+    }
+    ctx.sync();
+    const float inv = float(1.0 / sqrt(double(part[0]) / dim + double(eps)));
+    for (int j = t; j < dim; j += block_threads) oi[j] = xi[j] * inv * w[j];
+}
+
+// Item g = (token i, pair j) of n x half.
+KVGEN_HD void rope_tables_item(int g, const int* __restrict__ d_pos0, int half, const double* __restrict__ pw,
+                               const double* __restrict__ ff, double pos_div, float* __restrict__ cos_t,
+                               float* __restrict__ sin_t) {
+    const int i = g / half, j = g % half;
+    double theta = double(*d_pos0 + i) / pos_div * pw[j];
+    if (ff) theta /= ff[j];
+    cos_t[g] = float(cos(theta));
+    sin_t[g] = float(sin(theta));
+}
+
+// Item g = (token, head, pair j < half) of x [n][n_heads][head_dim].
+KVGEN_HD void rope_item(int64_t g, float* __restrict__ x, const float* __restrict__ cos_t,
+                        const float* __restrict__ sin_t, int n_heads, int head_dim, int half) {
+    const int j = int(g % half);
+    const int64_t ih = g / half;  // token * n_heads + head
+    const int i = int(ih / n_heads);
+    float* v = x + ih * head_dim;
+    const float c = cos_t[int64_t(i) * half + j], sn = sin_t[int64_t(i) * half + j];
+    const float a = v[2 * j], b = v[2 * j + 1];
+    v[2 * j] = a * c - b * sn;
+    v[2 * j + 1] = a * sn + b * c;
+}
+
+// Item g = (token i, KV head h, pair j of head_dim / 2): K rotated (pairs below half_rope; cos_t null: none) and V,
+// stored as f16 at position *d_pos0 + i of the [n_kv_heads][n_ctx][head_dim] cache.
+KVGEN_HD void store_kv_item(int64_t g, const float* __restrict__ k, const float* __restrict__ v,
+                            const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+                            const int* __restrict__ d_pos0, int n_kv_heads, int head_dim, int half_rope, int n_ctx,
+                            __half* __restrict__ kc, __half* __restrict__ vc) {
+    const int pairs = head_dim / 2;
+    const int j = int(g % pairs);
+    const int64_t ih = g / pairs;  // token * n_kv_heads + head
+    const int i = int(ih / n_kv_heads), h = int(ih % n_kv_heads);
+    const float* kr = k + ih * head_dim;
+    const float* vr = v + ih * head_dim;
+    float a = kr[2 * j], b = kr[2 * j + 1];
+    if (cos_t && j < half_rope) {
+        const float c = cos_t[int64_t(i) * half_rope + j], sn = sin_t[int64_t(i) * half_rope + j];
+        const float ra = a * c - b * sn, rb = a * sn + b * c;
+        a = ra;
+        b = rb;
+    }
+    const int64_t dst = (int64_t(h) * n_ctx + (*d_pos0 + i)) * head_dim + 2 * j;
+    *reinterpret_cast<__half2*>(kc + dst) = __floats2half2_rn(a, b);
+    *reinterpret_cast<__half2*>(vc + dst) = __floats2half2_rn(vr[2 * j], vr[2 * j + 1]);
+}
+
+KVGEN_HD void swiglu_item(int64_t j, float* __restrict__ g, const float* __restrict__ u) {
+    g[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+}
+
+KVGEN_HD void to_f16_item(int64_t j, const float* __restrict__ x, __half* __restrict__ y) {
+    y[j] = __float2half_rn(fminf(fmaxf(x[j], -65504.0f), 65504.0f));
+}
+
+}  // namespace kvgen::cuda
