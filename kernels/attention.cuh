@@ -30,8 +30,12 @@ struct DeviceThread {
         for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
         return v;
     }
-    __device__ __forceinline__ void sync() const { __syncthreads(); }
-    __device__ __forceinline__ float* shared() const { return smem; }
+    __device__ __forceinline__ void sync() const {
+        __syncthreads();
+    }
+    __device__ __forceinline__ float* shared() const {
+        return smem;
+    }
 };
 #endif
 
@@ -65,8 +69,8 @@ KVGEN_HD void load_halves(const __half* p, float (&out)[E]) {
 // flight per warp (a long cache is a stream of small rows), then folded into the softmax in order.
 #pragma nv_exec_check_disable
 template <int NQ, int E, class Ctx>
-KVGEN_HD void warp_attend(const Ctx& ctx, const float (&q)[NQ][E], const __half* kb, const __half* vb, int t0,
-                          int t1, int step, float (&m)[NQ], float (&l)[NQ], float (&o)[NQ][E]) {
+KVGEN_HD void warp_attend(const Ctx& ctx, const float (&q)[NQ][E], const __half* kb, const __half* vb, int t0, int t1,
+                          int step, float (&m)[NQ], float (&l)[NQ], float (&o)[NQ][E]) {
     constexpr int hd = 32 * E;
     constexpr int P = E <= 4 ? 4 : 2;  // positions per batch (registers: 2 P E floats)
     const int lane = ctx.thread() % 32;
@@ -127,14 +131,14 @@ KVGEN_HD void load_query(const Ctx& ctx, const float* q, float scale, float (&qr
 
 // Shared floats the decode body needs: [warp][NQ][hd + 2].
 template <int NQ, int E>
-constexpr int kAttnDecodeShared = kAttnWarps * NQ * (32 * E + 2);
+constexpr int kAttnDecodeShared = kAttnWarps* NQ*(32 * E + 2);
 
 // grid (n_heads / NQ, splits), kAttnThreads threads; partials [n_heads][splits][hd + 2] = (o unnormalized, m, l).
 #pragma nv_exec_check_disable
 template <int NQ, int E, class Ctx>
 KVGEN_HD void attention_decode_body(const Ctx& ctx, const float* __restrict__ q, const __half* __restrict__ kc,
-                                    const __half* __restrict__ vc, const int* __restrict__ d_pos0, int n_rep,
-                                    int n_ctx, int splits, float scale, float* __restrict__ partials) {
+                                    const __half* __restrict__ vc, const int* __restrict__ d_pos0, int n_rep, int n_ctx,
+                                    int splits, float scale, float* __restrict__ partials) {
     constexpr int hd = 32 * E;
     const int h0 = ctx.block_x() * NQ, g = h0 / n_rep, sp = ctx.block_y();
     const int warp = ctx.thread() / 32, lane = ctx.thread() % 32;
@@ -185,8 +189,8 @@ KVGEN_HD void attention_decode_body(const Ctx& ctx, const float* __restrict__ q,
 // grid n_heads, any block size: out[h] = sum over splits of o_s e^(m_s - M) / sum of l_s e^(m_s - M).
 #pragma nv_exec_check_disable
 template <class Ctx>
-KVGEN_HD void attention_combine_body(const Ctx& ctx, int block_threads, const float* __restrict__ partials,
-                                     int splits, int hd, float* __restrict__ out) {
+KVGEN_HD void attention_combine_body(const Ctx& ctx, int block_threads, const float* __restrict__ partials, int splits,
+                                     int hd, float* __restrict__ out) {
     const int h = ctx.block_x();
     const float* p = partials + int64_t(h) * splits * (hd + 2);
     float mx = -INFINITY;
@@ -211,8 +215,8 @@ KVGEN_HD void attention_combine_body(const Ctx& ctx, int block_threads, const fl
 #pragma nv_exec_check_disable
 template <int NQ, int E, class Ctx>
 KVGEN_HD void attention_prefill_body(const Ctx& ctx, const float* __restrict__ q, const __half* __restrict__ kc,
-                                     const __half* __restrict__ vc, const int* __restrict__ d_pos0, int n,
-                                     int n_heads, int n_rep, int n_ctx, float scale, float* __restrict__ out) {
+                                     const __half* __restrict__ vc, const int* __restrict__ d_pos0, int n, int n_heads,
+                                     int n_rep, int n_ctx, float scale, float* __restrict__ out) {
     constexpr int hd = 32 * E;
     const int h0 = ctx.block_x() * NQ, g = h0 / n_rep;
     const int i = ctx.block_y() * kAttnWarps + ctx.thread() / 32, lane = ctx.thread() % 32;
@@ -242,20 +246,36 @@ template <typename F>
 bool dispatch_attention(int n_rep, int head_dim, F&& f) {
     auto by_e = [&](auto nq) {
         switch (head_dim) {
-            case 32: f(nq, std::integral_constant<int, 1>{}); return true;
-            case 64: f(nq, std::integral_constant<int, 2>{}); return true;
-            case 96: f(nq, std::integral_constant<int, 3>{}); return true;
-            case 128: f(nq, std::integral_constant<int, 4>{}); return true;
-            case 256: f(nq, std::integral_constant<int, 8>{}); return true;
-            default: return false;
+            case 32:
+                f(nq, std::integral_constant<int, 1>{});
+                return true;
+            case 64:
+                f(nq, std::integral_constant<int, 2>{});
+                return true;
+            case 96:
+                f(nq, std::integral_constant<int, 3>{});
+                return true;
+            case 128:
+                f(nq, std::integral_constant<int, 4>{});
+                return true;
+            case 256:
+                f(nq, std::integral_constant<int, 8>{});
+                return true;
+            default:
+                return false;
         }
     };
     switch (heads_per_block(n_rep)) {
-        case 8: return by_e(std::integral_constant<int, 8>{});
-        case 4: return by_e(std::integral_constant<int, 4>{});
-        case 3: return by_e(std::integral_constant<int, 3>{});
-        case 2: return by_e(std::integral_constant<int, 2>{});
-        default: return by_e(std::integral_constant<int, 1>{});
+        case 8:
+            return by_e(std::integral_constant<int, 8>{});
+        case 4:
+            return by_e(std::integral_constant<int, 4>{});
+        case 3:
+            return by_e(std::integral_constant<int, 3>{});
+        case 2:
+            return by_e(std::integral_constant<int, 2>{});
+        default:
+            return by_e(std::integral_constant<int, 1>{});
     }
 }
 

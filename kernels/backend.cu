@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include <fmt/format.h>
@@ -27,9 +28,13 @@ namespace {
 
 constexpr size_t kAlign = 256;
 constexpr size_t kReserve = size_t(512) << 20;  // the CUDA context, cuBLAS's workspace and kernels
-size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+size_t align_up(size_t n) {
+    return (n + kAlign - 1) / kAlign * kAlign;
+}
 
-size_t weight_bytes(const WeightView& w) { return size_t(w.rows) * size_t(w.row_bytes); }
+size_t weight_bytes(const WeightView& w) {
+    return size_t(w.rows) * size_t(w.row_bytes);
+}
 
 // The weight matrices the device keeps in their GGUF types (norms are decoded to f32 separately), in upload order.
 std::vector<const WeightView*> device_weights(const Model& m) {
@@ -51,7 +56,9 @@ bool continues(const Model& m, const WeightView* prev, const WeightView* next) {
     return false;
 }
 
-std::string gib(double bytes) { return fmt::format("{:.2f} GiB", bytes / double(1ull << 30)); }
+std::string gib(double bytes) {
+    return fmt::format("{:.2f} GiB", bytes / double(1ull << 30));
+}
 
 // Sizes of the activation buffers for a batch of nb tokens.
 struct Sizes {
@@ -79,8 +86,8 @@ Sizes sizes_for(const Model& m, int n_batch, int splits) {
 }
 
 size_t buffer_bytes(const Sizes& s, int n_layers) {
-    const int64_t f32 = 2 * s.nb * s.e + 2 * s.nb * s.qd + 2 * s.kvd + 2 * s.nb * s.kvd + 2 * s.nb * s.ff + s.vocab + s.partials +
-                        (2 * int64_t(n_layers) + 1) * s.e + 2 * s.nb * s.half;
+    const int64_t f32 = 2 * s.nb * s.e + 2 * s.nb * s.qd + 2 * s.kvd + 2 * s.nb * s.kvd + 2 * s.nb * s.ff + s.vocab +
+                        s.partials + (2 * int64_t(n_layers) + 1) * s.e + 2 * s.nb * s.half;
     return size_t(f32) * 4 + size_t(s.xh + s.wh) * 2 + size_t(2 + s.nb) * 4 + size_t(2 * s.half) * 8 + 16 * kAlign;
 }
 
@@ -91,7 +98,7 @@ int sm_count_of(int device) {
 }
 
 class CudaBackend final : public Backend {
-public:
+  public:
     CudaBackend(const Model& model, const CudaOptions& opt);
     ~CudaBackend() override;
     CudaBackend(const CudaBackend&) = delete;
@@ -105,13 +112,27 @@ public:
     size_t kv_bytes() const override { return kv_bytes_; }
     std::string name() const override { return "cuda"; }
 
-private:
+  private:
+    struct DeviceFree {
+        void operator()(void* p) const { cudaFree(p); }
+    };
+    struct PinnedFree {
+        void operator()(void* p) const { cudaFreeHost(p); }
+    };
+    // Device (pinned: host) memory for count elements, owned by the backend until release().
     template <typename T>
     T* alloc(int64_t count) {
         void* p = nullptr;
         if (count <= 0) return nullptr;
         KVGEN_CUDA_CHECK(cudaMalloc(&p, size_t(count) * sizeof(T)));
-        allocations_.push_back(p);
+        allocations_.emplace_back(p);
+        return static_cast<T*>(p);
+    }
+    template <typename T>
+    T* alloc_pinned(int64_t count) {
+        void* p = nullptr;
+        KVGEN_CUDA_CHECK(cudaMallocHost(&p, size_t(count) * sizeof(T)));
+        pinned_.emplace_back(p);
         return static_cast<T*>(p);
     }
     void upload(const CudaOptions& opt);
@@ -131,13 +152,14 @@ private:
     cudaStream_t stream_ = nullptr;
     cublasHandle_t cublas_ = nullptr;
     cudaGraphExec_t graph_ = nullptr;
-    std::vector<void*> allocations_;
+    std::vector<std::unique_ptr<void, DeviceFree>> allocations_;
+    std::vector<std::unique_ptr<void, PinnedFree>> pinned_;
 
     struct LayerDev {
         DevWeight wq, wk, wv, wo, gate, up, down;
         const float *attn_norm, *ffn_norm;
         __half *k_cache, *v_cache;
-        DevWeight qkv;     // wq, wk, wv as one matrix when they were uploaded back to back (fused_qkv)
+        DevWeight qkv;  // wq, wk, wv as one matrix when they were uploaded back to back (fused_qkv)
         bool fused_qkv;
     };
     std::vector<LayerDev> layers_;
@@ -148,8 +170,8 @@ private:
 
     float *x_, *xn_, *q_, *att_, *k_, *v_, *gate_, *up_, *logits_, *partials_, *cos_, *sin_;
     __half *xh_, *wh_;
-    int* d_step_;          // [pos0, n, tokens...]
-    int* h_step_ = nullptr;    // pinned: what the next forward copies to d_step_
+    int* d_step_;                // [pos0, n, tokens...]
+    int* h_step_ = nullptr;      // pinned: what the next forward copies to d_step_
     float* h_logits_ = nullptr;  // pinned
 };
 
@@ -174,15 +196,15 @@ CudaBackend::CudaBackend(const Model& model, const CudaOptions& opt)
     }
 }
 
-CudaBackend::~CudaBackend() { release(); }
+CudaBackend::~CudaBackend() {
+    release();
+}
 
 void CudaBackend::release() {
     if (graph_) cudaGraphExecDestroy(graph_);
     graph_ = nullptr;
-    for (void* p : allocations_) cudaFree(p);
     allocations_.clear();
-    if (h_step_) cudaFreeHost(h_step_);
-    if (h_logits_) cudaFreeHost(h_logits_);
+    pinned_.clear();
     h_step_ = nullptr;
     h_logits_ = nullptr;
     if (cublas_) cublasDestroy(cublas_);
@@ -260,8 +282,19 @@ void CudaBackend::upload(const CudaOptions& opt) {
         output_ = model_.weights.tied_output ? embd_ : dev(model_.weights.output);
         const int64_t cache_elems = int64_t(c_.n_kv_heads) * n_ctx_ * c_.head_dim;
         for (const LayerWeights& L : model_.weights.layers) {
-            LayerDev d{dev(L.wq), dev(L.wk),       dev(L.wv),       dev(L.wo), dev(L.w_gate), dev(L.w_up),
-                       dev(L.w_down), upload_f32(L.attn_norm), upload_f32(L.ffn_norm), nullptr, nullptr, {}, false};
+            LayerDev d{dev(L.wq),
+                       dev(L.wk),
+                       dev(L.wv),
+                       dev(L.wo),
+                       dev(L.w_gate),
+                       dev(L.w_up),
+                       dev(L.w_down),
+                       upload_f32(L.attn_norm),
+                       upload_f32(L.ffn_norm),
+                       nullptr,
+                       nullptr,
+                       {},
+                       false};
             if (continues(model_, &L.wq, &L.wk) && continues(model_, &L.wk, &L.wv)) {
                 d.qkv = d.wq;
                 d.qkv.rows = d.wq.rows + d.wk.rows + d.wv.rows;
@@ -314,47 +347,47 @@ void CudaBackend::upload(const CudaOptions& opt) {
     xh_ = alloc<__half>(s.xh);
     wh_ = alloc<__half>(s.wh);
     d_step_ = alloc<int>(2 + s.nb);
-    KVGEN_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&h_step_), size_t(2 + s.nb) * 4));
-    KVGEN_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&h_logits_), size_t(s.vocab) * 4));
+    h_step_ = alloc_pinned<int>(2 + s.nb);
+    h_logits_ = alloc_pinned<float>(s.vocab);
     KVGEN_CUDA_CHECK(cudaStreamSynchronize(stream_));
 
     if (opt.progress) {
         const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        std::fprintf(stderr, "%skvgen: cuda%d: weights uploaded in %.2f s (%.1f GB/s), KV cache %s\n",
-                     tty ? "\r" : "", device_, sec, double(total) / sec / 1e9, gib(double(kv_bytes_)).c_str());
+        std::fprintf(stderr, "%skvgen: cuda%d: weights uploaded in %.2f s (%.1f GB/s), KV cache %s\n", tty ? "\r" : "",
+                     device_, sec, double(total) / sec / 1e9, gib(double(kv_bytes_)).c_str());
     }
 }
 
 void CudaBackend::proj(const DevWeight& w, const float* in, int n, float* out, bool accumulate) {
     if (n == 1) {
-        matvec(w, in, out, accumulate, stream_);
+        matvec(out, w, in, accumulate, stream_);
         return;
     }
     // Prefill: activations to f16, the weight decoded to an f16 scratch matrix (F16 weights are used in place),
     // then out[n][rows] = in[n][cols] . W^T on the tensor cores with f32 accumulation.
-    to_f16(in, xh_, int64_t(n) * w.cols, stream_);
+    to_f16(xh_, in, int64_t(n) * w.cols, stream_);
     const __half* a = reinterpret_cast<const __half*>(w.data);
     if (w.type != GgmlType::F16) {
-        dequantize_f16(w, wh_, stream_);
+        dequantize_f16(wh_, w, stream_);
         a = wh_;
     }
-    gemm_f16(cublas_, a, xh_, out, int(w.rows), n, int(w.cols), accumulate);
+    gemm_f16(cublas_, out, a, xh_, int(w.rows), n, int(w.cols), accumulate);
 }
 
 void CudaBackend::enqueue(int n) {
     const int* d_pos0 = d_step_;
     const int32_t* d_tokens = d_step_ + 2;
     const int e = c_.n_embd;
-    get_rows(embd_, d_tokens, n, x_, stream_);
-    rope_tables(d_pos0, n, c_.rope_dim / 2, pw_, ff_, pos_div_, cos_, sin_, stream_);
+    get_rows(x_, embd_, d_tokens, n, stream_);
+    rope_tables(cos_, sin_, d_pos0, n, c_.rope_dim / 2, pw_, ff_, pos_div_, stream_);
     for (const LayerDev& L : layers_) {
-        rmsnorm(x_, L.attn_norm, xn_, n, e, c_.rms_eps, stream_);
+        rmsnorm(xn_, x_, L.attn_norm, n, e, c_.rms_eps, stream_);
         // One token reads q, k and v from one matvec's output when the three were uploaded as one matrix.
         float* q = q_;
         float* k = k_;
         float* v = v_;
         if (n == 1 && L.fused_qkv) {
-            matvec(L.qkv, xn_, q_, false, stream_);
+            matvec(q_, L.qkv, xn_, false, stream_);
             k = q_ + int64_t(c_.n_heads) * c_.head_dim;
             v = k + int64_t(c_.n_kv_heads) * c_.head_dim;
         } else {
@@ -363,16 +396,16 @@ void CudaBackend::enqueue(int n) {
             proj(L.wv, xn_, n, v, false);
         }
         rope(q, cos_, sin_, n, c_.n_heads, c_.head_dim, c_.rope_dim, stream_);
-        store_kv(k, v, cos_, sin_, n, d_pos0, c_.n_kv_heads, c_.head_dim, c_.rope_dim, n_ctx_, L.k_cache, L.v_cache,
+        store_kv(L.k_cache, L.v_cache, k, v, cos_, sin_, d_pos0, n, c_.n_kv_heads, c_.head_dim, c_.rope_dim, n_ctx_,
                  stream_);
         if (n == 1)
-            attention_decode(q, L.k_cache, L.v_cache, d_pos0, attn_, splits_, partials_, att_, stream_);
+            attention_decode(att_, partials_, q, L.k_cache, L.v_cache, d_pos0, attn_, splits_, stream_);
         else
-            attention_prefill(q, L.k_cache, L.v_cache, d_pos0, n, attn_, att_, stream_);
+            attention_prefill(att_, q, L.k_cache, L.v_cache, d_pos0, n, attn_, stream_);
         proj(L.wo, att_, n, x_, true);  // the residual add is the product's accumulate
-        rmsnorm(x_, L.ffn_norm, xn_, n, e, c_.rms_eps, stream_);
+        rmsnorm(xn_, x_, L.ffn_norm, n, e, c_.rms_eps, stream_);
         if (n == 1 && glu_fusable(L.gate, L.up)) {
-            matvec_glu(L.gate, L.up, xn_, gate_, stream_);
+            matvec_glu(gate_, L.gate, L.up, xn_, stream_);
         } else {
             proj(L.gate, xn_, n, gate_, false);
             proj(L.up, xn_, n, up_, false);
@@ -380,8 +413,8 @@ void CudaBackend::enqueue(int n) {
         }
         proj(L.down, gate_, n, x_, true);
     }
-    rmsnorm(x_ + int64_t(n - 1) * e, output_norm_, xn_, 1, e, c_.rms_eps, stream_);
-    matvec(output_, xn_, logits_, false, stream_);
+    rmsnorm(xn_, x_ + int64_t(n - 1) * e, output_norm_, 1, e, c_.rms_eps, stream_);
+    matvec(logits_, output_, xn_, false, stream_);
 }
 
 void CudaBackend::capture_decode() {
@@ -390,8 +423,7 @@ void CudaBackend::capture_decode() {
     try {
         KVGEN_CUDA_CHECK(cudaMemcpyAsync(d_step_, h_step_, 3 * sizeof(int), cudaMemcpyHostToDevice, stream_));
         enqueue(1);
-        KVGEN_CUDA_CHECK(
-            cudaMemcpyAsync(h_logits_, logits_, size_t(c_.n_vocab) * 4, cudaMemcpyDeviceToHost, stream_));
+        KVGEN_CUDA_CHECK(cudaMemcpyAsync(h_logits_, logits_, size_t(c_.n_vocab) * 4, cudaMemcpyDeviceToHost, stream_));
     } catch (...) {
         cudaStreamEndCapture(stream_, &g);
         if (g) cudaGraphDestroy(g);
@@ -469,8 +501,8 @@ std::unique_ptr<Backend> make_backend(const Model& model, const CudaOptions& opt
 
     const Config& c = model.config;
     if (!attention_head_dim_supported(c.head_dim))
-        throw Error(fmt::format("--device cuda: head_dim {} has no attention kernel (32, 64, 96, 128 or 256)",
-                                c.head_dim));
+        throw Error(
+            fmt::format("--device cuda: head_dim {} has no attention kernel (32, 64, 96, 128 or 256)", c.head_dim));
     if (c.n_embd % 32 != 0 || c.n_ff % 32 != 0 || c.rope_dim % 2 != 0)
         throw Error(fmt::format("--device cuda: n_embd {} and n_ff {} must be multiples of 32", c.n_embd, c.n_ff));
     for (const WeightView* w : device_weights(model))

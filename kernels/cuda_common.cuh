@@ -15,15 +15,15 @@ namespace kvgen::cuda {
 
 }  // namespace kvgen::cuda
 
-#define KVGEN_CUDA_CHECK(expr)                                                              \
-    do {                                                                                    \
-        const cudaError_t kvgen_err_ = (expr);                                              \
+#define KVGEN_CUDA_CHECK(expr)                                                                           \
+    do {                                                                                                 \
+        const cudaError_t kvgen_err_ = (expr);                                                           \
         if (kvgen_err_ != cudaSuccess) ::kvgen::cuda::throw_cuda(kvgen_err_, #expr, __FILE__, __LINE__); \
     } while (0)
 
 // After a kernel launch: a bad configuration shows here, a fault at the next synchronization.
-#define KVGEN_CUDA_LAUNCHED(name)                                                               \
-    do {                                                                                        \
-        const cudaError_t kvgen_err_ = cudaGetLastError();                                      \
+#define KVGEN_CUDA_LAUNCHED(name)                                                                                    \
+    do {                                                                                                             \
+        const cudaError_t kvgen_err_ = cudaGetLastError();                                                           \
         if (kvgen_err_ != cudaSuccess) ::kvgen::cuda::throw_cuda(kvgen_err_, "launch of " name, __FILE__, __LINE__); \
     } while (0)

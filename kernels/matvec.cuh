@@ -11,8 +11,8 @@ namespace kvgen::cuda {
 constexpr int kMvWarps = 4, kMvRows = 2;
 
 template <GgmlType T>
-KVGEN_HD void matvec_lane(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t n_chunks, int64_t rows,
-                          int64_t r0, int lane, const float* __restrict__ x, float (&acc)[kMvRows]) {
+KVGEN_HD void matvec_lane(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t n_chunks, int64_t rows, int64_t r0,
+                          int lane, const float* __restrict__ x, float (&acc)[kMvRows]) {
 #pragma unroll
     for (int r = 0; r < kMvRows; ++r) acc[r] = 0.0f;
     for (int64_t c = lane; c < n_chunks; c += 32) {

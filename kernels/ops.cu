@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "cuda_common.cuh"
 #include "attention.cuh"
+#include "cuda_common.cuh"
 #include "elementwise.cuh"
 #include "matvec.cuh"
 #include "quant.cuh"
@@ -21,7 +21,9 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-unsigned grid_for(int64_t items, int block) { return unsigned((items + block - 1) / block); }
+unsigned grid_for(int64_t items, int block) {
+    return unsigned((items + block - 1) / block);
+}
 
 // --- dequantization ---------------------------------------------------------------------------------------------
 
@@ -65,7 +67,7 @@ __global__ void get_rows_kernel(const uint8_t* __restrict__ w, int64_t row_bytes
 // --- decode matrix-vector product (matvec.cuh) -------------------------------------------------------------------
 
 template <GgmlType T>
-__global__ void __launch_bounds__(kMvWarps * kWarp)
+__global__ void __launch_bounds__(kMvWarps* kWarp)
     matvec_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t n_chunks, int64_t rows,
                   const float* __restrict__ x, float* __restrict__ y, int accumulate) {
     const int lane = threadIdx.x % kWarp;
@@ -82,7 +84,7 @@ __global__ void __launch_bounds__(kMvWarps * kWarp)
 
 // gate and up rows r of a SwiGLU pair in one warp: y[r] = silu(gate[r] . x) * (up[r] . x).
 template <GgmlType T>
-__global__ void __launch_bounds__(kMvWarps * kWarp)
+__global__ void __launch_bounds__(kMvWarps* kWarp)
     matvec_glu_kernel(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int64_t row_bytes,
                       int64_t n_chunks, int64_t rows, const float* __restrict__ x, float* __restrict__ y) {
     const int lane = threadIdx.x % kWarp;
@@ -121,8 +123,8 @@ __global__ void rope_kernel(float* __restrict__ x, const float* __restrict__ cos
 
 __global__ void store_kv_kernel(const float* __restrict__ k, const float* __restrict__ v,
                                 const float* __restrict__ cos_t, const float* __restrict__ sin_t, int n,
-                                const int* __restrict__ d_pos0, int n_kv_heads, int head_dim, int half_rope,
-                                int n_ctx, __half* __restrict__ kc, __half* __restrict__ vc) {
+                                const int* __restrict__ d_pos0, int n_kv_heads, int head_dim, int half_rope, int n_ctx,
+                                __half* __restrict__ kc, __half* __restrict__ vc) {
     const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (g < int64_t(n) * n_kv_heads * (head_dim / 2))
         store_kv_item(g, k, v, cos_t, sin_t, d_pos0, n_kv_heads, head_dim, half_rope, n_ctx, kc, vc);
@@ -161,9 +163,9 @@ __global__ void attention_combine_kernel(const float* __restrict__ partials, int
 
 template <int NQ, int E>
 __global__ void __launch_bounds__(kAttnThreads)
-    attention_prefill_kernel(const float* __restrict__ q, const __half* __restrict__ kc,
-                             const __half* __restrict__ vc, const int* __restrict__ d_pos0, int n, int n_heads,
-                             int n_rep, int n_ctx, float scale, float* __restrict__ out) {
+    attention_prefill_kernel(const float* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc,
+                             const int* __restrict__ d_pos0, int n, int n_heads, int n_rep, int n_ctx, float scale,
+                             float* __restrict__ out) {
     attention_prefill_body<NQ, E>(DeviceThread{nullptr}, q, kc, vc, d_pos0, n, n_heads, n_rep, n_ctx, scale, out);
 }
 
@@ -175,21 +177,25 @@ bool device_type_supported(GgmlType t) {
     return dispatch_type(t, [](auto) {});
 }
 
-void dequantize_f32(const DevWeight& w, float* out, cudaStream_t s) { dequantize_any(w, out, s); }
-void dequantize_f16(const DevWeight& w, __half* out, cudaStream_t s) { dequantize_any(w, out, s); }
+void dequantize_f32(float* out, const DevWeight& w, cudaStream_t s) {
+    dequantize_any(w, out, s);
+}
+void dequantize_f16(__half* out, const DevWeight& w, cudaStream_t s) {
+    dequantize_any(w, out, s);
+}
 
-void get_rows(const DevWeight& emb, const int32_t* d_tokens, int n, float* out, cudaStream_t s) {
+void get_rows(float* out, const DevWeight& emb, const int32_t* d_tokens, int n, cudaStream_t s) {
     const int64_t cpr = emb.cols / 32;
     const bool ok = dispatch_type(emb.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
-        get_rows_kernel<T><<<grid_for(int64_t(n) * cpr, 128), 128, 0, s>>>(emb.data, emb.row_bytes, cpr, emb.rows,
-                                                                            d_tokens, n, out);
+        get_rows_kernel<T>
+            <<<grid_for(int64_t(n) * cpr, 128), 128, 0, s>>>(emb.data, emb.row_bytes, cpr, emb.rows, d_tokens, n, out);
     });
     if (!ok) throw Error(fmt::format("CUDA: no device decoder for {}", ggml_type_name(emb.type)));
     KVGEN_CUDA_LAUNCHED("get_rows");
 }
 
-void matvec(const DevWeight& w, const float* x, float* y, bool accumulate, cudaStream_t s) {
+void matvec(float* y, const DevWeight& w, const float* x, bool accumulate, cudaStream_t s) {
     const int64_t rows_per_block = kMvWarps * kMvRows;
     const bool ok = dispatch_type(w.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
@@ -204,7 +210,7 @@ bool glu_fusable(const DevWeight& gate, const DevWeight& up) {
     return gate.type == up.type && gate.rows == up.rows && gate.cols == up.cols && gate.row_bytes == up.row_bytes;
 }
 
-void matvec_glu(const DevWeight& gate, const DevWeight& up, const float* x, float* y, cudaStream_t s) {
+void matvec_glu(float* y, const DevWeight& gate, const DevWeight& up, const float* x, cudaStream_t s) {
     if (!glu_fusable(gate, up)) throw Error("CUDA: matvec_glu needs gate and up of one type and shape");
     const bool ok = dispatch_type(gate.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
@@ -215,29 +221,26 @@ void matvec_glu(const DevWeight& gate, const DevWeight& up, const float* x, floa
     KVGEN_CUDA_LAUNCHED("matvec_glu");
 }
 
-void rmsnorm(const float* x, const float* w, float* out, int n, int dim, float eps, cudaStream_t s) {
+void rmsnorm(float* out, const float* x, const float* w, int n, int dim, float eps, cudaStream_t s) {
     rmsnorm_kernel<<<n, 256, 0, s>>>(x, w, out, dim, eps);
     KVGEN_CUDA_LAUNCHED("rmsnorm");
 }
 
-void rope_tables(const int* d_pos0, int n, int half, const double* pw, const double* ff, double pos_div,
-                 float* cos_t, float* sin_t, cudaStream_t s) {
-    rope_tables_kernel<<<grid_for(int64_t(n) * half, 128), 128, 0, s>>>(d_pos0, n, half, pw, ff, pos_div, cos_t,
-                                                                        sin_t);
+void rope_tables(float* cos_t, float* sin_t, const int* d_pos0, int n, int half, const double* pw, const double* ff,
+                 double pos_div, cudaStream_t s) {
+    rope_tables_kernel<<<grid_for(int64_t(n) * half, 128), 128, 0, s>>>(d_pos0, n, half, pw, ff, pos_div, cos_t, sin_t);
     KVGEN_CUDA_LAUNCHED("rope_tables");
 }
 
 void rope(float* x, const float* cos_t, const float* sin_t, int n, int n_heads, int head_dim, int rope_dim,
           cudaStream_t s) {
     const int half = rope_dim / 2;
-    rope_kernel<<<grid_for(int64_t(n) * n_heads * half, 256), 256, 0, s>>>(x, cos_t, sin_t, n, n_heads, head_dim,
-                                                                           half);
+    rope_kernel<<<grid_for(int64_t(n) * n_heads * half, 256), 256, 0, s>>>(x, cos_t, sin_t, n, n_heads, head_dim, half);
     KVGEN_CUDA_LAUNCHED("rope");
 }
 
-void store_kv(const float* k, const float* v, const float* cos_t, const float* sin_t, int n, const int* d_pos0,
-              int n_kv_heads, int head_dim, int rope_dim, int n_ctx, __half* k_cache, __half* v_cache,
-              cudaStream_t s) {
+void store_kv(__half* k_cache, __half* v_cache, const float* k, const float* v, const float* cos_t, const float* sin_t,
+              const int* d_pos0, int n, int n_kv_heads, int head_dim, int rope_dim, int n_ctx, cudaStream_t s) {
     const int64_t items = int64_t(n) * n_kv_heads * (head_dim / 2);
     store_kv_kernel<<<grid_for(items, 256), 256, 0, s>>>(k, v, cos_t, sin_t, n, d_pos0, n_kv_heads, head_dim,
                                                          rope_dim / 2, n_ctx, k_cache, v_cache);
@@ -254,7 +257,7 @@ void add(float* x, const float* y, int64_t count, cudaStream_t s) {
     KVGEN_CUDA_LAUNCHED("add");
 }
 
-void to_f16(const float* x, __half* y, int64_t count, cudaStream_t s) {
+void to_f16(__half* y, const float* x, int64_t count, cudaStream_t s) {
     to_f16_kernel<<<grid_for(count, 256), 256, 0, s>>>(x, y, count);
     KVGEN_CUDA_LAUNCHED("to_f16");
 }
@@ -263,7 +266,7 @@ void check_cublas(cublasStatus_t st, const char* what) {
     if (st != CUBLAS_STATUS_SUCCESS) throw Error(fmt::format("cuBLAS: {} failed: {}", what, cublasGetStatusString(st)));
 }
 
-void gemm_f16(cublasHandle_t h, const __half* w, const __half* x, float* out, int rows, int n, int cols,
+void gemm_f16(cublasHandle_t h, float* out, const __half* w, const __half* x, int rows, int n, int cols,
               bool accumulate) {
     // Column-major, cuBLAS sees W as a cols x rows matrix to transpose and x as cols x n; out is rows x n.
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
@@ -272,7 +275,9 @@ void gemm_f16(cublasHandle_t h, const __half* w, const __half* x, float* out, in
                  "cublasGemmEx");
 }
 
-bool attention_head_dim_supported(int hd) { return hd == 32 || hd == 64 || hd == 96 || hd == 128 || hd == 256; }
+bool attention_head_dim_supported(int hd) {
+    return hd == 32 || hd == 64 || hd == 96 || hd == 128 || hd == 256;
+}
 
 int attention_splits(const AttnShape& a, int sm_count) {
     // note: enough blocks to give every multiprocessor about four, whatever the depth; at small depths the extra
@@ -286,8 +291,8 @@ int64_t attention_partials(const AttnShape& a, int splits) {
     return int64_t(a.n_heads) * splits * (a.head_dim + 2);
 }
 
-void attention_decode(const float* q, const __half* k_cache, const __half* v_cache, const int* d_pos0,
-                      const AttnShape& a, int splits, float* partials, float* out, cudaStream_t s) {
+void attention_decode(float* out, float* partials, const float* q, const __half* k_cache, const __half* v_cache,
+                      const int* d_pos0, const AttnShape& a, int splits, cudaStream_t s) {
     const int n_rep = a.n_heads / a.n_kv_heads;
     const float scale = 1.0f / std::sqrt(float(a.head_dim));
     const bool ok = dispatch_attention(n_rep, a.head_dim, [&](auto nq, auto e) {
@@ -302,15 +307,15 @@ void attention_decode(const float* q, const __half* k_cache, const __half* v_cac
     KVGEN_CUDA_LAUNCHED("attention_combine");
 }
 
-void attention_prefill(const float* q, const __half* k_cache, const __half* v_cache, const int* d_pos0, int n,
-                       const AttnShape& a, float* out, cudaStream_t s) {
+void attention_prefill(float* out, const float* q, const __half* k_cache, const __half* v_cache, const int* d_pos0,
+                       int n, const AttnShape& a, cudaStream_t s) {
     const int n_rep = a.n_heads / a.n_kv_heads;
     const float scale = 1.0f / std::sqrt(float(a.head_dim));
     const bool ok = dispatch_attention(n_rep, a.head_dim, [&](auto nq, auto e) {
         constexpr int NQ = decltype(nq)::value, E = decltype(e)::value;
         const dim3 grid(unsigned(a.n_heads / NQ), unsigned((n + kAttnWarps - 1) / kAttnWarps));
-        attention_prefill_kernel<NQ, E><<<grid, kAttnThreads, 0, s>>>(q, k_cache, v_cache, d_pos0, n, a.n_heads,
-                                                                      n_rep, a.n_ctx, scale, out);
+        attention_prefill_kernel<NQ, E>
+            <<<grid, kAttnThreads, 0, s>>>(q, k_cache, v_cache, d_pos0, n, a.n_heads, n_rep, a.n_ctx, scale, out);
     });
     if (!ok) throw Error(fmt::format("CUDA: head_dim {} has no attention kernel", a.head_dim));
     KVGEN_CUDA_LAUNCHED("attention_prefill");

@@ -24,45 +24,44 @@ struct DevWeight {
 bool device_type_supported(GgmlType t);
 
 // All weights of w decoded to f32 / f16, row-major [rows][cols]. Twin: dequantize_row.
-void dequantize_f32(const DevWeight& w, float* out, cudaStream_t s);
-void dequantize_f16(const DevWeight& w, __half* out, cudaStream_t s);
+void dequantize_f32(float* out, const DevWeight& w, cudaStream_t s);
+void dequantize_f16(__half* out, const DevWeight& w, cudaStream_t s);
 
 // out[i] = row tokens[i] of the embedding table, decoded. Twin: CPU get_rows (dequantize_row of the row).
-void get_rows(const DevWeight& emb, const int32_t* d_tokens, int n, float* out, cudaStream_t s);
+void get_rows(float* out, const DevWeight& emb, const int32_t* d_tokens, int n, cudaStream_t s);
 
 // y[r] = W[r] . x (y[r] += when accumulate), one token: the decode matrix-vector product, reading the quantized
 // blocks directly. Twin: a double-precision dot of the dequantized row (the CPU matmul up to its rounding).
-void matvec(const DevWeight& w, const float* x, float* y, bool accumulate, cudaStream_t s);
+void matvec(float* y, const DevWeight& w, const float* x, bool accumulate, cudaStream_t s);
 
 // One token's SwiGLU: y[r] = silu(gate[r] . x) * (up[r] . x), both products in one warp (gate and up must share
 // type and shape: glu_fusable). Twin: the two double-precision products and cpu::swiglu.
 bool glu_fusable(const DevWeight& gate, const DevWeight& up);
-void matvec_glu(const DevWeight& gate, const DevWeight& up, const float* x, float* y, cudaStream_t s);
+void matvec_glu(float* y, const DevWeight& gate, const DevWeight& up, const float* x, cudaStream_t s);
 
 // Twin: cpu::rmsnorm.
-void rmsnorm(const float* x, const float* w, float* out, int n, int dim, float eps, cudaStream_t s);
+void rmsnorm(float* out, const float* x, const float* w, int n, int dim, float eps, cudaStream_t s);
 
 // cos/sin tables [n][rope_dim / 2] for positions *d_pos0 + i: theta = (pos / pos_div) * pw[j] (/ ff[j]), in double.
 // pw[j] = base^(-2j / rope_dim); ff (Llama 3.1 rope_freqs) may be null. Twin: cpu::rope_tables.
-void rope_tables(const int* d_pos0, int n, int half, const double* pw, const double* ff, double pos_div,
-                 float* cos_t, float* sin_t, cudaStream_t s);
+void rope_tables(float* cos_t, float* sin_t, const int* d_pos0, int n, int half, const double* pw, const double* ff,
+                 double pos_div, cudaStream_t s);
 // Rotates pairs of the first rope_dim dims of each head of x [n][n_heads][head_dim] in place. Twin: cpu::rope.
 void rope(float* x, const float* cos_t, const float* sin_t, int n, int n_heads, int head_dim, int rope_dim,
           cudaStream_t s);
 // Writes n positions of K (rotated like rope(); cos_t == nullptr: as given) and V, each [n][n_kv_heads][head_dim]
 // f32, into one layer's f16 cache at positions *d_pos0 .. Twin: cpu::rope + KvCache::write.
-void store_kv(const float* k, const float* v, const float* cos_t, const float* sin_t, int n, const int* d_pos0,
-              int n_kv_heads, int head_dim, int rope_dim, int n_ctx, __half* k_cache, __half* v_cache,
-              cudaStream_t s);
+void store_kv(__half* k_cache, __half* v_cache, const float* k, const float* v, const float* cos_t, const float* sin_t,
+              const int* d_pos0, int n, int n_kv_heads, int head_dim, int rope_dim, int n_ctx, cudaStream_t s);
 
 // gate[j] = silu(gate[j]) * up[j]; x[j] += y[j]; y = f16(x) (saturating). Twins: cpu::swiglu, cpu::add.
 void swiglu(float* gate, const float* up, int64_t count, cudaStream_t s);
 void add(float* x, const float* y, int64_t count, cudaStream_t s);
-void to_f16(const float* x, __half* y, int64_t count, cudaStream_t s);
+void to_f16(__half* y, const float* x, int64_t count, cudaStream_t s);
 
 // out[n][rows] = x[n][cols] . W[rows][cols]^T (+= when accumulate): f16 operands, f32 accumulation on the tensor
 // cores (cuBLAS, on the handle's stream). Twin: the same product of the f16-rounded operands in double.
-void gemm_f16(cublasHandle_t h, const __half* w, const __half* x, float* out, int rows, int n, int cols,
+void gemm_f16(cublasHandle_t h, float* out, const __half* w, const __half* x, int rows, int n, int cols,
               bool accumulate);
 void check_cublas(cublasStatus_t st, const char* what);
 
@@ -79,10 +78,10 @@ int64_t attention_partials(const AttnShape& a, int splits);
 // One query (position *d_pos0) of each head over cache positions 0 ..= *d_pos0: flash-decoding, positions split
 // across `splits` blocks per query-head group, then a log-sum-exp combine. q, out: [n_heads][head_dim].
 // Twin: cpu::attention with n = 1.
-void attention_decode(const float* q, const __half* k_cache, const __half* v_cache, const int* d_pos0,
-                      const AttnShape& a, int splits, float* partials, float* out, cudaStream_t s);
+void attention_decode(float* out, float* partials, const float* q, const __half* k_cache, const __half* v_cache,
+                      const int* d_pos0, const AttnShape& a, int splits, cudaStream_t s);
 // n queries at positions *d_pos0 + i, each over cache positions 0 ..= its own (causal). Twin: cpu::attention.
-void attention_prefill(const float* q, const __half* k_cache, const __half* v_cache, const int* d_pos0, int n,
-                       const AttnShape& a, float* out, cudaStream_t s);
+void attention_prefill(float* out, const float* q, const __half* k_cache, const __half* v_cache, const int* d_pos0,
+                       int n, const AttnShape& a, cudaStream_t s);
 
 }  // namespace kvgen::cuda

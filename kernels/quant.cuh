@@ -224,8 +224,7 @@ struct Dq<GgmlType::Q4_K> {
 #pragma unroll
             for (int e = 0; e < 4; ++e)
 #pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    w[16 * k + 4 * e + i] = dl * float((v[e] >> (8 * i + shift)) & 0x0f) - ml;
+                for (int i = 0; i < 4; ++i) w[16 * k + 4 * e + i] = dl * float((v[e] >> (8 * i + shift)) & 0x0f) - ml;
         }
     }
 };
@@ -354,20 +353,47 @@ using TypeTag = std::integral_constant<GgmlType, T>;
 template <typename F>
 bool dispatch_type(GgmlType t, F&& f) {
     switch (t) {
-        case GgmlType::F32: f(TypeTag<GgmlType::F32>{}); return true;
-        case GgmlType::F16: f(TypeTag<GgmlType::F16>{}); return true;
-        case GgmlType::BF16: f(TypeTag<GgmlType::BF16>{}); return true;
-        case GgmlType::Q4_0: f(TypeTag<GgmlType::Q4_0>{}); return true;
-        case GgmlType::Q4_1: f(TypeTag<GgmlType::Q4_1>{}); return true;
-        case GgmlType::Q5_0: f(TypeTag<GgmlType::Q5_0>{}); return true;
-        case GgmlType::Q5_1: f(TypeTag<GgmlType::Q5_1>{}); return true;
-        case GgmlType::Q8_0: f(TypeTag<GgmlType::Q8_0>{}); return true;
-        case GgmlType::Q2_K: f(TypeTag<GgmlType::Q2_K>{}); return true;
-        case GgmlType::Q3_K: f(TypeTag<GgmlType::Q3_K>{}); return true;
-        case GgmlType::Q4_K: f(TypeTag<GgmlType::Q4_K>{}); return true;
-        case GgmlType::Q5_K: f(TypeTag<GgmlType::Q5_K>{}); return true;
-        case GgmlType::Q6_K: f(TypeTag<GgmlType::Q6_K>{}); return true;
-        default: return false;
+        case GgmlType::F32:
+            f(TypeTag<GgmlType::F32>{});
+            return true;
+        case GgmlType::F16:
+            f(TypeTag<GgmlType::F16>{});
+            return true;
+        case GgmlType::BF16:
+            f(TypeTag<GgmlType::BF16>{});
+            return true;
+        case GgmlType::Q4_0:
+            f(TypeTag<GgmlType::Q4_0>{});
+            return true;
+        case GgmlType::Q4_1:
+            f(TypeTag<GgmlType::Q4_1>{});
+            return true;
+        case GgmlType::Q5_0:
+            f(TypeTag<GgmlType::Q5_0>{});
+            return true;
+        case GgmlType::Q5_1:
+            f(TypeTag<GgmlType::Q5_1>{});
+            return true;
+        case GgmlType::Q8_0:
+            f(TypeTag<GgmlType::Q8_0>{});
+            return true;
+        case GgmlType::Q2_K:
+            f(TypeTag<GgmlType::Q2_K>{});
+            return true;
+        case GgmlType::Q3_K:
+            f(TypeTag<GgmlType::Q3_K>{});
+            return true;
+        case GgmlType::Q4_K:
+            f(TypeTag<GgmlType::Q4_K>{});
+            return true;
+        case GgmlType::Q5_K:
+            f(TypeTag<GgmlType::Q5_K>{});
+            return true;
+        case GgmlType::Q6_K:
+            f(TypeTag<GgmlType::Q6_K>{});
+            return true;
+        default:
+            return false;
     }
 }
 

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <vector>
 
-#include "cuda_common.cuh"
 #include "attention.cuh"
+#include "cuda_common.cuh"
 #include "elementwise.cuh"
 #include "matvec.cuh"
 #include "ops.cuh"
@@ -19,7 +19,9 @@ template <typename T>
 struct Dev {
     T* p = nullptr;
     size_t n = 0;
-    explicit Dev(size_t count) : n(count) { KVGEN_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(1, n) * sizeof(T))); }
+    explicit Dev(size_t count) : n(count) {
+        KVGEN_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(1, n) * sizeof(T)));
+    }
     explicit Dev(const std::vector<T>& v) : Dev(v.size()) {
         KVGEN_CUDA_CHECK(cudaMemcpy(p, v.data(), n * sizeof(T), cudaMemcpyHostToDevice));
     }
@@ -58,12 +60,12 @@ std::vector<float> dequantize(const HostWeight& w, bool via_f16) {
     if (via_f16) {
         Dev<__half> out(n);
         poison(out);
-        dequantize_f16(dev_weight(w, b), out.p, nullptr);
+        dequantize_f16(out.p, dev_weight(w, b), nullptr);
         return halves_to_floats(out.get());
     }
     Dev<float> out(n);
     poison(out);
-    dequantize_f32(dev_weight(w, b), out.p, nullptr);
+    dequantize_f32(out.p, dev_weight(w, b), nullptr);
     return out.get();
 }
 
@@ -72,7 +74,7 @@ std::vector<float> get_rows(const HostWeight& w, const std::vector<int32_t>& ids
     Dev<int32_t> d_ids(ids);
     Dev<float> out(ids.size() * size_t(w.cols));
     poison(out);
-    kvgen::cuda::get_rows(dev_weight(w, b), d_ids.p, int(ids.size()), out.p, nullptr);
+    kvgen::cuda::get_rows(out.p, dev_weight(w, b), d_ids.p, int(ids.size()), nullptr);
     return out.get();
 }
 
@@ -84,7 +86,7 @@ std::vector<float> matvec(const HostWeight& w, const std::vector<float>& x, cons
         KVGEN_CUDA_CHECK(cudaMemcpy(y.p, y0->data(), y0->size() * 4, cudaMemcpyHostToDevice));
     else
         poison(y);
-    kvgen::cuda::matvec(dev_weight(w, b), dx.p, y.p, y0 != nullptr, nullptr);
+    kvgen::cuda::matvec(y.p, dev_weight(w, b), dx.p, y0 != nullptr, nullptr);
     return y.get();
 }
 
@@ -92,7 +94,7 @@ std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, cons
     Dev<uint8_t> g(*gate.bytes), u(*up.bytes);
     Dev<float> dx(x), y(size_t(gate.rows));
     poison(y);
-    kvgen::cuda::matvec_glu(dev_weight(gate, g), dev_weight(up, u), dx.p, y.p, nullptr);
+    kvgen::cuda::matvec_glu(y.p, dev_weight(gate, g), dev_weight(up, u), dx.p, nullptr);
     return y.get();
 }
 
@@ -101,11 +103,11 @@ std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n,
     Dev<uint8_t> b(*w.bytes);
     Dev<float> dx(x);
     Dev<__half> xh(x.size()), wh(size_t(w.rows * w.cols));
-    to_f16(dx.p, xh.p, int64_t(x.size()), nullptr);
+    to_f16(xh.p, dx.p, int64_t(x.size()), nullptr);
     const DevWeight dw = dev_weight(w, b);
     const __half* a = reinterpret_cast<const __half*>(b.p);
     if (w.type != GgmlType::F16) {
-        dequantize_f16(dw, wh.p, nullptr);
+        dequantize_f16(wh.p, dw, nullptr);
         a = wh.p;
     }
     Dev<float> y(size_t(n) * size_t(w.rows));
@@ -113,7 +115,7 @@ std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n,
     cublasHandle_t h = nullptr;
     check_cublas(cublasCreate(&h), "cublasCreate");
     try {
-        gemm_f16(h, a, xh.p, y.p, int(w.rows), n, int(w.cols), y0 != nullptr);
+        gemm_f16(h, y.p, a, xh.p, int(w.rows), n, int(w.cols), y0 != nullptr);
         std::vector<float> out = y.get();
         cublasDestroy(h);
         return out;
@@ -126,7 +128,7 @@ std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n,
 std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps) {
     Dev<float> dx(x), dw(w), out(x.size());
     poison(out);
-    kvgen::cuda::rmsnorm(dx.p, dw.p, out.p, n, dim, eps, nullptr);
+    kvgen::cuda::rmsnorm(out.p, dx.p, dw.p, n, dim, eps, nullptr);
     return out.get();
 }
 
@@ -148,15 +150,18 @@ struct RopeDev {
     Dev<float> cos_t, sin_t;
     Dev<int> pos;
     RopeDev(int n, int pos0, const Config& c, const std::vector<float>& freq_factors)
-        : pw(size_t(c.rope_dim / 2)), ff(freq_factors.size()), cos_t(size_t(n) * (c.rope_dim / 2)),
-          sin_t(size_t(n) * (c.rope_dim / 2)), pos(std::vector<int>{pos0}) {
+        : pw(size_t(c.rope_dim / 2)),
+          ff(freq_factors.size()),
+          cos_t(size_t(n) * (c.rope_dim / 2)),
+          sin_t(size_t(n) * (c.rope_dim / 2)),
+          pos(std::vector<int>{pos0}) {
         const int half = c.rope_dim / 2;
         std::vector<double> p(static_cast<size_t>(half)), f(freq_factors.begin(), freq_factors.end());
         for (int j = 0; j < half; ++j) p[size_t(j)] = std::pow(double(c.rope_base), -2.0 * j / double(c.rope_dim));
         KVGEN_CUDA_CHECK(cudaMemcpy(pw.p, p.data(), p.size() * 8, cudaMemcpyHostToDevice));
         if (!f.empty()) KVGEN_CUDA_CHECK(cudaMemcpy(ff.p, f.data(), f.size() * 8, cudaMemcpyHostToDevice));
         const double div = c.rope_scaling == RopeScaling::Linear ? double(c.rope_scale) : 1.0;
-        rope_tables(pos.p, n, half, pw.p, f.empty() ? nullptr : ff.p, div, cos_t.p, sin_t.p, nullptr);
+        rope_tables(cos_t.p, sin_t.p, pos.p, n, half, pw.p, f.empty() ? nullptr : ff.p, div, nullptr);
     }
 };
 }  // namespace
@@ -174,7 +179,7 @@ std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos
     const size_t cache = size_t(c.n_kv_heads) * n_ctx * c.head_dim;
     Dev<float> dk(k);
     Dev<__half> kc(cache), vc(cache);
-    store_kv(dk.p, dk.p, r.cos_t.p, r.sin_t.p, n, r.pos.p, c.n_kv_heads, c.head_dim, c.rope_dim, n_ctx, kc.p, vc.p,
+    store_kv(kc.p, vc.p, dk.p, dk.p, r.cos_t.p, r.sin_t.p, r.pos.p, n, c.n_kv_heads, c.head_dim, c.rope_dim, n_ctx,
              nullptr);
     const std::vector<float> all = halves_to_floats(kc.get());
     std::vector<float> out(size_t(n) * c.n_kv_heads * c.head_dim);
@@ -193,17 +198,17 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
     Dev<float> dk(k), dv(v), dq(q), out(q.size());
     Dev<__half> kc(cache), vc(cache);
     Dev<int> zero(std::vector<int>{0}), pos(std::vector<int>{pos0});
-    store_kv(dk.p, dv.p, nullptr, nullptr, n_pos, zero.p, c.n_kv_heads, c.head_dim, c.rope_dim, n_ctx, kc.p, vc.p,
+    store_kv(kc.p, vc.p, dk.p, dv.p, nullptr, nullptr, zero.p, n_pos, c.n_kv_heads, c.head_dim, c.rope_dim, n_ctx,
              nullptr);
     poison(out);
     const AttnShape a{c.n_heads, c.n_kv_heads, c.head_dim, n_ctx};
     if (n == 1) {
         Dev<float> partials(size_t(attention_partials(a, splits)));
         poison(partials);
-        attention_decode(dq.p, kc.p, vc.p, pos.p, a, splits, partials.p, out.p, nullptr);
+        attention_decode(out.p, partials.p, dq.p, kc.p, vc.p, pos.p, a, splits, nullptr);
         return out.get();
     }
-    attention_prefill(dq.p, kc.p, vc.p, pos.p, n, a, out.p, nullptr);
+    attention_prefill(out.p, dq.p, kc.p, vc.p, pos.p, n, a, nullptr);
     return out.get();
 }
 
@@ -236,7 +241,8 @@ std::vector<float> matvec(GgmlType type, const uint8_t* bytes, int64_t rows, int
         constexpr GgmlType T = decltype(tag)::value;
         for (int64_t r0 = 0; r0 < rows; r0 += kMvRows) {
             float lanes[32][kMvRows];
-            for (int lane = 0; lane < 32; ++lane) matvec_lane<T>(bytes, row_bytes, cols / 32, rows, r0, lane, x.data(), lanes[lane]);
+            for (int lane = 0; lane < 32; ++lane)
+                matvec_lane<T>(bytes, row_bytes, cols / 32, rows, r0, lane, x.data(), lanes[lane]);
             for (int r = 0; r < kMvRows && r0 + r < rows; ++r) {
                 float v[32];
                 for (int lane = 0; lane < 32; ++lane) v[lane] = lanes[lane][r];
@@ -272,7 +278,7 @@ class FiberBlock;
 thread_local FiberBlock* g_block = nullptr;
 
 class FiberBlock {
-public:
+  public:
     enum Wait { kNone, kWarp, kBlock };
 
     FiberBlock(int threads, size_t shared_floats, int bx, int by)
@@ -303,7 +309,8 @@ public:
             for (const Fiber& f : fibers_) live = live || !f.done;
             if (!live) break;
             released = release(kBlock, 0, int(fibers_.size())) || released;
-            for (int w = 0; w * 32 < int(fibers_.size()); ++w) released = release(kWarp, w * 32, w * 32 + 32) || released;
+            for (int w = 0; w * 32 < int(fibers_.size()); ++w)
+                released = release(kWarp, w * 32, w * 32 + 32) || released;
             if (!ran && !released) throw Error("host emulation: the block's threads deadlocked at a barrier");
         }
         g_block = outer;
@@ -331,7 +338,7 @@ public:
         return v;
     }
 
-private:
+  private:
     struct Fiber {
         ucontext_t ctx{};
         std::vector<char> stack;
@@ -434,13 +441,14 @@ namespace kvgen::cuda::host {
 
 std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps) {
     std::vector<float> out(x.size(), NAN);
-    run_grid(n, 1, 256, 32, [&](const HostThread& t) { rmsnorm_body(t, 256, x.data(), w.data(), out.data(), dim, eps); });
+    run_grid(n, 1, 256, 32,
+             [&](const HostThread& t) { rmsnorm_body(t, 256, x.data(), w.data(), out.data(), dim, eps); });
     return out;
 }
 
 namespace {
-void host_rope_tables(int n, int pos0, const Config& c, const std::vector<float>& freq_factors, std::vector<float>* cos_t,
-                      std::vector<float>* sin_t) {
+void host_rope_tables(int n, int pos0, const Config& c, const std::vector<float>& freq_factors,
+                      std::vector<float>* cos_t, std::vector<float>* sin_t) {
     const int half = c.rope_dim / 2;
     std::vector<double> pw(static_cast<size_t>(half)), ff(freq_factors.begin(), freq_factors.end());
     for (int j = 0; j < half; ++j) pw[size_t(j)] = std::pow(double(c.rope_base), -2.0 * j / double(c.rope_dim));

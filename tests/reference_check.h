@@ -30,7 +30,8 @@ inline double nrmse(const float* ours, const float* exact, int n) {
 }
 
 // Runs the reference case `stem` greedily on the backend that make() builds for its model (n_ctx 256).
-inline void check_reference(const std::string& stem, const std::function<std::unique_ptr<Backend>(const Model&)>& make) {
+inline void check_reference(const std::string& stem,
+                            const std::function<std::unique_ptr<Backend>(const Model&)>& make) {
     const std::string dir = test::shared("testdata/ref/");
     std::ifstream jf(dir + stem + ".json");
     REQUIRE(jf.good());
@@ -65,8 +66,8 @@ inline void check_reference(const std::string& stem, const std::function<std::un
         [&](int32_t id, const float* logits) {
             const auto r = std::find(rows.begin(), rows.end(), step);
             if (on_path && r != rows.end()) {
-                const float* exact = reinterpret_cast<const float*>(exact_bytes.data()) +
-                                     size_t(r - rows.begin()) * size_t(n_vocab);
+                const float* exact =
+                    reinterpret_cast<const float*>(exact_bytes.data()) + size_t(r - rows.begin()) * size_t(n_vocab);
                 const double e = nrmse(logits, exact, n_vocab);
                 INFO(stem << " step " << step << " nrmse " << e << " tolerance " << tol);
                 CHECK(e <= tol);
@@ -84,9 +85,9 @@ inline void check_reference(const std::string& stem, const std::function<std::un
     CHECK(compared >= 1);
 }
 
-inline const char* const kRefStems[] = {"llama-2-tiny-random.p1", "open-gqa-Q8_0.p1",   "open-gqa-Q8_0.p3",
-                                 "open-gqa-Q4_0.p1",       "open-gqa-Q4_0.p3",   "open-gqa-Q4_K_M.p1",
-                                 "open-gqa-Q4_K_M.p3",     "open-gqa-Q6_K.p1",   "open-gqa-Q6_K.p3",
-                                 "open-mha-F16.p1",        "open-mha-F16.p3"};
+inline const char* const kRefStems[] = {"llama-2-tiny-random.p1", "open-gqa-Q8_0.p1", "open-gqa-Q8_0.p3",
+                                        "open-gqa-Q4_0.p1",       "open-gqa-Q4_0.p3", "open-gqa-Q4_K_M.p1",
+                                        "open-gqa-Q4_K_M.p3",     "open-gqa-Q6_K.p1", "open-gqa-Q6_K.p3",
+                                        "open-mha-F16.p1",        "open-mha-F16.p3"};
 
 }  // namespace kvgen::test

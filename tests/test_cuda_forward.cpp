@@ -37,7 +37,9 @@ Model synth_model(const std::string& type) {
         "synth-" + type);
 }
 
-int argmax(const std::vector<float>& v) { return int(std::max_element(v.begin(), v.end()) - v.begin()); }
+int argmax(const std::vector<float>& v) {
+    return int(std::max_element(v.begin(), v.end()) - v.begin());
+}
 
 float top2_gap(const std::vector<float>& v) {
     std::vector<float> s = v;
@@ -62,7 +64,9 @@ void check_logits(const std::vector<float>& cpu, const std::vector<float>& gpu, 
     if (top2_gap(cpu) > 2 * tol) REQUIRE(argmax(cpu) == argmax(gpu));
 }
 
-std::vector<float> copy(const float* p, int n) { return std::vector<float>(p, p + n); }
+std::vector<float> copy(const float* p, int n) {
+    return std::vector<float>(p, p + n);
+}
 
 void compare_backends(const Model& m, const std::string& label) {
     INFO(label);
@@ -152,8 +156,8 @@ TEST_CASE("a model that does not fit on the GPU is refused with needed and free 
     cuda::CudaOptions go;
     go.n_ctx = 1 << 24;  // a KV cache of many GiB per layer
     go.n_batch = 16;
-    REQUIRE_THROWS_WITH(cuda::make_backend(m, go), Catch::Contains("not enough GPU memory") &&
-                                                        Catch::Contains("is free"));
+    REQUIRE_THROWS_WITH(cuda::make_backend(m, go),
+                        Catch::Contains("not enough GPU memory") && Catch::Contains("is free"));
 }
 
 TEST_CASE("the CUDA backend passes every reference case's fidelity rules", "[cuda][fidelity]") {

@@ -18,8 +18,8 @@
 using namespace kvgen;
 
 TEST_CASE("the CUDA decoders, run on the host, equal dequantize_row for every type", "[cuda-host]") {
-    for (const char* name : {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K",
-                             "Q5_K", "Q6_K"}) {
+    for (const char* name :
+         {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}) {
         INFO(name);
         GgmlType t;
         REQUIRE(ggml_type_from_name(name, &t));
@@ -87,8 +87,8 @@ TEST_CASE("the CUDA attention kernels' bodies, run on the host, match cpu::atten
         for (float& x : v) x = d(rng) * sigma;
         return v;
     };
-    for (const Shape s : {Shape{4, 2, 64}, Shape{3, 1, 128}, Shape{6, 2, 96}, Shape{2, 2, 256}, Shape{8, 1, 32},
-                          Shape{5, 5, 64}}) {
+    for (const Shape s :
+         {Shape{4, 2, 64}, Shape{3, 1, 128}, Shape{6, 2, 96}, Shape{2, 2, 256}, Shape{8, 1, 32}, Shape{5, 5, 64}}) {
         Config c;
         c.n_vocab = 16;
         c.n_embd = s.n_heads * s.hd;
@@ -99,8 +99,8 @@ TEST_CASE("the CUDA attention kernels' bodies, run on the host, match cpu::atten
         c.head_dim = s.hd;
         c.rope_dim = s.hd;
         const int n_ctx = 80;
-        for (const auto& [pos0, n] : {std::pair{0, 1}, std::pair{1, 1}, std::pair{37, 1}, std::pair{0, 6},
-                                      std::pair{9, 11}}) {
+        for (const auto& [pos0, n] :
+             {std::pair{0, 1}, std::pair{1, 1}, std::pair{37, 1}, std::pair{0, 6}, std::pair{9, 11}}) {
             const int n_pos = pos0 + n;
             const size_t kvd = size_t(s.n_kv) * s.hd;
             const std::vector<float> k = randn(size_t(n_pos) * kvd, 1.0f), v = randn(size_t(n_pos) * kvd, 1.0f);

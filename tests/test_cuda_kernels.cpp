@@ -18,7 +18,7 @@ namespace ct = kvgen::cuda::testing;
 
 namespace {
 
-const char* const kTypes[] = {"F32", "F16",  "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
+const char* const kTypes[] = {"F32",  "F16",  "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
                               "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"};
 
 std::vector<uint8_t> random_weights(GgmlType t, int64_t rows, int64_t cols, uint64_t seed) {
