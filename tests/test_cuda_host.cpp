@@ -13,6 +13,7 @@
 #include "model/dequant.h"
 #include "model/weights.h"
 #include "synth/synth.h"
+#include "cuda_test_util.h"
 #include "testing.h"
 
 using namespace kvgen;
@@ -36,10 +37,7 @@ TEST_CASE("the CUDA decoders, run on the host, equal dequantize_row for every ty
         CHECK(bad == 0);
 
         // The matvec lane split (rows not a multiple of the rows per warp) against a double-precision product.
-        std::mt19937 rng(9);
-        std::normal_distribution<float> d(0.0f, 1.0f);
-        std::vector<float> x(static_cast<size_t>(cols));
-        for (float& v : x) v = d(rng);
+        const std::vector<float> x = test::randn(size_t(cols), 9);
         const std::vector<float> y = cuda::host::matvec(t, b.data(), rows, cols, x);
         for (int64_t r = 0; r < rows; ++r) {
             double s = 0, mag = 0;
@@ -80,24 +78,11 @@ TEST_CASE("the CUDA attention kernels' bodies, run on the host, match cpu::atten
         int n_heads, n_kv, hd;
     };
     cpu::ThreadPool pool(1);
-    std::mt19937 rng(21);
-    std::normal_distribution<float> d(0.0f, 1.0f);
-    auto randn = [&](size_t count, float sigma) {
-        std::vector<float> v(count);
-        for (float& x : v) x = d(rng) * sigma;
-        return v;
-    };
+    uint32_t seed = 21;
+    auto randn = [&](size_t count, float sigma) { return test::randn(count, seed++, sigma); };
     for (const Shape s :
          {Shape{4, 2, 64}, Shape{3, 1, 128}, Shape{6, 2, 96}, Shape{2, 2, 256}, Shape{8, 1, 32}, Shape{5, 5, 64}}) {
-        Config c;
-        c.n_vocab = 16;
-        c.n_embd = s.n_heads * s.hd;
-        c.n_ff = 32;
-        c.n_layers = 1;
-        c.n_heads = s.n_heads;
-        c.n_kv_heads = s.n_kv;
-        c.head_dim = s.hd;
-        c.rope_dim = s.hd;
+        const Config c = test::attention_config(s.n_heads, s.n_kv, s.hd);
         const int n_ctx = 80;
         for (const auto& [pos0, n] :
              {std::pair{0, 1}, std::pair{1, 1}, std::pair{37, 1}, std::pair{0, 6}, std::pair{9, 11}}) {
@@ -109,17 +94,12 @@ TEST_CASE("the CUDA attention kernels' bodies, run on the host, match cpu::atten
             kv.write(0, 0, n_pos, k.data(), v.data());
             std::vector<float> want(q.size()), scratch(size_t(cpu::attention_scratch(c, n_ctx)));
             cpu::attention(want.data(), q.data(), kv, 0, pos0, n, c, scratch.data(), pool);
-            float scale = 0.0f;
-            for (float x : want) scale = std::max(scale, std::fabs(x));
+            const float scale = test::max_abs(want);
             for (int splits : n == 1 ? std::vector<int>{1, 3, 16} : std::vector<int>{0}) {
                 INFO("heads " << s.n_heads << "/" << s.n_kv << " hd " << s.hd << " pos0 " << pos0 << " n " << n
                               << " splits " << splits);
                 const std::vector<float> got = cuda::host::attention(c, q, k, v, pos0, n, n_ctx, splits);
-                float worst = 0.0f;
-                for (size_t i = 0; i < got.size(); ++i) {
-                    const float e = std::fabs(got[i] - want[i]);
-                    worst = std::isnan(e) ? INFINITY : std::max(worst, e);
-                }
+                const float worst = test::worst_diff(got, want);
                 INFO("worst |diff| " << worst << " of " << scale);
                 CHECK(worst <= 2e-5f * scale);
             }
@@ -127,54 +107,20 @@ TEST_CASE("the CUDA attention kernels' bodies, run on the host, match cpu::atten
     }
 }
 
-namespace {
-
-Config small_config(int n_heads, int n_kv, int hd) {
-    Config c;
-    c.n_vocab = 16;
-    c.n_embd = n_heads * hd;
-    c.n_ff = 32;
-    c.n_layers = 1;
-    c.n_heads = n_heads;
-    c.n_kv_heads = n_kv;
-    c.head_dim = hd;
-    c.rope_dim = hd;
-    return c;
-}
-
-std::vector<float> gaussian(size_t n, uint32_t seed, float sigma) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> d(0.0f, sigma);
-    std::vector<float> v(n);
-    for (float& x : v) x = d(rng);
-    return v;
-}
-
-float worst_diff(const std::vector<float>& a, const std::vector<float>& b) {
-    REQUIRE(a.size() == b.size());
-    float w = 0.0f;
-    for (size_t i = 0; i < a.size(); ++i) {
-        const float e = std::fabs(a[i] - b[i]);
-        w = std::isnan(e) ? INFINITY : std::max(w, e);
-    }
-    return w;
-}
-
-}  // namespace
 
 TEST_CASE("the CUDA element-wise bodies, run on the host, match the CPU ops", "[cuda-host]") {
     // RMSNorm: one block of 256 threads per row (fibers), rows longer and shorter than the block
     for (int dim : {96, 896, 2049}) {
         const int n = 3;
-        const std::vector<float> x = gaussian(size_t(n * dim), 5, 3.0f), w = gaussian(size_t(dim), 6, 1.0f);
+        const std::vector<float> x = test::randn(size_t(n * dim), 5, 3.0f), w = test::randn(size_t(dim), 6, 1.0f);
         std::vector<float> want(x.size());
         cpu::rmsnorm(want.data(), x.data(), w.data(), n, dim, 1e-5f);
         INFO("dim " << dim);
-        CHECK(worst_diff(cuda::host::rmsnorm(x, w, n, dim, 1e-5f), want) <= 1e-5f * 8.0f);
+        CHECK(test::worst_diff(cuda::host::rmsnorm(x, w, n, dim, 1e-5f), want) <= 1e-5f * 8.0f);
     }
     // RoPE (plain, linear scaling, frequency factors with a partial rotation) and the rotated K store
     for (int variant = 0; variant < 3; ++variant) {
-        Config c = small_config(6, 2, 64);
+        Config c = test::attention_config(6, 2, 64);
         c.rope_base = 500000.0f;
         std::vector<float> ff;
         if (variant == 1) {
@@ -183,7 +129,7 @@ TEST_CASE("the CUDA element-wise bodies, run on the host, match the CPU ops", "[
         }
         if (variant == 2) {
             c.rope_dim = 32;
-            ff = gaussian(size_t(c.rope_dim / 2), 7, 1.0f);
+            ff = test::randn(size_t(c.rope_dim / 2), 7, 1.0f);
             for (float& f : ff) f = 1.0f + std::fabs(f) * 4.0f;
         }
         for (int pos0 : {0, 3001}) {
@@ -191,16 +137,16 @@ TEST_CASE("the CUDA element-wise bodies, run on the host, match the CPU ops", "[
             const int n = 4, half = c.rope_dim / 2;
             std::vector<float> cs(size_t(n * half)), sn(size_t(n * half));
             cpu::rope_tables(cs.data(), sn.data(), pos0, n, c, ff.empty() ? nullptr : ff.data());
-            const std::vector<float> q = gaussian(size_t(n * c.n_heads * c.head_dim), 8, 1.0f);
+            const std::vector<float> q = test::randn(size_t(n * c.n_heads * c.head_dim), 8, 1.0f);
             std::vector<float> want = q;
             cpu::rope(want.data(), cs.data(), sn.data(), n, c.n_heads, c);
-            CHECK(worst_diff(cuda::host::rope(q, n, c.n_heads, pos0, c, ff), want) <= 1e-5f);
+            CHECK(test::worst_diff(cuda::host::rope(q, n, c.n_heads, pos0, c, ff), want) <= 1e-5f);
             if (variant != 2) {
-                const std::vector<float> k = gaussian(size_t(n * c.n_kv_heads * c.head_dim), 9, 1.0f);
+                const std::vector<float> k = test::randn(size_t(n * c.n_kv_heads * c.head_dim), 9, 1.0f);
                 std::vector<float> wk = k;
                 cpu::rope(wk.data(), cs.data(), sn.data(), n, c.n_kv_heads, c);
                 for (float& v : wk) v = fp16_to_fp32(fp32_to_fp16(v));
-                CHECK(worst_diff(cuda::host::store_k(c, k, pos0, n, 4096), wk) <= 4e-3f);
+                CHECK(test::worst_diff(cuda::host::store_k(c, k, pos0, n, 4096), wk) <= 4e-3f);
             }
         }
     }
@@ -218,6 +164,6 @@ TEST_CASE("the CUDA embedding lookup body, run on the host, decodes the requeste
         std::vector<float> want(ids.size() * size_t(cols));
         for (size_t i = 0; i < ids.size(); ++i)
             dequantize_row(t, b.data() + ids[i] * rb, want.data() + i * size_t(cols), cols);
-        CHECK(worst_diff(cuda::host::get_rows(t, b.data(), rows, cols, ids), want) <= 1e-6f);
+        CHECK(test::worst_diff(cuda::host::get_rows(t, b.data(), rows, cols, ids), want) <= 1e-6f);
     }
 }

@@ -11,10 +11,13 @@
 #include "engine/kv_cache.h"
 #include "model/dequant.h"
 #include "synth/synth.h"
+#include "cuda_test_util.h"
 #include "testing.h"
 
 using namespace kvgen;
 namespace ct = kvgen::cuda::testing;
+using test::max_abs;
+using test::randn;
 
 namespace {
 
@@ -26,20 +29,6 @@ std::vector<uint8_t> random_weights(GgmlType t, int64_t rows, int64_t cols, uint
     std::vector<uint8_t> b(size_t(rows * ggml_row_bytes(*info, cols)));
     synth_random_rows(t, b.data(), rows, cols, 0.05f, seed);
     return b;
-}
-
-std::vector<float> randn(size_t n, uint32_t seed, float sigma = 1.0f) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> d(0.0f, sigma);
-    std::vector<float> v(n);
-    for (float& x : v) x = d(rng);
-    return v;
-}
-
-float max_abs(const std::vector<float>& v) {
-    float m = 0.0f;
-    for (float x : v) m = std::max(m, std::fabs(x));
-    return m;
 }
 
 // Every element within tol (absolute); NaN never passes.
@@ -56,20 +45,6 @@ void require_close(const std::vector<float>& got, const std::vector<float>& want
     }
     INFO("worst |diff| " << worst << " at " << at << " (got " << got[at] << ", want " << want[at] << "), tol " << tol);
     REQUIRE(worst <= tol);
-}
-
-Config attn_config(int n_heads, int n_kv, int hd) {
-    Config c;
-    c.n_vocab = 16;
-    c.n_embd = n_heads * hd;
-    c.n_ff = 32;
-    c.n_layers = 1;
-    c.n_heads = n_heads;
-    c.n_kv_heads = n_kv;
-    c.head_dim = hd;
-    c.rope_dim = hd;
-    c.n_ctx_train = 4096;
-    return c;
 }
 
 }  // namespace
@@ -184,7 +159,7 @@ TEST_CASE("rmsnorm, swiglu and add match the CPU ops", "[cuda][kernels]") {
 
 TEST_CASE("RoPE and the K store match cpu::rope at small and large positions", "[cuda][kernels]") {
     for (int variant = 0; variant < 3; ++variant) {
-        Config c = attn_config(6, 2, 64);
+        Config c = test::attention_config(6, 2, 64);
         c.rope_base = 500000.0f;
         std::vector<float> ff;
         if (variant == 1) {  // linear scaling
@@ -224,7 +199,7 @@ TEST_CASE("flash-decoding and prefill attention match cpu::attention", "[cuda][k
     cpu::ThreadPool pool(2);
     for (const Shape s : {Shape{8, 2, 64}, Shape{4, 4, 128}, Shape{9, 3, 64}, Shape{4, 2, 96}, Shape{2, 1, 256},
                           Shape{16, 2, 32}, Shape{5, 1, 64}}) {
-        const Config c = attn_config(s.n_heads, s.n_kv, s.hd);
+        const Config c = test::attention_config(s.n_heads, s.n_kv, s.hd);
         const int n_ctx = 1200;
         for (int pos0 : {0, 1, 37, 1100}) {
             for (int n : {1, 7, 40}) {
