@@ -45,13 +45,12 @@ std::vector<const WeightView*> device_weights(const Model& m) {
     return out;
 }
 
-// Whether weight a is uploaded right after weight b's last row (no padding), so that the two read as one matrix:
-// Q, K and V (one decode matvec for all three) and gate, up (one SwiGLU kernel). Rows stay aligned: a group
-// starts on kAlign and every row size of a type is a multiple of what its decoder's loads need.
+// Whether `next` is uploaded right after `prev`'s last row, without padding, so that Q, K and V read as one matrix
+// (one decode matvec for all three). Rows stay aligned: the group starts on kAlign and every row size of a type is a
+// multiple of what its decoder's loads need.
 bool continues(const Model& m, const WeightView* prev, const WeightView* next) {
     for (const LayerWeights& L : m.weights.layers)
-        if ((prev == &L.wq && next == &L.wk) || (prev == &L.wk && next == &L.wv) ||
-            (prev == &L.w_gate && next == &L.w_up))
+        if ((prev == &L.wq && next == &L.wk) || (prev == &L.wk && next == &L.wv))
             return prev->type == next->type && prev->row_bytes == next->row_bytes;
     return false;
 }
