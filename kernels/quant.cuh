@@ -286,8 +286,9 @@ struct Dq<GgmlType::Q6_K> {
     }
 };
 
-template <>
-struct Dq<GgmlType::F16> {
+// 32 plain 16-bit values (64 bytes, four 16-byte loads), widened by ToFloat.
+template <typename ToFloat>
+struct Dq16 {
     static constexpr int kWeights = 32, kBytes = 64, kChunks = 1;
     KVGEN_HD static void chunk(const uint8_t* b, int, float (&w)[32]) {
         const uint4* p = reinterpret_cast<const uint4*>(b);
@@ -297,30 +298,24 @@ struct Dq<GgmlType::F16> {
             const uint32_t u[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                w[8 * k + 2 * e] = __half2float(__ushort_as_half(uint16_t(u[e] & 0xffffu)));
-                w[8 * k + 2 * e + 1] = __half2float(__ushort_as_half(uint16_t(u[e] >> 16)));
+                w[8 * k + 2 * e] = ToFloat::of(uint16_t(u[e] & 0xffffu));
+                w[8 * k + 2 * e + 1] = ToFloat::of(uint16_t(u[e] >> 16));
             }
         }
     }
 };
 
-template <>
-struct Dq<GgmlType::BF16> {
-    static constexpr int kWeights = 32, kBytes = 64, kChunks = 1;
-    KVGEN_HD static void chunk(const uint8_t* b, int, float (&w)[32]) {
-        const uint4* p = reinterpret_cast<const uint4*>(b);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const uint4 v = p[k];
-            const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                w[8 * k + 2 * e] = bits_to_float(u[e] << 16);
-                w[8 * k + 2 * e + 1] = bits_to_float(u[e] & 0xffff0000u);
-            }
-        }
-    }
+struct HalfToFloat {
+    KVGEN_HD static float of(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 };
+struct Bf16ToFloat {
+    KVGEN_HD static float of(uint16_t h) { return bits_to_float(uint32_t(h) << 16); }
+};
+
+template <>
+struct Dq<GgmlType::F16> : Dq16<HalfToFloat> {};
+template <>
+struct Dq<GgmlType::BF16> : Dq16<Bf16ToFloat> {};
 
 template <>
 struct Dq<GgmlType::F32> {
