@@ -128,3 +128,24 @@ TEST_CASE("cached and --no-kv-cache greedy runs agree for 64 tokens (default mod
     CHECK(a.size() == 64);
     CHECK(a == b);
 }
+
+TEST_CASE("-n 0 prefills the prompt and samples nothing", "[engine]") {
+    const Model model = Model::load(test::shared("testdata/ref/open-gqa-Q8_0.gguf"));
+    const Tokenizer tok = Tokenizer::from_gguf(model.file);
+    const auto prompt = tok.encode("The KV cache", true);
+    cpu::CpuOptions opt;
+    opt.n_ctx = 64;
+    opt.n_threads = 1;
+    cpu::CpuBackend backend(model, opt);
+    GenerateOptions g;
+    g.n_predict = 0;
+    int calls = 0;
+    const GenerateStats st = Generator(backend).run(
+        prompt, g, [&calls](int32_t, const float*) { return ++calls > 0; }, nullptr, model.config.n_vocab);
+    CHECK(calls == 0);
+    CHECK(st.tokens.empty());
+    CHECK(st.token_ms.empty());
+    CHECK(st.n_prompt == int(prompt.size()));
+    CHECK(st.prefill_ms > 0);
+    CHECK(st.stop == "n_predict");
+}

@@ -41,6 +41,10 @@ GenerateStats Generator::run(const std::vector<int32_t>& prompt, const GenerateO
     const float* logits = prefill(seq, 0);
     st.prefill_ms = ms_since(t0);
     double step_ms = st.prefill_ms;
+    if (opt.n_predict == 0) {  // the prompt alone: its K/V are in the cache, nothing is sampled
+        st.stop = "n_predict";
+        return st;
+    }
 
     for (;;) {
         auto ts = std::chrono::steady_clock::now();
