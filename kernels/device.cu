@@ -6,13 +6,31 @@
 
 namespace kvgen::cuda {
 
+namespace {
+
+// note: with no NVIDIA driver installed the runtime says "driver version is insufficient for CUDA runtime version",
+// which sends a user to update a driver they do not have; the driver version (0: none) tells the cases apart.
+std::string no_device_reason(cudaError_t err) {
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    if (driver == 0) return "no NVIDIA driver or GPU found";
+    if (err == cudaErrorNoDevice) return "no NVIDIA GPU found";
+    if (err == cudaErrorInsufficientDriver)
+        return fmt::format("the NVIDIA driver supports CUDA {}.{} but this build needs {}.{} (update the driver)",
+                           driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10);
+    return fmt::format("no usable CUDA device ({})", cudaGetErrorString(err));
+}
+
+}  // namespace
+
 std::vector<DeviceInfo> list_devices(std::string* why_none) {
     std::vector<DeviceInfo> out;
     int n = 0;
     cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess) {
-        if (why_none) *why_none = fmt::format("no usable CUDA device ({})", cudaGetErrorString(err));
-        cudaGetLastError();  // clear the sticky-free error so later calls start clean
+        if (why_none) *why_none = no_device_reason(err);
+        cudaGetLastError();  // clear the error so later calls start clean
         return out;
     }
     if (n == 0) {
