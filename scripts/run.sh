@@ -8,7 +8,7 @@ if [[ ${1:-} == -h || ${1:-} == --help ]]; then
 fi
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-scripts/setup.sh >/dev/null
+scripts/setup.sh >&2  # its progress on stderr: stdout carries only the generated text
 models/fetch-default.sh
 args=("$@")
 if ((${#args[@]} == 0)); then args=(--chat -p "What is the capital of France? Answer in two sentences." -n 64 --temp 0); fi

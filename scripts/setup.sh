@@ -37,7 +37,7 @@ if ((${#missing[@]})); then
     fi
     export DEBIAN_FRONTEND=noninteractive
     "${sudo[@]}" apt-get update -qq
-    "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
 ((build)) || exit 0
@@ -56,4 +56,8 @@ cmake -S . -B "$build_dir" -G Ninja \
     exit 1
 }
 rm -f "$build_dir.configure.log"
+if [[ ! -x $build_dir/kvgen ]]; then
+    echo "setup: building kvgen into $build_dir/ (the first build compiles the CUDA kernels for each GPU" \
+        "architecture: several minutes)" >&2
+fi
 cmake --build "$build_dir" -j "$(nproc)"
