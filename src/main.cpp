@@ -1,21 +1,26 @@
 // kvgen: the command line. Parses options, dispatches to a mode, and is the only place that prints errors.
-#include <cstdio>
 #include <algorithm>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
 #include <string>
 #include <thread>
 
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
 
+#include "cli/backend_select.h"
 #include "cli/bench.h"
 #include "cli/bench_memory.h"
 #include "cli/format.h"
-#include "cli/inspect.h"
 #include "cli/generate.h"
+#include "cli/inspect.h"
+#include "cli/llama_flags.h"
+#include "cli/prompt.h"
 #include "cli/signals.h"
 #include "cli/tokenize.h"
 #include "common/error.h"
@@ -61,11 +66,44 @@ std::string default_model_path() {
     return kDefaultModel;
 }
 
+// A float option's check: finite (CLI11's Range lets NaN through: every comparison with it is false) and in range.
+CLI::Validator finite_range(double lo, double hi) {
+    return CLI::Validator(
+        [lo, hi](std::string& s) -> std::string {
+            double v = 0;
+            if (!CLI::detail::lexical_cast(s, v) || !std::isfinite(v) || v < lo || v > hi)
+                return fmt::format("value {} not a number in [{} - {}]", s, lo, hi);
+            return {};
+        },
+        fmt::format("FLOAT in [{} - {}]", lo, hi));
+}
+
+// The arguments with llama.cpp's spellings rewritten (llama_flags.h), reversed as CLI11's parse() takes them.
+std::vector<std::string> translated_args(const CLI::App& app, int argc, char** argv) {
+    auto arity = [&app](const std::string& name) {
+        const CLI::Option* o = name.size() > 1 && name[0] == '-' ? app.get_option_no_throw(name) : nullptr;
+        return o == nullptr ? -1 : o->get_items_expected_min() > 0 ? 1 : 0;
+    };
+    std::vector<std::string> args =
+        kvgen::translate_llama_flags(std::vector<std::string>(argv + 1, argv + argc), arity);
+    std::reverse(args.begin(), args.end());
+    return args;
+}
+
+// Refuses an option that only means something in another mode, rather than ignoring it.
+void only_with(const CLI::App& app, const char* option, bool mode, const char* mode_name) {
+    if (!mode && app.count(option) > 0) throw kvgen::Error(fmt::format("{} only applies to {}", option, mode_name));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     CLI::App app{"kvgen: text generation for LLaMA-style GGUF models, built around the KV cache", "kvgen"};
     app.set_version_flag("--version", "kvgen 0.1.0");
+    app.footer(
+        "llama.cpp spellings are accepted: -ngl N (0: CPU, N > 0: GPU), -dev, -fa, -ctk/-ctv, -tb, -sys, -sysf, -st, "
+        "-no-cnv, -sp.\n-r is the reverse prompt when generating and the repetition count with --bench (as in "
+        "llama-completion and llama-bench).");
 
     std::string model;
     std::string json_path;
@@ -77,16 +115,23 @@ int main(int argc, char** argv) {
     int repetitions = 5;
     std::string depths = "0", output_format = "md";
     bool tokenize = false;
-    std::string prompt, prompt_file;
+    bool escape = true;
+    std::string prompt, prompt_file, system_file;
     kvgen::TokenizeOptions tok_opt;
+    kvgen::LlamaSettings llama;
     app.add_option("-m,--model", model, fmt::format("GGUF model file (default: {})", kDefaultModel));
     app.add_flag("--inspect", inspect, "print the model's architecture, tensor types and KV cache cost, then exit");
     app.add_option("--json", json_path, "write a machine-readable report to this file ('-' for stdout with --inspect)");
     app.add_option("-p,--prompt", prompt, "prompt text");
-    app.add_option("-f,--file", prompt_file, "read the prompt from a file");
-    app.add_flag("--tokenize", tokenize, "print the prompt's token ids on one line (-v: one piece per line), then exit");
+    app.add_option("-f,--file", prompt_file,
+                   "read the prompt from a file ('-': standard input; without -p or -f a piped input is read)");
+    app.add_flag("-e,--escape,!--no-escape", escape,
+                 "process \\n \\r \\t \\' \\\" \\\\ \\xHH in -p, -f, -sys and -r text (default: on, as llama.cpp)");
+    app.add_flag("--tokenize", tokenize,
+                 "print the prompt's token ids on one line (-v: one piece per line), then exit");
     app.add_flag("--no-bos", tok_opt.no_bos, "do not add the BOS token even when the model asks for it");
-    app.add_flag("--special", tok_opt.parse_special, "parse control-token text in the prompt (e.g. <|im_start|>)");
+    app.add_flag("--special", tok_opt.parse_special,
+                 "control tokens: parse their text in the prompt (e.g. <|im_start|>) and print them in the output");
     kvgen::GenerateCliOptions gen;
     std::string kv_type = "f16";
     app.add_option("-n,--n-predict", gen.n_predict, "tokens to generate (-1: until end of generation or full context)")
@@ -95,41 +140,65 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(1, 1 << 24));
     app.add_option("-b,--batch-size", gen.n_batch, "prompt tokens per forward pass")->check(CLI::Range(1, 1 << 16));
     app.add_option("-t,--threads", gen.n_threads, "threads (default: physical cores)")->check(CLI::Range(1, 1024));
-    app.add_option("--temp", gen.sampler.temp, "temperature (0: greedy)")->check(CLI::Range(0.0, 100.0));
+    app.add_option("--threads-batch", llama.threads_batch, "llama.cpp's -tb: kvgen uses -t for prompt and generation")
+        ->check(CLI::Range(1, 1024));
+    app.add_option("--temp", gen.sampler.temp, "temperature (0: greedy)")->check(finite_range(0.0, 100.0));
     app.add_option("--top-k", gen.sampler.top_k, "top-k sampling (0: off)")->check(CLI::Range(0, 1 << 24));
-    app.add_option("--top-p", gen.sampler.top_p, "top-p sampling (1: off)")->check(CLI::Range(0.0, 1.0));
-    app.add_option("--min-p", gen.sampler.min_p, "min-p sampling (0: off)")->check(CLI::Range(0.0, 1.0));
+    app.add_option("--top-p", gen.sampler.top_p, "top-p sampling (1: off)")->check(finite_range(0.0, 1.0));
+    app.add_option("--min-p", gen.sampler.min_p, "min-p sampling (0: off)")->check(finite_range(0.0, 1.0));
     app.add_option("--repeat-penalty", gen.sampler.repeat_penalty, "penalty for repeated tokens (1: off)")
-        ->check(CLI::Range(0.0, 100.0));
+        ->check(finite_range(0.0, 100.0));
     app.add_option("--repeat-last-n", gen.sampler.repeat_last_n, "tokens the penalty looks back (-1: all)")
         ->check(CLI::Range(-1, 1 << 24));
     app.add_option("-s,--seed", gen.seed, "random seed (-1: random)")->check(CLI::Range(-1LL, 4294967295LL));
-    app.add_flag("--no-kv-cache", [&gen](int64_t) { gen.kv_cache = false; },
-                 "recompute the whole sequence every step (to measure what the cache buys)");
+    app.add_option("--reverse-prompt", gen.reverse_prompts,
+                   "-r TEXT: stop when the output ends with TEXT (repeatable; llama-completion's -r)")
+        ->expected(1)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+    app.add_flag(
+        "--no-kv-cache", [&gen](int64_t) { gen.kv_cache = false; },
+        "recompute the whole sequence every step (to measure what the cache buys)");
     app.add_option("--kv-type", kv_type, "KV cache element type")->check(CLI::IsMember({"f16", "f32"}));
-    app.add_option("--device", gen.device, "where to run (auto: the GPU when this build and machine have one)")
-        ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-    app.add_flag("--no-cuda-graphs", [&gen](int64_t) { gen.cuda_graphs = false; },
-                 "CUDA: launch the decode step kernel by kernel instead of replaying a captured graph");
+    app.add_option("--cache-type-k", llama.cache_type_k, "llama.cpp's -ctk: the same as --kv-type");
+    app.add_option("--cache-type-v", llama.cache_type_v, "llama.cpp's -ctv: the same as --kv-type");
+    app.add_option("--device", gen.device,
+                   "-dev: cpu, cuda, cudaN or auto (the GPU when this build and machine have one); llama.cpp's CUDA0 "
+                   "and none are understood");
+    app.add_option("--n-gpu-layers", llama.n_gpu_layers,
+                   "-ngl N: 0 runs on the CPU, N > 0 (or all) the whole model on the GPU, auto as --device auto");
+    app.add_option("--flash-attn", llama.flash_attn, "-fa on|auto: accepted (kvgen's attention is always fused)");
+    app.add_flag(
+        "--no-cuda-graphs", [&gen](int64_t) { gen.cuda_graphs = false; },
+        "CUDA: launch the decode step kernel by kernel instead of replaying a captured graph");
     app.add_flag("--chat", gen.chat, "wrap the prompt in the model's chat format");
+    app.add_flag("--single-turn", gen.chat, "-st: llama.cpp's one-turn conversation, the same as --chat");
+    app.add_option("--system-prompt", gen.system_prompt,
+                   "-sys TEXT: the chat format's system turn, replacing the template's default (implies --chat)");
+    app.add_option("--system-prompt-file", system_file, "-sysf FILE: the system turn from a file (implies --chat)");
+    app.add_flag("--no-conversation", "-no-cnv: accepted; kvgen answers the prompt and exits (its only mode)");
+    app.add_flag("--display-prompt,!--no-display-prompt", gen.display_prompt,
+                 "print the prompt on stdout before the generated text (default: off)");
     app.add_flag("--ignore-eos", gen.ignore_eos, "keep generating past end-of-generation tokens");
     app.add_option("--dump-logits", gen.dump_logits_path, "write each step's logits (float32 rows of n_vocab)");
     app.add_flag("--no-perf", gen.no_perf, "do not print the timing lines");
     app.add_flag("--bench", bench,
                  "benchmark like llama-bench: prefill of -p N[,N..] and decode of -n N random tokens at -d depths");
-    app.add_option("-r,--repetitions", repetitions, "--bench: timed runs per test (after a warm-up)")
+    app.add_option("--repetitions", repetitions, "--bench: -r N timed runs per test (after a warm-up)")
         ->check(CLI::Range(1, 1000));
     app.add_option("-d,--n-depth", depths, "--bench: tokens already in the KV cache, e.g. 0,1024,4096");
     app.add_option("-o,--output-format", output_format, "--bench: md, json or csv")
         ->check(CLI::IsMember({"md", "json", "csv"}));
     app.add_flag("--bench-memory", bench_memory, "measure memory read bandwidth (the ceiling for decode), then exit");
     app.add_flag("--list-devices", devices, "list the devices kvgen can run on, then exit");
-    app.add_flag("-v,--verbose", verbose, "more detail (--inspect: every metadata key)");
+    app.add_flag("-v,--verbose", verbose, "more detail (--inspect: every metadata key; --chat: the formatted prompt)");
 
     spdlog::set_default_logger(spdlog::stderr_color_st("kvgen"));
     spdlog::set_pattern("kvgen: %l: %v");
+    // A reader that goes away (kvgen ... | head) makes writes fail instead of killing the process; each mode stops
+    // quietly when its output is gone.
+    std::signal(SIGPIPE, SIG_IGN);
     try {
-        app.parse(argc, argv);
+        app.parse(translated_args(app, argc, argv));
     } catch (const CLI::CallForHelp& e) {
         return app.exit(e);
     } catch (const CLI::CallForAllHelp& e) {
@@ -139,9 +208,24 @@ int main(int argc, char** argv) {
     } catch (const CLI::ParseError& e) {
         std::fprintf(stderr, "kvgen: error: %s (see --help)\n", e.what());
         return 1;
+    } catch (const kvgen::Error& e) {  // a llama.cpp flag answered, or an unknown one
+        std::fprintf(stderr, "kvgen: error: %s\n", e.what());
+        return 1;
     }
 
     try {
+        only_with(app, "--repetitions", bench, "--bench (-r is the reverse prompt when generating)");
+        only_with(app, "--n-depth", bench, "--bench");
+        only_with(app, "--output-format", bench, "--bench");
+        if (bench && !gen.reverse_prompts.empty())
+            throw kvgen::Error(
+                "--reverse-prompt applies to generation, not --bench (where -r is the repetition count)");
+        gen.device = kvgen::normalize_device(gen.device);
+        gen.kv_type = kv_type == "f32" ? kvgen::KvType::F32 : kvgen::KvType::F16;
+        kvgen::apply_llama_settings(llama, gen.device, app.count("--kv-type") > 0, gen.kv_type, gen.n_threads);
+        if (!llama.n_gpu_layers.empty() && gen.device != "cpu" && gen.device != "auto")
+            kvgen::resolve_device(gen.device, fmt::format("-ngl {}", llama.n_gpu_layers));
+
         if (bench_memory) {
             kvgen::run_bench_memory(gen.n_threads > 0 ? gen.n_threads : kvgen::cpu::ThreadPool::physical_cores());
             return 0;
@@ -161,7 +245,7 @@ int main(int argc, char** argv) {
             b.repetitions = repetitions;
             b.n_threads = gen.n_threads;
             b.n_batch = gen.n_batch;
-            b.kv_type = kv_type == "f32" ? kvgen::KvType::F32 : kvgen::KvType::F16;
+            b.kv_type = gen.kv_type;
             b.kv_cache = gen.kv_cache;
             b.output = output_format;
             b.device = gen.device;
@@ -169,27 +253,42 @@ int main(int argc, char** argv) {
             kvgen::run_bench(b);
             return 0;
         }
-        if (!prompt_file.empty()) {
-            if (!prompt.empty()) throw kvgen::Error("give the prompt with -p or -f, not both");
-            prompt = kvgen::read_text_file(prompt_file);
-        }
-        if (tokenize) {
-            tok_opt.model_path = model;
-            tok_opt.text = prompt;
-            tok_opt.verbose = verbose;
-            kvgen::run_tokenize(tok_opt);
-            return 0;
-        }
         if (inspect) {
             kvgen::run_inspect(model, json_path, verbose);
             return 0;
         }
-        if (prompt.empty() && prompt_file.empty())
-            throw kvgen::Error("no prompt: give -p TEXT or -f FILE (or --inspect / --tokenize)");
+
+        // The prompt: -p, -f FILE, -f - (standard input), or a piped standard input when neither is given.
+        if (!prompt_file.empty()) {
+            if (app.count("-p")) throw kvgen::Error("give the prompt with -p or -f, not both");
+            prompt = kvgen::read_prompt_file(prompt_file);
+        } else if (!app.count("-p") && kvgen::stdin_is_piped()) {
+            prompt = kvgen::read_prompt_file("-");
+        }
+        if (!system_file.empty()) {
+            if (app.count("--system-prompt")) throw kvgen::Error("give the system prompt with -sys or -sysf, not both");
+            gen.system_prompt = kvgen::read_prompt_file(system_file);
+        }
+        if (escape) {
+            prompt = kvgen::process_escapes(prompt);
+            gen.system_prompt = kvgen::process_escapes(gen.system_prompt);
+            for (std::string& r : gen.reverse_prompts) r = kvgen::process_escapes(r);
+        }
+        if (app.count("--system-prompt") || !system_file.empty()) gen.chat = true;
+
+        if (tokenize) {
+            tok_opt.model_path = model;
+            tok_opt.text = prompt;
+            tok_opt.verbose = verbose;
+            tok_opt.chat = gen.chat;
+            tok_opt.system_prompt = gen.system_prompt;
+            kvgen::run_tokenize(tok_opt);
+            return 0;
+        }
+        if (prompt.empty()) throw kvgen::Error("no prompt: give -p TEXT or -f FILE (or --inspect / --tokenize)");
         if (json_path == "-") throw kvgen::Error("--json -: stdout carries the generated text; give a file name");
         gen.model_path = model;
         gen.prompt = prompt;
-        gen.kv_type = kv_type == "f32" ? kvgen::KvType::F32 : kvgen::KvType::F16;
         gen.special = tok_opt.parse_special;
         gen.no_bos = tok_opt.no_bos;
         gen.verbose = verbose;

@@ -4,39 +4,8 @@
 # usage: cli_test.sh KVGEN KVGEN_SYNTH SHARED_DIR SOURCE_DIR
 set -euo pipefail
 kvgen=$1 synth=$2 shared=$3 src=$4
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0 passed=0
-
-pass() { passed=$((passed + 1)); }
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-
-# expect_error NAME PATTERN CMD...: exit status 1, stdout empty, stderr exactly one line "kvgen: error: ..."
-# containing PATTERN.
-expect_error() {
-    local name=$1 pattern=$2
-    shift 2
-    local rc=0
-    "$@" >"$tmp/out" 2>"$tmp/err" </dev/null || rc=$?
-    if [[ $rc -ne 1 ]]; then fail "$name: exit status $rc, expected 1 ($(head -c 300 "$tmp/err"))"; return; fi
-    if [[ -s $tmp/out ]]; then fail "$name: wrote to stdout"; return; fi
-    if [[ $(wc -l <"$tmp/err") -ne 1 ]]; then fail "$name: stderr is not one line: $(cat "$tmp/err")"; return; fi
-    if ! grep -q "^kvgen\(-synth\)\?: error: .*$pattern" "$tmp/err"; then
-        fail "$name: stderr '$(cat "$tmp/err")' lacks '$pattern'"
-        return
-    fi
-    pass
-}
-
-expect_ok() {  # expect_ok NAME PATTERN CMD...: exit 0 and PATTERN in stdout
-    local name=$1 pattern=$2
-    shift 2
-    local rc=0
-    "$@" >"$tmp/out" 2>"$tmp/err" </dev/null || rc=$?
-    if [[ $rc -ne 0 ]]; then fail "$name: exit status $rc: $(head -c 300 "$tmp/err")"; return; fi
-    if ! grep -q -- "$pattern" "$tmp/out"; then fail "$name: output lacks '$pattern'"; return; fi
-    pass
-}
+# shellcheck source=tests/cli_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/cli_lib.sh"
 
 # --inspect on every shared file.
 for f in "$shared"/testdata/*/*.gguf; do
@@ -54,6 +23,12 @@ if [[ -f $default ]]; then
         "$kvgen" -m "$default" --inspect
     expect_ok "inspect default model: tied" "tied to token_embd" "$kvgen" -m "$default" --inspect
     expect_ok "inspect default model: JSON" '"n_kv_heads": 3' "$kvgen" -m "$default" --inspect --json -
+    # -v --json holds every metadata string whole (the chat template is 368 bytes) and numbers as numbers.
+    if "$kvgen" -m "$default" --inspect -v --json - | python3 -c 'import json,sys; m=json.load(sys.stdin)["metadata"]; t=m["tokenizer.chat_template"]; assert len(t) == 368 and t.endswith("{% endif %}") and m["llama.block_count"] == 30, t'; then
+        pass
+    else
+        fail "inspect -v --json: the chat template is not whole"
+    fi
     "$kvgen" -m "$default" --inspect --json "$tmp/inspect.json" >/dev/null
     if python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["n_layers"]==30 and d["kv_cache"]["bytes_per_token"]==23040' "$tmp/inspect.json"; then
         pass
@@ -76,6 +51,17 @@ if [[ -f $default ]]; then
     expect_ok "tokenize default model" "^19556 905$" "$kvgen" -m "$default" --tokenize -p "Hello world"
     expect_ok "tokenize --special" "^1 6004$" "$kvgen" -m "$default" --tokenize -p "<|im_start|>hi" --special
 fi
+# A reader that stops early (| head) ends --tokenize quietly, with status 0 rather than a SIGPIPE death.
+python3 -c 'print("word " * 200000)' >"$tmp/big.txt"
+sigpipe_ok=1
+for _ in 1 2 3 4 5; do
+    set +o pipefail
+    "$kvgen" -m "$spm" --tokenize -v -f "$tmp/big.txt" 2>"$tmp/tok.err" | head -2 >/dev/null
+    rc=${PIPESTATUS[0]}
+    set -o pipefail
+    [[ $rc -eq 0 && ! -s $tmp/tok.err ]] || sigpipe_ok=0
+done
+if ((sigpipe_ok)); then pass; else fail "--tokenize | head: status $rc: $(cat "$tmp/tok.err")"; fi
 expect_error "tokenize: missing prompt file" "cannot open" "$kvgen" -m "$spm" --tokenize -f "$tmp/none.txt"
 expect_error "tokenize: no tokenizer" "no tokenizer" "$kvgen" -m "$src/tests/data/dequant_golden.bin" --tokenize -p hi
 
@@ -111,6 +97,17 @@ expect_error "generate: -c 0" "ctx-size" "$kvgen" -m "$ref" -p hi -c 0
 expect_error "generate: --temp -1" "temp" "$kvgen" -m "$ref" -p hi --temp -1
 expect_error "generate: --top-p 2" "top-p" "$kvgen" -m "$ref" -p hi --top-p 2
 expect_error "generate: -t 0" "threads" "$kvgen" -m "$ref" -p hi -t 0
+for opt in --temp --top-p --min-p --repeat-penalty; do
+    expect_error "generate: $opt nan" "$opt: value nan not a number" "$kvgen" -m "$ref" -p hi "$opt" nan
+    expect_error "generate: $opt inf" "$opt: value inf not a number" "$kvgen" -m "$ref" -p hi "$opt" inf
+done
+"$kvgen" -m "$ref" -p "Hello" -n 0 --json "$tmp/n0.json" >"$tmp/n0.out" 2>"$tmp/n0.err"
+if [[ ! -s $tmp/n0.out ]] && grep -q "prompt eval time = .* /     3 tokens" "$tmp/n0.err" &&
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["tokens"] == [] and d["prefill_ms"] > 0' "$tmp/n0.json"; then
+    pass
+else
+    fail "-n 0: $(cat "$tmp/n0.out" "$tmp/n0.err")"
+fi
 expect_error "generate: --kv-type q4" "kv-type" "$kvgen" -m "$ref" -p hi --kv-type q4
 expect_error "generate: vocabulary-only file" "vocabulary-only" "$kvgen" -m "$spm" -p hi
 expect_error "generate: unwritable --json" "cannot write" "$kvgen" -m "$ref" -p hi --json /nonexistent-dir/x.json
@@ -161,6 +158,11 @@ if "$kvgen" --list-devices | grep -q '^  cuda0:'; then
         --device cuda --kv-type f32
 else
     expect_error "--device cuda without a GPU" "--device cuda" "$kvgen" -m "$ref" -p hi --device cuda
+    # With no NVIDIA driver at all, say so rather than "driver version is insufficient".
+    if [[ ! -e /proc/driver/nvidia/version ]] && "$kvgen" --list-devices | grep -q "^  cuda:"; then
+        expect_error "--device cuda without a driver" "no NVIDIA driver or GPU found" "$kvgen" -m "$ref" -p hi --device cuda
+        if "$kvgen" --list-devices | grep -q "^  cuda: no NVIDIA driver or GPU found$"; then pass; else fail "--list-devices without a driver"; fi
+    fi
 fi
 if [[ -f $default ]]; then
     expect_error "KV cache too large to allocate" "cannot allocate the KV cache: [0-9]* bytes" \
@@ -212,5 +214,4 @@ before=$(sha256sum "$tiny" | cut -d' ' -f1)
 "$kvgen" -m "$tiny" -p "Hello" -n 4 --temp 0 >/dev/null 2>&1
 if [[ $(sha256sum "$tiny" | cut -d' ' -f1) == "$before" ]]; then pass; else fail "the model file changed"; fi
 
-echo "$passed passed, $failures failed"
-[[ $failures -eq 0 ]]
+finish

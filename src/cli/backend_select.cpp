@@ -12,17 +12,30 @@
 
 namespace kvgen {
 
-std::string resolve_device(const std::string& device) {
+#if defined(KVGEN_HAVE_CUDA)
+namespace {
+
+// The CUDA device index of "cuda" / "cudaN".
+int cuda_index(const std::string& device) {
+    return device.size() > 4 ? std::stoi(device.substr(4)) : 0;
+}
+
+}  // namespace
+#endif
+
+std::string resolve_device(const std::string& device, const std::string& asked_by) {
     if (device == "cpu") return device;
-    if (device != "auto" && device != "cuda")
-        throw Error(fmt::format("--device '{}': expected cpu, cuda or auto", device));
+    const bool want_cuda = device.rfind("cuda", 0) == 0;
+    if (device != "auto" && !want_cuda)
+        throw Error(fmt::format("--device '{}': expected cpu, cuda, cudaN or auto", device));
 #if defined(KVGEN_HAVE_CUDA)
     std::string why;
     if (!cuda::list_devices(&why).empty()) return "cuda";
-    if (device == "cuda") throw Error(fmt::format("--device cuda: {} (use --device cpu)", why));
+    if (want_cuda) throw Error(fmt::format("{}: {} (use --device cpu)", asked_by, why));
 #else
-    if (device == "cuda")
-        throw Error("--device cuda: this build has no CUDA backend (configure with -DKVGEN_CUDA=ON; use --device cpu)");
+    if (want_cuda)
+        throw Error(fmt::format("{}: this build has no CUDA backend (configure with -DKVGEN_CUDA=ON; use --device cpu)",
+                                asked_by));
 #endif
     return "cpu";
 }
@@ -35,6 +48,7 @@ SelectedBackend make_backend(const Model& model, const BackendChoice& choice) {
         if (choice.kv_type != KvType::F16)
             throw Error("--kv-type f32: the CUDA backend keeps its KV cache in f16 (use --device cpu for f32)");
         cuda::CudaOptions o;
+        o.device = choice.device == "auto" ? 0 : cuda_index(choice.device);
         o.n_ctx = choice.n_ctx;
         o.n_batch = choice.n_batch;
         o.graphs = choice.cuda_graphs;

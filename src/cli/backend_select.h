@@ -10,7 +10,7 @@
 namespace kvgen {
 
 struct BackendChoice {
-    std::string device = "auto";  // auto: the first CUDA device when this build has one and it is visible
+    std::string device = "auto";  // cpu, cuda (= cuda0), cudaN, or auto: cuda0 when this build has it and it is visible
     int n_ctx = 4096;
     int n_batch = 512;
     int n_threads = 0;  // CPU; 0: physical cores
@@ -26,8 +26,10 @@ struct SelectedBackend {
     int n_threads = 0;        // CPU threads (0 for CUDA)
 };
 
-// "cpu" or "cuda": what --device auto picks on this machine (cuda when built with it and a device is visible).
-std::string resolve_device(const std::string& device);
+// "cpu" or "cuda": where a --device value (as normalize_device returns it) runs on this machine; auto picks cuda
+// when this build has it and a device is visible. A GPU that is not there is an error whose message starts with
+// `asked_by` (the flag the user gave).
+std::string resolve_device(const std::string& device, const std::string& asked_by = "--device cuda");
 
 // Throws kvgen::Error for a device this build or machine lacks, or an option the device does not support.
 SelectedBackend make_backend(const Model& model, const BackendChoice& choice);

@@ -23,25 +23,38 @@ std::string default_chatml_system(const std::string& tmpl) {
 
 }  // namespace
 
-std::string apply_chat_template(const std::string& tmpl, const std::string& prompt) {
+std::string apply_chat_template(const std::string& tmpl, const std::string& prompt, const std::string& system) {
     if (tmpl.empty()) throw Error("--chat: the model has no tokenizer.chat_template (give a raw prompt instead)");
     if (has(tmpl, "<|im_start|>")) {  // ChatML
-        std::string out;
-        const std::string sys = default_chatml_system(tmpl);
-        if (!sys.empty()) out += "<|im_start|>system\n" + sys + "<|im_end|>\n";
-        return out + "<|im_start|>user\n" + prompt + "<|im_end|>\n<|im_start|>assistant\n";
+        const std::string sys = system.empty() ? default_chatml_system(tmpl) : system;
+        const std::string turn = sys.empty() ? "" : "<|im_start|>system\n" + sys + "<|im_end|>\n";
+        return turn + "<|im_start|>user\n" + prompt + "<|im_end|>\n<|im_start|>assistant\n";
     }
-    if (has(tmpl, "<|start_header_id|>"))  // Llama 3
-        return "<|start_header_id|>user<|end_header_id|>\n\n" + prompt +
+    if (has(tmpl, "<|start_header_id|>")) {  // Llama 3
+        const std::string turn =
+            system.empty() ? "" : "<|start_header_id|>system<|end_header_id|>\n\n" + system + "<|eot_id|>";
+        return turn + "<|start_header_id|>user<|end_header_id|>\n\n" + prompt +
                "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
-    if (has(tmpl, "<|user|>") && has(tmpl, "<|end|>"))  // Phi-3
-        return "<|user|>\n" + prompt + "<|end|>\n<|assistant|>\n";
-    if (has(tmpl, "<|user|>"))  // Zephyr
-        return "<|user|>\n" + prompt + "</s>\n<|assistant|>\n";
-    if (has(tmpl, "[INST]"))  // Llama 2 / Mistral
-        return "[INST] " + prompt + " [/INST]";
+    }
+    if (has(tmpl, "<|user|>") && has(tmpl, "<|end|>")) {  // Phi-3
+        const std::string turn = system.empty() ? "" : "<|system|>\n" + system + "<|end|>\n";
+        return turn + "<|user|>\n" + prompt + "<|end|>\n<|assistant|>\n";
+    }
+    if (has(tmpl, "<|user|>")) {  // Zephyr
+        const std::string turn = system.empty() ? "" : "<|system|>\n" + system + "</s>\n";
+        return turn + "<|user|>\n" + prompt + "</s>\n<|assistant|>\n";
+    }
+    if (has(tmpl, "[INST]")) {  // Llama 2 / Mistral: the system turn sits inside the first instruction
+        const std::string turn = system.empty() ? "" : "<<SYS>>\n" + system + "\n<</SYS>>\n\n";
+        return "[INST] " + turn + prompt + " [/INST]";
+    }
     throw Error("--chat: unrecognised chat template (known: ChatML, Llama 2, Llama 3, Zephyr, Phi-3); "
                 "give a raw prompt without --chat");
+}
+
+std::string apply_chat_template(const GgufFile& f, const std::string& prompt, const std::string& system) {
+    const GgufValue* t = f.find("tokenizer.chat_template");
+    return apply_chat_template(t && t->type() == GgufValueType::STRING ? t->as_string() : "", prompt, system);
 }
 
 }  // namespace kvgen

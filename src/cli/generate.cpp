@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -82,6 +83,33 @@ std::string timing_line(const char* label, double ms, int n, const char* unit) {
                        label, ms, n, unit, per, tps);
 }
 
+// -r: llama-completion's reverse prompts. Generation stops when the text ends with one (searched, as llama.cpp does
+// when not interactive, in the last length + 2 bytes: the token that completes it may bring a little more), or when
+// the sampled token is the single token a reverse prompt encodes to (e.g. -r "<|im_end|>").
+class ReversePrompts {
+public:
+    ReversePrompts(const Tokenizer& tok, const std::vector<std::string>& texts) {
+        for (const std::string& t : texts) {
+            if (t.empty()) continue;
+            texts_.push_back(t);
+            const std::vector<int32_t> ids = tok.encode(t, false, true);
+            if (ids.size() == 1) ids_.push_back(ids[0]);
+        }
+    }
+    bool found(const std::string& text, int32_t id) const {
+        if (std::find(ids_.begin(), ids_.end(), id) != ids_.end()) return true;
+        for (const std::string& t : texts_) {
+            const size_t from = text.size() > t.size() + 2 ? text.size() - t.size() - 2 : 0;
+            if (text.find(t, from) != std::string::npos) return true;
+        }
+        return false;
+    }
+
+private:
+    std::vector<std::string> texts_;
+    std::vector<int32_t> ids_;
+};
+
 }  // namespace
 
 int run_generate(const GenerateCliOptions& opt) {
@@ -99,17 +127,11 @@ int run_generate(const GenerateCliOptions& opt) {
     if (tok.pre_fallback())
         spdlog::warn("unknown pre-tokenizer '{}': using GPT-2's rules, token ids may differ from the model's", tok.pre());
 
-    std::string text = opt.prompt;
-    bool special = opt.special;
-    if (opt.chat) {
-        const GgufValue* t = model.file.find("tokenizer.chat_template");
-        text = apply_chat_template(t && t->type() == GgufValueType::STRING ? t->as_string() : "", text);
-        special = true;
-    }
-    const std::vector<int32_t> prompt = tok.encode(text, tok.add_bos() && !opt.no_bos, special);
+    const std::string text = opt.chat ? apply_chat_template(model.file, opt.prompt, opt.system_prompt) : opt.prompt;
+    const std::vector<int32_t> prompt = tok.encode(text, tok.add_bos() && !opt.no_bos, opt.special || opt.chat);
 
     BackendChoice choice;
-    choice.device = device;
+    choice.device = opt.device;
     choice.n_ctx = opt.n_ctx > 0 ? opt.n_ctx : std::min(c.n_ctx_train, 4096);
     choice.n_batch = opt.n_batch;
     choice.n_threads = opt.n_threads;
@@ -132,6 +154,7 @@ int run_generate(const GenerateCliOptions& opt) {
         backend.n_batch(), opt.kv_cache ? "on" : "off (every step recomputes the whole sequence)",
         opt.kv_type == KvType::F16 ? "f16" : "f32", human_bytes(double(backend.kv_bytes())), backend.n_ctx());
     if (opt.verbose) summary += fmt::format("kvgen: prompt {} tokens, seed {}\n", prompt.size(), seed);
+    if (opt.verbose && opt.chat) summary += fmt::format("kvgen: chat prompt:\n{}\n", text);
     std::fputs(summary.c_str(), stderr);
 
     GenerateOptions g;
@@ -140,15 +163,23 @@ int run_generate(const GenerateCliOptions& opt) {
     g.sampler = opt.sampler;
     g.sampler.seed = seed;
     LogitsFile dump(opt.dump_logits_path, c.n_vocab);
-    TextStream stream(tok);
+    TextStream stream(tok, opt.special);
     std::string generated;
     bool stdout_closed = false;  // the reader went away (kvgen ... | head): stop quietly
-    auto emit = [&](const std::string& s) {
+    char last_out = '\n';        // the last byte written to stdout
+    auto write_out = [&](const std::string& s) {
         if (s.empty() || stdout_closed) return;
-        generated += s;
         if (std::fwrite(s.data(), 1, s.size(), stdout) != s.size() || std::fflush(stdout) != 0) stdout_closed = true;
+        last_out = s.back();
     };
+    auto emit = [&](const std::string& s) {
+        generated += s;
+        write_out(s);
+    };
+    if (opt.display_prompt) write_out(tok.decode(prompt, opt.special));
     auto is_eog = [&](int32_t id) { return !opt.ignore_eos && tok.is_eog(id); };
+    const ReversePrompts reverse(tok, opt.reverse_prompts);
+    bool reversed = false;
     // Resident memory after the first token and every 500th, to show it stays flat.
     std::vector<std::pair<int, size_t>> rss_samples;
     int n_tokens = 0;
@@ -159,13 +190,17 @@ int run_generate(const GenerateCliOptions& opt) {
             if (!is_eog(id)) emit(stream.push(id));
             ++n_tokens;
             if (n_tokens == 1 || n_tokens % 500 == 0) rss_samples.emplace_back(n_tokens, current_rss_bytes());
-            return !interrupted() && !stdout_closed;
+            reversed = reverse.found(generated, id);
+            return !interrupted() && !stdout_closed && !reversed;
         },
         is_eog, c.n_vocab);
     emit(stream.finish());
     dump.commit();
     const bool was_interrupted = interrupted();
     if (was_interrupted) st.stop = "interrupted";
+    if (reversed && !was_interrupted) st.stop = "reverse_prompt";
+    // On a terminal the shell's prompt then starts on a line of its own; a pipe gets exactly the generated text.
+    if (::isatty(STDOUT_FILENO) && last_out != '\n') write_out("\n");
     const bool quiet = stdout_closed && !was_interrupted;  // the reader has gone: no timings, no warnings
     if (st.stop == "context" && !quiet)
         spdlog::warn("stopped: the context of {} tokens is full (raise --ctx-size)", backend.n_ctx());

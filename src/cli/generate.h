@@ -1,5 +1,6 @@
 #pragma once
 #include <string>
+#include <vector>
 
 #include "engine/generator.h"
 #include "engine/kv_cache.h"
@@ -9,6 +10,8 @@ namespace kvgen {
 struct GenerateCliOptions {
     std::string model_path;
     std::string prompt;
+    std::string system_prompt;                 // --chat: the system turn (empty: the template's default)
+    std::vector<std::string> reverse_prompts;  // -r: stop when the output ends with one of these
     int n_predict = -1;
     int n_ctx = 0;  // 0: min(model context, 4096)
     int n_batch = 512;
@@ -18,6 +21,7 @@ struct GenerateCliOptions {
     bool cuda_graphs = true;
     bool kv_cache = true;
     bool chat = false;
+    bool display_prompt = false;  // print the prompt on stdout before the generated text
     bool special = false;
     bool no_bos = false;
     bool ignore_eos = false;

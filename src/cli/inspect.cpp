@@ -26,6 +26,20 @@ std::string meta_string(const GgufFile& f, const char* key) {
     return v && v->type() == GgufValueType::STRING ? v->as_string() : "";
 }
 
+// A metadata value for --json: numbers and booleans as JSON values, strings whole (a chat template included),
+// arrays as "type[n]".
+nlohmann::ordered_json json_value(const GgufValue& v) {
+    switch (v.type()) {
+        case GgufValueType::STRING: return v.as_string();
+        case GgufValueType::BOOL: return v.as_bool();
+        case GgufValueType::ARRAY: return v.describe();
+        case GgufValueType::F32:
+        case GgufValueType::F64: return v.as_f64();
+        case GgufValueType::U64: return v.as_u64();
+        default: return v.as_i64();  // the other integer types fit
+    }
+}
+
 }  // namespace
 
 void run_inspect(const std::string& model_path, const std::string& json_path, bool verbose) {
@@ -100,10 +114,11 @@ void run_inspect(const std::string& model_path, const std::string& json_path, bo
         j["tensor_types"] = jt;
         if (verbose) {
             nlohmann::ordered_json jm = nlohmann::ordered_json::object();
-            for (const auto& [key, v] : file.metadata()) jm[key] = v.describe(200);
+            for (const auto& [key, v] : file.metadata()) jm[key] = json_value(v);
             j["metadata"] = jm;
         }
-        write_text_file(json_path, j.dump(2) + "\n");
+        // note: a string that is not valid UTF-8 (a file can hold one) is written with U+FFFD in its place.
+        write_text_file(json_path, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
         return;
     }
 

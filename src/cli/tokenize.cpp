@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "cli/chat.h"
 #include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
@@ -42,12 +43,14 @@ void run_tokenize(const TokenizeOptions& opt) {
     const Tokenizer tok = Tokenizer::from_gguf(file);
     if (tok.pre_fallback())
         spdlog::warn("unknown pre-tokenizer '{}': using GPT-2's rules, token ids may differ from the model's", tok.pre());
-    const auto ids = tok.encode(opt.text, tok.add_bos() && !opt.no_bos, opt.parse_special);
+    const std::string text = opt.chat ? apply_chat_template(file, opt.text, opt.system_prompt) : opt.text;
+    const auto ids = tok.encode(text, tok.add_bos() && !opt.no_bos, opt.parse_special || opt.chat);
     std::string out;
     for (size_t i = 0; i < ids.size(); ++i) out += (i ? " " : "") + std::to_string(ids[i]);
     out += "\n";
     if (opt.verbose)
         for (int32_t id : ids) out += fmt::format("{:>7} -> {}\n", id, quoted(tok.piece(id, true)));
+    // note: SIGPIPE is ignored (main), so a closed pipe is a failed write here, and there is nothing left to do.
     std::fwrite(out.data(), 1, out.size(), stdout);
     std::fflush(stdout);
 }

@@ -1,0 +1,174 @@
+// The command line's own logic: llama.cpp's escapes, its flag spellings, device names and settings, and the chat
+// formats with a system turn.
+#include <catch2/catch.hpp>
+
+#include "cli/chat.h"
+#include "cli/llama_flags.h"
+#include "cli/prompt.h"
+#include "common/error.h"
+
+using namespace kvgen;
+
+namespace {
+
+// A stand-in for kvgen's parser: which names are options, and which of them take a value.
+int arity(const std::string& name) {
+    for (const char* flag : {"--bench", "--special", "--single-turn", "--no-conversation", "-v", "--chat"})
+        if (name == flag) return 0;
+    for (const char* opt :
+         {"-p", "-n", "-m", "-t", "--n-gpu-layers", "--device", "--flash-attn", "--cache-type-k", "--cache-type-v",
+          "--threads-batch", "--system-prompt", "--system-prompt-file", "--reverse-prompt", "--repetitions", "-d"})
+        if (name == opt) return 1;
+    return -1;
+}
+
+std::vector<std::string> tr(std::vector<std::string> args) {
+    return translate_llama_flags(args, arity);
+}
+
+std::string error_of(std::vector<std::string> args) {
+    try {
+        translate_llama_flags(args, arity);
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+}  // namespace
+
+TEST_CASE("escapes are processed as llama.cpp does", "[cli]") {
+    CHECK(process_escapes("a\\nb\\tc\\rd") == "a\nb\tc\rd");
+    CHECK(process_escapes("\\\\ \\\" \\'") == "\\ \" '");
+    CHECK(process_escapes("\\x41\\x4a\\x4A") == "AJJ");
+    CHECK(process_escapes("\\x4") == "\\x4");  // not two hex digits: kept
+    CHECK(process_escapes("\\xZZ") == "\\xZZ");
+    CHECK(process_escapes("\\q \\") == "\\q \\");  // unknown escape and a final backslash: kept
+    CHECK(process_escapes("") == "");
+    CHECK(process_escapes("caf\xc3\xa9 \\n") == "caf\xc3\xa9 \n");
+}
+
+TEST_CASE("llama.cpp's multi-letter flags become kvgen's long names", "[cli]") {
+    CHECK(tr({"-ngl", "99", "-p", "hi"}) == std::vector<std::string>{"--n-gpu-layers", "99", "-p", "hi"});
+    CHECK(tr({"--gpu-layers", "0"}) == std::vector<std::string>{"--n-gpu-layers", "0"});
+    CHECK(tr({"-dev", "CUDA0"}) == std::vector<std::string>{"--device", "CUDA0"});
+    CHECK(tr({"-ctk", "f16", "-ctv", "f16"}) ==
+          std::vector<std::string>{"--cache-type-k", "f16", "--cache-type-v", "f16"});
+    CHECK(tr({"-tb", "2", "-sys", "Be brief.", "-sysf", "s.txt"}) ==
+          std::vector<std::string>{"--threads-batch", "2", "--system-prompt", "Be brief.", "--system-prompt-file",
+                                   "s.txt"});
+    CHECK(tr({"-sp", "-no-cnv", "-st"}) == std::vector<std::string>{"--special", "--no-conversation", "--single-turn"});
+    // A value that looks like a llama.cpp flag is left alone.
+    CHECK(tr({"-p", "-cnv"}) == std::vector<std::string>{"-p", "-cnv"});
+    CHECK(tr({"-p", "x", "--", "-cnv"}) == std::vector<std::string>{"-p", "x", "--", "-cnv"});
+}
+
+TEST_CASE("-fa takes on/off/auto, or nothing as older llama.cpp", "[cli]") {
+    CHECK(tr({"-fa", "on", "-p", "x"}) == std::vector<std::string>{"--flash-attn", "on", "-p", "x"});
+    CHECK(tr({"-fa", "-p", "x"}) == std::vector<std::string>{"--flash-attn", "on", "-p", "x"});
+    CHECK(tr({"-p", "x", "-fa"}) == std::vector<std::string>{"-p", "x", "--flash-attn", "on"});
+    CHECK(tr({"-fa", "OFF"}) == std::vector<std::string>{"--flash-attn", "OFF"});
+}
+
+TEST_CASE("-r is the reverse prompt, or the repetition count with --bench", "[cli]") {
+    CHECK(tr({"-p", "hi", "-r", "User:"}) == std::vector<std::string>{"-p", "hi", "--reverse-prompt", "User:"});
+    CHECK(tr({"-r", "5", "-p", "hi"}) == std::vector<std::string>{"--reverse-prompt", "5", "-p", "hi"});
+    CHECK(tr({"-r", "3", "--bench"}) == std::vector<std::string>{"--repetitions", "3", "--bench"});
+    // Never a reverse prompt taken as a count.
+    CHECK_THAT(error_of({"--bench", "-r", "User:"}), Catch::Contains("with --bench, -r is the number of repetitions"));
+}
+
+TEST_CASE("llama.cpp flags kvgen lacks are answered with the nearest option", "[cli]") {
+    CHECK_THAT(error_of({"-cnv"}),
+               Catch::StartsWith("-cnv: kvgen has no interactive mode") && Catch::Contains("--chat -p TEXT"));
+    for (const char* f : {"-i", "-if", "-mli", "--interactive", "--in-prefix"})
+        CHECK_THAT(error_of({f}), Catch::Contains("no interactive mode"));
+    CHECK(tr({"-cnv", "-st", "-p", "hi"}) == std::vector<std::string>{"--single-turn", "-p", "hi"});
+    CHECK_THAT(error_of({"-ub", "512"}), Catch::Contains("-b/--batch-size"));
+    CHECK_THAT(error_of({"-hf", "org/model"}), Catch::Contains("-m FILE"));
+    CHECK_THAT(error_of({"-mg", "1"}), Catch::Contains("--device cudaN"));
+    CHECK_THAT(error_of({"--jinja"}), Catch::Contains("--chat"));
+    // An unknown multi-letter flag with one dash is named, not split into -c and "o".
+    CHECK_THAT(error_of({"-co"}), Catch::Contains("unknown option '-co'"));
+    CHECK(error_of({"-n", "5"}).empty());
+}
+
+TEST_CASE("device names: kvgen's and llama.cpp's", "[cli]") {
+    CHECK(normalize_device("cpu") == "cpu");
+    CHECK(normalize_device("none") == "cpu");
+    CHECK(normalize_device("auto") == "auto");
+    CHECK(normalize_device("cuda") == "cuda");
+    CHECK(normalize_device("CUDA0") == "cuda0");
+    CHECK(normalize_device("cuda1") == "cuda1");
+    CHECK_THROWS_WITH(normalize_device("CUDA0,CUDA1"), Catch::Contains("one device"));
+    CHECK_THROWS_WITH(normalize_device("tpu"), Catch::Contains("expected cpu, cuda"));
+    CHECK_THROWS(normalize_device("cuda-1"));
+}
+
+TEST_CASE("-ngl, -fa, -ctk/-ctv and -tb fold into kvgen's settings", "[cli]") {
+    auto apply = [](LlamaSettings s, std::string device = "auto", bool kv_given = false, KvType kv = KvType::F16,
+                    int threads = 0) {
+        apply_llama_settings(s, device, kv_given, kv, threads);
+        return std::make_pair(device, kv);
+    };
+    LlamaSettings s;
+    s.n_gpu_layers = "99";
+    CHECK(apply(s).first == "cuda");
+    s.n_gpu_layers = "all";
+    CHECK(apply(s).first == "cuda");
+    s.n_gpu_layers = "0";
+    CHECK(apply(s).first == "cpu");
+    s.n_gpu_layers = "auto";
+    CHECK(apply(s).first == "auto");
+    s.n_gpu_layers = "0";
+    CHECK(apply(s, "cpu").first == "cpu");
+    CHECK_THROWS_WITH(apply(s, "cuda"), Catch::Contains("disagree"));
+    s.n_gpu_layers = "lots";
+    CHECK_THROWS_WITH(apply(s), Catch::Contains("expected a number of layers"));
+
+    LlamaSettings fa;
+    fa.flash_attn = "on";
+    CHECK_NOTHROW(apply(fa));
+    fa.flash_attn = "auto";
+    CHECK_NOTHROW(apply(fa));
+    fa.flash_attn = "off";
+    CHECK_THROWS_WITH(apply(fa), Catch::Contains("no unfused attention"));
+    fa.flash_attn = "sometimes";
+    CHECK_THROWS_WITH(apply(fa), Catch::Contains("expected on, off or auto"));
+
+    LlamaSettings ct;
+    ct.cache_type_k = "f32";
+    ct.cache_type_v = "f32";
+    CHECK(apply(ct).second == KvType::F32);
+    CHECK_THROWS_WITH(apply(ct, "auto", true, KvType::F16), Catch::Contains("one type"));
+    ct.cache_type_v = "f16";
+    CHECK_THROWS_WITH(apply(ct), Catch::Contains("-ctk f32 and -ctv f16"));
+    ct.cache_type_k = "q8_0";
+    CHECK_THROWS_WITH(apply(ct), Catch::Contains("-ctk q8_0: this KV cache type is not supported"));
+
+    LlamaSettings tb;
+    tb.threads_batch = 2;
+    CHECK_NOTHROW(apply(tb, "auto", false, KvType::F16, 2));
+    CHECK_THROWS_WITH(apply(tb, "auto", false, KvType::F16, 4), Catch::Contains("use -t 2"));
+    CHECK_THROWS_WITH(apply(tb), Catch::Contains("use -t 2"));
+}
+
+TEST_CASE("-sys replaces the system turn in every chat format", "[cli][chat]") {
+    const std::string chatml =
+        "{% for m in messages %}{% if loop.first and m.role != 'system' %}<|im_start|>system\nYou are a helpful "
+        "assistant.<|im_end|>\n{% endif %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}";
+    CHECK(apply_chat_template(chatml, "hi") ==
+          "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+          "<|im_start|>assistant\n");
+    CHECK(apply_chat_template(chatml, "hi", "Be brief.") ==
+          "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    CHECK(apply_chat_template("<|start_header_id|>", "hi", "Be brief.") ==
+          "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|><|start_header_id|>user<|end_header_id|>"
+          "\n\nhi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+    CHECK(apply_chat_template("<|user|> <|end|>", "hi", "Be brief.") ==
+          "<|system|>\nBe brief.<|end|>\n<|user|>\nhi<|end|>\n<|assistant|>\n");
+    CHECK(apply_chat_template("<|user|>", "hi", "Be brief.") ==
+          "<|system|>\nBe brief.</s>\n<|user|>\nhi</s>\n<|assistant|>\n");
+    CHECK(apply_chat_template("[INST]", "hi", "Be brief.") == "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nhi [/INST]");
+    CHECK(apply_chat_template("[INST]", "hi") == "[INST] hi [/INST]");
+}
