@@ -4,7 +4,7 @@
 # usage: cli_test.sh KVGEN KVGEN_SYNTH SHARED_DIR SOURCE_DIR
 set -euo pipefail
 kvgen=$1 synth=$2 shared=$3 src=$4
-# shellcheck source=tests/cli_lib.sh
+# shellcheck source=cli_lib.sh source-path=SCRIPTDIR
 source "$(dirname "${BASH_SOURCE[0]}")/cli_lib.sh"
 
 # --inspect on every shared file.

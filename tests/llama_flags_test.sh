@@ -5,7 +5,7 @@
 # usage: llama_flags_test.sh KVGEN SHARED_DIR SOURCE_DIR
 set -euo pipefail
 kvgen=$1 shared=$2 src=$3
-# shellcheck source=tests/cli_lib.sh
+# shellcheck source=cli_lib.sh source-path=SCRIPTDIR
 source "$(dirname "${BASH_SOURCE[0]}")/cli_lib.sh"
 
 ref="$shared/testdata/ref/open-gqa-Q8_0.gguf"
