@@ -63,14 +63,14 @@ TEST_CASE("llama.cpp's multi-letter flags become kvgen's long names", "[cli]") {
     CHECK(tr({"-p", "x", "--", "-cnv"}) == std::vector<std::string>{"-p", "x", "--", "-cnv"});
 }
 
-TEST_CASE("-fa takes on/off/auto, or nothing as older llama.cpp", "[cli]") {
+TEST_CASE("llama.cpp's -fa takes on/off/auto, or nothing as older versions", "[cli]") {
     CHECK(tr({"-fa", "on", "-p", "x"}) == std::vector<std::string>{"--flash-attn", "on", "-p", "x"});
     CHECK(tr({"-fa", "-p", "x"}) == std::vector<std::string>{"--flash-attn", "on", "-p", "x"});
     CHECK(tr({"-p", "x", "-fa"}) == std::vector<std::string>{"-p", "x", "--flash-attn", "on"});
     CHECK(tr({"-fa", "OFF"}) == std::vector<std::string>{"--flash-attn", "OFF"});
 }
 
-TEST_CASE("-r is the reverse prompt, or the repetition count with --bench", "[cli]") {
+TEST_CASE("llama.cpp's -r is the reverse prompt, or the repetition count with --bench", "[cli]") {
     CHECK(tr({"-p", "hi", "-r", "User:"}) == std::vector<std::string>{"-p", "hi", "--reverse-prompt", "User:"});
     CHECK(tr({"-r", "5", "-p", "hi"}) == std::vector<std::string>{"--reverse-prompt", "5", "-p", "hi"});
     CHECK(tr({"-r", "3", "--bench"}) == std::vector<std::string>{"--repetitions", "3", "--bench"});
@@ -105,7 +105,7 @@ TEST_CASE("device names: kvgen's and llama.cpp's", "[cli]") {
     CHECK_THROWS(normalize_device("cuda-1"));
 }
 
-TEST_CASE("-ngl, -fa, -ctk/-ctv and -tb fold into kvgen's settings", "[cli]") {
+TEST_CASE("llama.cpp's -ngl, -fa, -ctk/-ctv and -tb fold into kvgen's settings", "[cli]") {
     auto apply = [](LlamaSettings s, std::string device = "auto", bool kv_given = false, KvType kv = KvType::F16,
                     int threads = 0) {
         apply_llama_settings(s, device, kv_given, kv, threads);
@@ -153,7 +153,7 @@ TEST_CASE("-ngl, -fa, -ctk/-ctv and -tb fold into kvgen's settings", "[cli]") {
     CHECK_THROWS_WITH(apply(tb), Catch::Contains("use -t 2"));
 }
 
-TEST_CASE("-sys replaces the system turn in every chat format", "[cli][chat]") {
+TEST_CASE("a system prompt (-sys) replaces the system turn in every chat format", "[cli][chat]") {
     const std::string chatml =
         "{% for m in messages %}{% if loop.first and m.role != 'system' %}<|im_start|>system\nYou are a helpful "
         "assistant.<|im_end|>\n{% endif %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}";

@@ -129,7 +129,7 @@ TEST_CASE("cached and --no-kv-cache greedy runs agree for 64 tokens (default mod
     CHECK(a == b);
 }
 
-TEST_CASE("-n 0 prefills the prompt and samples nothing", "[engine]") {
+TEST_CASE("n_predict 0 (-n 0) prefills the prompt and samples nothing", "[engine]") {
     const Model model = Model::load(test::shared("testdata/ref/open-gqa-Q8_0.gguf"));
     const Tokenizer tok = Tokenizer::from_gguf(model.file);
     const auto prompt = tok.encode("The KV cache", true);
