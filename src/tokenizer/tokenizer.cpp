@@ -14,9 +14,16 @@ namespace {
 
 const char* const kSpace = "\xe2\x96\x81";  // U+2581, SentencePiece's visible space
 
-// Control tokens that end a turn in common chat formats (llama.cpp treats the same texts as end of generation).
-const char* const kEndOfTurn[] = {"<|eot_id|>", "<|im_end|>",    "<|end|>", "<end_of_turn>", "<|endoftext|>",
-                                  "<|eom_id|>", "<|end_of_text|>", "<EOT>",  "_<EOT>",       "<|return|>"};
+// DeepSeek's end of sentence (U+FF5C bars, U+2581 spaces), in octal escapes: a hex escape would run on.
+const char* const kDeepseekEnd = "<\357\275\234end\342\226\201of\342\226\201sentence\357\275\234>";
+
+// Texts llama.cpp takes for end of generation in any vocabulary. It also makes each such token a control token
+// whatever the file says (Phi-3 marks </s> user-defined): its text is then plain text unless special tokens are
+// parsed, and it prints nothing unless they are rendered. We do the same, so a prompt tokenizes as llama.cpp's does.
+const char* const kEndOfGeneration[] = {
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
+    "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
+    "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", kDeepseekEnd, "[e~["};
 
 int32_t id_key(const GgufFile& f, const char* key, int n_vocab, int32_t fallback) {
     const GgufValue* v = f.find(key);
@@ -29,6 +36,14 @@ bool bool_key(const GgufFile& f, const char* key, bool fallback) {
     const GgufValue* v = f.find(key);
     return (v && v->type() == GgufValueType::BOOL) ? v->as_bool() : fallback;
 }
+
+std::string string_key(const GgufFile& f, const char* key) {
+    const GgufValue* v = f.find(key);
+    return (v && v->type() == GgufValueType::STRING) ? v->as_string() : std::string();
+}
+
+// The space test llama.cpp strips with: C's isspace in the "C" locale.
+bool is_c_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
 
 }  // namespace
 
@@ -82,15 +97,7 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
     t.add_eos_ = bool_key(f, "tokenizer.ggml.add_eos_token", false);
     t.add_space_prefix_ = bool_key(f, "tokenizer.ggml.add_space_prefix", spm);
 
-    for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"})
-        if (const int32_t id = id_key(f, key, nv, -1); id >= 0) t.eog_.push_back(id);
-    for (const char* text : kEndOfTurn) {
-        const int32_t id = t.find(text);
-        if (id >= 0 && (t.types_[size_t(id)] == TokenType::Control || t.types_[size_t(id)] == TokenType::UserDefined))
-            t.eog_.push_back(id);
-    }
-    if (t.eos_ >= 0) t.eog_.push_back(t.eos_);
-
+    t.find_end_of_generation(f);
     for (size_t i = 0; i < n; ++i) {
         const TokenType ty = t.types_[i];
         if ((ty == TokenType::Control || ty == TokenType::UserDefined || ty == TokenType::Unknown) &&
@@ -100,6 +107,7 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
     std::stable_sort(t.specials_.begin(), t.specials_.end(), [&t](int32_t a, int32_t b) {
         return t.tokens_[size_t(a)].size() > t.tokens_[size_t(b)].size();
     });
+    t.set_strip_rules(f);
 
     if (spm) t.spm_split_words_ = spm_words_independent(t.tokens_);
     t.impl_ = std::make_unique<Impl>();
@@ -112,6 +120,65 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
         t.pre_fallback_ = unknown_pre;
     }
     return t;
+}
+
+void Tokenizer::find_end_of_generation(const GgufFile& f) {
+    const int nv = n_vocab();
+    auto add = [this](int32_t id) {
+        if (id >= 0 && !is_eog(id)) eog_.push_back(id);
+    };
+    for (const char* text : kEndOfGeneration) {
+        const int32_t id = find(text);
+        if (id < 0) continue;
+        add(id);
+        types_[size_t(id)] = TokenType::Control;
+    }
+    for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) add(id_key(f, key, nv, -1));
+    add(eos_);
+
+    // llama.cpp's two exceptions, by the other texts present: gpt-oss (<|return|>, <|call|>) and Solar Open
+    // (<|calls|>, <|flush|>) end a message, not the generation, with <|end|>, which stays user-defined text there;
+    // Gemma 4 (<|tool_response>) and PLaMo (<|plamo:eos|>) have an ordinary </s>.
+    auto has = [this](const char* text) {
+        const int32_t id = find(text);
+        return id >= 0 && is_eog(id);
+    };
+    auto demote = [this](const char* text, TokenType type) {
+        const int32_t id = find(text);
+        eog_.erase(std::remove(eog_.begin(), eog_.end(), id), eog_.end());
+        types_[size_t(id)] = type;
+    };
+    if (has("<|end|>") && ((has("<|return|>") && has("<|call|>")) || (has("<|calls|>") && has("<|flush|>"))))
+        demote("<|end|>", TokenType::UserDefined);
+    if (has("</s>") && (has("<|tool_response>") || has("<|plamo:eos|>"))) demote("</s>", TokenType::Normal);
+}
+
+void Tokenizer::set_strip_rules(const GgufFile& f) {
+    // llama.cpp keys these on general.name (lower-cased), tokenizer.ggml.pre and general.architecture, the first
+    // rule that applies only; the GGUF itself carries no per-token strip attributes.
+    strip_.assign(tokens_.size(), 0);
+    auto set = [this](const char* text, uint8_t bit, bool on) {
+        const int32_t id = find(text);
+        if (id < 0) return;
+        strip_[size_t(id)] = on ? uint8_t(strip_[size_t(id)] | bit) : uint8_t(strip_[size_t(id)] & ~bit);
+    };
+    auto contains_any = [](const std::string& s, std::initializer_list<const char*> parts) {
+        return std::any_of(parts.begin(), parts.end(), [&s](const char* p) { return s.find(p) != std::string::npos; });
+    };
+    std::string name = string_key(f, "general.name");
+    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+    const std::string arch = string_key(f, "general.architecture");
+    if (contains_any(pre_, {"jina-v2-de", "jina-v2-es", "jina-v2-code"}) ||
+        contains_any(arch, {"nomic-bert-moe", "jina-bert-v3"})) {
+        set("<mask>", kLstrip, true);
+    } else if (contains_any(name, {"phi-3", "phi3"})) {
+        // Phi-3: every special token eats the whitespace after it, except <unk>, <s> and <|endoftext|>.
+        for (int32_t id : specials_) strip_[size_t(id)] |= kRstrip;
+        set("</s>", kRstrip, true);
+        for (const char* text : {"<unk>", "<s>", "<|endoftext|>"}) set(text, kRstrip, false);
+    } else if (contains_any(name, {"modern-bert"})) {
+        set("[MASK]", kLstrip, true);
+    }
 }
 
 int32_t Tokenizer::find(std::string_view text) const {
@@ -141,7 +208,8 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool
     if (add_bos && bos_ >= 0) out.push_back(bos_);
 
     // Split out special tokens, longest text first; control and unknown tokens only when parse_special
-    // (user-defined tokens always, as llama.cpp does).
+    // (user-defined tokens always, as llama.cpp does). A token with a strip rule takes the ASCII whitespace next
+    // to it in the same fragment along with it.
     struct Fragment {
         size_t start, len;
         int32_t token;  // -1: raw text
@@ -151,6 +219,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool
     for (int32_t id : specials_) {
         if (!parse_special && types_[size_t(id)] != TokenType::UserDefined) continue;
         const std::string& st = tokens_[size_t(id)];
+        const uint8_t strip = strip_[size_t(id)];
         std::vector<Fragment> next;
         for (const Fragment& fr : frags) {
             if (fr.token >= 0) {
@@ -162,9 +231,14 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos, bool
             while (pos < end) {
                 const size_t hit = text.substr(0, end).find(st, pos);
                 if (hit == std::string_view::npos) break;
-                if (hit > pos) next.push_back({pos, hit - pos, -1});
+                size_t left_end = hit;
+                if (strip & kLstrip)
+                    while (left_end > pos && is_c_space(text[left_end - 1])) --left_end;
+                if (left_end > pos) next.push_back({pos, left_end - pos, -1});
                 next.push_back({hit, st.size(), id});
                 pos = hit + st.size();
+                if (strip & kRstrip)
+                    while (pos < end && is_c_space(text[pos])) ++pos;
             }
             if (pos < end) next.push_back({pos, end - pos, -1});
         }
@@ -189,13 +263,13 @@ std::string Tokenizer::piece(int32_t id, bool render_special) const {
     if (id < 0 || id >= n_vocab()) return "";
     const std::string& text = tokens_[size_t(id)];
     const TokenType type = types_[size_t(id)];
-    if (type == TokenType::Control) return render_special ? text : "";
+    // note: like llama.cpp, unknown tokens print as nothing unless special tokens are rendered.
+    if (type == TokenType::Control || type == TokenType::Unknown) return render_special ? text : "";
     if (type == TokenType::UserDefined) return text;
     if (kind_ == Kind::Spm) {
         if (type == TokenType::Byte && text.size() == 6 && text.compare(0, 3, "<0x") == 0) {
             return std::string(1, char(std::stoi(text.substr(3, 2), nullptr, 16)));
         }
-        if (type == TokenType::Unknown) return render_special ? text : "\xe2\x96\x85";  // ▅, as llama.cpp prints it
         std::string out;
         for (size_t i = 0; i < text.size();) {
             if (text.compare(i, 3, kSpace) == 0) {

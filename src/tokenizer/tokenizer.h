@@ -29,8 +29,8 @@ public:
     // it). Control-token text in `text` is plain text unless parse_special.
     std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special = false) const;
 
-    // The bytes one token stands for (control tokens are empty unless render_special). May end inside a UTF-8
-    // sequence: use TextStream to print.
+    // The bytes one token stands for (control and unknown tokens are empty unless render_special). May end inside a
+    // UTF-8 sequence: use TextStream to print.
     std::string piece(int32_t id, bool render_special = false) const;
     // The text of a whole sequence: SentencePiece's leading space (added by encode) is removed.
     std::string decode(const std::vector<int32_t>& ids, bool render_special = false) const;
@@ -41,6 +41,7 @@ public:
     bool pre_fallback() const { return pre_fallback_; }  // pre-tokenizer unknown: GPT-2's rules were used
     int n_vocab() const { return int(tokens_.size()); }
     const std::string& token_text(int32_t id) const { return tokens_.at(size_t(id)); }
+    // The file's type with llama.cpp's corrections: end-of-generation texts are control tokens (see tokenizer.cpp).
     TokenType token_type(int32_t id) const { return types_.at(size_t(id)); }
     int32_t find(std::string_view text) const;  // -1 when absent
 
@@ -48,13 +49,15 @@ public:
     int32_t eos() const { return eos_; }
     bool add_bos() const { return add_bos_; }  // the model's default
     bool add_space_prefix() const { return add_space_prefix_; }
-    bool is_eog(int32_t id) const;  // end of generation: EOS, EOT, EOM and known end-of-turn control tokens
+    bool is_eog(int32_t id) const;  // end of generation: EOS, EOT, EOM and the texts llama.cpp takes for it
 
     struct Impl;
 
 private:
     Tokenizer();
     void encode_text(std::string_view text, bool space_prefix, std::vector<int32_t>& out) const;  // no specials
+    void find_end_of_generation(const GgufFile& f);  // fills eog_; may turn tokens into control tokens
+    void set_strip_rules(const GgufFile& f);         // fills strip_
 
     Kind kind_ = Kind::Spm;
     std::string model_, pre_;
@@ -64,10 +67,12 @@ private:
     std::unordered_map<std::string_view, int32_t> index_;  // views into tokens_
     std::vector<int32_t> specials_;                        // control/user-defined tokens, longest text first
     std::vector<int32_t> eog_;
+    std::vector<uint8_t> strip_;  // per token: kLstrip / kRstrip, whitespace a split-out special token takes along
+    static constexpr uint8_t kLstrip = 1, kRstrip = 2;
     int32_t bos_ = -1, eos_ = -1, unk_ = -1;
     bool add_bos_ = false, add_eos_ = false, add_space_prefix_ = true, pre_fallback_ = false;
     bool spm_split_words_ = false;  // see spm_words_independent
-    std::unique_ptr<Impl> impl_;  // BPE merges and pre-tokenizer regexes
+    std::unique_ptr<Impl> impl_;    // BPE merges and pre-tokenizer regexes
 };
 
 // Turns a stream of token ids into printable text: bytes that end inside a UTF-8 sequence are held back until

@@ -40,6 +40,9 @@ void bpe_encode(std::string_view text, const Tokenizer::Impl& impl,
 // set *unknown).
 void bpe_init(Tokenizer::Impl& impl, const std::vector<std::string>& merges, const std::string& pre, bool* unknown);
 
+// Every tokenizer.ggml.pre name bpe_init knows (exposed for tests).
+std::vector<std::string> bpe_pre_names();
+
 // Splits text into pre-tokenizer words (exposed for tests).
 std::vector<std::string> bpe_pretokenize(std::string_view text, const Tokenizer::Impl& impl);
 
