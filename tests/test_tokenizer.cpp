@@ -240,6 +240,9 @@ TEST_CASE("the default model tokenizes English, code and Korean as its merges sa
     CHECK(tok.encode("\xec\x95\x88\xed\x95\x98", false) == std::vector<int32_t>{183, 239, 226, 33085, 242});
     CHECK(tok.is_eog(2));  // <|im_end|>
     CHECK(tok.is_eog(0));  // <|endoftext|>
+    CHECK(tok.is_eog(4));  // <reponame>: a fill-in-the-middle token, which ends generation in llama.cpp too
+    CHECK(tok.encode("<reponame>", false).size() > 1);  // and is plain text unless special tokens are parsed
+    CHECK(tok.encode("<reponame>", false, true) == std::vector<int32_t>{4});
     CHECK_FALSE(tok.is_eog(905));
     for (const std::string s : {"안녕하세요, 세계! 한국어 텍스트입니다.", "def f(x):\n    return x**2 + 3.14\n",
                                 "Emoji \xf0\x9f\xa6\x99 and 中文 and 日本語", "e\xcc\x81 combining"}) {

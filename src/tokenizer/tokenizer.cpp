@@ -25,6 +25,16 @@ const char* const kEndOfGeneration[] = {
     "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
     "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", kDeepseekEnd, "[e~["};
 
+struct FimToken {
+    const char* key;
+    std::vector<const char*> texts;
+};
+const FimToken kFimTokens[] = {
+    {"tokenizer.ggml.fim_pad_token_id", {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"}},
+    {"tokenizer.ggml.fim_rep_token_id", {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"}},
+    {"tokenizer.ggml.fim_sep_token_id", {"<|file_sep|>"}},
+};
+
 int32_t id_key(const GgufFile& f, const char* key, int n_vocab, int32_t fallback) {
     const GgufValue* v = f.find(key);
     if (!v || !v->is_integer()) return fallback;
@@ -135,6 +145,21 @@ void Tokenizer::find_end_of_generation(const GgufFile& f) {
     }
     for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) add(id_key(f, key, nv, -1));
     add(eos_);
+    // The fill-in-the-middle pad, repository and file-separator tokens end generation too (SmolLM2's <reponame>):
+    // the file's id when it names one, else the first of llama.cpp's texts for it, which becomes a control token.
+    for (const FimToken& fim : kFimTokens) {
+        if (const int32_t id = id_key(f, fim.key, nv, -1); id >= 0) {
+            add(id);
+            continue;
+        }
+        for (const char* text : fim.texts) {
+            const int32_t id = find(text);
+            if (id < 0) continue;
+            add(id);
+            types_[size_t(id)] = TokenType::Control;
+            break;
+        }
+    }
 
     // llama.cpp's two exceptions, by the other texts present: gpt-oss (<|return|>, <|call|>) and Solar Open
     // (<|calls|>, <|flush|>) end a message, not the generation, with <|end|>, which stays user-defined text there;
