@@ -1,17 +1,27 @@
 #!/usr/bin/env bash
 # CPU speed, as a markdown report on stdout:
+#  0. how it was run: the command, date, commit, machine (CPU model, the flags kvgen's kernels use, the kernels
+#     chosen), the models and the prompts;
 #  1. the machine's memory read bandwidth (kvgen --bench-memory), the ceiling for decode;
-#  2. prefill (P tokens) and decode (N tokens) tokens/s per model from `kvgen --bench` (3 runs after a warm-up,
-#     avg ± stddev), with decode's weight bandwidth and its share of the measured ceiling;
+#  2. prefill (P tokens) and decode (N tokens) tokens/s per model from `kvgen --bench` (random token ids, 3 runs
+#     after a warm-up, avg ± stddev), with decode's weight bandwidth and its share of the measured ceiling;
 #  3. the cost of --no-kv-cache: total time to generate G tokens with and without the cache (first model).
 # With no MODEL arguments it benchmarks the default model and TinyLlama-1.1B-shaped Q4_K_M and Q8_0 files made on
 # the spot with kvgen-synth (random weights, the default model's vocabulary).
 # usage: scripts/bench-cpu.sh [--threads T] [--prompt P] [--gen N] [--nocache-gen G] [MODEL.gguf ...]
 set -euo pipefail
+words() {  # the arguments as one line a shell reads back: quoted only where needed
+    local a line=()
+    for a; do
+        if [[ $a =~ ^[A-Za-z0-9_./,:=+@%-]+$ ]]; then line+=("$a"); else line+=("'${a//\'/\'\\\'\'}'"); fi
+    done
+    echo "${line[*]}"
+}
+invocation=$(words scripts/bench-cpu.sh "$@")
 threads=2 prompt_len=128 gen=64 nocache_gen=256 models=()
 while (($#)); do
     case $1 in
-        -h | --help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help) sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
         --threads) threads=$2; shift 2 ;;
         --prompt) prompt_len=$2; shift 2 ;;
         --gen) gen=$2; shift 2 ;;
@@ -29,6 +39,7 @@ done
 command -v python3 >/dev/null || { echo "bench-cpu.sh: python3 is required" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+made=""
 if ((${#models[@]} == 0)); then
     [[ -f $default ]] || { echo "bench-cpu.sh: $default missing: run models/fetch-default.sh" >&2; exit 1; }
     models=("$default")
@@ -37,28 +48,33 @@ if ((${#models[@]} == 0)); then
         "$synth" tinyllama-1.1b --type "$type" --vocab "$default" -o "$tmp/tinyllama-1.1b-$type.gguf" 2>/dev/null
         models+=("$tmp/tinyllama-1.1b-$type.gguf")
     done
+    made="; tinyllama-1.1b-TYPE.gguf made by \`build/kvgen-synth tinyllama-1.1b --type TYPE --vocab ${default#"$root/"} -o FILE\`"
 fi
 for m in "${models[@]}"; do [[ -f $m ]] || { echo "bench-cpu.sh: $m: no such file" >&2; exit 1; }; done
 
+# The machine and the source.
+date=$(date -u '+%Y-%m-%d %H:%M UTC')
+commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null) || commit=unknown
+[[ $commit != unknown ]] && ! git -C "$root" diff --quiet HEAD -- 2>/dev/null && commit+=-dirty
+cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)
+have=" $(sed -n 's/^flags[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1) " flags=()
+for f in avx2 fma f16c avx512f avx512bw avx512vl avx512_vnni; do [[ $have == *" $f "* ]] && flags+=("$f"); done
+mem_gib=$(awk '/^MemTotal:/ {printf "%.0f", $2 / 1048576}' /proc/meminfo 2>/dev/null || true)
+machine="${cpu:-$(uname -m)}, $(nproc) CPUs${mem_gib:+, $mem_gib GiB}; CPU flags: ${flags[*]:-none of avx2, avx512f, avx512_vnni}"
+
 echo "bench-cpu: memory bandwidth" >&2
 bw=$("$kvgen" --bench-memory -t "$threads" | sed -n 's/^memory read bandwidth: \([0-9.]*\) GB\/s.*/\1/p')
-echo "## kvgen CPU benchmark"
-echo
-echo "$(date -u +%Y-%m-%d), $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, $threads threads;"
-echo "memory read bandwidth (\`kvgen --bench-memory -t $threads\`): **$bw GB/s**."
-echo
-echo "| model | weights read per token | prefill t/s (pp$prompt_len) | decode t/s (tg$gen) | decode weight GB/s | % of bandwidth |"
-echo "|---|---|---|---|---|---|"
 for m in "${models[@]}"; do
     echo "bench-cpu: kvgen --bench $(basename "$m")" >&2
     "$kvgen" --bench --device cpu -m "$m" -p "$prompt_len" -n "$gen" -r 3 -t "$threads" -o json >"$tmp/r.json" 2>"$tmp/err" ||
         { cat "$tmp/err" >&2; exit 1; }
-    python3 - "$m" "$tmp/r.json" "$bw" <<'PY'
+    python3 - "$m" "$tmp/r.json" "$bw" "$tmp/device" >>"$tmp/rows.md" <<'PY'
 import json, os, sys
 from subprocess import run
 m, tests, bw = sys.argv[1], json.load(open(sys.argv[2])), float(sys.argv[3])
 pp = next(t for t in tests if t["n_prompt"] > 0)
 tg = next(t for t in tests if t["n_gen"] > 0)
+open(sys.argv[4], "w").write(tg["device"])
 # Weight bytes read per decoded token (kvgen --inspect: all but an untied embedding table).
 info = json.loads(run([os.environ["KVGEN"], "-m", m, "--inspect", "--json", "-"], capture_output=True, check=True).stdout)
 size = info["weight_bytes_per_token"]
@@ -68,9 +84,26 @@ print(f"| {os.path.basename(m)} | {size / 1e6:.0f} MB | {pp['avg_ts']:.1f} ± {p
 PY
 done
 
-m=${models[0]}
+m=${models[0]} names=""
+for x in "${models[@]}"; do names+="${names:+, }$(basename "$x")"; done
+echo "## kvgen CPU benchmark"
 echo
-echo "Cost of \`--no-kv-cache\` ($(basename "$m"), from \`scripts/bench-kv.sh --lengths $nocache_gen\`):"
+echo "- command: \`$invocation\`"
+echo "- date: $date"
+echo "- commit: $commit"
+echo "- machine: $machine; kvgen ran on $(cat "$tmp/device")"
+echo "- models: $names$made"
+echo "- prompts: \`kvgen --bench --device cpu -m MODEL -p $prompt_len -n $gen -r 3 -t $threads\` times random token ids" \
+    "(seeded, the same every run); the \`--no-kv-cache\` part generates $nocache_gen tokens from" \
+    "\`scripts/bench-kv.sh\`'s prompt, \"The key-value cache of a transformer\""
+echo
+echo "Memory read bandwidth (\`kvgen --bench-memory -t $threads\`): **$bw GB/s**."
+echo
+echo "| model | weights read per token | prefill t/s (pp$prompt_len) | decode t/s (tg$gen) | decode weight GB/s | % of bandwidth |"
+echo "|---|---|---|---|---|---|"
+cat "$tmp/rows.md"
+echo
+echo "Cost of \`--no-kv-cache\` ($(basename "$m"), from \`scripts/bench-kv.sh MODEL --lengths $nocache_gen --runs 1 --threads $threads\`):"
 echo
 "$root/scripts/bench-kv.sh" "$m" --lengths "$nocache_gen" --runs 1 --threads "$threads" --out "$tmp/kv" >/dev/null
 sed -n '/^| tokens generated/,/Identical tokens/p' "$tmp/kv/results.md"

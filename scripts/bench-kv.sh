@@ -5,16 +5,31 @@
 # usage: scripts/bench-kv.sh [MODEL.gguf] [--device cpu|cuda|auto] [--lengths 64,128,256,512] [--runs 3]
 #                            [--nocache-runs 1] [--threads T] [--out DIR]
 #
-# Each run generates the longest length (greedy, --ignore-eos) and reports every token's latency (--json
-# token_ms); the total for a shorter length N is the same run's first N steps, which is exactly what a run of N
-# tokens executes. Medians over --runs runs with the cache and --nocache-runs without it (recomputation is slow:
-# about 7 minutes for 512 tokens of the default model on 2 cores).
-# Writes DIR/results.csv, DIR/results.md, DIR/total-time.png and DIR/token-latency.png (gnuplot; without it, the
-# tables alone). KVGEN_BIN names another build's kvgen.
+# Each run generates the longest length from the prompt "The key-value cache of a transformer" (greedy,
+# --ignore-eos) and reports every token's latency (--json token_ms); the total for a shorter length N is the same
+# run's first N steps, which is exactly what a run of N tokens executes. Medians over --runs runs with the cache
+# and --nocache-runs without it (recomputation is slow: about 7 minutes for 512 tokens of the default model on 2
+# cores).
+# Writes to DIR (default bench-kv-out):
+#   run.md             the command, each kvgen run's command line, prompt, date, commit and machine
+#   results.md         run.md, then the table; results.csv the same table
+#   token-latency.csv  per generated token: the median latency over the runs with the cache, and without
+#   total-time.png     total time against N, both axes log scale (gnuplot; without it, no plots)
+#   token-latency.png  the per-token medians, log-scale latency
+# Plot titles name the model, the machine and the commit. KVGEN_BIN names another build's kvgen.
 set -euo pipefail
 
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"; }
+words() {  # the arguments as one line a shell reads back: quoted only where needed
+    local a line=()
+    for a; do
+        if [[ $a =~ ^[A-Za-z0-9_./,:=+@%-]+$ ]]; then line+=("$a"); else line+=("'${a//\'/\'\\\'\'}'"); fi
+    done
+    echo "${line[*]}"
+}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+invocation=$(words scripts/bench-kv.sh "$@")
+[[ -n ${KVGEN_BIN:-} ]] && invocation="KVGEN_BIN=$(words "$KVGEN_BIN") $invocation"
 model="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf" device=cpu lengths=64,128,256,512 runs=3 nocache_runs=1
 threads="" out="bench-kv-out"
 while (($#)); do
@@ -43,27 +58,48 @@ fi
 [[ $runs =~ ^[1-9][0-9]*$ && $nocache_runs =~ ^[1-9][0-9]*$ ]] || { echo "bench-kv.sh: --runs takes a number >= 1" >&2; exit 2; }
 max=$(tr ',' '\n' <<<"$lengths" | sort -n | tail -n 1)
 mkdir -p "$out"
+rm -f "$out/total-time.png" "$out/token-latency.png"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+
+# The machine and the source, for run.md and the plot titles.
+date=$(date -u '+%Y-%m-%d %H:%M UTC')
+commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null) || commit=unknown
+[[ $commit != unknown ]] && ! git -C "$root" diff --quiet HEAD -- 2>/dev/null && commit+=-dirty
+cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)
+have=" $(sed -n 's/^flags[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1) " flags=()
+for f in avx2 fma f16c avx512f avx512bw avx512vl avx512_vnni; do [[ $have == *" $f "* ]] && flags+=("$f"); done
+mem_gib=$(awk '/^MemTotal:/ {printf "%.0f", $2 / 1048576}' /proc/meminfo 2>/dev/null || true)
+machine="${cpu:-$(uname -m)}, $(nproc) CPUs${mem_gib:+, $mem_gib GiB}; CPU flags: ${flags[*]:-none of avx2, avx512f, avx512_vnni}"
+if [[ $device != cpu ]] && command -v nvidia-smi >/dev/null; then
+    driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1 || true)
+    [[ -n $driver ]] && machine+="; NVIDIA driver $driver"
+fi
 
 prompt="The key-value cache of a transformer"
 args=(-m "$model" -p "$prompt" -n "$max" --ignore-eos --temp 0 --device "$device" --no-perf -c $((max + 64)))
 [[ -n $threads ]] && args+=(-t "$threads")
+shown=("${args[@]}")
+shown[1]=${model#"$root/"}
+run_line="$(words "${kvgen#"$root/"}" "${shown[@]}") [--no-kv-cache] --json RUN.json"
+t0=$SECONDS
 for mode in cache nocache; do
     n=$runs flag=()
     [[ $mode == nocache ]] && n=$nocache_runs flag=(--no-kv-cache)
     for ((r = 1; r <= n; r++)); do
         echo "bench-kv: $mode run $r/$n: $max tokens" >&2
-        start=$(date +%s)
+        start=$SECONDS
         "$kvgen" "${args[@]}" "${flag[@]}" --json "$tmp/$mode-$r.json" >/dev/null 2>"$tmp/err" ||
             { cat "$tmp/err" >&2; exit 1; }
-        echo "bench-kv: $mode run $r/$n done in $(($(date +%s) - start)) s" >&2
+        echo "bench-kv: $mode run $r/$n done in $((SECONDS - start)) s" >&2
     done
 done
+elapsed=$((SECONDS - t0))
 
-python3 - "$tmp" "$out" "$lengths" "$runs" "$nocache_runs" "$model" "$device" <<'PY'
-import json, os, statistics, sys, datetime, subprocess
-tmp, out, lengths, runs, nc_runs, model, device = sys.argv[1:8]
+python3 - "$tmp" "$out" "$lengths" "$runs" "$nocache_runs" "$model" "$invocation" "$run_line" "$prompt" "$date" \
+    "$commit" "$machine" "$((elapsed / 60)) min $((elapsed % 60)) s" <<'PY'
+import json, os, statistics, sys
+tmp, out, lengths, runs, nc_runs, model, invocation, run_line, prompt, date, commit, machine, took = sys.argv[1:14]
 lengths = sorted(int(x) for x in lengths.split(","))
 load = lambda mode, n: [json.load(open(f"{tmp}/{mode}-{r}.json")) for r in range(1, int(n) + 1)]
 cache, nocache = load("cache", runs), load("nocache", nc_runs)
@@ -75,58 +111,82 @@ for n in lengths:
     u = statistics.median(total_s(r, n) for r in nocache)
     rows.append((n, c, u, u / c))
 same = all(r["tokens"] == cache[0]["tokens"] for r in cache + nocache)
+first = cache[0]
+with open(f"{out}/run.md", "w") as f:
+    f.write(f"- command: `{invocation}`\n"
+            f"- each run: `{run_line}`\n"
+            f"- prompt: \"{prompt}\" ({len(first['prompt_tokens'])} tokens), greedy, {lengths[-1]} tokens generated\n"
+            f"- date: {date}; the whole script took {took}\n"
+            f"- commit: {commit}\n"
+            f"- machine: {machine}; kvgen ran on {first['device_name']}\n")
 with open(f"{out}/results.csv", "w") as f:
     f.write("tokens,kv_cache_s,no_kv_cache_s,speedup\n")
     for n, c, u, s in rows:
         f.write(f"{n},{c:.4f},{u:.4f},{s:.3f}\n")
-first = cache[0]
 with open(f"{out}/results.md", "w") as f:
     f.write(f"# KV cache benchmark: {os.path.basename(model)}\n\n")
-    f.write(f"{datetime.date.today()}, device {first['device']}, {first['threads']} threads, prompt of "
-            f"{len(first['prompt_tokens'])} tokens, greedy, medians of {runs} runs with the cache and {nc_runs} "
-            f"without. Each length is the first N steps of a {lengths[-1]}-token run.\n\n")
+    f.write(open(f"{out}/run.md").read())
+    f.write(f"\nMedians of {runs} runs with the cache and {nc_runs} without. Each length is the first N steps of a "
+            f"{lengths[-1]}-token run.\n\n")
     f.write("| tokens generated | with KV cache | without (`--no-kv-cache`) | speed-up |\n|---:|---:|---:|---:|\n")
     for n, c, u, s in rows:
         f.write(f"| {n} | {c:.2f} s | {u:.2f} s | {s:.1f}x |\n")
     n, c, u, s = rows[-1]
     f.write(f"\n{n} tokens: {u:.1f} s vs {c:.1f} s, {s:.1f}x. Identical tokens in every run: {same}.\n\n")
     f.write("![total time](total-time.png)\n\n![per-token latency](token-latency.png)\n")
-with open(f"{tmp}/totals.dat", "w") as f:
-    for n, c, u, s in rows:
-        f.write(f"{n} {c} {u}\n")
-# Per-token latency of the median-length run of each mode (the first run; token 0 includes the prefill).
-for name, run in (("cache", cache[0]), ("nocache", nocache[0])):
-    with open(f"{tmp}/lat-{name}.dat", "w") as f:
-        for i, ms in enumerate(run["token_ms"][1:], start=1):
-            f.write(f"{i} {ms}\n")
-print(open(f"{out}/results.md").read())
+# Per generated token, the median over runs; the first token (its latency includes the prefill) is left out.
+with open(f"{out}/token-latency.csv", "w") as f:
+    f.write("token,kv_cache_ms,no_kv_cache_ms\n")
+    for i in range(1, lengths[-1]):
+        c = statistics.median(r["token_ms"][i] for r in cache)
+        u = statistics.median(r["token_ms"][i] for r in nocache)
+        f.write(f"{i + 1},{c:.3f},{u:.3f}\n")
+# Titles for gnuplot: double-quoted strings (backslashes and quotes escaped), lines joined by \n.
+q = lambda *lines: '"' + "\\n".join(l.replace("\\", "\\\\").replace('"', '\\"') for l in lines) + '"'
+where = first["device_name"] if first["device"] != "cpu" else f"{machine.split(';')[0]}, {first['device_name']}"
+sub = f"{where}, commit {commit}, {date[:10]}"
+runs_word = lambda k: f"median of {k} runs" if int(k) > 1 else "1 run"
+with open(f"{tmp}/titles.gp", "w") as f:
+    name = os.path.basename(model)
+    f.write(f"total_title = {q(f'Total time to generate N tokens: {name}', sub)}\n"
+            f"latency_title = {q(f'Latency of each generated token: {name}', sub)}\n"
+            f"cache_runs = {q(runs_word(runs))}\nnocache_runs = {q(runs_word(nc_runs))}\n")
 PY
 
+((plots)) || sed -i '/\.png)$/d' "$out/results.md"
+cat "$out/results.md"
 if ((!plots)); then
-    sed -i '/total-time.png/d' "$out/results.md"
-    echo "bench-kv: wrote $out/results.csv, results.md" >&2
+    echo "bench-kv: wrote $out/run.md, results.csv, results.md, token-latency.csv" >&2
     exit 0
 fi
 term="pngcairo size 900,560 font 'sans,11'"
 gnuplot -e "set terminal $term" -e "print ''" >/dev/null 2>&1 || term="png size 900,560"
-name=$(basename "$model")
 gnuplot <<GP
+load "$tmp/titles.gp"
 set terminal $term noenhanced
-set output "$out/total-time.png"
-set title "Total time to generate N tokens: $name"
-set xlabel "tokens generated"
-set ylabel "total time (s)"
+set datafile separator ","
 set key top left
 set grid
-plot "$tmp/totals.dat" using 1:3 with linespoints lw 2 pt 7 title "without KV cache (--no-kv-cache)", \
-     "$tmp/totals.dat" using 1:2 with linespoints lw 2 pt 5 title "with KV cache"
+set output "$out/total-time.png"
+set title total_title
+set xlabel "tokens generated (log scale)"
+set ylabel "total time (s, log scale)"
+set logscale xy
+set xtics ($lengths)
+set autoscale xfix
+set offsets graph 0.05, graph 0.05, 0, 0
+plot "$out/results.csv" using 1:3 every ::1 with linespoints lw 2 pt 7 title "without KV cache (--no-kv-cache), ".nocache_runs, \
+     "$out/results.csv" using 1:2 every ::1 with linespoints lw 2 pt 5 title "with KV cache, ".cache_runs
+unset logscale
+unset offsets
+set autoscale x
+set xtics autofreq
 set output "$out/token-latency.png"
-set title "Latency of each generated token: $name"
-set xlabel "token position (generated tokens)"
+set title latency_title
+set xlabel "generated token (from the second: the first one's time includes the prefill)"
 set ylabel "latency (ms per token, log scale)"
 set logscale y
-set key top left
-plot "$tmp/lat-nocache.dat" using 1:2 with lines lw 2 title "without KV cache: recomputes the sequence", \
-     "$tmp/lat-cache.dat" using 1:2 with lines lw 2 title "with KV cache: one token through the cache"
+plot "$out/token-latency.csv" using 1:3 every ::1 with lines lw 2 title "without KV cache: recomputes the sequence, ".nocache_runs, \
+     "$out/token-latency.csv" using 1:2 every ::1 with lines lw 2 title "with KV cache: one token through the cache, ".cache_runs
 GP
-echo "bench-kv: wrote $out/results.csv, results.md, total-time.png, token-latency.png" >&2
+echo "bench-kv: wrote $out/run.md, results.csv, results.md, token-latency.csv, total-time.png, token-latency.png" >&2
