@@ -10,13 +10,8 @@
 # the spot with kvgen-synth (random weights, the default model's vocabulary).
 # usage: scripts/bench-cpu.sh [--threads T] [--prompt P] [--gen N] [--nocache-gen G] [MODEL.gguf ...]
 set -euo pipefail
-words() {  # the arguments as one line a shell reads back: quoted only where needed
-    local a line=()
-    for a; do
-        if [[ $a =~ ^[A-Za-z0-9_./,:=+@%-]+$ ]]; then line+=("$a"); else line+=("'${a//\'/\'\\\'\'}'"); fi
-    done
-    echo "${line[*]}"
-}
+# shellcheck source=lib/bench.sh source-path=SCRIPTDIR
+source "$(dirname "${BASH_SOURCE[0]}")/lib/bench.sh"
 invocation=$(words scripts/bench-cpu.sh "$@")
 threads=2 prompt_len=128 gen=64 nocache_gen=256 models=()
 while (($#)); do
@@ -53,14 +48,7 @@ fi
 for m in "${models[@]}"; do [[ -f $m ]] || { echo "bench-cpu.sh: $m: no such file" >&2; exit 1; }; done
 
 # The machine and the source.
-date=$(date -u '+%Y-%m-%d %H:%M UTC')
-commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null) || commit=unknown
-[[ $commit != unknown ]] && ! git -C "$root" diff --quiet HEAD -- 2>/dev/null && commit+=-dirty
-cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)
-have=" $(sed -n 's/^flags[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1) " flags=()
-for f in avx2 fma f16c avx512f avx512bw avx512vl avx512_vnni; do [[ $have == *" $f "* ]] && flags+=("$f"); done
-mem_gib=$(awk '/^MemTotal:/ {printf "%.0f", $2 / 1048576}' /proc/meminfo 2>/dev/null || true)
-machine="${cpu:-$(uname -m)}, $(nproc) CPUs${mem_gib:+, $mem_gib GiB}; CPU flags: ${flags[*]:-none of avx2, avx512f, avx512_vnni}"
+run_context "$root"
 
 echo "bench-cpu: memory bandwidth" >&2
 bw=$("$kvgen" --bench-memory -t "$threads" | sed -n 's/^memory read bandwidth: \([0-9.]*\) GB\/s.*/\1/p')

@@ -20,13 +20,8 @@
 set -euo pipefail
 
 usage() { sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"; }
-words() {  # the arguments as one line a shell reads back: quoted only where needed
-    local a line=()
-    for a; do
-        if [[ $a =~ ^[A-Za-z0-9_./,:=+@%-]+$ ]]; then line+=("$a"); else line+=("'${a//\'/\'\\\'\'}'"); fi
-    done
-    echo "${line[*]}"
-}
+# shellcheck source=lib/bench.sh source-path=SCRIPTDIR
+source "$(dirname "${BASH_SOURCE[0]}")/lib/bench.sh"
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 invocation=$(words scripts/bench-kv.sh "$@")
 [[ -n ${KVGEN_BIN:-} ]] && invocation="KVGEN_BIN=$(words "$KVGEN_BIN") $invocation"
@@ -63,14 +58,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 # The machine and the source, for run.md and the plot titles.
-date=$(date -u '+%Y-%m-%d %H:%M UTC')
-commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null) || commit=unknown
-[[ $commit != unknown ]] && ! git -C "$root" diff --quiet HEAD -- 2>/dev/null && commit+=-dirty
-cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)
-have=" $(sed -n 's/^flags[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1) " flags=()
-for f in avx2 fma f16c avx512f avx512bw avx512vl avx512_vnni; do [[ $have == *" $f "* ]] && flags+=("$f"); done
-mem_gib=$(awk '/^MemTotal:/ {printf "%.0f", $2 / 1048576}' /proc/meminfo 2>/dev/null || true)
-machine="${cpu:-$(uname -m)}, $(nproc) CPUs${mem_gib:+, $mem_gib GiB}; CPU flags: ${flags[*]:-none of avx2, avx512f, avx512_vnni}"
+run_context "$root"
 if [[ $device != cpu ]] && command -v nvidia-smi >/dev/null; then
     driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1 || true)
     [[ -n $driver ]] && machine+="; NVIDIA driver $driver"

@@ -1,0 +1,26 @@
+# Shared by the benchmark scripts (sourced): a command line written back as one line, and the machine and source a
+# measurement was taken on.
+# shellcheck shell=bash disable=SC2034  # date, commit and machine are read by the scripts that source this file
+
+# words ARGS...: the arguments as one line a shell reads back, quoted only where needed.
+words() {
+    local a line=()
+    for a; do
+        if [[ $a =~ ^[A-Za-z0-9_./,:=+@%-]+$ ]]; then line+=("$a"); else line+=("'${a//\'/\'\\\'\'}'"); fi
+    done
+    echo "${line[*]}"
+}
+
+# run_context ROOT: sets date (UTC), commit (short, -dirty with local changes) and machine (CPU model, CPUs, memory,
+# the CPU flags kvgen's kernels use).
+run_context() {
+    local root=$1 cpu have f flags=() mem_gib
+    date=$(date -u '+%Y-%m-%d %H:%M UTC')
+    commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null) || commit=unknown
+    [[ $commit != unknown ]] && ! git -C "$root" diff --quiet HEAD -- 2>/dev/null && commit+=-dirty
+    cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)
+    have=" $(sed -n 's/^flags[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1) "
+    for f in avx2 fma f16c avx512f avx512bw avx512vl avx512_vnni; do [[ $have == *" $f "* ]] && flags+=("$f"); done
+    mem_gib=$(awk '/^MemTotal:/ {printf "%.0f", $2 / 1048576}' /proc/meminfo 2>/dev/null || true)
+    machine="${cpu:-$(uname -m)}, $(nproc) CPUs${mem_gib:+, $mem_gib GiB}; CPU flags: ${flags[*]:-none of avx2, avx512f, avx512_vnni}"
+}
