@@ -11,14 +11,17 @@
 #   3. speed: synthetic LLaMA-2-7B and 13B shapes in F16, Q8_0, Q4_0 and Q4_K_M (made here with kvgen-synth, one at a
 #      time, deleted after use): pp512 and tg128 at depths 0, 1024 and 4096, with achieved bandwidth
 #      ((weight bytes + KV bytes read) x tokens/s) beside the card's peak (KVGEN_PEAK_GBS, default 4800 for H200);
-#   4. the KV cache comparison (scripts/bench-kv.sh, --device cuda) on the 7B Q4_K_M shape: 128, 256, 512 tokens.
+#   4. the KV cache comparison (scripts/bench-kv.sh, --device cuda) on the first shape's Q4_K_M file (7B): 128, 256,
+#      512 tokens.
 # Later stages are skipped, and the report says so, when the time budget (KVGEN_GPU_BUDGET_S, default 450) runs out.
 # KVGEN_GPU_CHECK_DRY=1 rehearses the script on a machine without a GPU (CPU device, tiny shapes): it checks the
 # script, not the GPU. Needs the team's shared folder (../shared, ./shared or .shared, or KVGEN_SHARED) for test data, and unpacks its
 # device-deps/ when this machine lacks the libraries.
 set -euo pipefail
 
-[[ $# -eq 1 && $1 != -* ]] || { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"; }
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then usage; exit 0; fi
+[[ $# -eq 1 && $1 != -* ]] || { usage >&2; exit 2; }
 mkdir -p "$1"
 out=$(cd "$1" && pwd)
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -124,11 +127,11 @@ elif [[ -f $work/kv-model.gguf ]]; then
 fi
 
 # --- report -------------------------------------------------------------------------------------------------------
-python3 - "$out" "$work" "$gpu" "$peak" "$cuda_rc" "$host_rc" "$kv_status" "$((SECONDS - t0))" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" "${skipped[*]:-}" <<'PY'
+python3 - "$out" "$work" "$gpu" "$peak" "$cuda_rc" "$host_rc" "$kv_status" "$((SECONDS - t0))" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" "${skipped[*]:-}" "${shapes[0]}" <<'PY'
 import glob, json, os, sys, datetime
 import numpy as np
 
-out, work, gpu, peak, cuda_rc, host_rc, kv_status, secs, commit, skipped = sys.argv[1:11]
+out, work, gpu, peak, cuda_rc, host_rc, kv_status, secs, commit, skipped, kv_shape = sys.argv[1:12]
 peak = float(peak)
 rep = {"date": datetime.date.today().isoformat(), "gpu": gpu.strip(), "commit": commit, "seconds": int(secs),
        "cuda_tests_exit": int(cuda_rc), "host_tests_exit": int(host_rc), "peak_gbs": peak,
@@ -183,7 +186,7 @@ L = [f"# kvgen GPU check, {rep['date']}", "",
      f"GPU: {rep['gpu']}; commit {commit}; {secs} s; peak bandwidth taken as {peak:.0f} GB/s.", "",
      f"- `[cuda]` tests: {'passed' if rep['cuda_tests_exit'] == 0 else 'FAILED (exit %s)' % cuda_rc} "
      f"(cuda-tests.txt); host-compiled decoders: {'passed' if rep['host_tests_exit'] == 0 else 'FAILED'}",
-     f"- KV cache comparison (7B Q4_K_M shape): {kv_status}" + (" (kv/results.md)" if kv_status == "ok" else ""),
+     f"- KV cache comparison ({kv_shape} Q4_K_M shape): {kv_status}" + (" (kv/results.md)" if kv_status == "ok" else ""),
      ]
 if rep["skipped"]:
     L.append(f"- skipped for time: {', '.join(rep['skipped'])}")

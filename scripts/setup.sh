@@ -7,7 +7,7 @@
 set -euo pipefail
 
 usage() {
-    sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"
     echo "usage: scripts/setup.sh [--no-build]"
 }
 build=1

@@ -209,6 +209,22 @@ else
     fail "resident memory grew during a 1500-token run"
 fi
 
+# Every script answers --help with its usage and nothing of its own code.
+for script in "$src"/scripts/*.sh "$src"/models/*.sh; do
+    if help=$(bash "$script" --help 2>&1) && [[ $help == *usage* ]] && ! grep -q '^set -' <<<"$help"; then
+        pass
+    else
+        fail "$(basename "$script") --help: $(head -c 300 <<<"$help")"
+    fi
+done
+
+# The docs speak to users: no links to files outside the repository.
+if grep -rnE '\]\(\.\./|\.\./shared' "$src/README.md" "$src/docs" >"$tmp/links"; then
+    fail "docs link outside the repository: $(head -n 3 "$tmp/links")"
+else
+    pass
+fi
+
 # The model file is only read.
 before=$(sha256sum "$tiny" | cut -d' ' -f1)
 "$kvgen" -m "$tiny" -p "Hello" -n 4 --temp 0 >/dev/null 2>&1
