@@ -53,12 +53,17 @@ void check_writable(const std::string& path) {
 }
 
 std::string read_text_file(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    const bool std_in = path == "-";
+    const std::string name = std_in ? "standard input" : path;
+    const int fd = std_in ? STDIN_FILENO : ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) throw Error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+    auto close_fd = [fd, std_in] {
+        if (!std_in) ::close(fd);
+    };
     struct stat st {};
     if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
-        ::close(fd);
-        throw Error(fmt::format("{}: is a directory", path));
+        close_fd();
+        throw Error(fmt::format("{}: is a directory", name));
     }
     std::string out;
     char buf[1 << 16];
@@ -68,12 +73,12 @@ std::string read_text_file(const std::string& path) {
         if (n < 0) {
             if (errno == EINTR) continue;
             const int e = errno;
-            ::close(fd);
-            throw Error(fmt::format("{}: read failed: {}", path, std::strerror(e)));
+            close_fd();
+            throw Error(fmt::format("{}: read failed: {}", name, std::strerror(e)));
         }
         out.append(buf, size_t(n));
     }
-    ::close(fd);
+    close_fd();
     return out;
 }
 

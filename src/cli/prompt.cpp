@@ -3,13 +3,8 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
-#include <cstring>
-
-#include <fmt/format.h>
 
 #include "cli/format.h"
-#include "common/error.h"
 
 namespace kvgen {
 
@@ -20,21 +15,6 @@ int hex_digit(char c) {
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
     if (c >= 'A' && c <= 'F') return c - 'A' + 10;
     return -1;
-}
-
-std::string read_stdin() {
-    std::string out;
-    char buf[1 << 16];
-    for (;;) {
-        const ssize_t n = ::read(STDIN_FILENO, buf, sizeof(buf));
-        if (n == 0) break;
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            throw Error(fmt::format("standard input: read failed: {}", std::strerror(errno)));
-        }
-        out.append(buf, size_t(n));
-    }
-    return out;
 }
 
 }  // namespace
@@ -79,7 +59,7 @@ std::string process_escapes(std::string_view text) {
 }
 
 std::string read_prompt_file(const std::string& path) {
-    std::string text = path == "-" ? read_stdin() : read_text_file(path);
+    std::string text = read_text_file(path);
     if (!text.empty() && text.back() == '\n') text.pop_back();
     return text;
 }
