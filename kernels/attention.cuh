@@ -1,7 +1,7 @@
 #pragma once
 // The attention kernels' bodies, written against a thread context so that the same source runs on the GPU
-// (DeviceThread, ops.cu) and on the host (HostThread, testing.cu: one std::thread per CUDA thread, shuffles and
-// barriers emulated), which lets the CPU-only CI execute them against cpu::attention.
+// (DeviceThread, ops.cu) and on the host (HostThread, tests/cuda_support/host_emulation.cu: each CUDA thread a
+// fiber, shuffles and barriers emulated), which lets the CPU-only CI execute them against cpu::attention.
 //
 // A warp attends NQ query heads of one KV group (they read the same K/V rows) over a range of positions: lane l
 // holds elements [E l, E l + E) of each head_dim = 32 E vector, a position costs one shuffle reduction per query
@@ -11,8 +11,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
-#include "quant.cuh"  // KVGEN_HD
+#include "common/hd.h"
+#include "engine/kv_layout.h"
 
 namespace kvgen::cuda {
 
@@ -66,7 +68,8 @@ KVGEN_HD void load_halves(const __half* p, float (&out)[E]) {
 }
 
 // Positions are taken P at a time: their K and V rows are loaded before any is used, so several loads are in
-// flight per warp (a long cache is a stream of small rows), then folded into the softmax in order.
+// flight per warp (a long cache is a stream of small rows), then folded into the softmax in order. kb and vb point
+// at one KV head's rows (KvLayout::row(h, 0)), which follow each other hd elements apart.
 #pragma nv_exec_check_disable
 template <int NQ, int E, class Ctx>
 KVGEN_HD void warp_attend(const Ctx& ctx, const float (&q)[NQ][E], const __half* kb, const __half* vb, int t0, int t1,
@@ -137,8 +140,8 @@ constexpr int kAttnDecodeShared = kAttnWarps* NQ*(32 * E + 2);
 #pragma nv_exec_check_disable
 template <int NQ, int E, class Ctx>
 KVGEN_HD void attention_decode_body(const Ctx& ctx, const float* __restrict__ q, const __half* __restrict__ kc,
-                                    const __half* __restrict__ vc, const int* __restrict__ d_pos0, int n_rep, int n_ctx,
-                                    int splits, float scale, float* __restrict__ partials) {
+                                    const __half* __restrict__ vc, const int* __restrict__ d_pos0, int n_rep,
+                                    const KvLayout& kv, int splits, float scale, float* __restrict__ partials) {
     constexpr int hd = 32 * E;
     const int h0 = ctx.block_x() * NQ, g = h0 / n_rep, sp = ctx.block_y();
     const int warp = ctx.thread() / 32, lane = ctx.thread() % 32;
@@ -149,7 +152,7 @@ KVGEN_HD void attention_decode_body(const Ctx& ctx, const float* __restrict__ q,
 
     float qr[NQ][E], m[NQ], l[NQ], o[NQ][E];
     load_query<NQ, E>(ctx, q + int64_t(h0) * hd, scale, qr, m, l, o);
-    const int64_t base = int64_t(g) * n_ctx * hd;
+    const int64_t base = kv.row(g, 0);
     warp_attend<NQ, E>(ctx, qr, kc + base, vc + base, t0 + warp, t1, kAttnWarps, m, l, o);
 
     // combine the block's warps through shared memory [warp][NQ][hd + 2]
@@ -216,7 +219,7 @@ KVGEN_HD void attention_combine_body(const Ctx& ctx, int block_threads, const fl
 template <int NQ, int E, class Ctx>
 KVGEN_HD void attention_prefill_body(const Ctx& ctx, const float* __restrict__ q, const __half* __restrict__ kc,
                                      const __half* __restrict__ vc, const int* __restrict__ d_pos0, int n, int n_heads,
-                                     int n_rep, int n_ctx, float scale, float* __restrict__ out) {
+                                     int n_rep, const KvLayout& kv, float scale, float* __restrict__ out) {
     constexpr int hd = 32 * E;
     const int h0 = ctx.block_x() * NQ, g = h0 / n_rep;
     const int i = ctx.block_y() * kAttnWarps + ctx.thread() / 32, lane = ctx.thread() % 32;
@@ -224,7 +227,7 @@ KVGEN_HD void attention_prefill_body(const Ctx& ctx, const float* __restrict__ q
     float qr[NQ][E], m[NQ], l[NQ], o[NQ][E];
     const int64_t row = (int64_t(i) * n_heads + h0) * hd;
     load_query<NQ, E>(ctx, q + row, scale, qr, m, l, o);
-    const int64_t base = int64_t(g) * n_ctx * hd;
+    const int64_t base = kv.row(g, 0);
     warp_attend<NQ, E>(ctx, qr, kc + base, vc + base, 0, *d_pos0 + i + 1, 1, m, l, o);
 #pragma unroll
     for (int r = 0; r < NQ; ++r) {

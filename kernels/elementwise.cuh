@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "engine/kv_layout.h"
+#include "engine/rope.h"
 #include "quant.cuh"
 
 namespace kvgen::cuda {
@@ -51,12 +53,11 @@ KVGEN_HD void rmsnorm_body(const Ctx& ctx, int block_threads, const float* __res
 }
 
 // Item g = (token i, pair j) of n x half.
-KVGEN_HD void rope_tables_item(int g, const int* __restrict__ d_pos0, int half, const double* __restrict__ pw,
-                               const double* __restrict__ ff, double pos_div, float* __restrict__ cos_t,
+KVGEN_HD void rope_tables_item(int g, const int* __restrict__ d_pos0, int half, const double* __restrict__ inv_freq,
+                               const double* __restrict__ factors, double pos_div, float* __restrict__ cos_t,
                                float* __restrict__ sin_t) {
     const int i = g / half, j = g % half;
-    double theta = double(*d_pos0 + i) / pos_div * pw[j];
-    if (ff) theta /= ff[j];
+    const double theta = rope_theta(*d_pos0 + i, j, inv_freq, factors, pos_div);
     cos_t[g] = float(cos(theta));
     sin_t[g] = float(sin(theta));
 }
@@ -75,17 +76,17 @@ KVGEN_HD void rope_item(int64_t g, float* __restrict__ x, const float* __restric
 }
 
 // Item g = (token i, KV head h, pair j of head_dim / 2): K rotated (pairs below half_rope; cos_t null: none) and V,
-// stored as f16 at position *d_pos0 + i of the [n_kv_heads][n_ctx][head_dim] cache.
+// stored as f16 at position *d_pos0 + i of one layer's cache.
 KVGEN_HD void store_kv_item(int64_t g, const float* __restrict__ k, const float* __restrict__ v,
                             const float* __restrict__ cos_t, const float* __restrict__ sin_t,
-                            const int* __restrict__ d_pos0, int n_kv_heads, int head_dim, int half_rope, int n_ctx,
-                            __half* __restrict__ kc, __half* __restrict__ vc) {
-    const int pairs = head_dim / 2;
+                            const int* __restrict__ d_pos0, const KvLayout& kv, int half_rope, __half* __restrict__ kc,
+                            __half* __restrict__ vc) {
+    const int pairs = kv.head_dim / 2;
     const int j = int(g % pairs);
     const int64_t ih = g / pairs;  // token * n_kv_heads + head
-    const int i = int(ih / n_kv_heads), h = int(ih % n_kv_heads);
-    const float* kr = k + ih * head_dim;
-    const float* vr = v + ih * head_dim;
+    const int i = int(ih / kv.n_kv_heads), h = int(ih % kv.n_kv_heads);
+    const float* kr = k + ih * kv.head_dim;
+    const float* vr = v + ih * kv.head_dim;
     float a = kr[2 * j], b = kr[2 * j + 1];
     if (cos_t && j < half_rope) {
         const float c = cos_t[int64_t(i) * half_rope + j], sn = sin_t[int64_t(i) * half_rope + j];
@@ -93,7 +94,7 @@ KVGEN_HD void store_kv_item(int64_t g, const float* __restrict__ k, const float*
         a = ra;
         b = rb;
     }
-    const int64_t dst = (int64_t(h) * n_ctx + (*d_pos0 + i)) * head_dim + 2 * j;
+    const int64_t dst = kv.row(h, *d_pos0 + i) + 2 * j;
     *reinterpret_cast<__half2*>(kc + dst) = __floats2half2_rn(a, b);
     *reinterpret_cast<__half2*>(vc + dst) = __floats2half2_rn(vr[2 * j], vr[2 * j + 1]);
 }

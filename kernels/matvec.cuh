@@ -10,6 +10,20 @@ namespace kvgen::cuda {
 // chunk are loaded once (eight 16-byte loads) and used for every row of the warp.
 constexpr int kMvWarps = 4, kMvRows = 2;
 
+// Where row r of a product is written: rows [0, end[0]) to y[0], [end[0], end[1]) to y[1], the rest to y[2], each
+// buffer from its own first element. One product can so fill q, k and v (Q|K|V uploaded as one matrix).
+struct RowSplit {
+    float* y[3] = {nullptr, nullptr, nullptr};
+    int64_t end[2] = {0, 0};
+
+    static RowSplit one(float* y, int64_t rows) { return RowSplit{{y, y, y}, {rows, rows}}; }
+    KVGEN_HD float* at(int64_t r) const {
+        if (r < end[0]) return y[0] + r;
+        if (r < end[1]) return y[1] + (r - end[0]);
+        return y[2] + (r - end[1]);
+    }
+};
+
 template <GgmlType T>
 KVGEN_HD void matvec_lane(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t n_chunks, int64_t rows, int64_t r0,
                           int lane, const float* __restrict__ x, float (&acc)[kMvRows]) {

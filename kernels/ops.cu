@@ -69,7 +69,7 @@ __global__ void get_rows_kernel(const uint8_t* __restrict__ w, int64_t row_bytes
 template <GgmlType T>
 __global__ void __launch_bounds__(kMvWarps* kWarp)
     matvec_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t n_chunks, int64_t rows,
-                  const float* __restrict__ x, float* __restrict__ y, int accumulate) {
+                  const float* __restrict__ x, RowSplit y, int accumulate) {
     const int lane = threadIdx.x % kWarp;
     const int64_t r0 = (int64_t(blockIdx.x) * kMvWarps + threadIdx.x / kWarp) * kMvRows;
     if (r0 >= rows) return;
@@ -78,7 +78,10 @@ __global__ void __launch_bounds__(kMvWarps* kWarp)
 #pragma unroll
     for (int r = 0; r < kMvRows; ++r) {
         const float v = warp_sum(acc[r]);
-        if (lane == 0 && r0 + r < rows) y[r0 + r] = accumulate ? y[r0 + r] + v : v;
+        if (lane == 0 && r0 + r < rows) {
+            float* out = y.at(r0 + r);
+            *out = accumulate ? *out + v : v;
+        }
     }
 }
 
@@ -108,11 +111,11 @@ __global__ void rmsnorm_kernel(const float* __restrict__ x, const float* __restr
     rmsnorm_body(DeviceThread{part}, int(blockDim.x), x, w, out, dim, eps);
 }
 
-__global__ void rope_tables_kernel(const int* __restrict__ d_pos0, int n, int half, const double* __restrict__ pw,
-                                   const double* __restrict__ ff, double pos_div, float* __restrict__ cos_t,
-                                   float* __restrict__ sin_t) {
+__global__ void rope_tables_kernel(const int* __restrict__ d_pos0, int n, int half,
+                                   const double* __restrict__ inv_freq, const double* __restrict__ factors,
+                                   double pos_div, float* __restrict__ cos_t, float* __restrict__ sin_t) {
     const int g = blockIdx.x * blockDim.x + threadIdx.x;
-    if (g < n * half) rope_tables_item(g, d_pos0, half, pw, ff, pos_div, cos_t, sin_t);
+    if (g < n * half) rope_tables_item(g, d_pos0, half, inv_freq, factors, pos_div, cos_t, sin_t);
 }
 
 __global__ void rope_kernel(float* __restrict__ x, const float* __restrict__ cos_t, const float* __restrict__ sin_t,
@@ -123,21 +126,16 @@ __global__ void rope_kernel(float* __restrict__ x, const float* __restrict__ cos
 
 __global__ void store_kv_kernel(const float* __restrict__ k, const float* __restrict__ v,
                                 const float* __restrict__ cos_t, const float* __restrict__ sin_t, int n,
-                                const int* __restrict__ d_pos0, int n_kv_heads, int head_dim, int half_rope, int n_ctx,
-                                __half* __restrict__ kc, __half* __restrict__ vc) {
+                                const int* __restrict__ d_pos0, KvLayout kv, int half_rope, __half* __restrict__ kc,
+                                __half* __restrict__ vc) {
     const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (g < int64_t(n) * n_kv_heads * (head_dim / 2))
-        store_kv_item(g, k, v, cos_t, sin_t, d_pos0, n_kv_heads, head_dim, half_rope, n_ctx, kc, vc);
+    if (g < int64_t(n) * kv.n_kv_heads * (kv.head_dim / 2))
+        store_kv_item(g, k, v, cos_t, sin_t, d_pos0, kv, half_rope, kc, vc);
 }
 
 __global__ void swiglu_kernel(float* __restrict__ g, const float* __restrict__ u, int64_t count) {
     const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (j < count) swiglu_item(j, g, u);
-}
-
-__global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, int64_t count) {
-    const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (j < count) x[j] += y[j];
 }
 
 __global__ void to_f16_kernel(const float* __restrict__ x, __half* __restrict__ y, int64_t count) {
@@ -150,10 +148,10 @@ __global__ void to_f16_kernel(const float* __restrict__ x, __half* __restrict__ 
 template <int NQ, int E>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_decode_kernel(const float* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc,
-                            const int* __restrict__ d_pos0, int n_rep, int n_ctx, int splits, float scale,
+                            const int* __restrict__ d_pos0, int n_rep, KvLayout kv, int splits, float scale,
                             float* __restrict__ partials) {
     __shared__ float sm[kAttnDecodeShared<NQ, E>];
-    attention_decode_body<NQ, E>(DeviceThread{sm}, q, kc, vc, d_pos0, n_rep, n_ctx, splits, scale, partials);
+    attention_decode_body<NQ, E>(DeviceThread{sm}, q, kc, vc, d_pos0, n_rep, kv, splits, scale, partials);
 }
 
 __global__ void attention_combine_kernel(const float* __restrict__ partials, int splits, int hd,
@@ -164,9 +162,9 @@ __global__ void attention_combine_kernel(const float* __restrict__ partials, int
 template <int NQ, int E>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_prefill_kernel(const float* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc,
-                             const int* __restrict__ d_pos0, int n, int n_heads, int n_rep, int n_ctx, float scale,
+                             const int* __restrict__ d_pos0, int n, int n_heads, int n_rep, KvLayout kv, float scale,
                              float* __restrict__ out) {
-    attention_prefill_body<NQ, E>(DeviceThread{nullptr}, q, kc, vc, d_pos0, n, n_heads, n_rep, n_ctx, scale, out);
+    attention_prefill_body<NQ, E>(DeviceThread{nullptr}, q, kc, vc, d_pos0, n, n_heads, n_rep, kv, scale, out);
 }
 
 }  // namespace
@@ -195,7 +193,9 @@ void get_rows(float* out, const DevWeight& emb, const int32_t* d_tokens, int n, 
     KVGEN_CUDA_LAUNCHED("get_rows");
 }
 
-void matvec(float* y, const DevWeight& w, const float* x, bool accumulate, cudaStream_t s) {
+namespace {
+// grid = rows / (kMvWarps * kMvRows), block = kMvWarps warps: each warp owns kMvRows rows (matvec.cuh).
+void launch_matvec(const RowSplit& y, const DevWeight& w, const float* x, bool accumulate, cudaStream_t s) {
     const int64_t rows_per_block = kMvWarps * kMvRows;
     const bool ok = dispatch_type(w.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
@@ -204,6 +204,15 @@ void matvec(float* y, const DevWeight& w, const float* x, bool accumulate, cudaS
     });
     if (!ok) throw Error(fmt::format("CUDA: no device decoder for {}", ggml_type_name(w.type)));
     KVGEN_CUDA_LAUNCHED("matvec");
+}
+}  // namespace
+
+void matvec(float* y, const DevWeight& w, const float* x, bool accumulate, cudaStream_t s) {
+    launch_matvec(RowSplit::one(y, w.rows), w, x, accumulate, s);
+}
+
+void matvec_split(const RowSplit& y, const DevWeight& w, const float* x, cudaStream_t s) {
+    launch_matvec(y, w, x, false, s);
 }
 
 bool glu_fusable(const DevWeight& gate, const DevWeight& up) {
@@ -226,9 +235,10 @@ void rmsnorm(float* out, const float* x, const float* w, int n, int dim, float e
     KVGEN_CUDA_LAUNCHED("rmsnorm");
 }
 
-void rope_tables(float* cos_t, float* sin_t, const int* d_pos0, int n, int half, const double* pw, const double* ff,
-                 double pos_div, cudaStream_t s) {
-    rope_tables_kernel<<<grid_for(int64_t(n) * half, 128), 128, 0, s>>>(d_pos0, n, half, pw, ff, pos_div, cos_t, sin_t);
+void rope_tables(float* cos_t, float* sin_t, const int* d_pos0, int n, int half, const double* inv_freq,
+                 const double* factors, double pos_div, cudaStream_t s) {
+    rope_tables_kernel<<<grid_for(int64_t(n) * half, 128), 128, 0, s>>>(d_pos0, n, half, inv_freq, factors, pos_div,
+                                                                         cos_t, sin_t);
     KVGEN_CUDA_LAUNCHED("rope_tables");
 }
 
@@ -240,21 +250,17 @@ void rope(float* x, const float* cos_t, const float* sin_t, int n, int n_heads, 
 }
 
 void store_kv(__half* k_cache, __half* v_cache, const float* k, const float* v, const float* cos_t, const float* sin_t,
-              const int* d_pos0, int n, int n_kv_heads, int head_dim, int rope_dim, int n_ctx, cudaStream_t s) {
-    const int64_t items = int64_t(n) * n_kv_heads * (head_dim / 2);
-    store_kv_kernel<<<grid_for(items, 256), 256, 0, s>>>(k, v, cos_t, sin_t, n, d_pos0, n_kv_heads, head_dim,
-                                                         rope_dim / 2, n_ctx, k_cache, v_cache);
+              const int* d_pos0, int n, const KvLayout& kv, int rope_dim, cudaStream_t s) {
+    KVGEN_ASSERT(kv.type == KvType::F16);
+    const int64_t items = int64_t(n) * kv.n_kv_heads * (kv.head_dim / 2);
+    store_kv_kernel<<<grid_for(items, 256), 256, 0, s>>>(k, v, cos_t, sin_t, n, d_pos0, kv, rope_dim / 2, k_cache,
+                                                         v_cache);
     KVGEN_CUDA_LAUNCHED("store_kv");
 }
 
 void swiglu(float* gate, const float* up, int64_t count, cudaStream_t s) {
     swiglu_kernel<<<grid_for(count, 256), 256, 0, s>>>(gate, up, count);
     KVGEN_CUDA_LAUNCHED("swiglu");
-}
-
-void add(float* x, const float* y, int64_t count, cudaStream_t s) {
-    add_kernel<<<grid_for(count, 256), 256, 0, s>>>(x, y, count);
-    KVGEN_CUDA_LAUNCHED("add");
 }
 
 void to_f16(__half* y, const float* x, int64_t count, cudaStream_t s) {
@@ -279,45 +285,47 @@ bool attention_head_dim_supported(int hd) {
     return hd == 32 || hd == 64 || hd == 96 || hd == 128 || hd == 256;
 }
 
-int attention_splits(const AttnShape& a, int sm_count) {
+int attention_splits(int n_heads, const KvLayout& kv, int sm_count) {
     // note: enough blocks to give every multiprocessor about four, whatever the depth; at small depths the extra
     // splits find no positions and exit at once.
-    const int groups = a.n_heads / heads_per_block(a.n_heads / a.n_kv_heads);
+    const int groups = n_heads / heads_per_block(n_heads / kv.n_kv_heads);
     const int want = (4 * sm_count + groups - 1) / groups;
-    return std::max(1, std::min({want, 64, a.n_ctx}));
+    return std::max(1, std::min({want, 64, kv.n_ctx}));
 }
 
-int64_t attention_partials(const AttnShape& a, int splits) {
-    return int64_t(a.n_heads) * splits * (a.head_dim + 2);
+int64_t attention_partials(int n_heads, int head_dim, int splits) {
+    return int64_t(n_heads) * splits * (head_dim + 2);
 }
 
 void attention_decode(float* out, float* partials, const float* q, const __half* k_cache, const __half* v_cache,
-                      const int* d_pos0, const AttnShape& a, int splits, cudaStream_t s) {
-    const int n_rep = a.n_heads / a.n_kv_heads;
-    const float scale = 1.0f / std::sqrt(float(a.head_dim));
-    const bool ok = dispatch_attention(n_rep, a.head_dim, [&](auto nq, auto e) {
+                      const int* d_pos0, int n_heads, const KvLayout& kv, int splits, cudaStream_t s) {
+    KVGEN_ASSERT(kv.type == KvType::F16);
+    const int n_rep = n_heads / kv.n_kv_heads;
+    const float scale = 1.0f / std::sqrt(float(kv.head_dim));
+    const bool ok = dispatch_attention(n_rep, kv.head_dim, [&](auto nq, auto e) {
         constexpr int NQ = decltype(nq)::value, E = decltype(e)::value;
-        const dim3 grid(unsigned(a.n_heads / NQ), unsigned(splits));
+        const dim3 grid(unsigned(n_heads / NQ), unsigned(splits));
         attention_decode_kernel<NQ, E>
-            <<<grid, kAttnThreads, 0, s>>>(q, k_cache, v_cache, d_pos0, n_rep, a.n_ctx, splits, scale, partials);
+            <<<grid, kAttnThreads, 0, s>>>(q, k_cache, v_cache, d_pos0, n_rep, kv, splits, scale, partials);
     });
-    if (!ok) throw Error(fmt::format("CUDA: head_dim {} has no attention kernel", a.head_dim));
+    if (!ok) throw Error(fmt::format("CUDA: head_dim {} has no attention kernel", kv.head_dim));
     KVGEN_CUDA_LAUNCHED("attention_decode");
-    attention_combine_kernel<<<a.n_heads, 128, 0, s>>>(partials, splits, a.head_dim, out);
+    attention_combine_kernel<<<n_heads, 128, 0, s>>>(partials, splits, kv.head_dim, out);
     KVGEN_CUDA_LAUNCHED("attention_combine");
 }
 
 void attention_prefill(float* out, const float* q, const __half* k_cache, const __half* v_cache, const int* d_pos0,
-                       int n, const AttnShape& a, cudaStream_t s) {
-    const int n_rep = a.n_heads / a.n_kv_heads;
-    const float scale = 1.0f / std::sqrt(float(a.head_dim));
-    const bool ok = dispatch_attention(n_rep, a.head_dim, [&](auto nq, auto e) {
+                       int n, int n_heads, const KvLayout& kv, cudaStream_t s) {
+    KVGEN_ASSERT(kv.type == KvType::F16);
+    const int n_rep = n_heads / kv.n_kv_heads;
+    const float scale = 1.0f / std::sqrt(float(kv.head_dim));
+    const bool ok = dispatch_attention(n_rep, kv.head_dim, [&](auto nq, auto e) {
         constexpr int NQ = decltype(nq)::value, E = decltype(e)::value;
-        const dim3 grid(unsigned(a.n_heads / NQ), unsigned((n + kAttnWarps - 1) / kAttnWarps));
+        const dim3 grid(unsigned(n_heads / NQ), unsigned((n + kAttnWarps - 1) / kAttnWarps));
         attention_prefill_kernel<NQ, E>
-            <<<grid, kAttnThreads, 0, s>>>(q, k_cache, v_cache, d_pos0, n, a.n_heads, n_rep, a.n_ctx, scale, out);
+            <<<grid, kAttnThreads, 0, s>>>(q, k_cache, v_cache, d_pos0, n, n_heads, n_rep, kv, scale, out);
     });
-    if (!ok) throw Error(fmt::format("CUDA: head_dim {} has no attention kernel", a.head_dim));
+    if (!ok) throw Error(fmt::format("CUDA: head_dim {} has no attention kernel", kv.head_dim));
     KVGEN_CUDA_LAUNCHED("attention_prefill");
 }
 

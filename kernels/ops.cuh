@@ -1,7 +1,7 @@
 #pragma once
 // The CUDA kernels of the forward pass, as host launchers on a stream. Each one has a CPU twin, named beside it,
 // that the [cuda] tests compare it with (tests/test_cuda_kernels.cpp). Shapes follow the CPU backend:
-// activations are [n_tokens][...] rows of f32; the KV cache of one layer is [n_kv_heads][n_ctx][head_dim] f16.
+// activations are [n_tokens][...] rows of f32; one layer's K or V cache is f16, indexed through KvLayout::row.
 // Positions come from device memory (d_pos0), so a captured decode graph replays at any position.
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
@@ -9,7 +9,9 @@
 
 #include <cstdint>
 
-#include "model/ggml_types.h"
+#include "engine/kv_layout.h"
+#include "gguf/ggml_types.h"
+#include "matvec.cuh"
 
 namespace kvgen::cuda {
 
@@ -33,6 +35,9 @@ void get_rows(float* out, const DevWeight& emb, const int32_t* d_tokens, int n, 
 // y[r] = W[r] . x (y[r] += when accumulate), one token: the decode matrix-vector product, reading the quantized
 // blocks directly. Twin: a double-precision dot of the dequantized row (the CPU matmul up to its rounding).
 void matvec(float* y, const DevWeight& w, const float* x, bool accumulate, cudaStream_t s);
+// The same product with its rows spread over up to three buffers (RowSplit, matvec.cuh): Q|K|V uploaded as one
+// matrix fill q, k and v in one launch. Twin: three matvec calls.
+void matvec_split(const RowSplit& y, const DevWeight& w, const float* x, cudaStream_t s);
 
 // One token's SwiGLU: y[r] = silu(gate[r] . x) * (up[r] . x), both products in one warp (gate and up must share
 // type and shape: glu_fusable). Twin: the two double-precision products and cpu::swiglu.
@@ -42,21 +47,20 @@ void matvec_glu(float* y, const DevWeight& gate, const DevWeight& up, const floa
 // Twin: cpu::rmsnorm.
 void rmsnorm(float* out, const float* x, const float* w, int n, int dim, float eps, cudaStream_t s);
 
-// cos/sin tables [n][rope_dim / 2] for positions *d_pos0 + i: theta = (pos / pos_div) * pw[j] (/ ff[j]), in double.
-// pw[j] = base^(-2j / rope_dim); ff (Llama 3.1 rope_freqs) may be null. Twin: cpu::rope_tables.
-void rope_tables(float* cos_t, float* sin_t, const int* d_pos0, int n, int half, const double* pw, const double* ff,
-                 double pos_div, cudaStream_t s);
+// cos/sin tables [n][rope_dim / 2] for positions *d_pos0 + i, theta from rope_theta (engine/rope.h) on a RopeFreqs'
+// arrays in device memory (factors may be null). Twin: cpu::rope_tables.
+void rope_tables(float* cos_t, float* sin_t, const int* d_pos0, int n, int half, const double* inv_freq,
+                 const double* factors, double pos_div, cudaStream_t s);
 // Rotates pairs of the first rope_dim dims of each head of x [n][n_heads][head_dim] in place. Twin: cpu::rope.
 void rope(float* x, const float* cos_t, const float* sin_t, int n, int n_heads, int head_dim, int rope_dim,
           cudaStream_t s);
 // Writes n positions of K (rotated like rope(); cos_t == nullptr: as given) and V, each [n][n_kv_heads][head_dim]
-// f32, into one layer's f16 cache at positions *d_pos0 .. Twin: cpu::rope + KvCache::write.
+// f32, into one layer's f16 cache (kv.type F16) at positions *d_pos0 .. Twin: cpu::rope + KvCache::write.
 void store_kv(__half* k_cache, __half* v_cache, const float* k, const float* v, const float* cos_t, const float* sin_t,
-              const int* d_pos0, int n, int n_kv_heads, int head_dim, int rope_dim, int n_ctx, cudaStream_t s);
+              const int* d_pos0, int n, const KvLayout& kv, int rope_dim, cudaStream_t s);
 
-// gate[j] = silu(gate[j]) * up[j]; x[j] += y[j]; y = f16(x) (saturating). Twins: cpu::swiglu, cpu::add.
+// gate[j] = silu(gate[j]) * up[j]; y = f16(x) (saturating). Twin: cpu::swiglu.
 void swiglu(float* gate, const float* up, int64_t count, cudaStream_t s);
-void add(float* x, const float* y, int64_t count, cudaStream_t s);
 void to_f16(__half* y, const float* x, int64_t count, cudaStream_t s);
 
 // out[n][rows] = x[n][cols] . W[rows][cols]^T (+= when accumulate): f16 operands, f32 accumulation on the tensor
@@ -65,23 +69,22 @@ void gemm_f16(cublasHandle_t h, float* out, const __half* w, const __half* x, in
               bool accumulate);
 void check_cublas(cublasStatus_t st, const char* what);
 
-struct AttnShape {
-    int n_heads = 0, n_kv_heads = 0, head_dim = 0, n_ctx = 0;
-};
+// Attention reads one layer's f16 cache (k_cache, v_cache: that layer's K and V, laid out as kv says); query head h
+// of n_heads reads KV head h / (n_heads / kv.n_kv_heads).
 // head_dim values the attention kernels are built for (32, 64, 96, 128, 256).
 bool attention_head_dim_supported(int head_dim);
 // Blocks per query-head group for decode (flash-decoding splits) on a device of sm_count multiprocessors.
-int attention_splits(const AttnShape& a, int sm_count);
+int attention_splits(int n_heads, const KvLayout& kv, int sm_count);
 // Floats of partial results attention_decode needs: n_heads * splits * (head_dim + 2).
-int64_t attention_partials(const AttnShape& a, int splits);
+int64_t attention_partials(int n_heads, int head_dim, int splits);
 
 // One query (position *d_pos0) of each head over cache positions 0 ..= *d_pos0: flash-decoding, positions split
 // across `splits` blocks per query-head group, then a log-sum-exp combine. q, out: [n_heads][head_dim].
 // Twin: cpu::attention with n = 1.
 void attention_decode(float* out, float* partials, const float* q, const __half* k_cache, const __half* v_cache,
-                      const int* d_pos0, const AttnShape& a, int splits, cudaStream_t s);
+                      const int* d_pos0, int n_heads, const KvLayout& kv, int splits, cudaStream_t s);
 // n queries at positions *d_pos0 + i, each over cache positions 0 ..= its own (causal). Twin: cpu::attention.
 void attention_prefill(float* out, const float* q, const __half* k_cache, const __half* v_cache, const int* d_pos0,
-                       int n, const AttnShape& a, cudaStream_t s);
+                       int n, int n_heads, const KvLayout& kv, cudaStream_t s);
 
 }  // namespace kvgen::cuda

@@ -12,11 +12,11 @@
 #include <cstring>
 #include <type_traits>
 
-#include "model/ggml_types.h"
+#include "gguf/ggml_types.h"
 
 // The decoders compile for the host too (KVGEN_HD), so the CPU-only CI checks their bit layouts against
 // dequantize_row without a GPU (tests/test_cuda_host.cpp); the kernels call the very same functions.
-#define KVGEN_HD __host__ __device__ __forceinline__
+#include "common/hd.h"
 
 namespace kvgen::cuda {
 

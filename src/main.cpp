@@ -133,13 +133,14 @@ int main(int argc, char** argv) {
     app.add_flag("--special", tok_opt.parse_special,
                  "control tokens: parse their text in the prompt (e.g. <|im_start|>) and print them in the output");
     kvgen::GenerateCliOptions gen;
-    std::string kv_type = "f16";
+    std::string kv_type = kvgen::kv_type_name(gen.run.kv_type);
     app.add_option("-n,--n-predict", gen.n_predict, "tokens to generate (-1: until end of generation or full context)")
         ->check(CLI::Range(-1, 1 << 30));
-    app.add_option("-c,--ctx-size", gen.n_ctx, "context size in tokens (default: min(model context, 4096))")
+    app.add_option("-c,--ctx-size", gen.run.n_ctx,
+                   fmt::format("context size in tokens (default: min(model context, {}))", kvgen::kDefaultCtx))
         ->check(CLI::Range(1, 1 << 24));
-    app.add_option("-b,--batch-size", gen.n_batch, "prompt tokens per forward pass")->check(CLI::Range(1, 1 << 16));
-    app.add_option("-t,--threads", gen.n_threads, "threads (default: physical cores)")->check(CLI::Range(1, 1024));
+    app.add_option("-b,--batch-size", gen.run.n_batch, "prompt tokens per forward pass")->check(CLI::Range(1, 1 << 16));
+    app.add_option("-t,--threads", gen.run.n_threads, "threads (default: physical cores)")->check(CLI::Range(1, 1024));
     app.add_option("--threads-batch", llama.threads_batch, "llama.cpp's -tb: kvgen uses -t for prompt and generation")
         ->check(CLI::Range(1, 1024));
     app.add_option("--temp", gen.sampler.temp, "temperature (0: greedy)")->check(finite_range(0.0, 100.0));
@@ -158,17 +159,17 @@ int main(int argc, char** argv) {
     app.add_flag(
         "--no-kv-cache", [&gen](int64_t) { gen.kv_cache = false; },
         "recompute the whole sequence every step (to measure what the cache buys)");
-    app.add_option("--kv-type", kv_type, "KV cache element type")->check(CLI::IsMember({"f16", "f32"}));
+    app.add_option("--kv-type", kv_type, fmt::format("KV cache element type: {}", kvgen::kv_type_names()));
     app.add_option("--cache-type-k", llama.cache_type_k, "llama.cpp's -ctk: the same as --kv-type");
     app.add_option("--cache-type-v", llama.cache_type_v, "llama.cpp's -ctv: the same as --kv-type");
-    app.add_option("--device", gen.device,
+    app.add_option("--device", gen.run.device,
                    "-dev: cpu, cuda, cudaN or auto (the GPU when this build and machine have one); llama.cpp's CUDA0 "
                    "and none are understood");
     app.add_option("--n-gpu-layers", llama.n_gpu_layers,
                    "-ngl N: 0 runs on the CPU, N > 0 (or all) the whole model on the GPU, auto as --device auto");
     app.add_option("--flash-attn", llama.flash_attn, "-fa on|auto: accepted (kvgen's attention is always fused)");
     app.add_flag(
-        "--no-cuda-graphs", [&gen](int64_t) { gen.cuda_graphs = false; },
+        "--no-cuda-graphs", [&gen](int64_t) { gen.run.cuda_graphs = false; },
         "CUDA: launch the decode step kernel by kernel instead of replaying a captured graph");
     app.add_flag("--chat", gen.chat, "wrap the prompt in the model's chat format");
     app.add_flag("--single-turn", gen.chat, "-st: llama.cpp's one-turn conversation, the same as --chat");
@@ -220,14 +221,15 @@ int main(int argc, char** argv) {
         if (bench && !gen.reverse_prompts.empty())
             throw kvgen::Error(
                 "--reverse-prompt applies to generation, not --bench (where -r is the repetition count)");
-        gen.device = kvgen::normalize_device(gen.device);
-        gen.kv_type = kv_type == "f32" ? kvgen::KvType::F32 : kvgen::KvType::F16;
-        kvgen::apply_llama_settings(llama, gen.device, app.count("--kv-type") > 0, gen.kv_type, gen.n_threads);
-        if (!llama.n_gpu_layers.empty() && gen.device != "cpu" && gen.device != "auto")
-            kvgen::resolve_device(gen.device, fmt::format("-ngl {}", llama.n_gpu_layers));
+        gen.run.device = kvgen::normalize_device(gen.run.device);
+        gen.run.kv_type = kvgen::kv_type_from_name(kv_type, "--kv-type");
+        kvgen::apply_llama_settings(llama, gen.run, app.count("--kv-type") > 0);
+        if (!llama.n_gpu_layers.empty() && gen.run.device != "cpu" && gen.run.device != "auto")
+            kvgen::resolve_device(gen.run.device, fmt::format("-ngl {}", llama.n_gpu_layers));
 
         if (bench_memory) {
-            kvgen::run_bench_memory(gen.n_threads > 0 ? gen.n_threads : kvgen::cpu::ThreadPool::physical_cores());
+            kvgen::run_bench_memory(gen.run.n_threads > 0 ? gen.run.n_threads
+                                                          : kvgen::cpu::ThreadPool::physical_cores());
             return 0;
         }
         if (devices) {
@@ -243,13 +245,9 @@ int main(int argc, char** argv) {
             if (app.count("-n")) b.n_gen = {std::max(0, gen.n_predict)};
             b.depths = kvgen::parse_int_list(depths, "-d", 0);
             b.repetitions = repetitions;
-            b.n_threads = gen.n_threads;
-            b.n_batch = gen.n_batch;
-            b.kv_type = gen.kv_type;
             b.kv_cache = gen.kv_cache;
             b.output = output_format;
-            b.device = gen.device;
-            b.cuda_graphs = gen.cuda_graphs;
+            b.run = gen.run;
             kvgen::run_bench(b);
             return 0;
         }

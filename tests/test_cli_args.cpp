@@ -108,8 +108,12 @@ TEST_CASE("device names: kvgen's and llama.cpp's", "[cli]") {
 TEST_CASE("llama.cpp's -ngl, -fa, -ctk/-ctv and -tb fold into kvgen's settings", "[cli]") {
     auto apply = [](LlamaSettings s, std::string device = "auto", bool kv_given = false, KvType kv = KvType::F16,
                     int threads = 0) {
-        apply_llama_settings(s, device, kv_given, kv, threads);
-        return std::make_pair(device, kv);
+        Settings run;
+        run.device = device;
+        run.kv_type = kv;
+        run.n_threads = threads;
+        apply_llama_settings(s, run, kv_given);
+        return std::make_pair(run.device, run.kv_type);
     };
     LlamaSettings s;
     s.n_gpu_layers = "99";

@@ -71,15 +71,14 @@ std::vector<float> copy(const float* p, int n) {
 void compare_backends(const Model& m, const std::string& label) {
     INFO(label);
     const int n_vocab = m.config.n_vocab;
-    cpu::CpuOptions co;
-    co.n_ctx = 256;
-    co.n_batch = 64;
-    co.n_threads = 2;
-    cpu::CpuBackend cpu(m, co);
-    cuda::CudaOptions go;
-    go.n_ctx = 256;
-    go.n_batch = 64;
-    std::unique_ptr<Backend> gpu = cuda::make_backend(m, go);
+    Settings s;
+    s.n_ctx = 256;
+    s.n_batch = 64;
+    s.n_threads = 2;
+    s.progress = false;
+    const std::unique_ptr<Backend> cpu_backend = cpu::make_backend(m, s);
+    Backend& cpu = *cpu_backend;
+    std::unique_ptr<Backend> gpu = cuda::make_backend(m, s);
 
     std::mt19937 rng(3);
     std::uniform_int_distribution<int32_t> dist(0, n_vocab - 1);
@@ -126,11 +125,12 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
     // The default model when present, else a small synthetic GQA model.
     const Model m = test::file_exists(KVGEN_DEFAULT_MODEL) ? Model::load(KVGEN_DEFAULT_MODEL) : synth_model("Q4_K_M");
     const int n_vocab = m.config.n_vocab;
-    cuda::CudaOptions go;
+    Settings go;
+    go.progress = false;
     go.n_ctx = 128;
     go.n_batch = 32;
     std::unique_ptr<Backend> with = cuda::make_backend(m, go);
-    go.graphs = false;
+    go.cuda_graphs = false;
     std::unique_ptr<Backend> without = cuda::make_backend(m, go);
     std::vector<int32_t> seq = {1, 504, 3158, 282, 1649, 314};
     const int n0 = int(seq.size());
@@ -153,7 +153,8 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
 
 TEST_CASE("a model that does not fit on the GPU is refused with needed and free bytes", "[cuda][forward]") {
     const Model m = Model::load(test::shared("testdata/ref/open-gqa-Q8_0.gguf"));
-    cuda::CudaOptions go;
+    Settings go;
+    go.progress = false;
     go.n_ctx = 1 << 24;  // a KV cache of many GiB per layer
     go.n_batch = 16;
     REQUIRE_THROWS_WITH(cuda::make_backend(m, go),
@@ -165,7 +166,8 @@ TEST_CASE("the CUDA backend passes every reference case's fidelity rules", "[cud
         for (const char* stem : test::kRefStems) {
             INFO(stem << " batch " << n_batch);
             test::check_reference(stem, [n_batch](const Model& model) {
-                cuda::CudaOptions o;
+                Settings o;
+                o.progress = false;
                 o.n_ctx = 256;
                 o.n_batch = n_batch;
                 return cuda::make_backend(model, o);

@@ -2,6 +2,7 @@
 // device code's bit layouts and indexing on every run (the [cuda] tests repeat them on a device).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -9,6 +10,7 @@
 #include "cpu/ops.h"
 #include "cpu/thread_pool.h"
 #include "cuda_backend.h"
+#include "memory_plan.h"
 #include "engine/kv_cache.h"
 #include "model/dequant.h"
 #include "model/weights.h"
@@ -60,17 +62,67 @@ TEST_CASE("the CUDA memory plan counts weights, the f16 KV cache and buffers", "
     matrices += size_t(m.weights.token_embd.rows * m.weights.token_embd.row_bytes);
     if (!m.weights.tied_output) matrices += size_t(m.weights.output.rows * m.weights.output.row_bytes);
 
-    cuda::CudaOptions o;
-    o.n_ctx = 1000;
-    o.n_batch = 1;
-    const cuda::CudaMemoryPlan one = cuda::plan_memory(m, o);
-    CHECK(one.weights >= matrices);
-    CHECK(one.weights <= matrices + 256 * (7 * m.weights.layers.size() + 2));  // alignment padding only
-    CHECK(one.kv_cache == size_t(m.config.kv_bytes_per_token(2)) * 1000);
-    o.n_batch = 512;
-    const cuda::CudaMemoryPlan batch = cuda::plan_memory(m, o);
+    const Config& c = m.config;
+    const size_t norms = (2 * size_t(c.n_layers) + 1) * size_t(c.n_embd) * 4, rope = size_t(c.rope_dim / 2) * 8;
+
+    Settings s;
+    s.n_ctx = 1000;
+    s.n_batch = 1;
+    const cuda::CudaMemoryPlan one = cuda::plan_memory(m, s);
+    CHECK(one.weights >= matrices + norms + rope);
+    CHECK(one.weights <= matrices + norms + rope + 256 * (7 * m.weights.layers.size() + 5));  // alignment padding only
+    CHECK(one.kv_cache == KvLayout::of(c, 1000, KvType::F16).bytes());
+    s.n_batch = 512;
+    const cuda::CudaMemoryPlan batch = cuda::plan_memory(m, s);
     CHECK(batch.buffers > one.buffers);  // activations for 512 tokens and the f16 GEMM scratch
-    CHECK(batch.total() == batch.weights + batch.kv_cache + batch.buffers);
+    CHECK(batch.weights == one.weights);
+    CHECK(batch.kv_cache == one.kv_cache);
+}
+
+TEST_CASE("the CUDA memory plan places every region inside one allocation, none overlapping", "[cuda-host]") {
+    for (const char* f : {"ref/open-gqa-Q4_K_M.gguf", "ref/open-mha-F16.gguf", "tiny/llama-2-tiny-random.gguf"}) {
+        INFO(f);
+        const Model m = Model::load(std::string(KVGEN_SHARED_DIR) + "/testdata/" + f);
+        const Config& c = m.config;
+        for (int n_batch : {1, 64}) {
+            const KvLayout kv = KvLayout::of(c, 300, KvType::F16);
+            const cuda::MemoryPlan p = cuda::plan_memory(m, kv, n_batch, 1234);
+            std::vector<cuda::Region> all = p.matrices;
+            for (const cuda::Region& r : {p.norms, p.rope_inv_freq, p.rope_factors, p.k_cache, p.v_cache, p.x, p.q, p.k,
+                                          p.v, p.att, p.ffn, p.up, p.logits, p.xn, p.partials, p.cos, p.sin, p.xh, p.wh,
+                                          p.step})
+                all.push_back(r);
+            std::sort(all.begin(), all.end(), [](const cuda::Region& a, const cuda::Region& b) {
+                return a.offset < b.offset || (a.offset == b.offset && a.bytes < b.bytes);
+            });
+            for (size_t i = 0; i + 1 < all.size(); ++i) CHECK(all[i].offset + all[i].bytes <= all[i + 1].offset);
+            CHECK(all.back().offset + all.back().bytes <= p.total);
+            CHECK(p.total == p.weights + p.kv_cache + p.buffers);
+            CHECK(p.k_cache.bytes == size_t(kv.elems()) * 2);
+            CHECK(p.x.bytes == size_t(n_batch) * size_t(c.n_embd) * 4);
+            CHECK(p.partials.bytes == 1234 * 4);
+            CHECK(p.step.bytes == size_t(2 + n_batch) * 4);
+            CHECK((p.xh.bytes > 0) == (n_batch > 1));
+            // Q, K and V of a fused layer follow each other without a gap, so they read as one matrix.
+            const std::vector<const WeightView*> ws = cuda::device_weights(m);
+            const size_t first = ws.size() - 7 * c.n_layers;
+            for (int l = 0; l < c.n_layers; ++l) {
+                if (!p.fused_qkv[size_t(l)]) continue;
+                const cuda::Region &q = p.matrices[first + 7 * size_t(l)], &k = p.matrices[first + 7 * size_t(l) + 1],
+                                   &v = p.matrices[first + 7 * size_t(l) + 2];
+                CHECK(k.offset == q.offset + q.bytes);
+                CHECK(v.offset == k.offset + k.bytes);
+                CHECK(q.offset % 256 == 0);
+            }
+        }
+    }
+}
+
+TEST_CASE("RowSplit sends each row of a fused Q|K|V product to its own buffer", "[cuda-host]") {
+    const std::vector<int> t = cuda::host::row_split_targets(7, 3, 5);
+    CHECK(t == std::vector<int>{0, 1, 2, 1000000, 1000001, 2000000, 2000001});
+    const std::vector<int> one = cuda::host::row_split_targets(4, 4, 4);  // RowSplit::one: all rows to y[0]
+    CHECK(one == std::vector<int>{0, 1, 2, 3});
 }
 
 TEST_CASE("the CUDA attention kernels' bodies, run on the host, match cpu::attention", "[cuda-host]") {
@@ -136,7 +188,7 @@ TEST_CASE("the CUDA element-wise bodies, run on the host, match the CPU ops", "[
             INFO("variant " << variant << " pos0 " << pos0);
             const int n = 4, half = c.rope_dim / 2;
             std::vector<float> cs(size_t(n * half)), sn(size_t(n * half));
-            cpu::rope_tables(cs.data(), sn.data(), pos0, n, c, ff.empty() ? nullptr : ff.data());
+            cpu::rope_tables(cs.data(), sn.data(), pos0, n, RopeFreqs::of(c, ff));
             const std::vector<float> q = test::randn(size_t(n * c.n_heads * c.head_dim), 8, 1.0f);
             std::vector<float> want = q;
             cpu::rope(want.data(), cs.data(), sn.data(), n, c.n_heads, c);

@@ -23,12 +23,12 @@ namespace {
 
 std::function<std::unique_ptr<Backend>(const Model&)> cpu_backend(KvType kv_type, int threads, int n_batch) {
     return [=](const Model& model) -> std::unique_ptr<Backend> {
-        cpu::CpuOptions opt;
-        opt.n_ctx = 256;
-        opt.n_threads = threads;
-        opt.kv_type = kv_type;
-        opt.n_batch = n_batch;
-        return std::make_unique<cpu::CpuBackend>(model, opt);
+        Settings s;
+        s.n_ctx = 256;
+        s.n_threads = threads;
+        s.kv_type = kv_type;
+        s.n_batch = n_batch;
+        return cpu::make_backend(model, s);
     };
 }
 
@@ -53,11 +53,14 @@ TEST_CASE("one prefill of N tokens gives the logits of N single-token steps", "[
     const Model model = Model::load(test::shared("testdata/ref/open-gqa-Q4_K_M.gguf"));
     std::vector<int32_t> tokens;
     for (int i = 0; i < 40; ++i) tokens.push_back(int32_t(1 + (i * 97) % 4000));
-    cpu::CpuOptions opt;
+    Settings opt;
     opt.n_ctx = 64;
     opt.n_threads = 2;
     opt.kv_type = KvType::F32;
-    cpu::CpuBackend batched(model, opt), stepped(model, opt);
+    const std::unique_ptr<Backend> batched_backend = cpu::make_backend(model, opt);
+    const std::unique_ptr<Backend> stepped_backend = cpu::make_backend(model, opt);
+    Backend& batched = *batched_backend;
+    Backend& stepped = *stepped_backend;
     const int n_vocab = model.config.n_vocab;
     const float* a = batched.forward(tokens.data(), int(tokens.size()), 0);
     std::vector<float> la(a, a + n_vocab);
@@ -80,10 +83,11 @@ TEST_CASE("a fixed seed gives the same tokens with 1 and 2 threads", "[engine][i
     const auto prompt = tok.encode("Once upon a time", true);
     std::vector<std::vector<int32_t>> runs;
     for (int threads : {1, 2}) {
-        cpu::CpuOptions opt;
+        Settings opt;
         opt.n_ctx = 128;
         opt.n_threads = threads;
-        cpu::CpuBackend backend(model, opt);
+        const std::unique_ptr<Backend> made = cpu::make_backend(model, opt);
+        Backend& backend = *made;
         GenerateOptions g;
         g.n_predict = 40;
         g.sampler.seed = 1234;
@@ -97,10 +101,11 @@ TEST_CASE("a fixed seed gives the same tokens with 1 and 2 threads", "[engine][i
 
 namespace {
 std::vector<int32_t> greedy(const Model& model, const std::vector<int32_t>& prompt, bool cache, int n) {
-    cpu::CpuOptions opt;
+    Settings opt;
     opt.n_ctx = 256;
     opt.n_threads = 2;
-    cpu::CpuBackend backend(model, opt);
+    const std::unique_ptr<Backend> made = cpu::make_backend(model, opt);
+    Backend& backend = *made;
     GenerateOptions g;
     g.n_predict = n;
     g.kv_cache = cache;
@@ -133,10 +138,11 @@ TEST_CASE("n_predict 0 (-n 0) prefills the prompt and samples nothing", "[engine
     const Model model = Model::load(test::shared("testdata/ref/open-gqa-Q8_0.gguf"));
     const Tokenizer tok = Tokenizer::from_gguf(model.file);
     const auto prompt = tok.encode("The KV cache", true);
-    cpu::CpuOptions opt;
+    Settings opt;
     opt.n_ctx = 64;
     opt.n_threads = 1;
-    cpu::CpuBackend backend(model, opt);
+    const std::unique_ptr<Backend> made = cpu::make_backend(model, opt);
+    Backend& backend = *made;
     GenerateOptions g;
     g.n_predict = 0;
     int calls = 0;
@@ -148,4 +154,16 @@ TEST_CASE("n_predict 0 (-n 0) prefills the prompt and samples nothing", "[engine
     CHECK(st.n_prompt == int(prompt.size()));
     CHECK(st.prefill_ms > 0);
     CHECK(st.stop == "n_predict");
+}
+
+TEST_CASE("KvLayout: positions of a head are consecutive rows, heads and layers follow each other", "[engine][kv]") {
+    const KvLayout kv{3, 2, 10, 8, KvType::F16};
+    CHECK(kv.row(0, 0) == 0);
+    CHECK(kv.row(0, 1) == 8);
+    CHECK(kv.row(1, 0) == 80);
+    CHECK(kv.layer_elems() == 160);
+    CHECK(kv.offset(2, 1, 9) == 2 * 160 + 80 + 72);
+    CHECK(kv.elems() == 480);
+    CHECK(kv.bytes() == size_t(480) * 2 * 2);
+    CHECK(kv.bytes_per_token() == 2 * 3 * 2 * 8 * 2);
 }

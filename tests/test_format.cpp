@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include "cli/format.h"
+#include "engine/kv_layout.h"
 #include "model/config.h"
 
 using namespace kvgen;
@@ -17,6 +18,9 @@ TEST_CASE("KV cache cost of LLaMA-2 13B is 800 KiB per token at f16", "[format][
     c.n_layers = 40;
     c.n_kv_heads = 40;
     c.head_dim = 128;
-    CHECK(c.kv_bytes_per_token(2) == 800 * 1024);
-    CHECK(human_bytes(double(c.kv_bytes_per_token(2)) * 4096) == "3.12 GiB");
+    const KvLayout kv = KvLayout::of(c, 4096, KvType::F16);
+    CHECK(kv.bytes_per_token() == 800 * 1024);
+    CHECK(kv.bytes() == size_t(800) * 1024 * 4096);
+    CHECK(human_bytes(double(kv.bytes())) == "3.12 GiB");
+    CHECK(KvLayout::of(c, 4096, KvType::F32).bytes() == 2 * kv.bytes());
 }

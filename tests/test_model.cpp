@@ -1,6 +1,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "engine/kv_layout.h"
 #include "gguf/gguf_writer.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -96,7 +97,7 @@ TEST_CASE("config and weights of the default model (SmolLM2-135M)", "[model][def
     CHECK(m.weights.output.data == m.weights.token_embd.data);
     CHECK(m.weights.token_embd.type == GgmlType::Q8_0);
     CHECK(m.weights.layers[29].wq.type == GgmlType::Q4_1);
-    CHECK(c.kv_bytes_per_token(2) == 23040);  // 2 x 30 layers x 3 KV heads x 64 x 2 bytes
+    CHECK(KvLayout::of(c, 1, KvType::F16).bytes_per_token() == 23040);  // 2 x 30 layers x 3 KV heads x 64 x 2 bytes
 }
 
 TEST_CASE("every reference model binds", "[model]") {

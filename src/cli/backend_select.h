@@ -4,20 +4,10 @@
 #include <string>
 
 #include "engine/backend.h"
-#include "engine/kv_cache.h"
+#include "engine/settings.h"
 #include "model/weights.h"
 
 namespace kvgen {
-
-struct BackendChoice {
-    std::string device = "auto";  // cpu, cuda (= cuda0), cudaN, or auto: cuda0 when this build has it and it is visible
-    int n_ctx = 4096;
-    int n_batch = 512;
-    int n_threads = 0;  // CPU; 0: physical cores
-    KvType kv_type = KvType::F16;
-    bool cuda_graphs = true;
-    bool progress = true;  // CUDA: weight upload progress on stderr
-};
 
 struct SelectedBackend {
     std::unique_ptr<Backend> backend;
@@ -32,6 +22,6 @@ struct SelectedBackend {
 std::string resolve_device(const std::string& device, const std::string& asked_by = "--device cuda");
 
 // Throws kvgen::Error for a device this build or machine lacks, or an option the device does not support.
-SelectedBackend make_backend(const Model& model, const BackendChoice& choice);
+SelectedBackend make_backend(const Model& model, const Settings& s);
 
 }  // namespace kvgen

@@ -14,6 +14,7 @@
 #include "cli/format.h"
 #include "common/error.h"
 #include "cli/backend_select.h"
+#include "engine/generator.h"
 #include "model/weights.h"
 
 namespace kvgen {
@@ -33,10 +34,7 @@ struct Test {
 // Fills the cache with `depth` tokens (untimed), in batches.
 void fill(Backend& b, const std::vector<int32_t>& tokens, int depth) {
     b.kv_truncate(0);
-    for (int pos = 0; pos < depth; pos += b.n_batch()) {
-        const int n = std::min(b.n_batch(), depth - pos);
-        b.forward(tokens.data() + pos, n, pos);
-    }
+    prefill(b, tokens.data(), 0, depth);
 }
 
 // Seconds for one repetition of a test.
@@ -44,10 +42,7 @@ double run_once(Backend& b, const std::vector<int32_t>& tokens, const Test& t, b
     fill(b, tokens, t.depth);
     if (t.n_prompt > 0) {
         const auto t0 = Clock::now();
-        for (int pos = t.depth; pos < t.depth + t.n_prompt; pos += b.n_batch()) {
-            const int n = std::min(b.n_batch(), t.depth + t.n_prompt - pos);
-            b.forward(tokens.data() + pos, n, pos);
-        }
+        prefill(b, tokens.data(), t.depth, t.depth + t.n_prompt);
         return seconds_since(t0);
     }
     const auto t0 = Clock::now();
@@ -57,7 +52,7 @@ double run_once(Backend& b, const std::vector<int32_t>& tokens, const Test& t, b
             b.forward(tokens.data() + pos, 1, pos);
         } else {  // recompute the whole sequence through the prefill path, as --no-kv-cache generation does
             b.kv_truncate(0);
-            for (int p = 0; p <= pos; p += b.n_batch()) b.forward(tokens.data() + p, std::min(b.n_batch(), pos + 1 - p), p);
+            prefill(b, tokens.data(), 0, pos + 1);
         }
     }
     return seconds_since(t0);
@@ -108,7 +103,7 @@ std::vector<int> parse_int_list(const std::string& text, const char* option, int
 void run_bench(const BenchOptions& opt) {
     if (opt.output != "md" && opt.output != "json" && opt.output != "csv")
         throw Error(fmt::format("-o '{}': expected md, json or csv", opt.output));
-    resolve_device(opt.device);  // a missing device fails before the model loads
+    resolve_device(opt.run.device);  // a missing device fails before the model loads
     const Model model = Model::load(opt.model_path);
     const Config& c = model.config;
 
@@ -123,14 +118,9 @@ void run_bench(const BenchOptions& opt) {
     int need = 1;
     for (const Test& t : tests) need = std::max(need, t.depth + t.n_prompt + t.n_gen);
 
-    BackendChoice choice;
-    choice.device = opt.device;
-    choice.n_ctx = need;
-    choice.n_batch = opt.n_batch;
-    choice.n_threads = opt.n_threads;
-    choice.kv_type = opt.kv_type;
-    choice.cuda_graphs = opt.cuda_graphs;
-    SelectedBackend selected = make_backend(model, choice);
+    Settings run = opt.run;
+    run.n_ctx = need;
+    SelectedBackend selected = make_backend(model, run);
     Backend& backend = *selected.backend;
     const bool cuda = selected.device == "cuda";
     std::fprintf(stderr, "kvgen: bench on %s\n", selected.description.c_str());

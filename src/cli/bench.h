@@ -2,7 +2,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/kv_cache.h"
+#include "engine/settings.h"
 
 namespace kvgen {
 
@@ -12,13 +12,9 @@ struct BenchOptions {
     std::vector<int> n_gen = {128};     // decode tests: tg<N>
     std::vector<int> depths = {0};      // tokens already in the cache when a test starts
     int repetitions = 5;
-    int n_threads = 0;  // 0: physical cores
-    int n_batch = 512;
-    KvType kv_type = KvType::F16;
-    bool kv_cache = true;  // false: each decode step recomputes the whole sequence
+    bool kv_cache = true;       // false: each decode step recomputes the whole sequence
     std::string output = "md";  // md, json, csv
-    std::string device = "auto";  // cpu, cuda, auto
-    bool cuda_graphs = true;
+    Settings run;               // its n_ctx is set to what the tests need
 };
 
 // `kvgen --bench`, as llama-bench: random tokens, a prefill test of each -p size and a decode test of each -n size

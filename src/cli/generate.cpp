@@ -115,7 +115,7 @@ private:
 int run_generate(const GenerateCliOptions& opt) {
     if (!opt.json_path.empty()) check_writable(opt.json_path);
     if (!opt.dump_logits_path.empty()) check_writable(opt.dump_logits_path);
-    const std::string device = resolve_device(opt.device);  // a missing device fails before the model loads
+    resolve_device(opt.run.device);  // a missing device fails before the model loads
 
     const auto t_load = std::chrono::steady_clock::now();
     const Model model = Model::load(opt.model_path);
@@ -130,20 +130,11 @@ int run_generate(const GenerateCliOptions& opt) {
     const std::string text = opt.chat ? apply_chat_template(model.file, opt.prompt, opt.system_prompt) : opt.prompt;
     const std::vector<int32_t> prompt = tok.encode(text, tok.add_bos() && !opt.no_bos, opt.special || opt.chat);
 
-    BackendChoice choice;
-    choice.device = opt.device;
-    choice.n_ctx = opt.n_ctx > 0 ? opt.n_ctx : std::min(c.n_ctx_train, 4096);
-    choice.n_batch = opt.n_batch;
-    choice.n_threads = opt.n_threads;
-    choice.kv_type = opt.kv_type;
-    choice.cuda_graphs = opt.cuda_graphs;
-    if (int(prompt.size()) >= choice.n_ctx)
-        throw Error(fmt::format("prompt has {} tokens but the context holds {} (raise --ctx-size)", prompt.size(),
-                                choice.n_ctx));
-    SelectedBackend selected = make_backend(model, choice);
+    const int n_ctx = opt.run.context_size(c);
+    check_prompt_fits(int(prompt.size()), n_ctx);  // before a backend is built for it
+    SelectedBackend selected = make_backend(model, opt.run);
     Backend& backend = *selected.backend;
-    if (choice.n_ctx > c.n_ctx_train)
-        spdlog::warn("--ctx-size {} exceeds the model's trained context {}", choice.n_ctx, c.n_ctx_train);
+    if (n_ctx > c.n_ctx_train) spdlog::warn("--ctx-size {} exceeds the model's trained context {}", n_ctx, c.n_ctx_train);
     const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_load).count();
 
     const uint32_t seed = opt.seed >= 0 ? uint32_t(opt.seed) : std::random_device{}();
@@ -152,7 +143,7 @@ int run_generate(const GenerateCliOptions& opt) {
         "kvgen: device {}, batch {}, KV cache {}: {}, {} for {} positions\n",
         opt.model_path, c.name, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.n_vocab, selected.description,
         backend.n_batch(), opt.kv_cache ? "on" : "off (every step recomputes the whole sequence)",
-        opt.kv_type == KvType::F16 ? "f16" : "f32", human_bytes(double(backend.kv_bytes())), backend.n_ctx());
+        kv_type_name(opt.run.kv_type), human_bytes(double(backend.kv_bytes())), backend.n_ctx());
     if (opt.verbose) summary += fmt::format("kvgen: prompt {} tokens, seed {}\n", prompt.size(), seed);
     if (opt.verbose && opt.chat) summary += fmt::format("kvgen: chat prompt:\n{}\n", text);
     std::fputs(summary.c_str(), stderr);
@@ -229,7 +220,7 @@ int run_generate(const GenerateCliOptions& opt) {
         j["device_name"] = selected.description;
         j["threads"] = selected.n_threads;
         j["kv_cache"] = opt.kv_cache;
-        j["kv_type"] = opt.kv_type == KvType::F16 ? "f16" : "f32";
+        j["kv_type"] = kv_type_name(opt.run.kv_type);
         j["n_ctx"] = backend.n_ctx();
         j["n_batch"] = backend.n_batch();
         j["seed"] = seed;

@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "engine/generator.h"
-#include "engine/kv_cache.h"
+#include "engine/settings.h"
 
 namespace kvgen {
 
@@ -13,12 +13,7 @@ struct GenerateCliOptions {
     std::string system_prompt;                 // --chat: the system turn (empty: the template's default)
     std::vector<std::string> reverse_prompts;  // -r: stop when the output ends with one of these
     int n_predict = -1;
-    int n_ctx = 0;  // 0: min(model context, 4096)
-    int n_batch = 512;
-    int n_threads = 0;  // 0: physical cores
-    KvType kv_type = KvType::F16;
-    std::string device = "auto";
-    bool cuda_graphs = true;
+    Settings run;
     bool kv_cache = true;
     bool chat = false;
     bool display_prompt = false;  // print the prompt on stdout before the generated text

@@ -7,6 +7,7 @@
 
 #include "cli/format.h"
 #include "common/error.h"
+#include "engine/kv_layout.h"
 #include "gguf/gguf.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -66,7 +67,7 @@ void run_inspect(const std::string& model_path, const std::string& json_path, bo
     const std::string tok_model = meta_string(file, "tokenizer.ggml.model");
     const std::string tok_pre = meta_string(file, "tokenizer.ggml.pre");
     const GgufValue* tokens = file.find("tokenizer.ggml.tokens");
-    const int64_t kv_per_token = has_config ? cfg.kv_bytes_per_token(2) : 0;
+    const int64_t kv_per_token = has_config ? KvLayout::of(cfg, 1, KvType::F16).bytes_per_token() : 0;
     const int64_t kv_total = kv_per_token * (has_config ? cfg.n_ctx_train : 0);
 
     if (!json_path.empty()) {
@@ -103,7 +104,7 @@ void run_inspect(const std::string& model_path, const std::string& json_path, bo
                 if (!weights.tied_output) per_token -= weights.token_embd.tensor->nbytes;
                 j["weight_bytes_per_token"] = per_token;
             }
-            j["kv_cache"] = {{"type", "f16"},
+            j["kv_cache"] = {{"type", kv_type_name(KvType::F16)},
                              {"bytes_per_token", kv_per_token},
                              {"n_ctx", cfg.n_ctx_train},
                              {"bytes", kv_total}};

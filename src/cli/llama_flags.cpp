@@ -132,8 +132,8 @@ std::string normalize_device(const std::string& value) {
         fmt::format("--device '{}': expected cpu, cuda, cudaN (CUDA0 as llama.cpp names it), none or auto", value));
 }
 
-void apply_llama_settings(const LlamaSettings& s, std::string& device, bool kv_type_given, KvType& kv_type,
-                          int n_threads) {
+void apply_llama_settings(const LlamaSettings& s, Settings& run, bool kv_type_given) {
+    std::string& device = run.device;
     if (!s.n_gpu_layers.empty()) {
         const std::string v = lower(s.n_gpu_layers);
         std::string want;
@@ -168,20 +168,23 @@ void apply_llama_settings(const LlamaSettings& s, std::string& device, bool kv_t
 
     // -ctk, -ctv and --kv-type must agree: kvgen keeps K and V in one type.
     std::vector<std::pair<std::string, std::string>> asked;  // (flag, type)
-    if (kv_type_given) asked.emplace_back("--kv-type", kv_type == KvType::F16 ? "f16" : "f32");
+    if (kv_type_given) asked.emplace_back("--kv-type", kv_type_name(run.kv_type));
     if (!s.cache_type_k.empty()) asked.emplace_back("-ctk", lower(s.cache_type_k));
     if (!s.cache_type_v.empty()) asked.emplace_back("-ctv", lower(s.cache_type_v));
     for (const auto& [flag, type] : asked) {
-        if (type != "f16" && type != "f32")
-            throw Error(
-                fmt::format("{} {}: this KV cache type is not supported (kvgen: --kv-type f16 or f32)", flag, type));
+        try {
+            kv_type_from_name(type, flag.c_str());
+        } catch (const Error&) {
+            throw Error(fmt::format("{} {}: this KV cache type is not supported (kvgen: --kv-type {})", flag, type,
+                                    kv_type_names()));
+        }
         if (type != asked.front().second)
-            throw Error(fmt::format("{} {} and {} {}: kvgen keeps K and V in one type (--kv-type f16 or f32)",
-                                    asked.front().first, asked.front().second, flag, type));
+            throw Error(fmt::format("{} {} and {} {}: kvgen keeps K and V in one type (--kv-type {})",
+                                    asked.front().first, asked.front().second, flag, type, kv_type_names()));
     }
-    if (!asked.empty()) kv_type = asked.front().second == "f16" ? KvType::F16 : KvType::F32;
+    if (!asked.empty()) run.kv_type = kv_type_from_name(asked.front().second, asked.front().first.c_str());
 
-    if (s.threads_batch > 0 && s.threads_batch != n_threads)
+    if (s.threads_batch > 0 && s.threads_batch != run.n_threads)
         throw Error(
             fmt::format("-tb/--threads-batch {}: kvgen runs prompt processing and generation on the same "
                         "threads; use -t {}",

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/kv_cache.h"
+#include "engine/settings.h"
 
 namespace kvgen {
 
@@ -32,9 +32,8 @@ struct LlamaSettings {
 };
 
 // Folds the llama.cpp settings into kvgen's: -ngl into the device (N > 0 or "all": the GPU, 0: the CPU), -ctk/-ctv
-// into the KV cache type; -tb must equal -t. `device`, `kv_type` and `n_threads` hold what kvgen's own flags said
-// (device "auto" and n_threads 0 when not given); a contradiction, or a value kvgen cannot honour, is an error.
-void apply_llama_settings(const LlamaSettings& s, std::string& device, bool kv_type_given, KvType& kv_type,
-                          int n_threads);
+// into the KV cache type; -tb must equal -t. `run` holds what kvgen's own flags said (device "auto" and n_threads 0
+// when not given; kv_type_given: --kv-type was); a contradiction, or a value kvgen cannot honour, is an error.
+void apply_llama_settings(const LlamaSettings& s, Settings& run, bool kv_type_given);
 
 }  // namespace kvgen

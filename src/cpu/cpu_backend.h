@@ -1,5 +1,6 @@
 #pragma once
-// The CPU backend: the readable reference forward pass, threaded across matrix rows and attention heads.
+// The CPU backend: the operations of the forward pass (engine/ops.h) on the host, threaded across matrix rows and
+// attention heads, SIMD where it pays. The reference every other backend is compared with.
 #include <memory>
 #include <vector>
 
@@ -7,43 +8,64 @@
 #include "cpu/vecdot.h"
 #include "engine/backend.h"
 #include "engine/kv_cache.h"
+#include "engine/rope.h"
+#include "engine/settings.h"
 #include "model/weights.h"
 
 namespace kvgen::cpu {
 
-struct CpuOptions {
-    int n_ctx = 4096;
-    int n_batch = 512;
-    int n_threads = 1;
-    KvType kv_type = KvType::F16;
-};
-
-class CpuBackend : public Backend {
+class CpuOps final : public Ops {
 public:
-    CpuBackend(const Model& model, const CpuOptions& opt);
+    // n_threads 0: physical cores.
+    CpuOps(const Model& model, const Settings& s);
 
-    const float* forward(const int32_t* tokens, int n_tokens, int pos0) override;
-    void kv_truncate(int n_past) override { kv_.set_n_past(n_past); }
-    int n_past() const override { return kv_.n_past(); }
-    int n_ctx() const override { return kv_.n_ctx(); }
-    int n_batch() const override { return n_batch_; }
-    size_t kv_bytes() const override { return kv_.bytes(); }
     std::string name() const override { return "cpu"; }
+    Buffers buffers() override;
+    const KvLayout& kv_layout() const override { return kv_.layout(); }
+    int n_batch() const override { return n_batch_; }
+    int n_threads() const { return pool_.size(); }
+
+    void begin(const int32_t* tokens, int n, int pos0) override;
+    const float* run(int n, const std::function<void()>& step) override;
+
+    void embed(float* x, int n) override;
+    void norm_qkv(float* q, float* k, float* v, const float* x, int l, int n) override;
+    void rope_store_kv(float* q, float* k, const float* v, int l, int n) override;
+    void attention(float* out, const float* q, int l, int n) override;
+    void out_proj_add(float* x, const float* att, int l, int n) override;
+    void norm_swiglu(float* h, const float* x, int l, int n) override;
+    void down_proj_add(float* x, const float* h, int l, int n) override;
+    void head(float* logits, const float* x) override;
 
 private:
+    // y [n][w.rows] = x [n][cols] . W^T.
+    void matmul(float* y, const float* x, int64_t cols, const WeightView& w, int n);
+    // x += W in, through the scratch row xn_.
+    void matmul_add(float* x, const float* in, int64_t cols, const WeightView& w, int n);
+
     const Model& model_;
     const Config& c_;
     int n_batch_;
     ThreadPool pool_;
     KvCache kv_;
-    // Norm weights and rope factors decoded to f32 once.
+    RopeFreqs rope_;
+    // Norm weights decoded to f32 once.
     std::vector<std::vector<float>> attn_norm_, ffn_norm_;
-    std::vector<float> output_norm_, freq_factors_;
-    // Activations, sized once for n_batch: [n_batch][...].
-    std::vector<float> x_, xn_, q_, k_, v_, att_, gate_, up_, logits_, rope_cos_, rope_sin_;
+    std::vector<float> output_norm_;
+    // The step: its tokens and first position.
+    const int32_t* tokens_ = nullptr;
+    int pos0_ = 0;
+    // Activations, sized once for n_batch (see Buffers for the shared ones).
+    std::vector<float> x_, q_, k_, v_, att_, ffn_, logits_;
+    std::vector<float> xn_;                  // [n_batch][max(n_embd, ...)]: normalized input, projection output
+    std::vector<float> up_;                  // [n_batch][n_ff]
+    std::vector<float> rope_cos_, rope_sin_;  // [n_batch][rope_dim / 2]
     std::vector<float> mm_scratch_, att_scratch_;
     std::vector<BlockA32> a32_;    // the integer forms of a matmul input: [n_batch][cols / 32]
     std::vector<BlockA256> a256_;  // and [n_batch][cols / 256] for k-quant weights
 };
+
+// The forward pass on the CPU ops. Throws kvgen::Error when the KV cache does not fit in memory.
+std::unique_ptr<Backend> make_backend(const Model& model, const Settings& s);
 
 }  // namespace kvgen::cpu

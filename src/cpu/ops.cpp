@@ -23,14 +23,12 @@ void rmsnorm(float* out, const float* x, const float* w, int n, int dim, float e
     }
 }
 
-void rope_tables(float* cos_t, float* sin_t, int pos0, int n, const Config& c, const float* freq_factors) {
-    const int half = c.rope_dim / 2;
+void rope_tables(float* cos_t, float* sin_t, int pos0, int n, const RopeFreqs& r) {
+    const int half = int(r.inv_freq.size());
+    const double* factors = r.factors.empty() ? nullptr : r.factors.data();
     for (int i = 0; i < n; ++i) {
-        double pos = double(pos0 + i);
-        if (c.rope_scaling == RopeScaling::Linear) pos /= double(c.rope_scale);
         for (int j = 0; j < half; ++j) {
-            double theta = pos * std::pow(double(c.rope_base), -2.0 * j / double(c.rope_dim));
-            if (freq_factors) theta /= double(freq_factors[j]);
+            const double theta = rope_theta(pos0 + i, j, r.inv_freq.data(), factors, r.pos_div);
             cos_t[int64_t(i) * half + j] = float(std::cos(theta));
             sin_t[int64_t(i) * half + j] = float(std::sin(theta));
         }

@@ -4,6 +4,7 @@
 
 #include "cpu/thread_pool.h"
 #include "engine/kv_cache.h"
+#include "engine/rope.h"
 #include "model/config.h"
 
 namespace kvgen::cpu {
@@ -11,8 +12,8 @@ namespace kvgen::cpu {
 // out[i] = x[i] / sqrt(mean(x[i]^2) + eps) * w, for n rows of dim.
 void rmsnorm(float* out, const float* x, const float* w, int n, int dim, float eps);
 
-// cos/sin tables for n positions pos0..: [n][rope_dim / 2] each. freq_factors (Llama 3.1 rope_freqs) may be null.
-void rope_tables(float* cos_t, float* sin_t, int pos0, int n, const Config& c, const float* freq_factors);
+// cos/sin tables for n positions pos0..: [n][rope_dim / 2] each.
+void rope_tables(float* cos_t, float* sin_t, int pos0, int n, const RopeFreqs& r);
 // Rotates adjacent pairs (x[2j], x[2j+1]) of the first rope_dim dims of every head: x is [n][n_heads][head_dim].
 void rope(float* x, const float* cos_t, const float* sin_t, int n, int n_heads, const Config& c);
 

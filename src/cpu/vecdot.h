@@ -5,7 +5,7 @@
 // rounding of llama.cpp's kernels, so logits land near the exact math at integer speed.
 #include <cstdint>
 
-#include "model/ggml_types.h"
+#include "gguf/ggml_types.h"
 
 namespace kvgen::cpu {
 

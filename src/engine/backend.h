@@ -1,23 +1,38 @@
 #pragma once
-// A backend runs the model's forward pass over a batch of tokens at consecutive positions, appending their K/V to
-// its cache. Prefill and decode are the same call: decode is a batch of one at pos0 = n_past.
+// A backend: the model's forward pass, written once (backend.cpp), running on one set of operations (ops.h). It
+// takes a batch of tokens at consecutive positions, appends their K/V to the cache and returns the logits of the
+// last position. Prefill and decode are the same call: decode is a batch of one at pos0 = n_past.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
+
+#include "engine/ops.h"
+#include "model/config.h"
 
 namespace kvgen {
 
 class Backend {
 public:
-    virtual ~Backend() = default;
-    // Returns the logits of the batch's last position ([n_vocab], valid until the next call).
-    virtual const float* forward(const int32_t* tokens, int n_tokens, int pos0) = 0;
-    virtual void kv_truncate(int n_past) = 0;  // forget positions >= n_past (0 = clear)
-    virtual int n_past() const = 0;
-    virtual int n_ctx() const = 0;
-    virtual int n_batch() const = 0;
-    virtual size_t kv_bytes() const = 0;
-    virtual std::string name() const = 0;
+    Backend(const Config& c, std::unique_ptr<Ops> ops);
+
+    // Returns the logits of the batch's last position ([n_vocab], valid until the next call). Throws kvgen::Error
+    // for a token outside the vocabulary.
+    const float* forward(const int32_t* tokens, int n_tokens, int pos0);
+    void kv_truncate(int n_past) { n_past_ = n_past; }  // forget positions >= n_past (0 = clear)
+    int n_past() const { return n_past_; }
+    int n_ctx() const { return ops_->kv_layout().n_ctx; }
+    int n_batch() const { return ops_->n_batch(); }
+    size_t kv_bytes() const { return ops_->kv_layout().bytes(); }
+    std::string name() const { return ops_->name(); }
+
+private:
+    void layers(int n);  // enqueues one step's ops
+
+    const Config& c_;
+    std::unique_ptr<Ops> ops_;
+    Buffers b_;
+    int n_past_ = 0;
 };
 
 }  // namespace kvgen

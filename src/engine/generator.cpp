@@ -15,11 +15,16 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-const float* Generator::prefill(const std::vector<int32_t>& tokens, int from) {
+void check_prompt_fits(int n_prompt, int n_ctx) {
+    if (n_prompt >= n_ctx)
+        throw Error(fmt::format("prompt has {} tokens but the context holds {} (raise --ctx-size)", n_prompt, n_ctx));
+}
+
+const float* prefill(Backend& backend, const int32_t* tokens, int from, int to) {
     const float* logits = nullptr;
-    for (int pos = from; pos < int(tokens.size()); pos += backend_.n_batch()) {
-        const int n = std::min(backend_.n_batch(), int(tokens.size()) - pos);
-        logits = backend_.forward(tokens.data() + pos, n, pos);
+    for (int pos = from; pos < to; pos += backend.n_batch()) {
+        const int n = std::min(backend.n_batch(), to - pos);
+        logits = backend.forward(tokens + pos, n, pos);
     }
     return logits;
 }
@@ -30,15 +35,13 @@ GenerateStats Generator::run(const std::vector<int32_t>& prompt, const GenerateO
     GenerateStats st;
     st.n_prompt = int(prompt.size());
     if (prompt.empty()) throw Error("the prompt is empty (give -p TEXT; a model without BOS needs some text)");
-    if (int(prompt.size()) >= backend_.n_ctx())
-        throw Error(fmt::format("prompt has {} tokens but the context holds {} (raise --ctx-size)", prompt.size(),
-                                backend_.n_ctx()));
+    check_prompt_fits(int(prompt.size()), backend_.n_ctx());
     Sampler sampler(opt.sampler);
     std::vector<int32_t> seq = prompt;
 
     backend_.kv_truncate(0);
     auto t0 = std::chrono::steady_clock::now();
-    const float* logits = prefill(seq, 0);
+    const float* logits = prefill(backend_, seq.data(), 0, int(seq.size()));
     st.prefill_ms = ms_since(t0);
     double step_ms = st.prefill_ms;
     if (opt.n_predict == 0) {  // the prompt alone: its K/V are in the cache, nothing is sampled
@@ -75,7 +78,7 @@ GenerateStats Generator::run(const std::vector<int32_t>& prompt, const GenerateO
             logits = backend_.forward(&seq.back(), 1, int(seq.size()) - 1);
         } else {
             backend_.kv_truncate(0);  // recompute everything: the comparison the cache is measured against
-            logits = prefill(seq, 0);
+            logits = prefill(backend_, seq.data(), 0, int(seq.size()));
         }
         step_ms = ms_since(t0);
         st.decode_ms += step_ms;

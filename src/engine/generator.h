@@ -27,6 +27,13 @@ struct GenerateStats {
     std::string stop;              // "eog", "n_predict", "context", "stopped"
 };
 
+// Throws kvgen::Error when a prompt of n_prompt tokens leaves no room in a context of n_ctx to generate.
+void check_prompt_fits(int n_prompt, int n_ctx);
+
+// Runs tokens[from .. to) through the backend in batches of its batch size, appending their K/V to the cache;
+// returns the logits of the last one.
+const float* prefill(Backend& backend, const int32_t* tokens, int from, int to);
+
 class Generator {
 public:
     explicit Generator(Backend& backend) : backend_(backend) {}
@@ -37,7 +44,6 @@ public:
                       const std::function<bool(int32_t)>& is_eog, int n_vocab);
 
 private:
-    const float* prefill(const std::vector<int32_t>& tokens, int from);
     Backend& backend_;
 };
 

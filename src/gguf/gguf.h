@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "model/ggml_types.h"
+#include "gguf/ggml_types.h"
 
 namespace kvgen {
 

@@ -29,10 +29,6 @@ struct Config {
     static Config from_gguf(const GgufFile& f);
 
     int n_rep() const { return n_heads / n_kv_heads; }  // query heads per KV head
-    // K and V bytes for one position across all layers.
-    int64_t kv_bytes_per_token(int elem_bytes) const {
-        return 2 * int64_t(n_layers) * n_kv_heads * head_dim * elem_bytes;
-    }
 };
 
 // "llama" or whatever general.architecture says ("" when absent).

@@ -2,7 +2,7 @@
 // CPU dequantization: the readable reference for every supported weight type.
 #include <cstdint>
 
-#include "model/ggml_types.h"
+#include "gguf/ggml_types.h"
 
 namespace kvgen {
 

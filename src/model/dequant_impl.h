@@ -8,7 +8,7 @@
 #endif
 
 #include "common/half.h"
-#include "model/ggml_types.h"
+#include "gguf/ggml_types.h"
 #include "model/quant_blocks.h"
 
 namespace kvgen::detail {

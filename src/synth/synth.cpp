@@ -7,7 +7,7 @@
 
 #include "common/error.h"
 #include "common/half.h"
-#include "model/ggml_types.h"
+#include "gguf/ggml_types.h"
 #include "model/quant_blocks.h"
 
 namespace kvgen {

@@ -1,11 +1,12 @@
 #pragma once
-// Host-side entry points to each CUDA kernel, for the [cuda] tests: inputs are uploaded, the kernel runs through the
-// same launcher the backend uses, and the result comes back as floats. Declared without CUDA types.
+// Test support for the CUDA kernels, built only with the tests (kvgen_cuda_testing). cuda::testing: each kernel
+// through the launcher the backend uses on a device (device_calls.cu), for the [cuda] tests. cuda::host: the kernels'
+// bodies run on the host (host_emulation.cu), for the CPU-only tests. Declared without CUDA types.
 #include <cstdint>
 #include <vector>
 
 #include "model/config.h"
-#include "model/ggml_types.h"
+#include "gguf/ggml_types.h"
 
 namespace kvgen::cuda::testing {
 
@@ -27,7 +28,9 @@ std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n,
 
 std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps);
 std::vector<float> swiglu(const std::vector<float>& gate, const std::vector<float>& up);
-std::vector<float> add(const std::vector<float>& x, const std::vector<float>& y);
+// W x through matvec_split with rows [0, q_rows) to one buffer, the next k_rows to a second and the rest to a third,
+// read back and concatenated (= W x when the split is right).
+std::vector<float> matvec_qkv(const HostWeight& w, const std::vector<float>& x, int64_t q_rows, int64_t k_rows);
 // x [n][n_heads][head_dim] rotated for positions pos0 .. (freq_factors: [rope_dim / 2] or empty).
 std::vector<float> rope(const std::vector<float>& x, int n, int n_heads, int pos0, const Config& c,
                         const std::vector<float>& freq_factors);
@@ -57,6 +60,8 @@ std::vector<float> rope(const std::vector<float>& x, int n, int n_heads, int pos
 std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos0, int n, int n_ctx);
 std::vector<float> get_rows(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                             const std::vector<int32_t>& ids);
+// Where RowSplit sends each of `rows` rows with the given ends: buffer * 1000000 + index in that buffer.
+std::vector<int> row_split_targets(int64_t rows, int64_t end0, int64_t end1);
 // The attention kernels' own bodies (attention.cuh) run on the host, each CUDA thread a fiber; arguments as
 // cuda::testing::attention.
 std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,

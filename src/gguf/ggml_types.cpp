@@ -1,4 +1,4 @@
-#include "model/ggml_types.h"
+#include "gguf/ggml_types.h"
 
 #include <algorithm>
 #include <cctype>

@@ -1,218 +1,21 @@
+// The kernels' own bodies run on the host, without a GPU: the device decoders, the matvec lane split, the
+// element-wise items and the attention blocks (each CUDA thread a fiber). The CPU-only tests compare them with the
+// CPU twins, so CI checks the kernels' indexing and bit layouts on every run.
 #include "testing.h"
+
+#include <ucontext.h>
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "attention.cuh"
 #include "cuda_common.cuh"
 #include "elementwise.cuh"
+#include "engine/rope.h"
 #include "matvec.cuh"
 #include "ops.cuh"
-
-namespace kvgen::cuda::testing {
-
-namespace {
-
-// A device copy that frees itself.
-template <typename T>
-struct Dev {
-    T* p = nullptr;
-    size_t n = 0;
-    explicit Dev(size_t count) : n(count) {
-        KVGEN_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(1, n) * sizeof(T)));
-    }
-    explicit Dev(const std::vector<T>& v) : Dev(v.size()) {
-        KVGEN_CUDA_CHECK(cudaMemcpy(p, v.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-    }
-    ~Dev() { cudaFree(p); }
-    Dev(const Dev&) = delete;
-    Dev& operator=(const Dev&) = delete;
-    std::vector<T> get() const {
-        std::vector<T> out(n);
-        KVGEN_CUDA_CHECK(cudaDeviceSynchronize());
-        KVGEN_CUDA_CHECK(cudaMemcpy(out.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-        return out;
-    }
-};
-
-DevWeight dev_weight(const HostWeight& w, const Dev<uint8_t>& bytes) {
-    return DevWeight{w.type, w.rows, w.cols, int64_t(w.bytes->size()) / w.rows, bytes.p};
-}
-
-std::vector<float> halves_to_floats(const std::vector<__half>& h) {
-    std::vector<float> out(h.size());
-    for (size_t i = 0; i < h.size(); ++i) out[i] = __half2float(h[i]);
-    return out;
-}
-
-// A poisoned output: NaN everywhere, so an element the kernel forgets to write fails the comparison.
-template <typename T>
-void poison(Dev<T>& d) {
-    KVGEN_CUDA_CHECK(cudaMemset(d.p, 0xff, d.n * sizeof(T)));
-}
-
-}  // namespace
-
-std::vector<float> dequantize(const HostWeight& w, bool via_f16) {
-    Dev<uint8_t> b(*w.bytes);
-    const size_t n = size_t(w.rows * w.cols);
-    if (via_f16) {
-        Dev<__half> out(n);
-        poison(out);
-        dequantize_f16(out.p, dev_weight(w, b), nullptr);
-        return halves_to_floats(out.get());
-    }
-    Dev<float> out(n);
-    poison(out);
-    dequantize_f32(out.p, dev_weight(w, b), nullptr);
-    return out.get();
-}
-
-std::vector<float> get_rows(const HostWeight& w, const std::vector<int32_t>& ids) {
-    Dev<uint8_t> b(*w.bytes);
-    Dev<int32_t> d_ids(ids);
-    Dev<float> out(ids.size() * size_t(w.cols));
-    poison(out);
-    kvgen::cuda::get_rows(out.p, dev_weight(w, b), d_ids.p, int(ids.size()), nullptr);
-    return out.get();
-}
-
-std::vector<float> matvec(const HostWeight& w, const std::vector<float>& x, const std::vector<float>* y0) {
-    Dev<uint8_t> b(*w.bytes);
-    Dev<float> dx(x);
-    Dev<float> y(size_t(w.rows));
-    if (y0)
-        KVGEN_CUDA_CHECK(cudaMemcpy(y.p, y0->data(), y0->size() * 4, cudaMemcpyHostToDevice));
-    else
-        poison(y);
-    kvgen::cuda::matvec(y.p, dev_weight(w, b), dx.p, y0 != nullptr, nullptr);
-    return y.get();
-}
-
-std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x) {
-    Dev<uint8_t> g(*gate.bytes), u(*up.bytes);
-    Dev<float> dx(x), y(size_t(gate.rows));
-    poison(y);
-    kvgen::cuda::matvec_glu(y.p, dev_weight(gate, g), dev_weight(up, u), dx.p, nullptr);
-    return y.get();
-}
-
-std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0) {
-    // The backend's prefill product, step by step: activations to f16, weights to f16, cuBLAS with f32 accumulation.
-    Dev<uint8_t> b(*w.bytes);
-    Dev<float> dx(x);
-    Dev<__half> xh(x.size()), wh(size_t(w.rows * w.cols));
-    to_f16(xh.p, dx.p, int64_t(x.size()), nullptr);
-    const DevWeight dw = dev_weight(w, b);
-    const __half* a = reinterpret_cast<const __half*>(b.p);
-    if (w.type != GgmlType::F16) {
-        dequantize_f16(wh.p, dw, nullptr);
-        a = wh.p;
-    }
-    Dev<float> y(size_t(n) * size_t(w.rows));
-    if (y0) KVGEN_CUDA_CHECK(cudaMemcpy(y.p, y0->data(), y0->size() * 4, cudaMemcpyHostToDevice));
-    cublasHandle_t h = nullptr;
-    check_cublas(cublasCreate(&h), "cublasCreate");
-    try {
-        gemm_f16(h, y.p, a, xh.p, int(w.rows), n, int(w.cols), y0 != nullptr);
-        std::vector<float> out = y.get();
-        cublasDestroy(h);
-        return out;
-    } catch (...) {
-        cublasDestroy(h);
-        throw;
-    }
-}
-
-std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps) {
-    Dev<float> dx(x), dw(w), out(x.size());
-    poison(out);
-    kvgen::cuda::rmsnorm(out.p, dx.p, dw.p, n, dim, eps, nullptr);
-    return out.get();
-}
-
-std::vector<float> swiglu(const std::vector<float>& gate, const std::vector<float>& up) {
-    Dev<float> g(gate), u(up);
-    kvgen::cuda::swiglu(g.p, u.p, int64_t(gate.size()), nullptr);
-    return g.get();
-}
-
-std::vector<float> add(const std::vector<float>& x, const std::vector<float>& y) {
-    Dev<float> dx(x), dy(y);
-    kvgen::cuda::add(dx.p, dy.p, int64_t(x.size()), nullptr);
-    return dx.get();
-}
-
-namespace {
-struct RopeDev {
-    Dev<double> pw, ff;
-    Dev<float> cos_t, sin_t;
-    Dev<int> pos;
-    RopeDev(int n, int pos0, const Config& c, const std::vector<float>& freq_factors)
-        : pw(size_t(c.rope_dim / 2)),
-          ff(freq_factors.size()),
-          cos_t(size_t(n) * (c.rope_dim / 2)),
-          sin_t(size_t(n) * (c.rope_dim / 2)),
-          pos(std::vector<int>{pos0}) {
-        const int half = c.rope_dim / 2;
-        std::vector<double> p(static_cast<size_t>(half)), f(freq_factors.begin(), freq_factors.end());
-        for (int j = 0; j < half; ++j) p[size_t(j)] = std::pow(double(c.rope_base), -2.0 * j / double(c.rope_dim));
-        KVGEN_CUDA_CHECK(cudaMemcpy(pw.p, p.data(), p.size() * 8, cudaMemcpyHostToDevice));
-        if (!f.empty()) KVGEN_CUDA_CHECK(cudaMemcpy(ff.p, f.data(), f.size() * 8, cudaMemcpyHostToDevice));
-        const double div = c.rope_scaling == RopeScaling::Linear ? double(c.rope_scale) : 1.0;
-        rope_tables(cos_t.p, sin_t.p, pos.p, n, half, pw.p, f.empty() ? nullptr : ff.p, div, nullptr);
-    }
-};
-}  // namespace
-
-std::vector<float> rope(const std::vector<float>& x, int n, int n_heads, int pos0, const Config& c,
-                        const std::vector<float>& freq_factors) {
-    RopeDev r(n, pos0, c, freq_factors);
-    Dev<float> dx(x);
-    kvgen::cuda::rope(dx.p, r.cos_t.p, r.sin_t.p, n, n_heads, c.head_dim, c.rope_dim, nullptr);
-    return dx.get();
-}
-
-std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos0, int n, int n_ctx) {
-    RopeDev r(n, pos0, c, {});
-    const size_t cache = size_t(c.n_kv_heads) * n_ctx * c.head_dim;
-    Dev<float> dk(k);
-    Dev<__half> kc(cache), vc(cache);
-    store_kv(kc.p, vc.p, dk.p, dk.p, r.cos_t.p, r.sin_t.p, r.pos.p, n, c.n_kv_heads, c.head_dim, c.rope_dim, n_ctx,
-             nullptr);
-    const std::vector<float> all = halves_to_floats(kc.get());
-    std::vector<float> out(size_t(n) * c.n_kv_heads * c.head_dim);
-    for (int i = 0; i < n; ++i)
-        for (int h = 0; h < c.n_kv_heads; ++h)
-            for (int j = 0; j < c.head_dim; ++j)
-                out[(size_t(i) * c.n_kv_heads + h) * c.head_dim + j] =
-                    all[(size_t(h) * n_ctx + pos0 + i) * c.head_dim + j];
-    return out;
-}
-
-std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
-                             const std::vector<float>& v, int pos0, int n, int n_ctx, int splits) {
-    const int n_pos = pos0 + n;
-    const size_t cache = size_t(c.n_kv_heads) * n_ctx * c.head_dim;
-    Dev<float> dk(k), dv(v), dq(q), out(q.size());
-    Dev<__half> kc(cache), vc(cache);
-    Dev<int> zero(std::vector<int>{0}), pos(std::vector<int>{pos0});
-    store_kv(kc.p, vc.p, dk.p, dv.p, nullptr, nullptr, zero.p, n_pos, c.n_kv_heads, c.head_dim, c.rope_dim, n_ctx,
-             nullptr);
-    poison(out);
-    const AttnShape a{c.n_heads, c.n_kv_heads, c.head_dim, n_ctx};
-    if (n == 1) {
-        Dev<float> partials(size_t(attention_partials(a, splits)));
-        poison(partials);
-        attention_decode(out.p, partials.p, dq.p, kc.p, vc.p, pos.p, a, splits, nullptr);
-        return out.get();
-    }
-    attention_prefill(out.p, dq.p, kc.p, vc.p, pos.p, n, a, nullptr);
-    return out.get();
-}
-
-}  // namespace kvgen::cuda::testing
 
 namespace kvgen::cuda::host {
 
@@ -266,10 +69,6 @@ std::vector<float> matvec(GgmlType type, const uint8_t* bytes, int64_t rows, int
 // barrier (inside a shuffle) or the block barrier (__syncthreads), and a barrier opens when every live thread it
 // spans has arrived. Shuffles exchange through a per-warp array between two warp barriers, in the device's
 // butterfly order, so the sums are the device's.
-#include <ucontext.h>
-
-#include <functional>
-
 namespace kvgen::cuda::host {
 
 namespace {
@@ -401,14 +200,15 @@ void run_grid(int gx, int gy, int threads, size_t shared_floats, Body body) {
 std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
                              const std::vector<float>& v, int pos0, int n, int n_ctx, int splits) {
     const int hd = c.head_dim, n_pos = pos0 + n, n_rep = c.n_heads / c.n_kv_heads;
-    // The f16 cache [n_kv_heads][n_ctx][head_dim], as store_kv writes it (no rotation here).
-    std::vector<__half> kc(size_t(c.n_kv_heads) * n_ctx * hd, __float2half(0.0f)), vc(kc);
+    // One layer's f16 cache, as store_kv writes it (no rotation here).
+    const KvLayout kv = KvLayout::of(c, n_ctx, KvType::F16);
+    std::vector<__half> kc(size_t(kv.layer_elems()), __float2half(0.0f)), vc(kc);
     for (int t = 0; t < n_pos; ++t)
         for (int h = 0; h < c.n_kv_heads; ++h)
             for (int j = 0; j < hd; ++j) {
                 const size_t src = (size_t(t) * c.n_kv_heads + h) * hd + j;
-                kc[(size_t(h) * n_ctx + t) * hd + j] = __float2half_rn(k[src]);
-                vc[(size_t(h) * n_ctx + t) * hd + j] = __float2half_rn(v[src]);
+                kc[size_t(kv.row(h, t) + j)] = __float2half_rn(k[src]);
+                vc[size_t(kv.row(h, t) + j)] = __float2half_rn(v[src]);
             }
     const float scale = 1.0f / std::sqrt(float(hd));
     std::vector<float> out(q.size(), NAN);
@@ -418,7 +218,7 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
         if (n == 1) {
             std::vector<float> partials(size_t(c.n_heads) * splits * (hd + 2), NAN);
             run_grid(groups, splits, kAttnThreads, size_t(kAttnDecodeShared<NQ, E>), [&](const HostThread& t) {
-                attention_decode_body<NQ, E>(t, q.data(), kc.data(), vc.data(), &pos0, n_rep, n_ctx, splits, scale,
+                attention_decode_body<NQ, E>(t, q.data(), kc.data(), vc.data(), &pos0, n_rep, kv, splits, scale,
                                              partials.data());
             });
             run_grid(c.n_heads, 1, 64, 0, [&](const HostThread& t) {
@@ -426,8 +226,8 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
             });
         } else {
             run_grid(groups, (n + kAttnWarps - 1) / kAttnWarps, kAttnThreads, 0, [&](const HostThread& t) {
-                attention_prefill_body<NQ, E>(t, q.data(), kc.data(), vc.data(), &pos0, n, c.n_heads, n_rep, n_ctx,
-                                              scale, out.data());
+                attention_prefill_body<NQ, E>(t, q.data(), kc.data(), vc.data(), &pos0, n, c.n_heads, n_rep, kv, scale,
+                                              out.data());
             });
         }
     });
@@ -450,14 +250,12 @@ namespace {
 void host_rope_tables(int n, int pos0, const Config& c, const std::vector<float>& freq_factors,
                       std::vector<float>* cos_t, std::vector<float>* sin_t) {
     const int half = c.rope_dim / 2;
-    std::vector<double> pw(static_cast<size_t>(half)), ff(freq_factors.begin(), freq_factors.end());
-    for (int j = 0; j < half; ++j) pw[size_t(j)] = std::pow(double(c.rope_base), -2.0 * j / double(c.rope_dim));
-    const double div = c.rope_scaling == RopeScaling::Linear ? double(c.rope_scale) : 1.0;
+    const RopeFreqs r = RopeFreqs::of(c, freq_factors);
     cos_t->assign(size_t(n) * half, NAN);
     sin_t->assign(size_t(n) * half, NAN);
     for (int g = 0; g < n * half; ++g)
-        rope_tables_item(g, &pos0, half, pw.data(), ff.empty() ? nullptr : ff.data(), div, cos_t->data(),
-                         sin_t->data());
+        rope_tables_item(g, &pos0, half, r.inv_freq.data(), r.factors.empty() ? nullptr : r.factors.data(), r.pos_div,
+                         cos_t->data(), sin_t->data());
 }
 }  // namespace
 
@@ -474,16 +272,15 @@ std::vector<float> rope(const std::vector<float>& x, int n, int n_heads, int pos
 std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos0, int n, int n_ctx) {
     std::vector<float> cs, sn;
     host_rope_tables(n, pos0, c, {}, &cs, &sn);
-    std::vector<__half> kc(size_t(c.n_kv_heads) * n_ctx * c.head_dim, __float2half(NAN)), vc(kc);
+    const KvLayout kv = KvLayout::of(c, n_ctx, KvType::F16);
+    std::vector<__half> kc(size_t(kv.layer_elems()), __float2half(NAN)), vc(kc);
     for (int64_t g = 0; g < int64_t(n) * c.n_kv_heads * (c.head_dim / 2); ++g)
-        store_kv_item(g, k.data(), k.data(), cs.data(), sn.data(), &pos0, c.n_kv_heads, c.head_dim, c.rope_dim / 2,
-                      n_ctx, kc.data(), vc.data());
+        store_kv_item(g, k.data(), k.data(), cs.data(), sn.data(), &pos0, kv, c.rope_dim / 2, kc.data(), vc.data());
     std::vector<float> out(size_t(n) * c.n_kv_heads * c.head_dim);
     for (int i = 0; i < n; ++i)
         for (int h = 0; h < c.n_kv_heads; ++h)
             for (int j = 0; j < c.head_dim; ++j)
-                out[(size_t(i) * c.n_kv_heads + h) * c.head_dim + j] =
-                    __half2float(kc[(size_t(h) * n_ctx + pos0 + i) * c.head_dim + j]);
+                out[(size_t(i) * c.n_kv_heads + h) * c.head_dim + j] = __half2float(kc[size_t(kv.row(h, pos0 + i) + j)]);
     return out;
 }
 
@@ -497,6 +294,18 @@ std::vector<float> get_rows(GgmlType type, const uint8_t* bytes, int64_t rows, i
             get_rows_item<T>(g, bytes, row_bytes, cpr, rows, ids.data(), out.data());
     });
     if (!ok) throw Error(fmt::format("no device decoder for {}", ggml_type_name(type)));
+    return out;
+}
+
+std::vector<int> row_split_targets(int64_t rows, int64_t end0, int64_t end1) {
+    // Three buffers at distinct addresses of one array; a row's target is the buffer its pointer lands in.
+    std::vector<float> mem(size_t(3 * rows));
+    const RowSplit split{{mem.data(), mem.data() + rows, mem.data() + 2 * rows}, {end0, end1}};
+    std::vector<int> out;
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t at = split.at(r) - mem.data();
+        out.push_back(int(at / rows) * 1000000 + int(at % rows));
+    }
     return out;
 }
 

@@ -1,0 +1,333 @@
+// The CUDA backend's operations (engine/ops.h): decode through the quantized matrix-vector kernels and
+// flash-decoding attention, the whole step captured once as a CUDA graph and replayed; prefill through f16 GEMMs on
+// the tensor cores. Memory comes from one allocation placed by plan_memory (memory_plan.h).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "common/error.h"
+#include "cuda_backend.h"
+#include "cuda_common.cuh"
+#include "device.h"
+#include "memory_plan.h"
+#include "ops.cuh"
+#include "upload.cuh"
+
+namespace kvgen::cuda {
+
+namespace {
+
+constexpr size_t kReserve = size_t(512) << 20;  // the CUDA context, cuBLAS's workspace and kernels
+
+std::string gib(double bytes) { return fmt::format("{:.2f} GiB", bytes / double(1ull << 30)); }
+
+int sm_count_of(int device) {
+    int n = 0;
+    KVGEN_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    return n;
+}
+
+// The split count plan_memory assumes before a device is chosen: the most attention_splits gives, an upper bound.
+constexpr int kMaxSplits = 64;
+
+class CudaOps final : public Ops {
+public:
+    CudaOps(const Model& model, const Settings& s, int device);
+    ~CudaOps() override { release(); }
+    CudaOps(const CudaOps&) = delete;
+    CudaOps& operator=(const CudaOps&) = delete;
+
+    std::string name() const override { return "cuda"; }
+    Buffers buffers() override { return Buffers{x_, q_, k_, v_, att_, ffn_, logits_}; }
+    const KvLayout& kv_layout() const override { return kv_; }
+    int n_batch() const override { return n_batch_; }
+
+    void begin(const int32_t* tokens, int n, int pos0) override;
+    const float* run(int n, const std::function<void()>& step) override;
+
+    void embed(float* x, int n) override;
+    void norm_qkv(float* q, float* k, float* v, const float* x, int l, int n) override;
+    void rope_store_kv(float* q, float* k, const float* v, int l, int n) override;
+    void attention(float* out, const float* q, int l, int n) override;
+    void out_proj_add(float* x, const float* att, int l, int n) override;
+    void norm_swiglu(float* h, const float* x, int l, int n) override;
+    void down_proj_add(float* x, const float* h, int l, int n) override;
+    void head(float* logits, const float* x) override;
+
+private:
+    template <typename T>
+    T* at(const Region& r) const {
+        return r.bytes > 0 ? reinterpret_cast<T*>(base_ + r.offset) : nullptr;
+    }
+    // out[n][w.rows] = in[n][w.cols] . W^T (+= when accumulate).
+    void proj(float* out, const DevWeight& w, const float* in, int n, bool accumulate);
+    void capture(const std::function<void()>& step);
+    void release();  // frees everything taken so far; safe to call twice
+
+    const Config& c_;
+    int device_;
+    KvLayout kv_;
+    int n_batch_, splits_;
+    bool graphs_;
+    cudaStream_t stream_ = nullptr;
+    cublasHandle_t cublas_ = nullptr;
+    cudaGraphExec_t graph_ = nullptr;
+    uint8_t* base_ = nullptr;     // the one device allocation (plan_memory)
+    int* h_step_ = nullptr;       // pinned: [pos0, n, tokens...], what the next step copies to d_step_
+    float* h_logits_ = nullptr;   // pinned: [n_vocab]
+    DeviceModel w_;
+
+    // Device pointers into base_, shapes as MemoryPlan gives them.
+    float *x_, *q_, *k_, *v_, *att_, *ffn_, *up_, *logits_, *xn_, *partials_, *cos_, *sin_;
+    __half *xh_, *wh_, *k_cache_, *v_cache_;
+    int* d_step_;
+};
+
+CudaOps::CudaOps(const Model& model, const Settings& s, int device)
+    : c_(model.config),
+      device_(device),
+      kv_(KvLayout::of(model.config, s.context_size(model.config), s.kv_type)),
+      n_batch_(s.batch_size(kv_.n_ctx)),
+      graphs_(s.cuda_graphs) {
+    KVGEN_CUDA_CHECK(cudaSetDevice(device_));
+    splits_ = attention_splits(c_.n_heads, kv_, sm_count_of(device_));
+    const MemoryPlan p =
+        plan_memory(model, kv_, n_batch_, attention_partials(c_.n_heads, c_.head_dim, splits_));
+    KVGEN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    try {
+        check_cublas(cublasCreate(&cublas_), "cublasCreate");
+        check_cublas(cublasSetStream(cublas_, stream_), "cublasSetStream");
+        KVGEN_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&base_), p.total));
+        KVGEN_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&h_step_), p.step.bytes));
+        KVGEN_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&h_logits_), p.logits.bytes));
+        w_ = upload_model(model, p, base_, device_, s.progress, stream_);
+        KVGEN_CUDA_CHECK(cudaMemsetAsync(base_ + p.k_cache.offset, 0, p.k_cache.bytes, stream_));
+        KVGEN_CUDA_CHECK(cudaMemsetAsync(base_ + p.v_cache.offset, 0, p.v_cache.bytes, stream_));
+        KVGEN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    } catch (...) {
+        release();  // a constructor that throws runs no destructor
+        throw;
+    }
+    x_ = at<float>(p.x);
+    q_ = at<float>(p.q);
+    k_ = at<float>(p.k);
+    v_ = at<float>(p.v);
+    att_ = at<float>(p.att);
+    ffn_ = at<float>(p.ffn);
+    up_ = at<float>(p.up);
+    logits_ = at<float>(p.logits);
+    xn_ = at<float>(p.xn);
+    partials_ = at<float>(p.partials);
+    cos_ = at<float>(p.cos);
+    sin_ = at<float>(p.sin);
+    xh_ = at<__half>(p.xh);
+    wh_ = at<__half>(p.wh);
+    k_cache_ = at<__half>(p.k_cache);
+    v_cache_ = at<__half>(p.v_cache);
+    d_step_ = at<int>(p.step);
+}
+
+void CudaOps::release() {
+    if (graph_) cudaGraphExecDestroy(graph_);
+    graph_ = nullptr;
+    if (base_) cudaFree(base_);
+    base_ = nullptr;
+    if (h_step_) cudaFreeHost(h_step_);
+    h_step_ = nullptr;
+    if (h_logits_) cudaFreeHost(h_logits_);
+    h_logits_ = nullptr;
+    if (cublas_) cublasDestroy(cublas_);
+    cublas_ = nullptr;
+    if (stream_) cudaStreamDestroy(stream_);
+    stream_ = nullptr;
+}
+
+void CudaOps::begin(const int32_t* tokens, int n, int pos0) {
+    h_step_[0] = pos0;
+    h_step_[1] = n;
+    std::memcpy(h_step_ + 2, tokens, size_t(n) * 4);
+}
+
+void CudaOps::capture(const std::function<void()>& step) {
+    cudaGraph_t g = nullptr;
+    KVGEN_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    try {
+        KVGEN_CUDA_CHECK(cudaMemcpyAsync(d_step_, h_step_, 3 * sizeof(int), cudaMemcpyHostToDevice, stream_));
+        step();
+        KVGEN_CUDA_CHECK(cudaMemcpyAsync(h_logits_, logits_, size_t(c_.n_vocab) * 4, cudaMemcpyDeviceToHost, stream_));
+    } catch (...) {
+        cudaStreamEndCapture(stream_, &g);
+        if (g) cudaGraphDestroy(g);
+        cudaGetLastError();
+        throw;
+    }
+    KVGEN_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+    const cudaError_t err = cudaGraphInstantiate(&graph_, g, 0);
+    cudaGraphDestroy(g);
+    if (err != cudaSuccess) {
+        graph_ = nullptr;
+        throw_cuda(err, "cudaGraphInstantiate", __FILE__, __LINE__);
+    }
+}
+
+const float* CudaOps::run(int n, const std::function<void()>& step) {
+    if (n == 1 && graphs_) {
+        if (!graph_) {
+            try {
+                capture(step);
+            } catch (const Error& e) {
+                graphs_ = false;  // run the same kernels launch by launch
+                spdlog::warn("CUDA graph capture failed, decoding without graphs: {}", e.what());
+            }
+        }
+        if (graph_) {
+            KVGEN_CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
+            KVGEN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+            return h_logits_;
+        }
+    }
+    KVGEN_CUDA_CHECK(cudaMemcpyAsync(d_step_, h_step_, size_t(2 + n) * 4, cudaMemcpyHostToDevice, stream_));
+    step();
+    KVGEN_CUDA_CHECK(cudaMemcpyAsync(h_logits_, logits_, size_t(c_.n_vocab) * 4, cudaMemcpyDeviceToHost, stream_));
+    KVGEN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return h_logits_;
+}
+
+void CudaOps::proj(float* out, const DevWeight& w, const float* in, int n, bool accumulate) {
+    if (n == 1) {
+        matvec(out, w, in, accumulate, stream_);
+        return;
+    }
+    // Prefill: activations to f16, the weight decoded to an f16 scratch matrix (F16 weights are used in place),
+    // then out[n][rows] = in[n][cols] . W^T on the tensor cores with f32 accumulation.
+    to_f16(xh_, in, int64_t(n) * w.cols, stream_);
+    const __half* a = reinterpret_cast<const __half*>(w.data);
+    if (w.type != GgmlType::F16) {
+        dequantize_f16(wh_, w, stream_);
+        a = wh_;
+    }
+    gemm_f16(cublas_, out, a, xh_, int(w.rows), n, int(w.cols), accumulate);
+}
+
+void CudaOps::embed(float* x, int n) {
+    get_rows(x, w_.embd, d_step_ + 2, n, stream_);
+    // note: the step's RoPE tables are made here, once, for every layer's rope_store_kv; inside the recorded step,
+    // since they depend on the position in device memory.
+    rope_tables(cos_, sin_, d_step_, n, c_.rope_dim / 2, w_.rope_inv_freq, w_.rope_factors, w_.rope_pos_div, stream_);
+}
+
+void CudaOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int n) {
+    const LayerDev& L = w_.layers[size_t(l)];
+    rmsnorm(xn_, x, L.attn_norm, n, c_.n_embd, c_.rms_eps, stream_);
+    if (n == 1 && L.fused_qkv) {  // one matvec over the rows of all three
+        const int64_t qd = L.wq.rows, kvd = L.wk.rows;
+        matvec_split(RowSplit{{q, k, v}, {qd, qd + kvd}}, L.qkv, xn_, stream_);
+        return;
+    }
+    proj(q, L.wq, xn_, n, false);
+    proj(k, L.wk, xn_, n, false);
+    proj(v, L.wv, xn_, n, false);
+}
+
+void CudaOps::rope_store_kv(float* q, float* k, const float* v, int l, int n) {
+    rope(q, cos_, sin_, n, c_.n_heads, c_.head_dim, c_.rope_dim, stream_);
+    // K is rotated on its way into the cache.
+    store_kv(k_cache_ + kv_.offset(l, 0, 0), v_cache_ + kv_.offset(l, 0, 0), k, v, cos_, sin_, d_step_, n, kv_,
+             c_.rope_dim, stream_);
+}
+
+void CudaOps::attention(float* out, const float* q, int l, int n) {
+    const __half* kc = k_cache_ + kv_.offset(l, 0, 0);
+    const __half* vc = v_cache_ + kv_.offset(l, 0, 0);
+    if (n == 1)
+        attention_decode(out, partials_, q, kc, vc, d_step_, c_.n_heads, kv_, splits_, stream_);
+    else
+        attention_prefill(out, q, kc, vc, d_step_, n, c_.n_heads, kv_, stream_);
+}
+
+void CudaOps::out_proj_add(float* x, const float* att, int l, int n) {
+    proj(x, w_.layers[size_t(l)].wo, att, n, true);  // the residual add is the product's accumulate
+}
+
+void CudaOps::norm_swiglu(float* h, const float* x, int l, int n) {
+    const LayerDev& L = w_.layers[size_t(l)];
+    rmsnorm(xn_, x, L.ffn_norm, n, c_.n_embd, c_.rms_eps, stream_);
+    if (n == 1 && glu_fusable(L.gate, L.up)) {
+        matvec_glu(h, L.gate, L.up, xn_, stream_);
+        return;
+    }
+    proj(h, L.gate, xn_, n, false);
+    proj(up_, L.up, xn_, n, false);
+    swiglu(h, up_, int64_t(n) * c_.n_ff, stream_);
+}
+
+void CudaOps::down_proj_add(float* x, const float* h, int l, int n) {
+    proj(x, w_.layers[size_t(l)].down, h, n, true);
+}
+
+void CudaOps::head(float* logits, const float* x) {
+    rmsnorm(xn_, x, w_.output_norm, 1, c_.n_embd, c_.rms_eps, stream_);
+    matvec(logits, w_.output, xn_, false, stream_);
+}
+
+}  // namespace
+
+CudaMemoryPlan plan_memory(const Model& model, const Settings& s) {
+    const Config& c = model.config;
+    const KvLayout kv = KvLayout::of(c, s.context_size(c), KvType::F16);
+    // note: the split count depends on the device; the most there can be keeps the plan an upper bound.
+    const int splits = std::min(kMaxSplits, std::max(1, kv.n_ctx));
+    const MemoryPlan p = plan_memory(model, kv, s.batch_size(kv.n_ctx), attention_partials(c.n_heads, c.head_dim, splits));
+    return CudaMemoryPlan{p.weights, p.kv_cache, p.buffers};
+}
+
+std::string describe_device(int device) {
+    cudaDeviceProp p{};
+    KVGEN_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+    return fmt::format("cuda{} ({}, {} SMs, {:.1f} GiB)", device, p.name, p.multiProcessorCount,
+                       double(p.totalGlobalMem) / double(1ull << 30));
+}
+
+std::unique_ptr<Backend> make_backend(const Model& model, const Settings& s) {
+    const int device = cuda_device_index(s.device);
+    std::string why;
+    const std::vector<DeviceInfo> devices = list_devices(&why);
+    if (devices.empty()) throw Error(fmt::format("--device cuda: {}", why));
+    if (device < 0 || device >= int(devices.size()))
+        throw Error(fmt::format("--device cuda{}: only {} CUDA device(s) visible", device, devices.size()));
+    if (s.kv_type != KvType::F16)
+        throw Error(fmt::format("--kv-type {}: the CUDA backend keeps its KV cache in f16 (use --device cpu for {})",
+                                kv_type_name(s.kv_type), kv_type_name(s.kv_type)));
+
+    const Config& c = model.config;
+    if (!attention_head_dim_supported(c.head_dim))
+        throw Error(
+            fmt::format("--device cuda: head_dim {} has no attention kernel (32, 64, 96, 128 or 256)", c.head_dim));
+    if (c.n_embd % 32 != 0 || c.n_ff % 32 != 0 || c.rope_dim % 2 != 0)
+        throw Error(fmt::format("--device cuda: n_embd {} and n_ff {} must be multiples of 32", c.n_embd, c.n_ff));
+    for (const WeightView* w : device_weights(model))
+        if (!device_type_supported(w->type) || w->cols % 32 != 0)
+            throw Error(fmt::format("--device cuda: tensor '{}' of type {} has no CUDA kernel",
+                                    w->tensor ? w->tensor->name : std::string("?"), ggml_type_name(w->type)));
+
+    KVGEN_CUDA_CHECK(cudaSetDevice(device));
+    size_t free_b = 0, total_b = 0;
+    KVGEN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    const CudaMemoryPlan plan = plan_memory(model, s);
+    if (plan.total() + kReserve > free_b)
+        throw Error(fmt::format(
+            "not enough GPU memory on {}: needs {} (weights {}, KV cache {} for {} positions, buffers {}, plus {} "
+            "for CUDA itself) but {} of {} is free (try a smaller --ctx-size or --batch-size, or --device cpu)",
+            describe_device(device), gib(double(plan.total() + kReserve)), gib(double(plan.weights)),
+            gib(double(plan.kv_cache)), s.context_size(c), gib(double(plan.buffers)), gib(double(kReserve)),
+            gib(double(free_b)), gib(double(total_b))));
+    return std::make_unique<Backend>(c, std::make_unique<CudaOps>(model, s, device));
+}
+
+}  // namespace kvgen::cuda

@@ -1,0 +1,53 @@
+#pragma once
+// Where the CUDA backend keeps everything on the device. One function places every weight matrix, the norms, the
+// RoPE frequencies, the KV cache and every activation buffer at an offset of one allocation: the memory check
+// before loading, the allocation and the pointers the backend hands its kernels all come from the same numbers.
+// Host code only (no CUDA types), so the CPU-only tests check it.
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "engine/kv_layout.h"
+#include "model/weights.h"
+
+namespace kvgen::cuda {
+
+struct Region {
+    size_t offset = 0, bytes = 0;
+};
+
+struct MemoryPlan {
+    // Weights. The GGUF matrices in their own types, in device_weights() order; a layer's Q, K and V back to back
+    // when they share type and row size, so that they read as one matrix (fused_qkv).
+    std::vector<Region> matrices;
+    std::vector<bool> fused_qkv;  // [n_layers]
+    Region norms;                 // f32 [2 n_layers + 1][n_embd]: attn_norm, ffn_norm of each layer, output_norm
+    Region rope_inv_freq;         // f64 [rope_dim / 2]
+    Region rope_factors;          // f64 [rope_dim / 2], empty without a rope_freqs tensor
+    // The KV cache: f16, KvLayout (every layer, K then V).
+    Region k_cache, v_cache;
+    // Activations for n_batch tokens (engine/ops.h Buffers, then the backend's own), f32 unless noted.
+    Region x;          // [n_batch][n_embd]
+    Region q, k, v;    // [n_batch][n_heads | n_kv_heads][head_dim]
+    Region att;        // [n_batch][n_heads][head_dim]
+    Region ffn, up;    // [n_batch][n_ff]
+    Region logits;     // [n_vocab]
+    Region xn;         // [n_batch][n_embd]: the normalized input of a projection
+    Region partials;   // flash-decoding partial results, attention_partials() floats
+    Region cos, sin;   // [n_batch][rope_dim / 2]
+    Region xh;         // f16 [n_batch][max(n_embd, n_heads head_dim, n_ff)]: prefill GEMM input (n_batch > 1)
+    Region wh;         // f16, the largest quantized layer matrix decoded for the prefill GEMM (n_batch > 1)
+    Region step;       // int [2 + n_batch]: pos0, n, the step's tokens
+
+    size_t weights = 0, kv_cache = 0, buffers = 0;  // bytes of each part
+    size_t total = 0;                               // the allocation, alignment included
+};
+
+// The matrices the device keeps in their GGUF types, in upload order: token_embd, output (unless tied), then each
+// layer's wq, wk, wv, wo, w_gate, w_up, w_down.
+std::vector<const WeightView*> device_weights(const Model& m);
+
+// partial_floats: what attention_decode needs for the split count in use (an upper bound when planning ahead).
+MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int64_t partial_floats);
+
+}  // namespace kvgen::cuda

@@ -1,0 +1,33 @@
+#pragma once
+// What a run asks of a backend: the settings generation, --bench and both backends share, with their defaults in
+// this one place.
+#include <string>
+
+#include "engine/kv_layout.h"
+
+namespace kvgen {
+
+struct Config;
+
+// The context a run gets when none is asked for: the model's trained context, at most this.
+constexpr int kDefaultCtx = 4096;
+
+struct Settings {
+    std::string device = "auto";  // cpu, cuda (= cuda0), cudaN, or auto: cuda0 when this build has it and it is visible
+    int n_ctx = 0;                // positions the KV cache holds; 0: min(model's trained context, kDefaultCtx)
+    int n_batch = 512;            // prompt tokens per forward pass
+    int n_threads = 0;            // CPU threads; 0: physical cores
+    KvType kv_type = KvType::F16;
+    bool cuda_graphs = true;  // CUDA: capture the decode step once as a graph and replay it
+    bool progress = true;     // CUDA: weight upload progress on stderr
+
+    // n_ctx with 0 resolved for the model.
+    int context_size(const Config& c) const;
+    // The batch a backend sizes its buffers for: n_batch, at most the context.
+    int batch_size(int n_ctx) const;
+};
+
+// The CUDA device index of "cuda" / "cudaN" (0 for "auto").
+int cuda_device_index(const std::string& device);
+
+}  // namespace kvgen

@@ -1,0 +1,218 @@
+// Each kernel through the launcher the backend uses, on a real device: inputs uploaded, the result read back as
+// floats. Only the [cuda] tests call these.
+#include "testing.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "attention.cuh"
+#include "cuda_common.cuh"
+#include "elementwise.cuh"
+#include "matvec.cuh"
+#include "engine/rope.h"
+#include "ops.cuh"
+
+namespace kvgen::cuda::testing {
+
+namespace {
+
+// A device copy that frees itself.
+template <typename T>
+struct Dev {
+    T* p = nullptr;
+    size_t n = 0;
+    explicit Dev(size_t count) : n(count) {
+        KVGEN_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(1, n) * sizeof(T)));
+    }
+    explicit Dev(const std::vector<T>& v) : Dev(v.size()) {
+        KVGEN_CUDA_CHECK(cudaMemcpy(p, v.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+    }
+    ~Dev() { cudaFree(p); }
+    Dev(const Dev&) = delete;
+    Dev& operator=(const Dev&) = delete;
+    std::vector<T> get() const {
+        std::vector<T> out(n);
+        KVGEN_CUDA_CHECK(cudaDeviceSynchronize());
+        KVGEN_CUDA_CHECK(cudaMemcpy(out.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+        return out;
+    }
+};
+
+DevWeight dev_weight(const HostWeight& w, const Dev<uint8_t>& bytes) {
+    return DevWeight{w.type, w.rows, w.cols, int64_t(w.bytes->size()) / w.rows, bytes.p};
+}
+
+std::vector<float> halves_to_floats(const std::vector<__half>& h) {
+    std::vector<float> out(h.size());
+    for (size_t i = 0; i < h.size(); ++i) out[i] = __half2float(h[i]);
+    return out;
+}
+
+// A poisoned output: NaN everywhere, so an element the kernel forgets to write fails the comparison.
+template <typename T>
+void poison(Dev<T>& d) {
+    KVGEN_CUDA_CHECK(cudaMemset(d.p, 0xff, d.n * sizeof(T)));
+}
+
+}  // namespace
+
+std::vector<float> dequantize(const HostWeight& w, bool via_f16) {
+    Dev<uint8_t> b(*w.bytes);
+    const size_t n = size_t(w.rows * w.cols);
+    if (via_f16) {
+        Dev<__half> out(n);
+        poison(out);
+        dequantize_f16(out.p, dev_weight(w, b), nullptr);
+        return halves_to_floats(out.get());
+    }
+    Dev<float> out(n);
+    poison(out);
+    dequantize_f32(out.p, dev_weight(w, b), nullptr);
+    return out.get();
+}
+
+std::vector<float> get_rows(const HostWeight& w, const std::vector<int32_t>& ids) {
+    Dev<uint8_t> b(*w.bytes);
+    Dev<int32_t> d_ids(ids);
+    Dev<float> out(ids.size() * size_t(w.cols));
+    poison(out);
+    kvgen::cuda::get_rows(out.p, dev_weight(w, b), d_ids.p, int(ids.size()), nullptr);
+    return out.get();
+}
+
+std::vector<float> matvec(const HostWeight& w, const std::vector<float>& x, const std::vector<float>* y0) {
+    Dev<uint8_t> b(*w.bytes);
+    Dev<float> dx(x);
+    Dev<float> y(size_t(w.rows));
+    if (y0)
+        KVGEN_CUDA_CHECK(cudaMemcpy(y.p, y0->data(), y0->size() * 4, cudaMemcpyHostToDevice));
+    else
+        poison(y);
+    kvgen::cuda::matvec(y.p, dev_weight(w, b), dx.p, y0 != nullptr, nullptr);
+    return y.get();
+}
+
+std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x) {
+    Dev<uint8_t> g(*gate.bytes), u(*up.bytes);
+    Dev<float> dx(x), y(size_t(gate.rows));
+    poison(y);
+    kvgen::cuda::matvec_glu(y.p, dev_weight(gate, g), dev_weight(up, u), dx.p, nullptr);
+    return y.get();
+}
+
+std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0) {
+    // The backend's prefill product, step by step: activations to f16, weights to f16, cuBLAS with f32 accumulation.
+    Dev<uint8_t> b(*w.bytes);
+    Dev<float> dx(x);
+    Dev<__half> xh(x.size()), wh(size_t(w.rows * w.cols));
+    to_f16(xh.p, dx.p, int64_t(x.size()), nullptr);
+    const DevWeight dw = dev_weight(w, b);
+    const __half* a = reinterpret_cast<const __half*>(b.p);
+    if (w.type != GgmlType::F16) {
+        dequantize_f16(wh.p, dw, nullptr);
+        a = wh.p;
+    }
+    Dev<float> y(size_t(n) * size_t(w.rows));
+    if (y0) KVGEN_CUDA_CHECK(cudaMemcpy(y.p, y0->data(), y0->size() * 4, cudaMemcpyHostToDevice));
+    cublasHandle_t h = nullptr;
+    check_cublas(cublasCreate(&h), "cublasCreate");
+    try {
+        gemm_f16(h, y.p, a, xh.p, int(w.rows), n, int(w.cols), y0 != nullptr);
+        std::vector<float> out = y.get();
+        cublasDestroy(h);
+        return out;
+    } catch (...) {
+        cublasDestroy(h);
+        throw;
+    }
+}
+
+std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps) {
+    Dev<float> dx(x), dw(w), out(x.size());
+    poison(out);
+    kvgen::cuda::rmsnorm(out.p, dx.p, dw.p, n, dim, eps, nullptr);
+    return out.get();
+}
+
+std::vector<float> swiglu(const std::vector<float>& gate, const std::vector<float>& up) {
+    Dev<float> g(gate), u(up);
+    kvgen::cuda::swiglu(g.p, u.p, int64_t(gate.size()), nullptr);
+    return g.get();
+}
+
+std::vector<float> matvec_qkv(const HostWeight& w, const std::vector<float>& x, int64_t q_rows, int64_t k_rows) {
+    Dev<uint8_t> b(*w.bytes);
+    Dev<float> dx(x), q{size_t(q_rows)}, k{size_t(k_rows)}, v{size_t(w.rows - q_rows - k_rows)};
+    poison(q);
+    poison(k);
+    poison(v);
+    matvec_split(RowSplit{{q.p, k.p, v.p}, {q_rows, q_rows + k_rows}}, dev_weight(w, b), dx.p, nullptr);
+    std::vector<float> out = q.get(), kh = k.get(), vh = v.get();
+    out.insert(out.end(), kh.begin(), kh.end());
+    out.insert(out.end(), vh.begin(), vh.end());
+    return out;
+}
+
+namespace {
+struct RopeDev {
+    RopeFreqs r;
+    Dev<double> inv_freq, factors;
+    Dev<float> cos_t, sin_t;
+    Dev<int> pos;
+    RopeDev(int n, int pos0, const Config& c, const std::vector<float>& freq_factors)
+        : r(RopeFreqs::of(c, freq_factors)),
+          inv_freq(r.inv_freq),
+          factors(r.factors),
+          cos_t(size_t(n) * (c.rope_dim / 2)),
+          sin_t(size_t(n) * (c.rope_dim / 2)),
+          pos(std::vector<int>{pos0}) {
+        rope_tables(cos_t.p, sin_t.p, pos.p, n, c.rope_dim / 2, inv_freq.p, r.factors.empty() ? nullptr : factors.p,
+                    r.pos_div, nullptr);
+    }
+};
+}  // namespace
+
+std::vector<float> rope(const std::vector<float>& x, int n, int n_heads, int pos0, const Config& c,
+                        const std::vector<float>& freq_factors) {
+    RopeDev r(n, pos0, c, freq_factors);
+    Dev<float> dx(x);
+    kvgen::cuda::rope(dx.p, r.cos_t.p, r.sin_t.p, n, n_heads, c.head_dim, c.rope_dim, nullptr);
+    return dx.get();
+}
+
+std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos0, int n, int n_ctx) {
+    RopeDev r(n, pos0, c, {});
+    const KvLayout kv = KvLayout::of(c, n_ctx, KvType::F16);
+    Dev<float> dk(k);
+    Dev<__half> kc(size_t(kv.layer_elems())), vc(size_t(kv.layer_elems()));
+    store_kv(kc.p, vc.p, dk.p, dk.p, r.cos_t.p, r.sin_t.p, r.pos.p, n, kv, c.rope_dim, nullptr);
+    const std::vector<float> all = halves_to_floats(kc.get());
+    std::vector<float> out(size_t(n) * c.n_kv_heads * c.head_dim);
+    for (int i = 0; i < n; ++i)
+        for (int h = 0; h < c.n_kv_heads; ++h)
+            for (int j = 0; j < c.head_dim; ++j)
+                out[(size_t(i) * c.n_kv_heads + h) * c.head_dim + j] = all[size_t(kv.row(h, pos0 + i) + j)];
+    return out;
+}
+
+std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
+                             const std::vector<float>& v, int pos0, int n, int n_ctx, int splits) {
+    const int n_pos = pos0 + n;
+    const KvLayout kv = KvLayout::of(c, n_ctx, KvType::F16);
+    Dev<float> dk(k), dv(v), dq(q), out(q.size());
+    Dev<__half> kc(size_t(kv.layer_elems())), vc(size_t(kv.layer_elems()));
+    Dev<int> zero(std::vector<int>{0}), pos(std::vector<int>{pos0});
+    store_kv(kc.p, vc.p, dk.p, dv.p, nullptr, nullptr, zero.p, n_pos, kv, c.rope_dim, nullptr);
+    poison(out);
+    if (n == 1) {
+        Dev<float> partials(size_t(attention_partials(c.n_heads, c.head_dim, splits)));
+        poison(partials);
+        attention_decode(out.p, partials.p, dq.p, kc.p, vc.p, pos.p, c.n_heads, kv, splits, nullptr);
+        return out.get();
+    }
+    attention_prefill(out.p, dq.p, kc.p, vc.p, pos.p, n, c.n_heads, kv, nullptr);
+    return out.get();
+}
+
+}  // namespace kvgen::cuda::testing
