@@ -237,6 +237,36 @@ KVGEN_HD void attention_prefill_body(const Ctx& ctx, const float* __restrict__ q
     }
 }
 
+// Any even head_dim up to kAttnGenericMaxHd, for shapes the warp kernels above are not built for (a tiny model's 4):
+// item g = (query i, head h) of n x n_heads, one thread walking positions 0 ..= *d_pos0 + i with an online softmax.
+// Slow, and only used where nothing else runs.
+constexpr int kAttnGenericMaxHd = 256;
+
+KVGEN_HD void attention_generic_item(int64_t g, const float* __restrict__ q, const __half* __restrict__ kc,
+                                     const __half* __restrict__ vc, const int* __restrict__ d_pos0, int n_heads,
+                                     int n_rep, const KvLayout& kv, float scale, float* __restrict__ out) {
+    const int h = int(g % n_heads), i = int(g / n_heads);
+    const int hd = kv.head_dim, kvh = h / n_rep;
+    const float* qi = q + g * hd;  // g = i * n_heads + h: rows of [n][n_heads][head_dim]
+    float o[kAttnGenericMaxHd];
+    for (int j = 0; j < hd; ++j) o[j] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    const int n_pos = *d_pos0 + i + 1;
+    for (int t = 0; t < n_pos; ++t) {
+        const __half* kr = kc + kv.row(kvh, t);
+        const __half* vr = vc + kv.row(kvh, t);
+        float s = 0.0f;
+        for (int j = 0; j < hd; ++j) s = fmaf(qi[j] * scale, __half2float(kr[j]), s);
+        const float mn = fmaxf(m, s);
+        const float corr = expf(m - mn), p = expf(s - mn);
+        l = l * corr + p;
+        for (int j = 0; j < hd; ++j) o[j] = fmaf(o[j], corr, p * __half2float(vr[j]));
+        m = mn;
+    }
+    float* oi = out + g * hd;
+    for (int j = 0; j < hd; ++j) oi[j] = o[j] / l;
+}
+
 // Query heads per block: the largest of 8, 4, 3, 2, 1 that divides n_rep.
 inline int heads_per_block(int n_rep) {
     for (int nq : {8, 4, 3, 2, 1})

@@ -17,6 +17,7 @@
 #include "device.h"
 #include "memory_plan.h"
 #include "ops.cuh"
+#include "quant.cuh"
 #include "upload.cuh"
 
 namespace kvgen::cuda {
@@ -283,7 +284,8 @@ CudaMemoryPlan plan_memory(const Model& model, const Settings& s) {
     const KvLayout kv = KvLayout::of(c, s.context_size(c), KvType::F16);
     // note: the split count depends on the device; the most there can be keeps the plan an upper bound.
     const int splits = std::min(kMaxSplits, std::max(1, kv.n_ctx));
-    const MemoryPlan p = plan_memory(model, kv, s.batch_size(kv.n_ctx), attention_partials(c.n_heads, c.head_dim, splits));
+    const MemoryPlan p =
+        plan_memory(model, kv, s.batch_size(kv.n_ctx), attention_partials(c.n_heads, c.head_dim, splits));
     return CudaMemoryPlan{p.weights, p.kv_cache, p.buffers};
 }
 
@@ -307,12 +309,10 @@ std::unique_ptr<Backend> make_backend(const Model& model, const Settings& s) {
 
     const Config& c = model.config;
     if (!attention_head_dim_supported(c.head_dim))
-        throw Error(
-            fmt::format("--device cuda: head_dim {} has no attention kernel (32, 64, 96, 128 or 256)", c.head_dim));
-    if (c.n_embd % 32 != 0 || c.n_ff % 32 != 0 || c.rope_dim % 2 != 0)
-        throw Error(fmt::format("--device cuda: n_embd {} and n_ff {} must be multiples of 32", c.n_embd, c.n_ff));
+        throw Error(fmt::format("--device cuda: head_dim {} has no attention kernel (even values up to 256)",
+                                c.head_dim));
     for (const WeightView* w : device_weights(model))
-        if (!device_type_supported(w->type) || w->cols % 32 != 0)
+        if (!device_type_supported(w->type) || (w->cols % 32 != 0 && !is_float_type(w->type)))
             throw Error(fmt::format("--device cuda: tensor '{}' of type {} has no CUDA kernel",
                                     w->tensor ? w->tensor->name : std::string("?"), ggml_type_name(w->type)));
 

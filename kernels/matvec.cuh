@@ -24,6 +24,15 @@ struct RowSplit {
     }
 };
 
+// A row whose length is not a multiple of 32 (float types only): lane l takes weights l, l + 32, ...; the sum over
+// the warp's lanes is the row's product.
+KVGEN_HD float matvec_ragged_lane(GgmlType type, const uint8_t* __restrict__ row, int64_t cols, int lane,
+                                  const float* __restrict__ x) {
+    float acc = 0.0f;
+    for (int64_t j = lane; j < cols; j += 32) acc = fmaf(float_weight(type, row, j), x[j], acc);
+    return acc;
+}
+
 template <GgmlType T>
 KVGEN_HD void matvec_lane(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t n_chunks, int64_t rows, int64_t r0,
                           int lane, const float* __restrict__ x, float (&acc)[kMvRows]) {

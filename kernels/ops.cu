@@ -27,6 +27,52 @@ unsigned grid_for(int64_t items, int block) {
 
 // --- dequantization ---------------------------------------------------------------------------------------------
 
+// Rows that are not whole 32-weight chunks (float types, cols % 32 != 0): one thread per weight.
+template <typename Out>
+__global__ void dequantize_ragged_kernel(GgmlType type, const uint8_t* __restrict__ w, int64_t row_bytes,
+                                         int64_t cols, int64_t count, Out* __restrict__ out) {
+    const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (g >= count) return;
+    const float v = float_weight(type, w + (g / cols) * row_bytes, g % cols);
+    if constexpr (std::is_same<Out, float>::value)
+        out[g] = v;
+    else
+        out[g] = __float2half_rn(v);
+}
+
+template <typename Out>
+void dequantize_ragged(const DevWeight& w, Out* out, cudaStream_t s) {
+    if (!is_float_type(w.type))
+        throw Error(fmt::format("CUDA: {} rows of {} weights are not whole blocks", ggml_type_name(w.type), w.cols));
+    const int64_t count = w.rows * w.cols;
+    dequantize_ragged_kernel<Out><<<grid_for(count, 256), 256, 0, s>>>(w.type, w.data, w.row_bytes, w.cols, count, out);
+    KVGEN_CUDA_LAUNCHED("dequantize_ragged");
+}
+
+__global__ void get_rows_ragged_kernel(GgmlType type, const uint8_t* __restrict__ w, int64_t row_bytes, int64_t cols,
+                                       int64_t n_rows, const int32_t* __restrict__ tokens, int n,
+                                       float* __restrict__ out) {
+    const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (g >= int64_t(n) * cols) return;
+    int64_t row = tokens[g / cols];
+    row = row < 0 ? 0 : (row >= n_rows ? n_rows - 1 : row);  // the host checked; never read out of bounds
+    out[g] = float_weight(type, w + row * row_bytes, g % cols);
+}
+
+// A warp per row (matvec_ragged_lane).
+__global__ void __launch_bounds__(kMvWarps* kWarp)
+    matvec_ragged_kernel(GgmlType type, const uint8_t* __restrict__ w, int64_t row_bytes, int64_t cols, int64_t rows,
+                         const float* __restrict__ x, RowSplit y, int accumulate) {
+    const int lane = threadIdx.x % kWarp;
+    const int64_t r = int64_t(blockIdx.x) * kMvWarps + threadIdx.x / kWarp;
+    if (r >= rows) return;
+    const float v = warp_sum(matvec_ragged_lane(type, w + r * row_bytes, cols, lane, x));
+    if (lane == 0) {
+        float* out = y.at(r);
+        *out = accumulate ? *out + v : v;
+    }
+}
+
 template <GgmlType T, typename Out>
 __global__ void dequantize_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t chunks_per_row,
                                   int64_t n_chunks, Out* __restrict__ out) {
@@ -48,6 +94,7 @@ __global__ void dequantize_kernel(const uint8_t* __restrict__ w, int64_t row_byt
 
 template <typename Out>
 void dequantize_any(const DevWeight& w, Out* out, cudaStream_t s) {
+    if (w.cols % 32 != 0) return dequantize_ragged(w, out, s);
     const int64_t cpr = w.cols / 32, n_chunks = w.rows * cpr;
     const bool ok = dispatch_type(w.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
@@ -154,6 +201,24 @@ __global__ void __launch_bounds__(kAttnThreads)
     attention_decode_body<NQ, E>(DeviceThread{sm}, q, kc, vc, d_pos0, n_rep, kv, splits, scale, partials);
 }
 
+__global__ void attention_generic_kernel(const float* __restrict__ q, const __half* __restrict__ kc,
+                                         const __half* __restrict__ vc, const int* __restrict__ d_pos0, int n,
+                                         int n_heads, int n_rep, KvLayout kv, float scale, float* __restrict__ out) {
+    const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (g < int64_t(n) * n_heads) attention_generic_item(g, q, kc, vc, d_pos0, n_heads, n_rep, kv, scale, out);
+}
+
+// Any head_dim without a specialised kernel: one thread per (query, head).
+void attention_generic(float* out, const float* q, const __half* k_cache, const __half* v_cache, const int* d_pos0,
+                       int n, int n_heads, const KvLayout& kv, cudaStream_t s) {
+    if (!attention_head_dim_supported(kv.head_dim))
+        throw Error(fmt::format("CUDA: head_dim {} has no attention kernel", kv.head_dim));
+    const float scale = 1.0f / std::sqrt(float(kv.head_dim));
+    attention_generic_kernel<<<grid_for(int64_t(n) * n_heads, 64), 64, 0, s>>>(
+        q, k_cache, v_cache, d_pos0, n, n_heads, n_heads / kv.n_kv_heads, kv, scale, out);
+    KVGEN_CUDA_LAUNCHED("attention_generic");
+}
+
 __global__ void attention_combine_kernel(const float* __restrict__ partials, int splits, int hd,
                                          float* __restrict__ out) {
     attention_combine_body(DeviceThread{nullptr}, int(blockDim.x), partials, splits, hd, out);
@@ -183,6 +248,15 @@ void dequantize_f16(__half* out, const DevWeight& w, cudaStream_t s) {
 }
 
 void get_rows(float* out, const DevWeight& emb, const int32_t* d_tokens, int n, cudaStream_t s) {
+    if (emb.cols % 32 != 0) {
+        if (!is_float_type(emb.type))
+            throw Error(fmt::format("CUDA: {} rows of {} weights are not whole blocks", ggml_type_name(emb.type),
+                                    emb.cols));
+        get_rows_ragged_kernel<<<grid_for(int64_t(n) * emb.cols, 128), 128, 0, s>>>(
+            emb.type, emb.data, emb.row_bytes, emb.cols, emb.rows, d_tokens, n, out);
+        KVGEN_CUDA_LAUNCHED("get_rows_ragged");
+        return;
+    }
     const int64_t cpr = emb.cols / 32;
     const bool ok = dispatch_type(emb.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
@@ -196,6 +270,15 @@ void get_rows(float* out, const DevWeight& emb, const int32_t* d_tokens, int n, 
 namespace {
 // grid = rows / (kMvWarps * kMvRows), block = kMvWarps warps: each warp owns kMvRows rows (matvec.cuh).
 void launch_matvec(const RowSplit& y, const DevWeight& w, const float* x, bool accumulate, cudaStream_t s) {
+    if (w.cols % 32 != 0) {
+        if (!is_float_type(w.type))
+            throw Error(
+                fmt::format("CUDA: {} rows of {} weights are not whole blocks", ggml_type_name(w.type), w.cols));
+        matvec_ragged_kernel<<<grid_for(w.rows, kMvWarps), kMvWarps * kWarp, 0, s>>>(
+            w.type, w.data, w.row_bytes, w.cols, w.rows, x, y, accumulate ? 1 : 0);
+        KVGEN_CUDA_LAUNCHED("matvec_ragged");
+        return;
+    }
     const int64_t rows_per_block = kMvWarps * kMvRows;
     const bool ok = dispatch_type(w.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
@@ -216,7 +299,8 @@ void matvec_split(const RowSplit& y, const DevWeight& w, const float* x, cudaStr
 }
 
 bool glu_fusable(const DevWeight& gate, const DevWeight& up) {
-    return gate.type == up.type && gate.rows == up.rows && gate.cols == up.cols && gate.row_bytes == up.row_bytes;
+    return gate.type == up.type && gate.rows == up.rows && gate.cols == up.cols && gate.row_bytes == up.row_bytes &&
+           gate.cols % 32 == 0;
 }
 
 void matvec_glu(float* y, const DevWeight& gate, const DevWeight& up, const float* x, cudaStream_t s) {
@@ -282,7 +366,7 @@ void gemm_f16(cublasHandle_t h, float* out, const __half* w, const __half* x, in
 }
 
 bool attention_head_dim_supported(int hd) {
-    return hd == 32 || hd == 64 || hd == 96 || hd == 128 || hd == 256;
+    return hd > 0 && hd % 2 == 0 && hd <= kAttnGenericMaxHd;
 }
 
 int attention_splits(int n_heads, const KvLayout& kv, int sm_count) {
@@ -308,7 +392,7 @@ void attention_decode(float* out, float* partials, const float* q, const __half*
         attention_decode_kernel<NQ, E>
             <<<grid, kAttnThreads, 0, s>>>(q, k_cache, v_cache, d_pos0, n_rep, kv, splits, scale, partials);
     });
-    if (!ok) throw Error(fmt::format("CUDA: head_dim {} has no attention kernel", kv.head_dim));
+    if (!ok) return attention_generic(out, q, k_cache, v_cache, d_pos0, 1, n_heads, kv, s);
     KVGEN_CUDA_LAUNCHED("attention_decode");
     attention_combine_kernel<<<n_heads, 128, 0, s>>>(partials, splits, kv.head_dim, out);
     KVGEN_CUDA_LAUNCHED("attention_combine");
@@ -325,7 +409,7 @@ void attention_prefill(float* out, const float* q, const __half* k_cache, const 
         attention_prefill_kernel<NQ, E>
             <<<grid, kAttnThreads, 0, s>>>(q, k_cache, v_cache, d_pos0, n, n_heads, n_rep, kv, scale, out);
     });
-    if (!ok) throw Error(fmt::format("CUDA: head_dim {} has no attention kernel", kv.head_dim));
+    if (!ok) return attention_generic(out, q, k_cache, v_cache, d_pos0, n, n_heads, kv, s);
     KVGEN_CUDA_LAUNCHED("attention_prefill");
 }
 

@@ -71,7 +71,8 @@ void check_cublas(cublasStatus_t st, const char* what);
 
 // Attention reads one layer's f16 cache (k_cache, v_cache: that layer's K and V, laid out as kv says); query head h
 // of n_heads reads KV head h / (n_heads / kv.n_kv_heads).
-// head_dim values the attention kernels are built for (32, 64, 96, 128, 256).
+// head_dim values attention runs for: every even one up to 256 (32, 64, 96, 128 and 256 by warp kernels, the rest by
+// a one-thread-per-query fallback).
 bool attention_head_dim_supported(int head_dim);
 // Blocks per query-head group for decode (flash-decoding splits) on a device of sm_count multiprocessors.
 int attention_splits(int n_heads, const KvLayout& kv, int sm_count);

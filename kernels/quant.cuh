@@ -333,6 +333,17 @@ struct Dq<GgmlType::F32> {
     }
 };
 
+// Weight j of a row of a float type (F32, F16, BF16): the path for rows whose length is not a multiple of 32 (a
+// tiny model's n_embd of 8), which the chunk decoders cannot split. Quantized rows are always whole chunks.
+KVGEN_HD bool is_float_type(GgmlType t) {
+    return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16;
+}
+KVGEN_HD float float_weight(GgmlType t, const uint8_t* row, int64_t j) {
+    if (t == GgmlType::F32) return reinterpret_cast<const float*>(row)[j];
+    const uint16_t h = reinterpret_cast<const uint16_t*>(row)[j];
+    return t == GgmlType::F16 ? HalfToFloat::of(h) : Bf16ToFloat::of(h);
+}
+
 // Chunk c (0 .. cols / 32) of a row that starts at `row`.
 template <GgmlType T>
 KVGEN_HD void row_chunk(const uint8_t* row, int64_t c, float (&w)[32]) {

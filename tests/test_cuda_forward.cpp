@@ -8,6 +8,7 @@
 
 #include "cpu/cpu_backend.h"
 #include "cuda_backend.h"
+#include "device.h"
 #include "gguf/gguf.h"
 #include "model/weights.h"
 #include "reference_check.h"
@@ -153,9 +154,16 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
 
 TEST_CASE("a model that does not fit on the GPU is refused with needed and free bytes", "[cuda][forward]") {
     const Model m = Model::load(test::shared("testdata/ref/open-gqa-Q8_0.gguf"));
+    std::string why;
+    const std::vector<cuda::DeviceInfo> devices = cuda::list_devices(&why);
+    REQUIRE(!devices.empty());
+    // A KV cache alone larger than the free memory, whatever the card.
+    const int64_t per_token = KvLayout::of(m.config, 1, KvType::F16).bytes_per_token();
+    const int64_t n_ctx = int64_t(devices[0].free_bytes) / per_token + 1;
+    REQUIRE(n_ctx < int64_t(1) << 31);
     Settings go;
     go.progress = false;
-    go.n_ctx = 1 << 24;  // a KV cache of many GiB per layer
+    go.n_ctx = int(n_ctx);
     go.n_batch = 16;
     REQUIRE_THROWS_WITH(cuda::make_backend(m, go),
                         Catch::Contains("not enough GPU memory") && Catch::Contains("is free"));

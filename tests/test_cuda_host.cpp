@@ -125,6 +125,38 @@ TEST_CASE("RowSplit sends each row of a fused Q|K|V product to its own buffer", 
     CHECK(one == std::vector<int>{0, 1, 2, 3});
 }
 
+TEST_CASE("float rows that are not whole 32-weight chunks: the ragged decoders and matvec, run on the host",
+          "[cuda-host]") {
+    for (const char* name : {"F32", "F16", "BF16"}) {
+        GgmlType t;
+        REQUIRE(ggml_type_from_name(name, &t));
+        for (int64_t cols : {8, 40, 100}) {
+            INFO(name << " cols " << cols);
+            const int64_t rows = 5;
+            std::vector<uint8_t> b(size_t(rows * ggml_row_bytes(*ggml_type_info(t), cols)));
+            synth_random_rows(t, b.data(), rows, cols, 0.05f, 4);
+            std::vector<float> want(size_t(rows * cols));
+            dequantize_row(t, b.data(), want.data(), rows * cols);
+            CHECK(test::worst_diff(cuda::host::dequantize(t, b.data(), rows, cols), want) == 0.0f);
+            const std::vector<int32_t> ids = {4, 0, 2};
+            std::vector<float> want_rows;
+            for (int32_t id : ids)
+                want_rows.insert(want_rows.end(), want.begin() + id * cols, want.begin() + (id + 1) * cols);
+            CHECK(test::worst_diff(cuda::host::get_rows(t, b.data(), rows, cols, ids), want_rows) == 0.0f);
+            const std::vector<float> x = test::randn(size_t(cols), 11);
+            const std::vector<float> y = cuda::host::matvec(t, b.data(), rows, cols, x);
+            for (int64_t r = 0; r < rows; ++r) {
+                double s = 0, mag = 0;
+                for (int64_t j = 0; j < cols; ++j) {
+                    s += double(want[size_t(r * cols + j)]) * x[size_t(j)];
+                    mag += std::fabs(double(want[size_t(r * cols + j)]) * x[size_t(j)]);
+                }
+                CHECK(std::fabs(y[size_t(r)] - s) <= 1e-5 * mag);
+            }
+        }
+    }
+}
+
 TEST_CASE("the CUDA attention kernels' bodies, run on the host, match cpu::attention", "[cuda-host]") {
     struct Shape {
         int n_heads, n_kv, hd;
@@ -133,7 +165,8 @@ TEST_CASE("the CUDA attention kernels' bodies, run on the host, match cpu::atten
     uint32_t seed = 21;
     auto randn = [&](size_t count, float sigma) { return test::randn(count, seed++, sigma); };
     for (const Shape s :
-         {Shape{4, 2, 64}, Shape{3, 1, 128}, Shape{6, 2, 96}, Shape{2, 2, 256}, Shape{8, 1, 32}, Shape{5, 5, 64}}) {
+         {Shape{4, 2, 64}, Shape{3, 1, 128}, Shape{6, 2, 96}, Shape{2, 2, 256}, Shape{8, 1, 32}, Shape{5, 5, 64},
+          Shape{2, 2, 4}, Shape{4, 2, 80}, Shape{6, 3, 48}}) {  // the last three: the one-thread-per-query fallback
         const Config c = test::attention_config(s.n_heads, s.n_kv, s.hd);
         const int n_ctx = 80;
         for (const auto& [pos0, n] :

@@ -83,6 +83,42 @@ TEST_CASE("embedding lookup decodes the requested rows", "[cuda][kernels]") {
     }
 }
 
+TEST_CASE("float rows that are not whole 32-weight chunks decode, look up and multiply", "[cuda][kernels]") {
+    for (const char* name : {"F32", "F16", "BF16"}) {
+        GgmlType t;
+        REQUIRE(ggml_type_from_name(name, &t));
+        for (int64_t cols : {8, 40}) {
+            INFO(name << " cols " << cols);
+            const int64_t rows = 9;
+            const std::vector<uint8_t> b = random_weights(t, rows, cols, 5);
+            std::vector<float> want(size_t(rows * cols));
+            dequantize_row(t, b.data(), want.data(), rows * cols);
+            const ct::HostWeight w{t, rows, cols, &b};
+            require_close(ct::dequantize(w, false), want, 0.0);
+            const std::vector<int32_t> ids = {8, 0, 3};
+            std::vector<float> want_rows;
+            for (int32_t id : ids)
+                want_rows.insert(want_rows.end(), want.begin() + id * cols, want.begin() + (id + 1) * cols);
+            require_close(ct::get_rows(w, ids), want_rows, 0.0);
+            const std::vector<float> x = randn(size_t(3 * cols), 3);
+            std::vector<float> y(size_t(3 * rows));
+            double mag = 0;
+            for (int i = 0; i < 3; ++i)
+                for (int64_t r = 0; r < rows; ++r) {
+                    double s = 0;
+                    for (int64_t j = 0; j < cols; ++j) {
+                        s += double(want[size_t(r * cols + j)]) * x[size_t(i * cols + j)];
+                        mag = std::max(mag, std::fabs(double(want[size_t(r * cols + j)]) * x[size_t(i * cols + j)]));
+                    }
+                    y[size_t(i * rows + r)] = float(s);
+                }
+            const std::vector<float> x1(x.begin(), x.begin() + cols), y1(y.begin(), y.begin() + rows);
+            require_close(ct::matvec(w, x1, nullptr), y1, 1e-5 * mag * double(cols));
+            require_close(ct::gemm(w, x, 3, nullptr), y, 2e-3 * mag * double(cols));  // f16 operands
+        }
+    }
+}
+
 TEST_CASE("decode matvec and prefill GEMM match a double-precision product for every type", "[cuda][kernels]") {
     for (const char* name : kTypes) {
         INFO(name);
@@ -199,7 +235,7 @@ TEST_CASE("flash-decoding and prefill attention match cpu::attention", "[cuda][k
     };
     cpu::ThreadPool pool(2);
     for (const Shape s : {Shape{8, 2, 64}, Shape{4, 4, 128}, Shape{9, 3, 64}, Shape{4, 2, 96}, Shape{2, 1, 256},
-                          Shape{16, 2, 32}, Shape{5, 1, 64}}) {
+                          Shape{16, 2, 32}, Shape{5, 1, 64}, Shape{2, 2, 4}, Shape{4, 2, 80}}) {
         const Config c = test::attention_config(s.n_heads, s.n_kv, s.hd);
         const int n_ctx = 1200;
         for (int pos0 : {0, 1, 37, 1100}) {

@@ -19,10 +19,28 @@
 
 namespace kvgen::cuda::host {
 
+namespace {
+// The __shfl_xor_sync butterfly of the device: every lane ends with the sum, in the device's order.
+float butterfly_sum(float (&v)[32]) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float nv[32];
+        for (int lane = 0; lane < 32; ++lane) nv[lane] = v[lane] + v[lane ^ o];
+        std::copy(nv, nv + 32, v);
+    }
+    return v[0];
+}
+}  // namespace
+
 std::vector<float> dequantize(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols) {
     std::vector<float> out(size_t(rows * cols));
     const GgmlTypeInfo* info = ggml_type_info(type);
     const int64_t row_bytes = ggml_row_bytes(*info, cols);
+    if (cols % 32 != 0) {  // dequantize_ragged_kernel's item
+        if (!is_float_type(type)) throw Error("rows that are not whole blocks");
+        for (int64_t g = 0; g < rows * cols; ++g)
+            out[size_t(g)] = float_weight(type, bytes + (g / cols) * row_bytes, g % cols);
+        return out;
+    }
     const bool ok = dispatch_type(type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
         for (int64_t r = 0; r < rows; ++r)
@@ -40,6 +58,16 @@ std::vector<float> matvec(GgmlType type, const uint8_t* bytes, int64_t rows, int
                           const std::vector<float>& x) {
     std::vector<float> y(size_t(rows), NAN);
     const int64_t row_bytes = ggml_row_bytes(*ggml_type_info(type), cols);
+    if (cols % 32 != 0) {  // matvec_ragged_kernel: a warp per row
+        if (!is_float_type(type)) throw Error("rows that are not whole blocks");
+        for (int64_t r = 0; r < rows; ++r) {
+            float v[32];
+            for (int lane = 0; lane < 32; ++lane)
+                v[lane] = matvec_ragged_lane(type, bytes + r * row_bytes, cols, lane, x.data());
+            y[size_t(r)] = butterfly_sum(v);
+        }
+        return y;
+    }
     const bool ok = dispatch_type(type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
         for (int64_t r0 = 0; r0 < rows; r0 += kMvRows) {
@@ -49,12 +77,7 @@ std::vector<float> matvec(GgmlType type, const uint8_t* bytes, int64_t rows, int
             for (int r = 0; r < kMvRows && r0 + r < rows; ++r) {
                 float v[32];
                 for (int lane = 0; lane < 32; ++lane) v[lane] = lanes[lane][r];
-                for (int o = 16; o > 0; o >>= 1) {  // __shfl_xor_sync butterfly: every lane ends with the sum
-                    float nv[32];
-                    for (int lane = 0; lane < 32; ++lane) nv[lane] = v[lane] + v[lane ^ o];
-                    std::copy(nv, nv + 32, v);
-                }
-                y[size_t(r0 + r)] = v[0];
+                y[size_t(r0 + r)] = butterfly_sum(v);
             }
         }
     });
@@ -231,7 +254,11 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
             });
         }
     });
-    if (!ok) throw Error(fmt::format("no attention kernel for head_dim {}", hd));
+    if (!ok) {  // attention_generic_kernel: one thread per (query, head)
+        if (!attention_head_dim_supported(hd)) throw Error(fmt::format("no attention kernel for head_dim {}", hd));
+        for (int64_t g = 0; g < int64_t(n) * c.n_heads; ++g)
+            attention_generic_item(g, q.data(), kc.data(), vc.data(), &pos0, c.n_heads, n_rep, kv, scale, out.data());
+    }
     return out;
 }
 
@@ -280,7 +307,8 @@ std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos
     for (int i = 0; i < n; ++i)
         for (int h = 0; h < c.n_kv_heads; ++h)
             for (int j = 0; j < c.head_dim; ++j)
-                out[(size_t(i) * c.n_kv_heads + h) * c.head_dim + j] = __half2float(kc[size_t(kv.row(h, pos0 + i) + j)]);
+                out[(size_t(i) * c.n_kv_heads + h) * c.head_dim + j] =
+                    __half2float(kc[size_t(kv.row(h, pos0 + i) + j)]);
     return out;
 }
 
@@ -288,6 +316,12 @@ std::vector<float> get_rows(GgmlType type, const uint8_t* bytes, int64_t rows, i
                             const std::vector<int32_t>& ids) {
     std::vector<float> out(ids.size() * size_t(cols), NAN);
     const int64_t cpr = cols / 32, row_bytes = ggml_row_bytes(*ggml_type_info(type), cols);
+    if (cols % 32 != 0) {  // get_rows_ragged_kernel's item (the ids here are in range)
+        if (!is_float_type(type)) throw Error("rows that are not whole blocks");
+        for (int64_t g = 0; g < int64_t(ids.size()) * cols; ++g)
+            out[size_t(g)] = float_weight(type, bytes + ids[size_t(g / cols)] * row_bytes, g % cols);
+        return out;
+    }
     const bool ok = dispatch_type(type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
         for (int64_t g = 0; g < int64_t(ids.size()) * cpr; ++g)
