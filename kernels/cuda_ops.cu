@@ -205,6 +205,10 @@ void CudaOps::proj(float* out, const DevWeight& w, const float* in, int n, bool 
         matvec(out, w, in, accumulate, stream_);
         return;
     }
+    if (n <= kMvMaxTokens) {  // a short prompt: each weight read once for all its tokens
+        matvec_batch(out, w, in, n, accumulate, stream_);
+        return;
+    }
     // Prefill: activations to f16, the weight decoded to an f16 scratch matrix (F16 weights are used in place),
     // then out[n][rows] = in[n][cols] . W^T on the tensor cores with f32 accumulation.
     to_f16(xh_, in, int64_t(n) * w.cols, stream_);

@@ -70,4 +70,56 @@ KVGEN_HD void matvec_lane(const uint8_t* __restrict__ w, int64_t row_bytes, int6
     }
 }
 
+// A prompt of 2 .. kMvMaxTokens tokens (a chat turn, a short prompt): the same warp and lane split, but each
+// weight chunk is decoded once and dotted with every token's activations, so the matrix is read once for all of
+// them instead of being decoded whole to f16 for a GEMM. acc[r][i] is row r0 + r for token i (i < n <= NT); each
+// token's sum runs in matvec_lane's order, so a token's result equals its single-token product.
+constexpr int kMvMaxTokens = 16;
+
+template <GgmlType T, int NT>
+KVGEN_HD void matvec_batch_lane(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t n_chunks, int64_t cols,
+                                int64_t rows, int64_t r0, int lane, const float* __restrict__ x, int n,
+                                float (&acc)[kMvRows][NT]) {
+#pragma unroll
+    for (int r = 0; r < kMvRows; ++r)
+#pragma unroll
+        for (int i = 0; i < NT; ++i) acc[r][i] = 0.0f;
+    for (int64_t c = lane; c < n_chunks; c += 32) {
+        // The chunk of every row of the warp, decoded once; then each token's 32 activations, loaded once.
+        float wv[kMvRows][32];
+#pragma unroll
+        for (int r = 0; r < kMvRows; ++r)
+            if (r0 + r < rows) row_chunk<T>(w + (r0 + r) * row_bytes, c, wv[r]);
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+            if (i >= n) break;
+            float xv[32];
+            const float4* xp = reinterpret_cast<const float4*>(x + i * cols + c * 32);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+#if defined(__CUDA_ARCH__)
+                const float4 t = __ldg(xp + k);
+#else
+                const float4 t = xp[k];
+#endif
+                xv[4 * k] = t.x;
+                xv[4 * k + 1] = t.y;
+                xv[4 * k + 2] = t.z;
+                xv[4 * k + 3] = t.w;
+            }
+#pragma unroll
+            for (int r = 0; r < kMvRows; ++r) {
+                if (r0 + r >= rows) continue;
+                float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 32; j += 2) {
+                    s0 = fmaf(wv[r][j], xv[j], s0);
+                    s1 = fmaf(wv[r][j + 1], xv[j + 1], s1);
+                }
+                acc[r][i] += s0 + s1;
+            }
+        }
+    }
+}
+
 }  // namespace kvgen::cuda

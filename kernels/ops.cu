@@ -132,6 +132,29 @@ __global__ void __launch_bounds__(kMvWarps* kWarp)
     }
 }
 
+// y[i][r] = W[r] . x[i] (+= when accumulate) for n <= NT tokens: each chunk of W decoded once (matvec.cuh).
+template <GgmlType T, int NT>
+__global__ void __launch_bounds__(kMvWarps* kWarp)
+    matvec_batch_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t n_chunks, int64_t cols,
+                        int64_t rows, const float* __restrict__ x, int n, float* __restrict__ y, int accumulate) {
+    const int lane = threadIdx.x % kWarp;
+    const int64_t r0 = (int64_t(blockIdx.x) * kMvWarps + threadIdx.x / kWarp) * kMvRows;
+    if (r0 >= rows) return;
+    float acc[kMvRows][NT];
+    matvec_batch_lane<T, NT>(w, row_bytes, n_chunks, cols, rows, r0, lane, x, n, acc);
+#pragma unroll
+    for (int r = 0; r < kMvRows; ++r)
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+            if (i >= n) break;  // the same for the whole warp
+            const float v = warp_sum(acc[r][i]);
+            if (lane == 0 && r0 + r < rows) {
+                float* out = y + int64_t(i) * rows + r0 + r;
+                *out = accumulate ? *out + v : v;
+            }
+        }
+}
+
 // gate and up rows r of a SwiGLU pair in one warp: y[r] = silu(gate[r] . x) * (up[r] . x).
 template <GgmlType T>
 __global__ void __launch_bounds__(kMvWarps* kWarp)
@@ -296,6 +319,31 @@ void matvec(float* y, const DevWeight& w, const float* x, bool accumulate, cudaS
 
 void matvec_split(const RowSplit& y, const DevWeight& w, const float* x, cudaStream_t s) {
     launch_matvec(y, w, x, false, s);
+}
+
+void matvec_batch(float* y, const DevWeight& w, const float* x, int n, bool accumulate, cudaStream_t s) {
+    KVGEN_ASSERT(n >= 1 && n <= kMvMaxTokens);
+    if (w.cols % 32 != 0) {  // float rows that are not whole chunks (tiny models): token by token
+        for (int i = 0; i < n; ++i) matvec(y + int64_t(i) * w.rows, w, x + int64_t(i) * w.cols, accumulate, s);
+        return;
+    }
+    const int64_t rows_per_block = kMvWarps * kMvRows;
+    const bool ok = dispatch_type(w.type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        auto launch = [&](auto nt) {
+            constexpr int NT = decltype(nt)::value;
+            matvec_batch_kernel<T, NT><<<grid_for(w.rows, int(rows_per_block)), kMvWarps * kWarp, 0, s>>>(
+                w.data, w.row_bytes, w.cols / 32, w.cols, w.rows, x, n, y, accumulate ? 1 : 0);
+        };
+        if (n <= 4)
+            launch(std::integral_constant<int, 4>{});
+        else if (n <= 8)
+            launch(std::integral_constant<int, 8>{});
+        else
+            launch(std::integral_constant<int, kMvMaxTokens>{});
+    });
+    if (!ok) throw Error(fmt::format("CUDA: no device decoder for {}", ggml_type_name(w.type)));
+    KVGEN_CUDA_LAUNCHED("matvec_batch");
 }
 
 bool glu_fusable(const DevWeight& gate, const DevWeight& up) {

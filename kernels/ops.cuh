@@ -39,6 +39,10 @@ void matvec(float* y, const DevWeight& w, const float* x, bool accumulate, cudaS
 // matrix fill q, k and v in one launch. Twin: three matvec calls.
 void matvec_split(const RowSplit& y, const DevWeight& w, const float* x, cudaStream_t s);
 
+// y[i][r] = W[r] . x[i] (+= when accumulate) for n tokens, 1 <= n <= kMvMaxTokens (16): each weight read once for
+// all of them (a short prompt's prefill). Twin: a double-precision dot of the dequantized row, per token.
+void matvec_batch(float* y, const DevWeight& w, const float* x, int n, bool accumulate, cudaStream_t s);
+
 // One token's SwiGLU: y[r] = silu(gate[r] . x) * (up[r] . x), both products in one warp (gate and up must share
 // type and shape: glu_fusable). Twin: the two double-precision products and cpu::swiglu.
 bool glu_fusable(const DevWeight& gate, const DevWeight& up);

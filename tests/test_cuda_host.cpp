@@ -50,6 +50,18 @@ TEST_CASE("the CUDA decoders, run on the host, equal dequantize_row for every ty
             INFO("row " << r << " got " << y[size_t(r)] << " want " << s);
             CHECK(std::fabs(y[size_t(r)] - s) <= 1e-5 * mag);
         }
+
+        // The short-prompt kernel's body: 5 tokens, each equal to its own single-token product, bit for bit.
+        const int n = 5;
+        std::vector<float> xs = test::randn(size_t(n * cols), 10);
+        std::copy(x.begin(), x.end(), xs.begin() + 2 * cols);  // token 2 is the x above
+        const std::vector<float> yb = cuda::host::matvec_batch(t, b.data(), rows, cols, xs, n);
+        for (int i = 0; i < n; ++i) {
+            const std::vector<float> xi(xs.begin() + i * cols, xs.begin() + (i + 1) * cols);
+            const std::vector<float> yi = cuda::host::matvec(t, b.data(), rows, cols, xi);
+            INFO("token " << i);
+            CHECK(std::equal(yi.begin(), yi.end(), yb.begin() + i * rows));
+        }
     }
 }
 

@@ -149,6 +149,19 @@ TEST_CASE("decode matvec and prefill GEMM match a double-precision product for e
         const std::vector<float> y1(y0.begin(), y0.begin() + rows);  // first token's rows
         require_close(ct::matvec(w, x1, nullptr), want, 1e-5 * mag * double(cols) / 32);
         require_close(ct::matvec(w, x1, &y1), want_acc, 1e-5 * mag * double(cols) / 32);
+        // the short-prompt kernel: n tokens, each weight read once, plain and accumulating
+        {
+            std::vector<float> want_b(size_t(n * rows)), want_b_acc(size_t(n * rows));
+            for (int i = 0; i < n; ++i)
+                for (int64_t r = 0; r < rows; ++r) {
+                    double s = 0;
+                    for (int64_t j = 0; j < cols; ++j) s += double(wf[size_t(r * cols + j)]) * x[size_t(i * cols + j)];
+                    want_b[size_t(i * rows + r)] = float(s);
+                    want_b_acc[size_t(i * rows + r)] = float(s + y0[size_t(i * rows + r)]);
+                }
+            require_close(ct::matvec_batch(w, x, n, nullptr), want_b, 1e-5 * mag * double(cols) / 32);
+            require_close(ct::matvec_batch(w, x, n, &y0), want_b_acc, 1e-5 * mag * double(cols) / 32);
+        }
         if (rows >= 3) {  // the same product spread over three buffers, as a fused Q|K|V fills q, k and v
             const int64_t q_rows = rows / 3, k_rows = (rows - q_rows) / 2;
             require_close(ct::matvec_qkv(w, x1, q_rows, k_rows), want, 1e-5 * mag * double(cols) / 32);

@@ -93,6 +93,18 @@ std::vector<float> matvec(const HostWeight& w, const std::vector<float>& x, cons
     return y.get();
 }
 
+std::vector<float> matvec_batch(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0) {
+    Dev<uint8_t> b(*w.bytes);
+    Dev<float> dx(x);
+    Dev<float> y(size_t(n) * size_t(w.rows));
+    if (y0)
+        KVGEN_CUDA_CHECK(cudaMemcpy(y.p, y0->data(), y0->size() * 4, cudaMemcpyHostToDevice));
+    else
+        poison(y);
+    kvgen::cuda::matvec_batch(y.p, dev_weight(w, b), dx.p, n, y0 != nullptr, nullptr);
+    return y.get();
+}
+
 std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x) {
     Dev<uint8_t> g(*gate.bytes), u(*up.bytes);
     Dev<float> dx(x), y(size_t(gate.rows));

@@ -85,6 +85,29 @@ std::vector<float> matvec(GgmlType type, const uint8_t* bytes, int64_t rows, int
     return y;
 }
 
+std::vector<float> matvec_batch(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
+                                const std::vector<float>& x, int n) {
+    std::vector<float> y(size_t(n) * size_t(rows), NAN);
+    const int64_t row_bytes = ggml_row_bytes(*ggml_type_info(type), cols);
+    const bool ok = dispatch_type(type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        for (int64_t r0 = 0; r0 < rows; r0 += kMvRows) {
+            float lanes[32][kMvRows][kMvMaxTokens];
+            for (int lane = 0; lane < 32; ++lane)
+                matvec_batch_lane<T, kMvMaxTokens>(bytes, row_bytes, cols / 32, cols, rows, r0, lane, x.data(), n,
+                                                   lanes[lane]);
+            for (int r = 0; r < kMvRows && r0 + r < rows; ++r)
+                for (int i = 0; i < n; ++i) {
+                    float v[32];
+                    for (int lane = 0; lane < 32; ++lane) v[lane] = lanes[lane][r][i];
+                    y[size_t(i) * size_t(rows) + size_t(r0 + r)] = butterfly_sum(v);
+                }
+        }
+    });
+    if (!ok) throw Error(fmt::format("no device decoder for {}", ggml_type_name(type)));
+    return y;
+}
+
 }  // namespace kvgen::cuda::host
 
 // --- the attention kernels' bodies on the host -----------------------------------------------------------------

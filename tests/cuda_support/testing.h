@@ -21,6 +21,9 @@ std::vector<float> dequantize(const HostWeight& w, bool via_f16);
 std::vector<float> get_rows(const HostWeight& w, const std::vector<int32_t>& ids);
 // y = W x (accumulate: y0 + W x) through the decode kernel.
 std::vector<float> matvec(const HostWeight& w, const std::vector<float>& x, const std::vector<float>* y0);
+// [n][rows] = x[n][cols] . W^T through the short-prompt kernel (n <= 16, each weight read once); accumulate onto y0
+// when given.
+std::vector<float> matvec_batch(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0);
 // silu(gate x) * (up x) through the fused decode kernel.
 std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x);
 // [n][rows] = x[n][cols] . W^T through the prefill path (f16 decode + cuBLAS); accumulate onto y0 when given.
@@ -53,6 +56,9 @@ namespace kvgen::cuda::host {
 std::vector<float> dequantize(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols);
 // y = W x with the kernel's lane split (32 lanes, stride 32 chunks, kMvRows rows per warp) and a butterfly sum.
 std::vector<float> matvec(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols, const std::vector<float>& x);
+// [n][rows] = x[n][cols] . W^T with the short-prompt kernel's lane body (matvec_batch_lane, NT = 16).
+std::vector<float> matvec_batch(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
+                                const std::vector<float>& x, int n);
 // The element-wise kernels' bodies on the host (elementwise.cuh); arguments as their cuda::testing twins.
 std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps);
 std::vector<float> rope(const std::vector<float>& x, int n, int n_heads, int pos0, const Config& c,
