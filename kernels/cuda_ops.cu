@@ -16,6 +16,7 @@
 #include "cuda_common.cuh"
 #include "device.h"
 #include "memory_plan.h"
+#include "matvec_int.cuh"
 #include "ops.cuh"
 #include "quant.cuh"
 #include "upload.cuh"
@@ -23,6 +24,8 @@
 namespace kvgen::cuda {
 
 namespace {
+
+static_assert(sizeof(ActBlock) == kActBlockBytes, "the memory plan's ActBlock size");
 
 constexpr size_t kReserve = size_t(512) << 20;  // the CUDA context, cuBLAS's workspace and kernels
 
@@ -68,6 +71,9 @@ private:
     }
     // out[n][w.rows] = in[n][w.cols] . W^T (+= when accumulate).
     void proj(float* out, const DevWeight& w, const float* in, int n, bool accumulate);
+    // Whether one token's product with w runs in integers, and `in` (count floats) quantized for it into xq_.
+    bool use_int(const DevWeight& w) const { return int_matvec_ && int_matvec_ok(w); }
+    const ActBlock* quantized(const float* in, int64_t count);
     void capture(const std::function<void()>& step);
     void release();  // frees everything taken so far; safe to call twice
 
@@ -76,6 +82,7 @@ private:
     KvLayout kv_;
     int n_batch_, splits_;
     bool graphs_;
+    bool int_matvec_;  // Settings::cuda_int_matvec
     cudaStream_t stream_ = nullptr;
     cublasHandle_t cublas_ = nullptr;
     cudaGraphExec_t graph_ = nullptr;
@@ -88,6 +95,7 @@ private:
     float *x_, *q_, *k_, *v_, *att_, *ffn_, *up_, *logits_, *xn_, *partials_, *cos_, *sin_;
     __half *xh_, *wh_, *k_cache_, *v_cache_;
     int* d_step_;
+    ActBlock* xq_;
 };
 
 CudaOps::CudaOps(const Model& model, const Settings& s, int device)
@@ -95,7 +103,8 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
       device_(device),
       kv_(KvLayout::of(model.config, s.context_size(model.config), s.kv_type)),
       n_batch_(s.batch_size(kv_.n_ctx)),
-      graphs_(s.cuda_graphs) {
+      graphs_(s.cuda_graphs),
+      int_matvec_(s.cuda_int_matvec) {
     KVGEN_CUDA_CHECK(cudaSetDevice(device_));
     splits_ = attention_splits(c_.n_heads, kv_, sm_count_of(device_));
     const MemoryPlan p =
@@ -132,6 +141,7 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
     k_cache_ = at<__half>(p.k_cache);
     v_cache_ = at<__half>(p.v_cache);
     d_step_ = at<int>(p.step);
+    xq_ = at<ActBlock>(p.xq);
 }
 
 void CudaOps::release() {
@@ -200,7 +210,16 @@ const float* CudaOps::run(int n, const std::function<void()>& step) {
     return h_logits_;
 }
 
+const ActBlock* CudaOps::quantized(const float* in, int64_t count) {
+    quantize_act(xq_, in, count, stream_);
+    return xq_;
+}
+
 void CudaOps::proj(float* out, const DevWeight& w, const float* in, int n, bool accumulate) {
+    if (n == 1 && use_int(w)) {
+        matvec_int(RowSplit::one(out, w.rows), w, quantized(in, w.cols), accumulate, stream_);
+        return;
+    }
     if (n == 1) {
         matvec(out, w, in, accumulate, stream_);
         return;
@@ -232,7 +251,11 @@ void CudaOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int 
     rmsnorm(xn_, x, L.attn_norm, n, c_.n_embd, c_.rms_eps, stream_);
     if (n == 1 && L.fused_qkv) {  // one matvec over the rows of all three
         const int64_t qd = L.wq.rows, kvd = L.wk.rows;
-        matvec_split(RowSplit{{q, k, v}, {qd, qd + kvd}}, L.qkv, xn_, stream_);
+        const RowSplit qkv{{q, k, v}, {qd, qd + kvd}};
+        if (use_int(L.qkv))
+            matvec_int(qkv, L.qkv, quantized(xn_, c_.n_embd), false, stream_);
+        else
+            matvec_split(qkv, L.qkv, xn_, stream_);
         return;
     }
     proj(q, L.wq, xn_, n, false);
@@ -264,7 +287,10 @@ void CudaOps::norm_swiglu(float* h, const float* x, int l, int n) {
     const LayerDev& L = w_.layers[size_t(l)];
     rmsnorm(xn_, x, L.ffn_norm, n, c_.n_embd, c_.rms_eps, stream_);
     if (n == 1 && glu_fusable(L.gate, L.up)) {
-        matvec_glu(h, L.gate, L.up, xn_, stream_);
+        if (use_int(L.gate))
+            matvec_glu_int(h, L.gate, L.up, quantized(xn_, c_.n_embd), stream_);
+        else
+            matvec_glu(h, L.gate, L.up, xn_, stream_);
         return;
     }
     proj(h, L.gate, xn_, n, false);
@@ -278,7 +304,7 @@ void CudaOps::down_proj_add(float* x, const float* h, int l, int n) {
 
 void CudaOps::head(float* logits, const float* x) {
     rmsnorm(xn_, x, w_.output_norm, 1, c_.n_embd, c_.rms_eps, stream_);
-    matvec(logits, w_.output, xn_, false, stream_);
+    proj(logits, w_.output, xn_, 1, false);
 }
 
 }  // namespace

@@ -85,6 +85,7 @@ MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int64_t 
     p.xh = place(n_batch > 1 ? nb * std::max({e, qd, ff}) : 0, 2);
     p.wh = place(wh, 2);
     p.step = place(2 + nb, 4);
+    p.xq = place((std::max({e, qd, ff}) + 31) / 32, kActBlockBytes);
     p.total = align_up(end);
     p.buffers = p.total - p.weights - p.kv_cache;
     return p;

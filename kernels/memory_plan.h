@@ -16,6 +16,8 @@ struct Region {
     size_t offset = 0, bytes = 0;
 };
 
+constexpr size_t kActBlockBytes = 80;  // sizeof(ActBlock), matvec_int.cuh
+
 struct MemoryPlan {
     // Weights. The GGUF matrices in their own types, in device_weights() order; a layer's Q, K and V back to back
     // when they share type and row size, so that they read as one matrix (fused_qkv).
@@ -38,6 +40,7 @@ struct MemoryPlan {
     Region xh;         // f16 [n_batch][max(n_embd, n_heads head_dim, n_ff)]: prefill GEMM input (n_batch > 1)
     Region wh;         // f16, the largest quantized layer matrix decoded for the prefill GEMM (n_batch > 1)
     Region step;       // int [2 + n_batch]: pos0, n, the step's tokens
+    Region xq;         // ActBlock [max(n_embd, n_heads head_dim, n_ff) / 32]: one token's input in 16-bit integers
 
     size_t weights = 0, kv_cache = 0, buffers = 0;  // bytes of each part
     size_t total = 0;                               // the allocation, alignment included

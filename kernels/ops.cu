@@ -155,6 +155,49 @@ __global__ void __launch_bounds__(kMvWarps* kWarp)
         }
 }
 
+// --- decode products in integers (matvec_int.cuh) ------------------------------------------------------------------
+
+__global__ void quantize_act_kernel(const float* __restrict__ x, int64_t n_blocks, ActBlock* __restrict__ out) {
+    const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (b < n_blocks) quantize_act_item(b, x, out);
+}
+
+template <GgmlType T>
+__global__ void __launch_bounds__(kMvWarps* kWarp)
+    matvec_int_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t n_chunks, int64_t rows,
+                      const ActBlock* __restrict__ x, RowSplit y, int accumulate) {
+    const int lane = threadIdx.x % kWarp;
+    const int64_t r0 = (int64_t(blockIdx.x) * kMvWarps + threadIdx.x / kWarp) * kMvRows;
+    if (r0 >= rows) return;
+    float acc[kMvRows];
+    matvec_int_lane<T>(w, row_bytes, n_chunks, rows, r0, lane, x, acc);
+#pragma unroll
+    for (int r = 0; r < kMvRows; ++r) {
+        const float v = warp_sum(acc[r]);
+        if (lane == 0 && r0 + r < rows) {
+            float* out = y.at(r0 + r);
+            *out = accumulate ? *out + v : v;
+        }
+    }
+}
+
+template <GgmlType T>
+__global__ void __launch_bounds__(kMvWarps* kWarp)
+    matvec_glu_int_kernel(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int64_t row_bytes,
+                          int64_t n_chunks, int64_t rows, const ActBlock* __restrict__ x, float* __restrict__ y) {
+    const int lane = threadIdx.x % kWarp;
+    const int64_t r0 = (int64_t(blockIdx.x) * kMvWarps + threadIdx.x / kWarp) * kMvRows;
+    if (r0 >= rows) return;
+    float g[kMvRows], u[kMvRows];
+    matvec_int_lane<T>(gate, row_bytes, n_chunks, rows, r0, lane, x, g);
+    matvec_int_lane<T>(up, row_bytes, n_chunks, rows, r0, lane, x, u);
+#pragma unroll
+    for (int r = 0; r < kMvRows; ++r) {
+        const float gs = warp_sum(g[r]), us = warp_sum(u[r]);
+        if (lane == 0 && r0 + r < rows) y[r0 + r] = gs / (1.0f + expf(-gs)) * us;
+    }
+}
+
 // gate and up rows r of a SwiGLU pair in one warp: y[r] = silu(gate[r] . x) * (up[r] . x).
 template <GgmlType T>
 __global__ void __launch_bounds__(kMvWarps* kWarp)
@@ -319,6 +362,37 @@ void matvec(float* y, const DevWeight& w, const float* x, bool accumulate, cudaS
 
 void matvec_split(const RowSplit& y, const DevWeight& w, const float* x, cudaStream_t s) {
     launch_matvec(y, w, x, false, s);
+}
+
+bool int_matvec_ok(const DevWeight& w) {
+    return has_int_matvec(w.type) && w.cols % 32 == 0;
+}
+
+void quantize_act(ActBlock* out, const float* x, int64_t count, cudaStream_t s) {
+    KVGEN_ASSERT(count % 32 == 0);
+    quantize_act_kernel<<<grid_for(count / 32, 64), 64, 0, s>>>(x, count / 32, out);
+    KVGEN_CUDA_LAUNCHED("quantize_act");
+}
+
+void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, bool accumulate, cudaStream_t s) {
+    const int64_t rows_per_block = kMvWarps * kMvRows;
+    const bool ok = int_matvec_ok(w) && dispatch_int_type(w.type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        matvec_int_kernel<T><<<grid_for(w.rows, int(rows_per_block)), kMvWarps * kWarp, 0, s>>>(
+            w.data, w.row_bytes, w.cols / 32, w.rows, x, y, accumulate ? 1 : 0);
+    });
+    if (!ok) throw Error(fmt::format("CUDA: no integer product for {}", ggml_type_name(w.type)));
+    KVGEN_CUDA_LAUNCHED("matvec_int");
+}
+
+void matvec_glu_int(float* y, const DevWeight& gate, const DevWeight& up, const ActBlock* x, cudaStream_t s) {
+    const bool ok = glu_fusable(gate, up) && int_matvec_ok(gate) && dispatch_int_type(gate.type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        matvec_glu_int_kernel<T><<<grid_for(gate.rows, kMvWarps * kMvRows), kMvWarps * kWarp, 0, s>>>(
+            gate.data, up.data, gate.row_bytes, gate.cols / 32, gate.rows, x, y);
+    });
+    if (!ok) throw Error(fmt::format("CUDA: no fused integer SwiGLU for {}", ggml_type_name(gate.type)));
+    KVGEN_CUDA_LAUNCHED("matvec_glu_int");
 }
 
 void matvec_batch(float* y, const DevWeight& w, const float* x, int n, bool accumulate, cudaStream_t s) {

@@ -12,6 +12,7 @@
 #include "engine/kv_layout.h"
 #include "gguf/ggml_types.h"
 #include "matvec.cuh"
+#include "matvec_int.cuh"
 
 namespace kvgen::cuda {
 
@@ -38,6 +39,15 @@ void matvec(float* y, const DevWeight& w, const float* x, bool accumulate, cudaS
 // The same product with its rows spread over up to three buffers (RowSplit, matvec.cuh): Q|K|V uploaded as one
 // matrix fill q, k and v in one launch. Twin: three matvec calls.
 void matvec_split(const RowSplit& y, const DevWeight& w, const float* x, cudaStream_t s);
+
+// One token's product in integers (matvec_int.cuh) for the types int_matvec_ok accepts: x is first quantized to
+// 16-bit activation blocks (count values, a multiple of 32, into count / 32 ActBlocks), then y (+)= W x through a
+// RowSplit. Twins: cpu::quantize_a32 and the double-precision product of the dequantized rows.
+bool int_matvec_ok(const DevWeight& w);
+void quantize_act(ActBlock* out, const float* x, int64_t count, cudaStream_t s);
+void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, bool accumulate, cudaStream_t s);
+// y[r] = silu(gate[r] . x) * (up[r] . x) in integers (glu_fusable and int_matvec_ok).
+void matvec_glu_int(float* y, const DevWeight& gate, const DevWeight& up, const ActBlock* x, cudaStream_t s);
 
 // y[i][r] = W[r] . x[i] (+= when accumulate) for n tokens, 1 <= n <= kMvMaxTokens (16): each weight read once for
 // all of them (a short prompt's prefill). Twin: a double-precision dot of the dequantized row, per token.

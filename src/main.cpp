@@ -171,6 +171,11 @@ int main(int argc, char** argv) {
     app.add_flag(
         "--no-cuda-graphs", [&gen](int64_t) { gen.run.cuda_graphs = false; },
         "CUDA: launch the decode step kernel by kernel instead of replaying a captured graph");
+    std::string cuda_matvec = "int16";
+    app.add_option("--cuda-matvec", cuda_matvec,
+                   "CUDA decode products for Q4_0, Q8_0, Q4_K, Q6_K: int16 (integer dot products on 16-bit activations, "
+                   "the default) or f32 (float activations, to compare)")
+        ->check(CLI::IsMember({"int16", "f32"}));
     app.add_flag("--chat", gen.chat, "wrap the prompt in the model's chat format");
     app.add_flag("--single-turn", gen.chat, "-st: llama.cpp's one-turn conversation, the same as --chat");
     app.add_option("--system-prompt", gen.system_prompt,
@@ -223,6 +228,7 @@ int main(int argc, char** argv) {
                 "--reverse-prompt applies to generation, not --bench (where -r is the repetition count)");
         gen.run.device = kvgen::normalize_device(gen.run.device);
         gen.run.kv_type = kvgen::kv_type_from_name(kv_type, "--kv-type");
+        gen.run.cuda_int_matvec = cuda_matvec == "int16";
         kvgen::apply_llama_settings(llama, gen.run, app.count("--kv-type") > 0);
         if (!llama.n_gpu_layers.empty() && gen.run.device != "cpu" && gen.run.device != "auto")
             kvgen::resolve_device(gen.run.device, fmt::format("-ngl {}", llama.n_gpu_layers));

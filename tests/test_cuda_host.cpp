@@ -9,6 +9,7 @@
 #include "common/half.h"
 #include "cpu/ops.h"
 #include "cpu/thread_pool.h"
+#include "cpu/vecdot.h"
 #include "cuda_backend.h"
 #include "memory_plan.h"
 #include "engine/kv_cache.h"
@@ -102,7 +103,7 @@ TEST_CASE("the CUDA memory plan places every region inside one allocation, none 
             std::vector<cuda::Region> all = p.matrices;
             for (const cuda::Region& r : {p.norms, p.rope_inv_freq, p.rope_factors, p.k_cache, p.v_cache, p.x, p.q, p.k,
                                           p.v, p.att, p.ffn, p.up, p.logits, p.xn, p.partials, p.cos, p.sin, p.xh, p.wh,
-                                          p.step})
+                                          p.step, p.xq})
                 all.push_back(r);
             std::sort(all.begin(), all.end(), [](const cuda::Region& a, const cuda::Region& b) {
                 return a.offset < b.offset || (a.offset == b.offset && a.bytes < b.bytes);
@@ -135,6 +136,55 @@ TEST_CASE("RowSplit sends each row of a fused Q|K|V product to its own buffer", 
     CHECK(t == std::vector<int>{0, 1, 2, 1000000, 1000001, 2000000, 2000001});
     const std::vector<int> one = cuda::host::row_split_targets(4, 4, 4);  // RowSplit::one: all rows to y[0]
     CHECK(one == std::vector<int>{0, 1, 2, 3});
+}
+
+TEST_CASE("the integer decode product, run on the host: the CPU's activation rounding, then exact integer dots",
+          "[cuda-host]") {
+    // The activation blocks equal the CPU's (cpu::quantize_a32) bit for bit.
+    const int64_t cols = 1024;
+    std::vector<float> x = test::randn(size_t(cols), 12, 3.0f);
+    x[5] = 0.0f;
+    std::fill(x.begin() + 64, x.begin() + 96, 0.0f);  // an all-zero block: d = 0
+    std::vector<cpu::BlockA32> cpu_blocks(size_t(cols / 32));
+    cpu::quantize_a32(x.data(), cpu_blocks.data(), cols);
+    const std::vector<cuda::host::HostActBlock> dev = cuda::host::quantize_act(x);
+    REQUIRE(dev.size() == cpu_blocks.size());
+    for (size_t b = 0; b < dev.size(); ++b) {
+        INFO("block " << b);
+        CHECK(dev[b].d == cpu_blocks[b].d);
+        CHECK(dev[b].s == cpu_blocks[b].sum[0] + cpu_blocks[b].sum[1]);
+        CHECK(std::equal(dev[b].q, dev[b].q + 32, cpu_blocks[b].q));
+    }
+
+    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"}) {
+        INFO(name);
+        GgmlType t;
+        REQUIRE(ggml_type_from_name(name, &t));
+        const int64_t rows = 9;
+        std::vector<uint8_t> b(size_t(rows * ggml_row_bytes(*ggml_type_info(t), cols)));
+        synth_random_rows(t, b.data(), rows, cols, 0.05f, 6);
+        std::vector<float> wf(size_t(rows * cols));
+        dequantize_row(t, b.data(), wf.data(), rows * cols);
+        const std::vector<float> y = cuda::host::matvec_int(t, b.data(), rows, cols, x);
+        const int64_t row_bytes = int64_t(b.size()) / rows;
+        for (int64_t r = 0; r < rows; ++r) {
+            double s = 0, mag = 0;
+            for (int64_t j = 0; j < cols; ++j) {
+                s += double(wf[size_t(r * cols + j)]) * x[size_t(j)];
+                mag += std::fabs(double(wf[size_t(r * cols + j)]) * x[size_t(j)]);
+            }
+            INFO("row " << r << " got " << y[size_t(r)] << " exact " << s);
+            // 16-bit activations: each value within half a step of 1/32512 of its block's largest.
+            CHECK(std::fabs(y[size_t(r)] - s) <= 1e-4 * mag);
+            if (cpu::act_format(t) == cpu::ActFormat::A32) {
+                // Q4_0 and Q8_0 meet the same integer activations as the CPU's reference dot: the same block sums,
+                // added in another order.
+                float want = 0;
+                cpu::kernels::vec_dot_generic(t, b.data() + r * row_bytes, cpu_blocks.data(), 0, 1, &want, cols);
+                CHECK(std::fabs(y[size_t(r)] - want) <= 1e-6 * mag);
+            }
+        }
+    }
 }
 
 TEST_CASE("float rows that are not whole 32-weight chunks: the ragged decoders and matvec, run on the host",

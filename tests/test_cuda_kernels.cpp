@@ -162,6 +162,16 @@ TEST_CASE("decode matvec and prefill GEMM match a double-precision product for e
             require_close(ct::matvec_batch(w, x, n, nullptr), want_b, 1e-5 * mag * double(cols) / 32);
             require_close(ct::matvec_batch(w, x, n, &y0), want_b_acc, 1e-5 * mag * double(cols) / 32);
         }
+        if (t == GgmlType::Q4_0 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K || t == GgmlType::Q6_K) {
+            // the integer product on 16-bit activations: within their rounding of the exact product
+            double mag_sum = 0;
+            for (int64_t r = 0; r < rows; ++r) {
+                double m = 0;
+                for (int64_t j = 0; j < cols; ++j) m += std::fabs(double(wf[size_t(r * cols + j)]) * x[size_t(j)]);
+                mag_sum = std::max(mag_sum, m);
+            }
+            require_close(ct::matvec_int(w, x1), want, 1e-4 * mag_sum);
+        }
         if (rows >= 3) {  // the same product spread over three buffers, as a fused Q|K|V fills q, k and v
             const int64_t q_rows = rows / 3, k_rows = (rows - q_rows) / 2;
             require_close(ct::matvec_qkv(w, x1, q_rows, k_rows), want, 1e-5 * mag * double(cols) / 32);
@@ -179,6 +189,8 @@ TEST_CASE("decode matvec and prefill GEMM match a double-precision product for e
         }
         cpu::swiglu(g.data(), u.data(), rows);
         require_close(ct::matvec_glu(w, {t, rows, cols, &b_up}, x1), g, 1e-5 * mag * double(cols) / 32 * 4);
+        if (t == GgmlType::Q4_0 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K || t == GgmlType::Q6_K)
+            require_close(ct::matvec_glu_int(w, {t, rows, cols, &b_up}, x1), g, 1e-4 * mag * double(cols) * 4);
 
         // GEMM: the same product of the f16-rounded operands, f32 accumulation
         std::vector<float> want_g(size_t(n * rows));

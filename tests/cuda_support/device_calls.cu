@@ -105,6 +105,26 @@ std::vector<float> matvec_batch(const HostWeight& w, const std::vector<float>& x
     return y.get();
 }
 
+std::vector<float> matvec_int(const HostWeight& w, const std::vector<float>& x) {
+    Dev<uint8_t> b(*w.bytes);
+    Dev<float> dx(x), y(size_t(w.rows));
+    Dev<ActBlock> xq(x.size() / 32);
+    poison(y);
+    quantize_act(xq.p, dx.p, int64_t(x.size()), nullptr);
+    kvgen::cuda::matvec_int(RowSplit::one(y.p, w.rows), dev_weight(w, b), xq.p, false, nullptr);
+    return y.get();
+}
+
+std::vector<float> matvec_glu_int(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x) {
+    Dev<uint8_t> g(*gate.bytes), u(*up.bytes);
+    Dev<float> dx(x), y(size_t(gate.rows));
+    Dev<ActBlock> xq(x.size() / 32);
+    poison(y);
+    quantize_act(xq.p, dx.p, int64_t(x.size()), nullptr);
+    kvgen::cuda::matvec_glu_int(y.p, dev_weight(gate, g), dev_weight(up, u), xq.p, nullptr);
+    return y.get();
+}
+
 std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x) {
     Dev<uint8_t> g(*gate.bytes), u(*up.bytes);
     Dev<float> dx(x), y(size_t(gate.rows));

@@ -85,6 +85,46 @@ std::vector<float> matvec(GgmlType type, const uint8_t* bytes, int64_t rows, int
     return y;
 }
 
+namespace {
+std::vector<ActBlock> act_blocks(const std::vector<float>& x) {
+    std::vector<ActBlock> a(x.size() / 32);
+    for (int64_t b = 0; b < int64_t(a.size()); ++b) quantize_act_item(b, x.data(), a.data());
+    return a;
+}
+}  // namespace
+
+std::vector<HostActBlock> quantize_act(const std::vector<float>& x) {
+    std::vector<HostActBlock> out;
+    for (const ActBlock& a : act_blocks(x)) {
+        HostActBlock h{a.d, a.s, {}};
+        std::copy(a.q, a.q + 32, h.q);
+        out.push_back(h);
+    }
+    return out;
+}
+
+std::vector<float> matvec_int(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
+                              const std::vector<float>& x) {
+    std::vector<float> y(size_t(rows), NAN);
+    const std::vector<ActBlock> a = act_blocks(x);
+    const int64_t row_bytes = ggml_row_bytes(*ggml_type_info(type), cols);
+    const bool ok = dispatch_int_type(type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        for (int64_t r0 = 0; r0 < rows; r0 += kMvRows) {
+            float lanes[32][kMvRows];
+            for (int lane = 0; lane < 32; ++lane)
+                matvec_int_lane<T>(bytes, row_bytes, cols / 32, rows, r0, lane, a.data(), lanes[lane]);
+            for (int r = 0; r < kMvRows && r0 + r < rows; ++r) {
+                float v[32];
+                for (int lane = 0; lane < 32; ++lane) v[lane] = lanes[lane][r];
+                y[size_t(r0 + r)] = butterfly_sum(v);
+            }
+        }
+    });
+    if (!ok) throw Error(fmt::format("no integer product for {}", ggml_type_name(type)));
+    return y;
+}
+
 std::vector<float> matvec_batch(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                                 const std::vector<float>& x, int n) {
     std::vector<float> y(size_t(n) * size_t(rows), NAN);

@@ -24,6 +24,10 @@ std::vector<float> matvec(const HostWeight& w, const std::vector<float>& x, cons
 // [n][rows] = x[n][cols] . W^T through the short-prompt kernel (n <= 16, each weight read once); accumulate onto y0
 // when given.
 std::vector<float> matvec_batch(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0);
+// y = W x in integers: x quantized by quantize_act, then matvec_int (Q4_0, Q8_0, Q4_K, Q6_K).
+std::vector<float> matvec_int(const HostWeight& w, const std::vector<float>& x);
+// silu(gate x) * (up x) through the fused integer kernel.
+std::vector<float> matvec_glu_int(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x);
 // silu(gate x) * (up x) through the fused decode kernel.
 std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x);
 // [n][rows] = x[n][cols] . W^T through the prefill path (f16 decode + cuBLAS); accumulate onto y0 when given.
@@ -56,6 +60,16 @@ namespace kvgen::cuda::host {
 std::vector<float> dequantize(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols);
 // y = W x with the kernel's lane split (32 lanes, stride 32 chunks, kMvRows rows per warp) and a butterfly sum.
 std::vector<float> matvec(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols, const std::vector<float>& x);
+// The activation blocks quantize_act writes for x (a multiple of 32 values): per block d, the sum and 32 int16.
+struct HostActBlock {
+    float d;
+    int32_t s;
+    int16_t q[32];
+};
+std::vector<HostActBlock> quantize_act(const std::vector<float>& x);
+// y = W x in integers with matvec_int_lane's split and the butterfly sum (Q4_0, Q8_0, Q4_K, Q6_K).
+std::vector<float> matvec_int(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
+                              const std::vector<float>& x);
 // [n][rows] = x[n][cols] . W^T with the short-prompt kernel's lane body (matvec_batch_lane, NT = 16).
 std::vector<float> matvec_batch(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                                 const std::vector<float>& x, int n);
