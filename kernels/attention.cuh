@@ -32,6 +32,11 @@ struct DeviceThread {
         for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
         return v;
     }
+    __device__ __forceinline__ float warp_max(float v) const {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+        return v;
+    }
     __device__ __forceinline__ void sync() const {
         __syncthreads();
     }

@@ -248,12 +248,13 @@ void CudaOps::embed(float* x, int n) {
 
 void CudaOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int n) {
     const LayerDev& L = w_.layers[size_t(l)];
-    rmsnorm(xn_, x, L.attn_norm, n, c_.n_embd, c_.rms_eps, stream_);
-    if (n == 1 && L.fused_qkv) {  // one matvec over the rows of all three
+    const bool fused = n == 1 && L.fused_qkv, in_int = fused && use_int(L.qkv);
+    rmsnorm(xn_, in_int ? xq_ : nullptr, x, L.attn_norm, n, c_.n_embd, c_.rms_eps, stream_);
+    if (fused) {  // one matvec over the rows of all three
         const int64_t qd = L.wq.rows, kvd = L.wk.rows;
         const RowSplit qkv{{q, k, v}, {qd, qd + kvd}};
-        if (use_int(L.qkv))
-            matvec_int(qkv, L.qkv, quantized(xn_, c_.n_embd), false, stream_);
+        if (in_int)
+            matvec_int(qkv, L.qkv, xq_, false, stream_);  // xq_: quantized by the norm
         else
             matvec_split(qkv, L.qkv, xn_, stream_);
         return;
@@ -285,10 +286,11 @@ void CudaOps::out_proj_add(float* x, const float* att, int l, int n) {
 
 void CudaOps::norm_swiglu(float* h, const float* x, int l, int n) {
     const LayerDev& L = w_.layers[size_t(l)];
-    rmsnorm(xn_, x, L.ffn_norm, n, c_.n_embd, c_.rms_eps, stream_);
-    if (n == 1 && glu_fusable(L.gate, L.up)) {
-        if (use_int(L.gate))
-            matvec_glu_int(h, L.gate, L.up, quantized(xn_, c_.n_embd), stream_);
+    const bool fused = n == 1 && glu_fusable(L.gate, L.up), in_int = fused && use_int(L.gate);
+    rmsnorm(xn_, in_int ? xq_ : nullptr, x, L.ffn_norm, n, c_.n_embd, c_.rms_eps, stream_);
+    if (fused) {
+        if (in_int)
+            matvec_glu_int(h, L.gate, L.up, xq_, stream_);  // xq_: quantized by the norm
         else
             matvec_glu(h, L.gate, L.up, xn_, stream_);
         return;
@@ -303,8 +305,13 @@ void CudaOps::down_proj_add(float* x, const float* h, int l, int n) {
 }
 
 void CudaOps::head(float* logits, const float* x) {
-    rmsnorm(xn_, x, w_.output_norm, 1, c_.n_embd, c_.rms_eps, stream_);
-    proj(logits, w_.output, xn_, 1, false);
+    if (use_int(w_.output)) {
+        rmsnorm(xn_, xq_, x, w_.output_norm, 1, c_.n_embd, c_.rms_eps, stream_);
+        matvec_int(RowSplit::one(logits, w_.output.rows), w_.output, xq_, false, stream_);
+        return;
+    }
+    rmsnorm(xn_, nullptr, x, w_.output_norm, 1, c_.n_embd, c_.rms_eps, stream_);
+    matvec(logits, w_.output, xn_, false, stream_);
 }
 
 }  // namespace

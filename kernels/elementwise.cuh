@@ -10,6 +10,7 @@
 
 #include "engine/kv_layout.h"
 #include "engine/rope.h"
+#include "matvec_int.cuh"
 #include "quant.cuh"
 
 namespace kvgen::cuda {
@@ -28,11 +29,14 @@ KVGEN_HD void get_rows_item(int64_t g, const uint8_t* __restrict__ w, int64_t ro
     for (int k = 0; k < 8; ++k) o4[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
 }
 
-// One row per block of block_threads (a multiple of 32, at most 1024) threads; shared: 32 floats.
+// One row per block of block_threads (a multiple of 32, at most 1024) threads; shared: 32 floats. With xq (dim a
+// multiple of 32), the row is also written as ActBlocks for the integer products, the quantization folded in: the
+// values j = t + k block_threads of one warp are one block of 32, whose largest magnitude and integer sum are warp
+// reductions (the same integers as quantize_act of the f32 output).
 #pragma nv_exec_check_disable
 template <class Ctx>
 KVGEN_HD void rmsnorm_body(const Ctx& ctx, int block_threads, const float* __restrict__ x, const float* __restrict__ w,
-                           float* __restrict__ out, int dim, float eps) {
+                           float* __restrict__ out, ActBlock* __restrict__ xq, int dim, float eps) {
     const float* xi = x + int64_t(ctx.block_x()) * dim;
     float* oi = out + int64_t(ctx.block_x()) * dim;
     const int t = ctx.thread();
@@ -49,7 +53,22 @@ KVGEN_HD void rmsnorm_body(const Ctx& ctx, int block_threads, const float* __res
     }
     ctx.sync();
     const float inv = float(1.0 / sqrt(double(part[0]) / dim + double(eps)));
-    for (int j = t; j < dim; j += block_threads) oi[j] = xi[j] * inv * w[j];
+    ActBlock* qi = xq ? xq + int64_t(ctx.block_x()) * (dim / 32) : nullptr;
+    for (int j = t; j < dim; j += block_threads) {  // with xq, the same trip count for the whole warp
+        const float v = xi[j] * inv * w[j];
+        oi[j] = v;
+        if (qi) {
+            const float d = ctx.warp_max(fabsf(v)) / kActQMax;
+            const int q = act_quant(v, act_inverse_scale(d));
+            const float s = ctx.warp_sum(float(q));  // note: exact: |sum| <= 32 * 32512 < 2^24
+            ActBlock& a = qi[j / 32];
+            a.q[j % 32] = int16_t(q);
+            if (j % 32 == 0) {
+                a.d = d;
+                a.s = int(s);
+            }
+        }
+    }
 }
 
 // Item g = (token i, pair j) of n x half.

@@ -21,17 +21,25 @@ static_assert(sizeof(ActBlock) == 80, "ActBlock");
 
 constexpr float kActQMax = 32512.0f;
 
-// Block b of x (32 values), as quantize_a32 does on the CPU: d = amax / 32512, q = round-half-even(x / d).
+// As quantize_a32 does on the CPU: a block's scale d = amax / 32512 (id = 1 / d, 0 for an all-zero block), and each
+// value q = round-half-even(x * id).
+KVGEN_HD float act_inverse_scale(float d) {
+    return d > 0.0f ? 1.0f / d : 0.0f;
+}
+KVGEN_HD int act_quant(float v, float id) {
+    const float r = rintf(v * id);
+    return int(r > kActQMax ? kActQMax : r < -kActQMax ? -kActQMax : r);
+}
+
+// Block b of x (32 values).
 KVGEN_HD void quantize_act_item(int64_t b, const float* __restrict__ x, ActBlock* __restrict__ out) {
     const float* xb = x + b * 32;
     float amax = 0.0f;
     for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(xb[j]));
-    const float d = amax / kActQMax;
-    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    const float d = amax / kActQMax, id = act_inverse_scale(d);
     int s = 0;
     for (int j = 0; j < 32; ++j) {
-        const float r = rintf(xb[j] * id);
-        const int q = int(r > kActQMax ? kActQMax : r < -kActQMax ? -kActQMax : r);
+        const int q = act_quant(xb[j], id);
         out[b].q[j] = int16_t(q);
         s += q;
     }

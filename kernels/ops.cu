@@ -219,9 +219,9 @@ __global__ void __launch_bounds__(kMvWarps* kWarp)
 // --- element-wise ops ---------------------------------------------------------------------------------------------
 
 __global__ void rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,
-                               int dim, float eps) {
+                               ActBlock* __restrict__ xq, int dim, float eps) {
     __shared__ float part[32];
-    rmsnorm_body(DeviceThread{part}, int(blockDim.x), x, w, out, dim, eps);
+    rmsnorm_body(DeviceThread{part}, int(blockDim.x), x, w, out, xq, dim, eps);
 }
 
 __global__ void rope_tables_kernel(const int* __restrict__ d_pos0, int n, int half,
@@ -436,8 +436,9 @@ void matvec_glu(float* y, const DevWeight& gate, const DevWeight& up, const floa
     KVGEN_CUDA_LAUNCHED("matvec_glu");
 }
 
-void rmsnorm(float* out, const float* x, const float* w, int n, int dim, float eps, cudaStream_t s) {
-    rmsnorm_kernel<<<n, 256, 0, s>>>(x, w, out, dim, eps);
+void rmsnorm(float* out, ActBlock* xq, const float* x, const float* w, int n, int dim, float eps, cudaStream_t s) {
+    KVGEN_ASSERT(xq == nullptr || dim % 32 == 0);
+    rmsnorm_kernel<<<n, 256, 0, s>>>(x, w, out, xq, dim, eps);
     KVGEN_CUDA_LAUNCHED("rmsnorm");
 }
 

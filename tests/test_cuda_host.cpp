@@ -264,6 +264,21 @@ TEST_CASE("the CUDA element-wise bodies, run on the host, match the CPU ops", "[
         cpu::rmsnorm(want.data(), x.data(), w.data(), n, dim, 1e-5f);
         INFO("dim " << dim);
         CHECK(test::worst_diff(cuda::host::rmsnorm(x, w, n, dim, 1e-5f), want) <= 1e-5f * 8.0f);
+        if (dim % 32 == 0) {
+            // The quantization folded into the norm: the same f32 rows, and the blocks quantize_act makes of them.
+            const std::vector<float> both = cuda::host::rmsnorm_quantized(x, w, n, dim, 1e-5f);
+            const std::vector<float> rows(both.begin(), both.begin() + n * dim);
+            CHECK(rows == cuda::host::rmsnorm(x, w, n, dim, 1e-5f));
+            const std::vector<cuda::host::HostActBlock> want_q = cuda::host::quantize_act(rows);
+            REQUIRE(both.size() == rows.size() + want_q.size() * 34);
+            for (size_t b = 0; b < want_q.size(); ++b) {
+                const float* got = both.data() + rows.size() + b * 34;
+                INFO("block " << b);
+                CHECK(got[0] == want_q[b].d);
+                CHECK(got[1] == float(want_q[b].s));
+                for (int j = 0; j < 32; ++j) CHECK(got[2 + j] == float(want_q[b].q[j]));
+            }
+        }
     }
     // RoPE (plain, linear scaling, frequency factors with a partial rotation) and the rotated K store
     for (int variant = 0; variant < 3; ++variant) {

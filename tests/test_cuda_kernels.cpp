@@ -212,6 +212,14 @@ TEST_CASE("rmsnorm and swiglu match the CPU ops", "[cuda][kernels]") {
     std::vector<float> want(x.size());
     cpu::rmsnorm(want.data(), x.data(), w.data(), n, dim, 1e-5f);
     require_close(ct::rmsnorm(x, w, n, dim, 1e-5f), want, 1e-5 * max_abs(want));
+    // The quantization folded in: exactly the f32 rows of the plain kernel, then blocks within one step of them.
+    const std::vector<float> both = ct::rmsnorm_quantized(x, w, n, dim, 1e-5f);
+    const std::vector<float> rows(both.begin(), both.begin() + n * dim);
+    require_close(rows, ct::rmsnorm(x, w, n, dim, 1e-5f), 0.0);
+    for (int b = 0; b < n * dim / 32; ++b) {
+        const float* blk = both.data() + n * dim + b * 34;
+        for (int j = 0; j < 32; ++j) REQUIRE(std::fabs(blk[0] * blk[2 + j] - rows[size_t(b * 32 + j)]) <= blk[0]);
+    }
 
     const std::vector<float> g = randn(4099, 31, 4.0f), u = randn(4099, 37);
     std::vector<float> sw = g;

@@ -163,8 +163,22 @@ std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n,
 std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps) {
     Dev<float> dx(x), dw(w), out(x.size());
     poison(out);
-    kvgen::cuda::rmsnorm(out.p, dx.p, dw.p, n, dim, eps, nullptr);
+    kvgen::cuda::rmsnorm(out.p, nullptr, dx.p, dw.p, n, dim, eps, nullptr);
     return out.get();
+}
+
+std::vector<float> rmsnorm_quantized(const std::vector<float>& x, const std::vector<float>& w, int n, int dim,
+                                     float eps) {
+    Dev<float> dx(x), dw(w), out(x.size());
+    Dev<ActBlock> xq(x.size() / 32);
+    kvgen::cuda::rmsnorm(out.p, xq.p, dx.p, dw.p, n, dim, eps, nullptr);
+    std::vector<float> result = out.get();  // the f32 rows, then each block as d, s, q[0..31]
+    for (const ActBlock& a : xq.get()) {
+        result.push_back(a.d);
+        result.push_back(float(a.s));
+        for (int16_t q : a.q) result.push_back(float(q));
+    }
+    return result;
 }
 
 std::vector<float> swiglu(const std::vector<float>& gate, const std::vector<float>& up) {

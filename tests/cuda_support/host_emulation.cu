@@ -212,13 +212,22 @@ class FiberBlock {
     }
 
     float warp_sum(float v) {
+        return butterfly(v, [](float a, float b) { return a + b; });
+    }
+    float warp_max(float v) {
+        return butterfly(v, [](float a, float b) { return std::fmax(a, b); });
+    }
+
+    // The __shfl_xor_sync butterfly: each step combines a lane's value with lane ^ o's.
+    template <typename Op>
+    float butterfly(float v, Op op) {
         const int lane = current_ % 32, base = current_ - lane;
         for (int o = 16; o > 0; o >>= 1) {
             exch_[size_t(current_)] = v;
             wait(kWarp);
             const float p = exch_[size_t(base + (lane ^ o))];
             wait(kWarp);
-            v += p;
+            v = op(v, p);
         }
         return v;
     }
@@ -267,6 +276,7 @@ struct HostThread {
     int block_x() const { return b->bx(); }
     int block_y() const { return b->by(); }
     float warp_sum(float v) const { return b->warp_sum(v); }
+    float warp_max(float v) const { return b->warp_max(v); }
     void sync() const { b->wait(FiberBlock::kBlock); }
     float* shared() const { return b->shared(); }
 };
@@ -332,7 +342,22 @@ namespace kvgen::cuda::host {
 std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps) {
     std::vector<float> out(x.size(), NAN);
     run_grid(n, 1, 256, 32,
-             [&](const HostThread& t) { rmsnorm_body(t, 256, x.data(), w.data(), out.data(), dim, eps); });
+             [&](const HostThread& t) { rmsnorm_body(t, 256, x.data(), w.data(), out.data(), nullptr, dim, eps); });
+    return out;
+}
+
+std::vector<float> rmsnorm_quantized(const std::vector<float>& x, const std::vector<float>& w, int n, int dim,
+                                     float eps) {
+    std::vector<float> out(x.size(), NAN);
+    std::vector<ActBlock> xq(x.size() / 32);
+    run_grid(n, 1, 256, 32, [&](const HostThread& t) {
+        rmsnorm_body(t, 256, x.data(), w.data(), out.data(), xq.data(), dim, eps);
+    });
+    for (const ActBlock& a : xq) {
+        out.push_back(a.d);
+        out.push_back(float(a.s));
+        for (int16_t q : a.q) out.push_back(float(q));
+    }
     return out;
 }
 

@@ -35,6 +35,9 @@ std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n,
 
 std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps);
 std::vector<float> swiglu(const std::vector<float>& gate, const std::vector<float>& up);
+// rmsnorm with the quantization folded in: the f32 rows [n][dim], then each ActBlock as d, s, q[0..31] (34 floats).
+std::vector<float> rmsnorm_quantized(const std::vector<float>& x, const std::vector<float>& w, int n, int dim,
+                                     float eps);
 // W x through matvec_split with rows [0, q_rows) to one buffer, the next k_rows to a second and the rest to a third,
 // read back and concatenated (= W x when the split is right).
 std::vector<float> matvec_qkv(const HostWeight& w, const std::vector<float>& x, int64_t q_rows, int64_t k_rows);
@@ -75,6 +78,8 @@ std::vector<float> matvec_batch(GgmlType type, const uint8_t* bytes, int64_t row
                                 const std::vector<float>& x, int n);
 // The element-wise kernels' bodies on the host (elementwise.cuh); arguments as their cuda::testing twins.
 std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps);
+std::vector<float> rmsnorm_quantized(const std::vector<float>& x, const std::vector<float>& w, int n, int dim,
+                                     float eps);
 std::vector<float> rope(const std::vector<float>& x, int n, int n_heads, int pos0, const Config& c,
                         const std::vector<float>& freq_factors);
 std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos0, int n, int n_ctx);
