@@ -9,7 +9,9 @@
 # --ignore-eos) and reports every token's latency (--json token_ms); the total for a shorter length N is the same
 # run's first N steps, which is exactly what a run of N tokens executes. Medians over --runs runs with the cache
 # and --nocache-runs without it (recomputation is slow: about 7 minutes for 512 tokens of the default model on 2
-# cores).
+# cores). The first run of each mode also dumps its logits (--dump-logits, outside the timed steps): where the cached
+# and recomputed tokens first part, results.md gives that step, the cached run's top-2 logit margin there and the
+# largest logit difference between the two runs, so a near-tie decided by rounding reads apart from a cache error.
 # Writes to DIR (default bench-kv-out):
 #   run.md             the command, each kvgen run's command line, prompt, date, commit and machine
 #   results.md         run.md, then the table; results.csv the same table
@@ -69,7 +71,7 @@ args=(-m "$model" -p "$prompt" -n "$max" --ignore-eos --temp 0 --device "$device
 [[ -n $threads ]] && args+=(-t "$threads")
 shown=("${args[@]}")
 shown[1]=${model#"$root/"}
-run_line="$(words "${kvgen#"$root/"}" "${shown[@]}") [--no-kv-cache] --json RUN.json"
+run_line="$(words "${kvgen#"$root/"}" "${shown[@]}") [--no-kv-cache] --json RUN.json [--dump-logits RUN.f32]"
 t0=$SECONDS
 for mode in cache nocache; do
     n=$runs flag=()
@@ -77,7 +79,10 @@ for mode in cache nocache; do
     for ((r = 1; r <= n; r++)); do
         echo "bench-kv: $mode run $r/$n: $max tokens" >&2
         start=$SECONDS
-        "$kvgen" "${args[@]}" "${flag[@]}" --json "$tmp/$mode-$r.json" >/dev/null 2>"$tmp/err" ||
+        # The first run of each mode keeps its logits for the parting analysis; token_ms leaves the write out.
+        dump=()
+        ((r == 1)) && dump=(--dump-logits "$tmp/$mode-1.f32")
+        "$kvgen" "${args[@]}" "${flag[@]}" "${dump[@]}" --json "$tmp/$mode-$r.json" >/dev/null 2>"$tmp/err" ||
             { cat "$tmp/err" >&2; exit 1; }
         echo "bench-kv: $mode run $r/$n done in $((SECONDS - start)) s" >&2
     done
@@ -86,7 +91,7 @@ elapsed=$((SECONDS - t0))
 
 python3 - "$tmp" "$out" "$lengths" "$runs" "$nocache_runs" "$model" "$invocation" "$run_line" "$prompt" "$date" \
     "$commit" "$machine" "$((elapsed / 60)) min $((elapsed % 60)) s" <<'PY'
-import json, os, statistics, sys
+import array, heapq, json, operator, os, statistics, sys
 tmp, out, lengths, runs, nc_runs, model, invocation, run_line, prompt, date, commit, machine, took = sys.argv[1:14]
 lengths = sorted(int(x) for x in lengths.split(","))
 load = lambda mode, n: [json.load(open(f"{tmp}/{mode}-{r}.json")) for r in range(1, int(n) + 1)]
@@ -100,6 +105,59 @@ for n in lengths:
     rows.append((n, c, u, u / c))
 same = all(r["tokens"] == cache[0]["tokens"] for r in cache + nocache)
 first = cache[0]
+
+
+# Where the first cached run and the first recomputed run part, read from their logits (float32 rows of n_vocab, one
+# per generated token; row i is what token i was chosen from). Rows up to the parting step come from the same tokens,
+# so their differences are the two paths' arithmetic alone. Standard library only (array), row by row.
+def rows_of(path, n_tokens):
+    size = os.path.getsize(path)
+    n_vocab = size // 4 // max(1, n_tokens)
+    with open(path, "rb") as f:
+        for _ in range(n_tokens):
+            a = array.array("f")
+            a.fromfile(f, n_vocab)
+            if sys.byteorder != "little":
+                a.byteswap()
+            yield a
+
+
+def parting(c_run, u_run):
+    tc, tu = c_run["tokens"], u_run["tokens"]
+    n = min(len(tc), len(tu))
+    part = next((i for i in range(n) if tc[i] != tu[i]), None)
+    last = part if part is not None else n - 1
+    d_all = d_at = scale = 0.0
+    for i, (a, b) in enumerate(zip(rows_of(f"{tmp}/cache-1.f32", len(tc)), rows_of(f"{tmp}/nocache-1.f32", len(tu)))):
+        if i > last:
+            break
+        d = max(map(abs, map(operator.sub, a, b)))
+        d_all, d_at = max(d_all, d), d
+        scale = max(scale, max(a), -min(a))
+        if i == last:
+            top = heapq.nlargest(2, a)
+            margin = top[0] - top[1] if len(top) == 2 else 0.0
+    rel = d_all / scale if scale else 0.0
+    p = {"tokens": n, "part_at": None if part is None else part + 1, "max_diff": d_all, "max_diff_at_part": d_at,
+         "largest_logit": scale, "relative_diff": rel}
+    if part is None:
+        p["text"] = (f"Cached vs recomputed: the same {n} tokens; their logits differ by at most {d_all:.3g} "
+                     f"({rel:.1e} of the largest logit, {scale:.3g}).")
+        return p
+    p["top2_margin"] = margin
+    # note: greedy runs part only where the cached top-2 margin is at most twice the logit difference, so the
+    # margin alone proves nothing; what tells rounding from a cache error is how small the differences are on every
+    # step up to the parting, against the size of the logits.
+    verdict = ("arithmetic at a near-tie (the cached step and the recomputation round differently), not a cache error"
+               if rel < 1e-2 else "the logits differ by more than rounding: look for a cache error")
+    p["text"] = (f"Cached vs recomputed: the tokens part at generated token {part + 1} of {n}, where the cached run's "
+                 f"top-2 logit margin is {margin:.3g} and the two runs' logits differ by at most {d_at:.3g} (at most "
+                 f"{d_all:.3g} on tokens 1-{part + 1}, {rel:.1e} of the largest logit, {scale:.3g}): {verdict}.")
+    return p
+
+
+part = parting(cache[0], nocache[0])
+agree = lambda runs: all(r["tokens"] == runs[0]["tokens"] for r in runs)
 with open(f"{out}/run.md", "w") as f:
     f.write(f"- command: `{invocation}`\n"
             f"- each run: `{run_line}`\n"
@@ -120,7 +178,9 @@ with open(f"{out}/results.md", "w") as f:
     for n, c, u, s in rows:
         f.write(f"| {n} | {c:.2f} s | {u:.2f} s | {s:.1f}x |\n")
     n, c, u, s = rows[-1]
-    f.write(f"\n{n} tokens: {u:.1f} s vs {c:.1f} s, {s:.1f}x. Identical tokens in every run: {same}.\n\n")
+    f.write(f"\n{n} tokens: {u:.1f} s vs {c:.1f} s, {s:.1f}x. Identical tokens in every run: {'yes' if same else 'no'}"
+            f" (runs with the cache agree among themselves: {'yes' if agree(cache) else 'no'}; without: "
+            f"{'yes' if agree(nocache) else 'no'}).\n\n{part['text']}\n\n")
     f.write("![total time](total-time.png)\n\n![per-token latency](token-latency.png)\n")
 # Per generated token, the median over runs; the first token (its latency includes the prefill) is left out.
 with open(f"{out}/token-latency.csv", "w") as f:
