@@ -43,6 +43,16 @@ struct DeviceThread {
     __device__ __forceinline__ float* shared() const {
         return smem;
     }
+    // Another block's results: read past this multiprocessor's L1, which does not see other blocks' writes.
+    __device__ __forceinline__ float load_other(const float* p) const {
+        return __ldcg(p);
+    }
+    __device__ __forceinline__ void fence() const {
+        __threadfence();
+    }
+    __device__ __forceinline__ int atomic_add(int* p, int v) const {
+        return atomicAdd(p, v);
+    }
 };
 #endif
 
@@ -137,16 +147,54 @@ KVGEN_HD void load_query(const Ctx& ctx, const float* q, float scale, float (&qr
     }
 }
 
+// Head h's output from its splits' partials: out[h] = sum of o_s e^(m_s - M) / sum of l_s e^(m_s - M), the splits
+// taken in order (so the result does not depend on which block runs it).
+#pragma nv_exec_check_disable
+template <class Ctx>
+KVGEN_HD void combine_head(const Ctx& ctx, int block_threads, const float* __restrict__ partials, int splits, int hd,
+                           int h, float* __restrict__ out) {
+    const float* p = partials + int64_t(h) * splits * (hd + 2);
+    float mx = -INFINITY;
+    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, ctx.load_other(p + int64_t(s) * (hd + 2) + hd));
+    float sum = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+        const float* ps = p + int64_t(s) * (hd + 2);
+        const float ms = ctx.load_other(ps + hd);
+        if (ms != -INFINITY) sum += ctx.load_other(ps + hd + 1) * expf(ms - mx);
+    }
+    for (int j = ctx.thread(); j < hd; j += block_threads) {
+        float acc = 0.0f;
+        for (int s = 0; s < splits; ++s) {
+            const float* ps = p + int64_t(s) * (hd + 2);
+            const float ms = ctx.load_other(ps + hd);
+            if (ms != -INFINITY) acc += ctx.load_other(ps + j) * expf(ms - mx);
+        }
+        out[int64_t(h) * hd + j] = acc / sum;
+    }
+}
+
+// grid n_heads, any block size: head block_x's combine, for the decode kernel launched without counters.
+#pragma nv_exec_check_disable
+template <class Ctx>
+KVGEN_HD void attention_combine_body(const Ctx& ctx, int block_threads, const float* __restrict__ partials, int splits,
+                                     int hd, float* __restrict__ out) {
+    combine_head(ctx, block_threads, partials, splits, hd, ctx.block_x(), out);
+}
+
 // Shared floats the decode body needs: [warp][NQ][hd + 2].
 template <int NQ, int E>
 constexpr int kAttnDecodeShared = kAttnWarps* NQ*(32 * E + 2);
 
 // grid (n_heads / NQ, splits), kAttnThreads threads; partials [n_heads][splits][hd + 2] = (o unnormalized, m, l).
+// With counters ([n_heads / NQ] ints, zero between launches), the combine is folded in: each block counts itself
+// done on its head group's counter after a fence, and the group's last block combines the splits into out and sets
+// the counter back to zero; without, attention_combine_body runs as a kernel of its own.
 #pragma nv_exec_check_disable
 template <int NQ, int E, class Ctx>
 KVGEN_HD void attention_decode_body(const Ctx& ctx, const float* __restrict__ q, const __half* __restrict__ kc,
                                     const __half* __restrict__ vc, const int* __restrict__ d_pos0, int n_rep,
-                                    const KvLayout& kv, int splits, float scale, float* __restrict__ partials) {
+                                    const KvLayout& kv, int splits, float scale, float* __restrict__ partials,
+                                    int* __restrict__ counters, float* __restrict__ out) {
     constexpr int hd = 32 * E;
     const int h0 = ctx.block_x() * NQ, g = h0 / n_rep, sp = ctx.block_y();
     const int warp = ctx.thread() / 32, lane = ctx.thread() % 32;
@@ -192,30 +240,19 @@ KVGEN_HD void attention_decode_body(const Ctx& ctx, const float* __restrict__ q,
             dst[hd + 1] = sum;
         }
     }
-}
-
-// grid n_heads, any block size: out[h] = sum over splits of o_s e^(m_s - M) / sum of l_s e^(m_s - M).
-#pragma nv_exec_check_disable
-template <class Ctx>
-KVGEN_HD void attention_combine_body(const Ctx& ctx, int block_threads, const float* __restrict__ partials, int splits,
-                                     int hd, float* __restrict__ out) {
-    const int h = ctx.block_x();
-    const float* p = partials + int64_t(h) * splits * (hd + 2);
-    float mx = -INFINITY;
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, p[int64_t(s) * (hd + 2) + hd]);
-    float sum = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-        const float* ps = p + int64_t(s) * (hd + 2);
-        if (ps[hd] != -INFINITY) sum += ps[hd + 1] * expf(ps[hd] - mx);
+    if (!counters) return;
+    ctx.sync();  // the block's partials are written, and sm is free
+    int* last = reinterpret_cast<int*>(sm);
+    if (ctx.thread() == 0) {
+        ctx.fence();  // the partials are visible to every block before the count says so
+        last[0] = ctx.atomic_add(&counters[ctx.block_x()], 1) == splits - 1;
+        if (last[0]) counters[ctx.block_x()] = 0;  // every split has counted: ready for the next launch
     }
-    for (int j = ctx.thread(); j < hd; j += block_threads) {
-        float acc = 0.0f;
-        for (int s = 0; s < splits; ++s) {
-            const float* ps = p + int64_t(s) * (hd + 2);
-            if (ps[hd] != -INFINITY) acc += ps[j] * expf(ps[hd] - mx);
-        }
-        out[int64_t(h) * hd + j] = acc / sum;
-    }
+    ctx.sync();
+    if (!last[0]) return;
+    ctx.fence();
+#pragma unroll
+    for (int r = 0; r < NQ; ++r) combine_head(ctx, kAttnThreads, partials, splits, hd, h0 + r, out);
 }
 
 // grid (n_heads / NQ, ceil(n / kAttnWarps)): warp w takes query i = block_y * kAttnWarps + w over positions

@@ -96,6 +96,7 @@ private:
     __half *xh_, *wh_, *k_cache_, *v_cache_;
     int* d_step_;
     ActBlock* xq_;
+    int* counters_;
 };
 
 CudaOps::CudaOps(const Model& model, const Settings& s, int device)
@@ -119,6 +120,7 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
         w_ = upload_model(model, p, base_, device_, s.progress, stream_);
         KVGEN_CUDA_CHECK(cudaMemsetAsync(base_ + p.k_cache.offset, 0, p.k_cache.bytes, stream_));
         KVGEN_CUDA_CHECK(cudaMemsetAsync(base_ + p.v_cache.offset, 0, p.v_cache.bytes, stream_));
+        KVGEN_CUDA_CHECK(cudaMemsetAsync(base_ + p.counters.offset, 0, p.counters.bytes, stream_));
         KVGEN_CUDA_CHECK(cudaStreamSynchronize(stream_));
     } catch (...) {
         release();  // a constructor that throws runs no destructor
@@ -142,6 +144,7 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
     v_cache_ = at<__half>(p.v_cache);
     d_step_ = at<int>(p.step);
     xq_ = at<ActBlock>(p.xq);
+    counters_ = at<int>(p.counters);
 }
 
 void CudaOps::release() {
@@ -275,7 +278,7 @@ void CudaOps::attention(float* out, const float* q, int l, int n) {
     const __half* kc = k_cache_ + kv_.offset(l, 0, 0);
     const __half* vc = v_cache_ + kv_.offset(l, 0, 0);
     if (n == 1)
-        attention_decode(out, partials_, q, kc, vc, d_step_, c_.n_heads, kv_, splits_, stream_);
+        attention_decode(out, partials_, counters_, q, kc, vc, d_step_, c_.n_heads, kv_, splits_, stream_);
     else
         attention_prefill(out, q, kc, vc, d_step_, n, c_.n_heads, kv_, stream_);
 }

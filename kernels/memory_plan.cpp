@@ -86,6 +86,7 @@ MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int64_t 
     p.wh = place(wh, 2);
     p.step = place(2 + nb, 4);
     p.xq = place((std::max({e, qd, ff}) + 31) / 32, kActBlockBytes);
+    p.counters = place(c.n_heads, 4);
     p.total = align_up(end);
     p.buffers = p.total - p.weights - p.kv_cache;
     return p;

@@ -41,6 +41,7 @@ struct MemoryPlan {
     Region wh;         // f16, the largest quantized layer matrix decoded for the prefill GEMM (n_batch > 1)
     Region step;       // int [2 + n_batch]: pos0, n, the step's tokens
     Region xq;         // ActBlock [max(n_embd, n_heads head_dim, n_ff) / 32]: one token's input in 16-bit integers
+    Region counters;   // int [n_heads]: decode attention's per-head-group split counters, zero between launches
 
     size_t weights = 0, kv_cache = 0, buffers = 0;  // bytes of each part
     size_t total = 0;                               // the allocation, alignment included

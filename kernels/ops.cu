@@ -262,9 +262,10 @@ template <int NQ, int E>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_decode_kernel(const float* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc,
                             const int* __restrict__ d_pos0, int n_rep, KvLayout kv, int splits, float scale,
-                            float* __restrict__ partials) {
+                            float* __restrict__ partials, int* __restrict__ counters, float* __restrict__ out) {
     __shared__ float sm[kAttnDecodeShared<NQ, E>];
-    attention_decode_body<NQ, E>(DeviceThread{sm}, q, kc, vc, d_pos0, n_rep, kv, splits, scale, partials);
+    attention_decode_body<NQ, E>(DeviceThread{sm}, q, kc, vc, d_pos0, n_rep, kv, splits, scale, partials, counters,
+                                 out);
 }
 
 __global__ void attention_generic_kernel(const float* __restrict__ q, const __half* __restrict__ kc,
@@ -504,19 +505,25 @@ int64_t attention_partials(int n_heads, int head_dim, int splits) {
     return int64_t(n_heads) * splits * (head_dim + 2);
 }
 
-void attention_decode(float* out, float* partials, const float* q, const __half* k_cache, const __half* v_cache,
-                      const int* d_pos0, int n_heads, const KvLayout& kv, int splits, cudaStream_t s) {
+int attention_counters(int n_heads, const KvLayout& kv) {
+    return n_heads / heads_per_block(n_heads / kv.n_kv_heads);
+}
+
+void attention_decode(float* out, float* partials, int* counters, const float* q, const __half* k_cache,
+                      const __half* v_cache, const int* d_pos0, int n_heads, const KvLayout& kv, int splits,
+                      cudaStream_t s) {
     KVGEN_ASSERT(kv.type == KvType::F16);
     const int n_rep = n_heads / kv.n_kv_heads;
     const float scale = 1.0f / std::sqrt(float(kv.head_dim));
     const bool ok = dispatch_attention(n_rep, kv.head_dim, [&](auto nq, auto e) {
         constexpr int NQ = decltype(nq)::value, E = decltype(e)::value;
         const dim3 grid(unsigned(n_heads / NQ), unsigned(splits));
-        attention_decode_kernel<NQ, E>
-            <<<grid, kAttnThreads, 0, s>>>(q, k_cache, v_cache, d_pos0, n_rep, kv, splits, scale, partials);
+        attention_decode_kernel<NQ, E><<<grid, kAttnThreads, 0, s>>>(q, k_cache, v_cache, d_pos0, n_rep, kv, splits,
+                                                                      scale, partials, counters, out);
     });
     if (!ok) return attention_generic(out, q, k_cache, v_cache, d_pos0, 1, n_heads, kv, s);
     KVGEN_CUDA_LAUNCHED("attention_decode");
+    if (counters) return;  // combined by each head group's last block
     attention_combine_kernel<<<n_heads, 128, 0, s>>>(partials, splits, kv.head_dim, out);
     KVGEN_CUDA_LAUNCHED("attention_combine");
 }

@@ -95,10 +95,13 @@ int attention_splits(int n_heads, const KvLayout& kv, int sm_count);
 int64_t attention_partials(int n_heads, int head_dim, int splits);
 
 // One query (position *d_pos0) of each head over cache positions 0 ..= *d_pos0: flash-decoding, positions split
-// across `splits` blocks per query-head group, then a log-sum-exp combine. q, out: [n_heads][head_dim].
-// Twin: cpu::attention with n = 1.
-void attention_decode(float* out, float* partials, const float* q, const __half* k_cache, const __half* v_cache,
-                      const int* d_pos0, int n_heads, const KvLayout& kv, int splits, cudaStream_t s);
+// across `splits` blocks per query-head group, then a log-sum-exp combine: by each group's last block when counters
+// is given (attention_counters() ints, zero before the first launch; they are left at zero), else by a second
+// kernel. q, out: [n_heads][head_dim]. Twin: cpu::attention with n = 1.
+int attention_counters(int n_heads, const KvLayout& kv);
+void attention_decode(float* out, float* partials, int* counters, const float* q, const __half* k_cache,
+                      const __half* v_cache, const int* d_pos0, int n_heads, const KvLayout& kv, int splits,
+                      cudaStream_t s);
 // n queries at positions *d_pos0 + i, each over cache positions 0 ..= its own (causal). Twin: cpu::attention.
 void attention_prefill(float* out, const float* q, const __half* k_cache, const __half* v_cache, const int* d_pos0,
                        int n, int n_heads, const KvLayout& kv, cudaStream_t s);

@@ -243,7 +243,7 @@ std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos
 }
 
 std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
-                             const std::vector<float>& v, int pos0, int n, int n_ctx, int splits) {
+                             const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold) {
     const int n_pos = pos0 + n;
     const KvLayout kv = KvLayout::of(c, n_ctx, KvType::F16);
     Dev<float> dk(k), dv(v), dq(q), out(q.size());
@@ -253,9 +253,14 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
     poison(out);
     if (n == 1) {
         Dev<float> partials(size_t(attention_partials(c.n_heads, c.head_dim, splits)));
+        Dev<int> counters(std::vector<int>(size_t(attention_counters(c.n_heads, kv)), 0));
         poison(partials);
-        attention_decode(out.p, partials.p, dq.p, kc.p, vc.p, pos.p, c.n_heads, kv, splits, nullptr);
-        return out.get();
+        attention_decode(out.p, partials.p, fold ? counters.p : nullptr, dq.p, kc.p, vc.p, pos.p, c.n_heads, kv,
+                         splits, nullptr);
+        const std::vector<float> result = out.get();
+        for (int cnt : counters.get())
+            if (cnt != 0) throw Error("attention_decode: a head group's counter was not reset");
+        return result;
     }
     attention_prefill(out.p, dq.p, kc.p, vc.p, pos.p, n, c.n_heads, kv, nullptr);
     return out.get();

@@ -277,6 +277,13 @@ struct HostThread {
     int block_y() const { return b->by(); }
     float warp_sum(float v) const { return b->warp_sum(v); }
     float warp_max(float v) const { return b->warp_max(v); }
+    float load_other(const float* p) const { return *p; }
+    void fence() const {}
+    int atomic_add(int* p, int v) const {  // blocks run one after another here
+        const int old = *p;
+        *p += v;
+        return old;
+    }
     void sync() const { b->wait(FiberBlock::kBlock); }
     float* shared() const { return b->shared(); }
 };
@@ -294,7 +301,7 @@ void run_grid(int gx, int gy, int threads, size_t shared_floats, Body body) {
 }  // namespace
 
 std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
-                             const std::vector<float>& v, int pos0, int n, int n_ctx, int splits) {
+                             const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold) {
     const int hd = c.head_dim, n_pos = pos0 + n, n_rep = c.n_heads / c.n_kv_heads;
     // One layer's f16 cache, as store_kv writes it (no rotation here).
     const KvLayout kv = KvLayout::of(c, n_ctx, KvType::F16);
@@ -313,13 +320,19 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
         const int groups = c.n_heads / NQ;
         if (n == 1) {
             std::vector<float> partials(size_t(c.n_heads) * splits * (hd + 2), NAN);
+            std::vector<int> counters(size_t(groups), 0);
             run_grid(groups, splits, kAttnThreads, size_t(kAttnDecodeShared<NQ, E>), [&](const HostThread& t) {
                 attention_decode_body<NQ, E>(t, q.data(), kc.data(), vc.data(), &pos0, n_rep, kv, splits, scale,
-                                             partials.data());
+                                             partials.data(), fold ? counters.data() : nullptr, out.data());
             });
-            run_grid(c.n_heads, 1, 64, 0, [&](const HostThread& t) {
-                attention_combine_body(t, 64, partials.data(), splits, hd, out.data());
-            });
+            if (fold) {
+                for (int cnt : counters)
+                    if (cnt != 0) throw Error("attention: a head group's counter was not reset");
+            } else {
+                run_grid(c.n_heads, 1, 64, 0, [&](const HostThread& t) {
+                    attention_combine_body(t, 64, partials.data(), splits, hd, out.data());
+                });
+            }
         } else {
             run_grid(groups, (n + kAttnWarps - 1) / kAttnWarps, kAttnThreads, 0, [&](const HostThread& t) {
                 attention_prefill_body<NQ, E>(t, q.data(), kc.data(), vc.data(), &pos0, n, c.n_heads, n_rep, kv, scale,
