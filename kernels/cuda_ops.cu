@@ -51,9 +51,10 @@ public:
     Buffers buffers() override { return Buffers{x_, q_, k_, v_, att_, ffn_, logits_}; }
     const KvLayout& kv_layout() const override { return kv_; }
     int n_batch() const override { return n_batch_; }
+    int n_logits() const override { return n_logits_; }
 
     void begin(const int32_t* tokens, int n, int pos0) override;
-    const float* run(int n, const std::function<void()>& step) override;
+    const float* run(int n, int n_out, const std::function<void()>& step) override;
 
     void embed(float* x, int n) override;
     void norm_qkv(float* q, float* k, float* v, const float* x, int l, int n) override;
@@ -62,7 +63,7 @@ public:
     void out_proj_add(float* x, const float* att, int l, int n) override;
     void norm_swiglu(float* h, const float* x, int l, int n) override;
     void down_proj_add(float* x, const float* h, int l, int n) override;
-    void head(float* logits, const float* x) override;
+    void head(float* logits, const float* x, int n) override;
 
 private:
     template <typename T>
@@ -80,7 +81,7 @@ private:
     const Config& c_;
     int device_;
     KvLayout kv_;
-    int n_batch_, splits_;
+    int n_batch_, n_logits_, splits_;
     bool graphs_;
     bool int_matvec_;  // Settings::cuda_int_matvec
     cudaStream_t stream_ = nullptr;
@@ -88,7 +89,7 @@ private:
     cudaGraphExec_t graph_ = nullptr;
     uint8_t* base_ = nullptr;     // the one device allocation (plan_memory)
     int* h_step_ = nullptr;       // pinned: [pos0, n, tokens...], what the next step copies to d_step_
-    float* h_logits_ = nullptr;   // pinned: [n_vocab]
+    float* h_logits_ = nullptr;   // pinned: [n_logits][n_vocab]
     DeviceModel w_;
 
     // Device pointers into base_, shapes as MemoryPlan gives them.
@@ -104,12 +105,13 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
       device_(device),
       kv_(KvLayout::of(model.config, s.context_size(model.config), s.kv_type)),
       n_batch_(s.batch_size(kv_.n_ctx)),
+      n_logits_(s.logits_rows(kv_.n_ctx)),
       graphs_(s.cuda_graphs),
       int_matvec_(s.cuda_int_matvec) {
     KVGEN_CUDA_CHECK(cudaSetDevice(device_));
     splits_ = attention_splits(c_.n_heads, kv_, sm_count_of(device_));
     const MemoryPlan p =
-        plan_memory(model, kv_, n_batch_, attention_partials(c_.n_heads, c_.head_dim, splits_));
+        plan_memory(model, kv_, n_batch_, n_logits_, attention_partials(c_.n_heads, c_.head_dim, splits_));
     KVGEN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     try {
         check_cublas(cublasCreate(&cublas_), "cublasCreate");
@@ -190,7 +192,7 @@ void CudaOps::capture(const std::function<void()>& step) {
     }
 }
 
-const float* CudaOps::run(int n, const std::function<void()>& step) {
+const float* CudaOps::run(int n, int n_out, const std::function<void()>& step) {
     if (n == 1 && graphs_) {
         if (!graph_) {
             try {
@@ -208,7 +210,8 @@ const float* CudaOps::run(int n, const std::function<void()>& step) {
     }
     KVGEN_CUDA_CHECK(cudaMemcpyAsync(d_step_, h_step_, size_t(2 + n) * 4, cudaMemcpyHostToDevice, stream_));
     step();
-    KVGEN_CUDA_CHECK(cudaMemcpyAsync(h_logits_, logits_, size_t(c_.n_vocab) * 4, cudaMemcpyDeviceToHost, stream_));
+    KVGEN_CUDA_CHECK(cudaMemcpyAsync(h_logits_, logits_, size_t(n_out) * size_t(c_.n_vocab) * 4,
+                                     cudaMemcpyDeviceToHost, stream_));
     KVGEN_CUDA_CHECK(cudaStreamSynchronize(stream_));
     return h_logits_;
 }
@@ -307,7 +310,12 @@ void CudaOps::down_proj_add(float* x, const float* h, int l, int n) {
     proj(x, w_.layers[size_t(l)].down, h, n, true);
 }
 
-void CudaOps::head(float* logits, const float* x) {
+void CudaOps::head(float* logits, const float* x, int n) {
+    if (n > 1) {  // every position's logits (Settings::all_logits)
+        rmsnorm(xn_, nullptr, x, w_.output_norm, n, c_.n_embd, c_.rms_eps, stream_);
+        proj(logits, w_.output, xn_, n, false);
+        return;
+    }
     if (use_int(w_.output)) {
         rmsnorm(xn_, xq_, x, w_.output_norm, 1, c_.n_embd, c_.rms_eps, stream_);
         matvec_int(RowSplit::one(logits, w_.output.rows), w_.output, xq_, false, stream_);
@@ -325,7 +333,8 @@ CudaMemoryPlan plan_memory(const Model& model, const Settings& s) {
     // note: the split count depends on the device; the most there can be keeps the plan an upper bound.
     const int splits = std::min(kMaxSplits, std::max(1, kv.n_ctx));
     const MemoryPlan p =
-        plan_memory(model, kv, s.batch_size(kv.n_ctx), attention_partials(c.n_heads, c.head_dim, splits));
+        plan_memory(model, kv, s.batch_size(kv.n_ctx), s.logits_rows(kv.n_ctx),
+                    attention_partials(c.n_heads, c.head_dim, splits));
     return CudaMemoryPlan{p.weights, p.kv_cache, p.buffers};
 }
 

@@ -22,7 +22,7 @@ std::vector<const WeightView*> device_weights(const Model& m) {
     return out;
 }
 
-MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int64_t partial_floats) {
+MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int n_logits, int64_t partial_floats) {
     const Config& c = m.config;
     MemoryPlan p;
     size_t end = 0;
@@ -72,7 +72,7 @@ MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int64_t 
     p.att = place(nb * qd, 4);
     p.ffn = place(nb * ff, 4);
     p.up = place(nb * ff, 4);
-    p.logits = place(c.n_vocab, 4);
+    p.logits = place(int64_t(n_logits) * c.n_vocab, 4);
     p.xn = place(nb * e, 4);
     p.partials = place(partial_floats, 4);
     p.cos = place(nb * half, 4);
@@ -82,6 +82,8 @@ MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int64_t 
         for (const LayerWeights& L : m.weights.layers)
             for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
                 if (w->type != GgmlType::F16) wh = std::max(wh, w->rows * w->cols);
+    const WeightView& out = m.weights.output;
+    if (n_logits > 1 && out.type != GgmlType::F16) wh = std::max(wh, out.rows * out.cols);
     p.xh = place(n_batch > 1 ? nb * std::max({e, qd, ff}) : 0, 2);
     p.wh = place(wh, 2);
     p.step = place(2 + nb, 4);

@@ -33,12 +33,13 @@ struct MemoryPlan {
     Region q, k, v;    // [n_batch][n_heads | n_kv_heads][head_dim]
     Region att;        // [n_batch][n_heads][head_dim]
     Region ffn, up;    // [n_batch][n_ff]
-    Region logits;     // [n_vocab]
+    Region logits;     // [n_logits][n_vocab]
     Region xn;         // [n_batch][n_embd]: the normalized input of a projection
     Region partials;   // flash-decoding partial results, attention_partials() floats
     Region cos, sin;   // [n_batch][rope_dim / 2]
     Region xh;         // f16 [n_batch][max(n_embd, n_heads head_dim, n_ff)]: prefill GEMM input (n_batch > 1)
-    Region wh;         // f16, the largest quantized layer matrix decoded for the prefill GEMM (n_batch > 1)
+    Region wh;         // f16, the largest quantized matrix decoded for the prefill GEMM (n_batch > 1; the output
+                       // matrix counts when n_logits > 1)
     Region step;       // int [2 + n_batch]: pos0, n, the step's tokens
     Region xq;         // ActBlock [max(n_embd, n_heads head_dim, n_ff) / 32]: one token's input in 16-bit integers
     Region counters;   // int [n_heads]: decode attention's per-head-group split counters, zero between launches
@@ -51,7 +52,8 @@ struct MemoryPlan {
 // layer's wq, wk, wv, wo, w_gate, w_up, w_down.
 std::vector<const WeightView*> device_weights(const Model& m);
 
-// partial_floats: what attention_decode needs for the split count in use (an upper bound when planning ahead).
-MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int64_t partial_floats);
+// partial_floats: what attention_decode needs for the split count in use (an upper bound when planning ahead);
+// n_logits: rows of logits kept (1, or n_batch for Settings::all_logits).
+MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int n_logits, int64_t partial_floats);
 
 }  // namespace kvgen::cuda

@@ -20,6 +20,7 @@
 #include "cli/generate.h"
 #include "cli/inspect.h"
 #include "cli/llama_flags.h"
+#include "cli/perplexity.h"
 #include "cli/prompt.h"
 #include "cli/signals.h"
 #include "cli/tokenize.h"
@@ -112,6 +113,7 @@ int main(int argc, char** argv) {
     bool devices = false;
     bool bench_memory = false;
     bool bench = false;
+    bool perplexity = false;
     int repetitions = 5;
     std::string depths = "0", output_format = "md";
     bool tokenize = false;
@@ -194,6 +196,9 @@ int main(int argc, char** argv) {
     app.add_option("-d,--n-depth", depths, "--bench: tokens already in the KV cache, e.g. 0,1024,4096");
     app.add_option("-o,--output-format", output_format, "--bench: md, json or csv")
         ->check(CLI::IsMember({"md", "json", "csv"}));
+    app.add_flag("--perplexity", perplexity,
+                 "measure perplexity on the text of -f FILE as llama-perplexity does: chunks of -c tokens, the second "
+                 "half of each scored");
     app.add_flag("--bench-memory", bench_memory, "measure memory read bandwidth (the ceiling for decode), then exit");
     app.add_flag("--list-devices", devices, "list the devices kvgen can run on, then exit");
     app.add_flag("-v,--verbose", verbose, "more detail (--inspect: every metadata key; --chat: the formatted prompt)");
@@ -279,6 +284,20 @@ int main(int argc, char** argv) {
             for (std::string& r : gen.reverse_prompts) r = kvgen::process_escapes(r);
         }
         if (app.count("--system-prompt") || !system_file.empty()) gen.chat = true;
+
+        if (perplexity) {
+            if (prompt_file.empty()) throw kvgen::Error("--perplexity needs the text as -f FILE");
+            kvgen::PerplexityOptions p;
+            p.model_path = model;
+            p.text_path = prompt_file;
+            p.text = prompt;
+            p.no_bos = tok_opt.no_bos;
+            p.run = gen.run;
+            p.json_path = json_path;
+            if (json_path == "-") throw kvgen::Error("--json -: stdout carries the perplexity; give a file name");
+            kvgen::run_perplexity(p);
+            return 0;
+        }
 
         if (tokenize) {
             tok_opt.model_path = model;

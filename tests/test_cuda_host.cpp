@@ -99,7 +99,7 @@ TEST_CASE("the CUDA memory plan places every region inside one allocation, none 
         const Config& c = m.config;
         for (int n_batch : {1, 64}) {
             const KvLayout kv = KvLayout::of(c, 300, KvType::F16);
-            const cuda::MemoryPlan p = cuda::plan_memory(m, kv, n_batch, 1234);
+            const cuda::MemoryPlan p = cuda::plan_memory(m, kv, n_batch, n_batch, 1234);
             std::vector<cuda::Region> all = p.matrices;
             for (const cuda::Region& r : {p.norms, p.rope_inv_freq, p.rope_factors, p.k_cache, p.v_cache, p.x, p.q, p.k,
                                           p.v, p.att, p.ffn, p.up, p.logits, p.xn, p.partials, p.cos, p.sin, p.xh, p.wh,
@@ -115,6 +115,7 @@ TEST_CASE("the CUDA memory plan places every region inside one allocation, none 
             CHECK(p.x.bytes == size_t(n_batch) * size_t(c.n_embd) * 4);
             CHECK(p.partials.bytes == 1234 * 4);
             CHECK(p.step.bytes == size_t(2 + n_batch) * 4);
+            CHECK(p.logits.bytes == size_t(n_batch) * size_t(c.n_vocab) * 4);
             CHECK((p.xh.bytes > 0) == (n_batch > 1));
             // Q, K and V of a fused layer follow each other without a gap, so they read as one matrix.
             const std::vector<const WeightView*> ws = cuda::device_weights(m);

@@ -20,6 +20,7 @@ CpuOps::CpuOps(const Model& model, const Settings& s)
     : model_(model),
       c_(model.config),
       n_batch_(s.batch_size(s.context_size(model.config))),
+      n_logits_(s.logits_rows(s.context_size(model.config))),
       pool_(s.n_threads > 0 ? s.n_threads : ThreadPool::physical_cores()),
       kv_(model.config, s.context_size(model.config), s.kv_type),
       rope_(RopeFreqs::of(model)) {
@@ -40,7 +41,7 @@ CpuOps::CpuOps(const Model& model, const Settings& s)
     v_.resize(nb * kv_dim);
     ffn_.resize(nb * c_.n_ff);
     up_.resize(nb * c_.n_ff);
-    logits_.resize(size_t(c_.n_vocab));
+    logits_.resize(size_t(n_logits_) * size_t(c_.n_vocab));
     rope_cos_.resize(nb * size_t(c_.rope_dim / 2));
     rope_sin_.resize(nb * size_t(c_.rope_dim / 2));
     const size_t max_cols = size_t(std::max({c_.n_embd, c_.n_ff, int(q_dim)}));
@@ -60,7 +61,7 @@ void CpuOps::begin(const int32_t* tokens, int n, int pos0) {
     rope_tables(rope_cos_.data(), rope_sin_.data(), pos0, n, rope_);
 }
 
-const float* CpuOps::run(int, const std::function<void()>& step) {
+const float* CpuOps::run(int, int, const std::function<void()>& step) {
     step();
     return logits_.data();
 }
@@ -116,9 +117,9 @@ void CpuOps::down_proj_add(float* x, const float* h, int l, int n) {
     matmul_add(x, h, c_.n_ff, model_.weights.layers[size_t(l)].w_down, n);
 }
 
-void CpuOps::head(float* logits, const float* x) {
-    rmsnorm(xn_.data(), x, output_norm_.data(), 1, c_.n_embd, c_.rms_eps);
-    matmul(logits, xn_.data(), c_.n_embd, model_.weights.output, 1);
+void CpuOps::head(float* logits, const float* x, int n) {
+    rmsnorm(xn_.data(), x, output_norm_.data(), n, c_.n_embd, c_.rms_eps);
+    matmul(logits, xn_.data(), c_.n_embd, model_.weights.output, n);
 }
 
 std::unique_ptr<Backend> make_backend(const Model& model, const Settings& s) {

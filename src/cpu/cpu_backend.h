@@ -23,10 +23,11 @@ public:
     Buffers buffers() override;
     const KvLayout& kv_layout() const override { return kv_.layout(); }
     int n_batch() const override { return n_batch_; }
+    int n_logits() const override { return n_logits_; }
     int n_threads() const { return pool_.size(); }
 
     void begin(const int32_t* tokens, int n, int pos0) override;
-    const float* run(int n, const std::function<void()>& step) override;
+    const float* run(int n, int n_out, const std::function<void()>& step) override;
 
     void embed(float* x, int n) override;
     void norm_qkv(float* q, float* k, float* v, const float* x, int l, int n) override;
@@ -35,7 +36,7 @@ public:
     void out_proj_add(float* x, const float* att, int l, int n) override;
     void norm_swiglu(float* h, const float* x, int l, int n) override;
     void down_proj_add(float* x, const float* h, int l, int n) override;
-    void head(float* logits, const float* x) override;
+    void head(float* logits, const float* x, int n) override;
 
 private:
     // y [n][w.rows] = x [n][cols] . W^T.
@@ -45,7 +46,7 @@ private:
 
     const Model& model_;
     const Config& c_;
-    int n_batch_;
+    int n_batch_, n_logits_;
     ThreadPool pool_;
     KvCache kv_;
     RopeFreqs rope_;

@@ -8,19 +8,21 @@ namespace kvgen {
 
 Backend::Backend(const Config& c, std::unique_ptr<Ops> ops) : c_(c), ops_(std::move(ops)), b_(ops_->buffers()) {}
 
-const float* Backend::forward(const int32_t* tokens, int n, int pos0) {
+const float* Backend::forward(const int32_t* tokens, int n, int pos0, bool all_logits) {
     KVGEN_ASSERT(n >= 1 && n <= n_batch() && pos0 >= 0 && pos0 + n <= n_ctx() && pos0 <= n_past_);
+    const int n_out = all_logits ? n : 1;
+    KVGEN_ASSERT(n_out <= ops_->n_logits());
     for (int i = 0; i < n; ++i)
         if (tokens[i] < 0 || tokens[i] >= c_.n_vocab)
             throw Error(fmt::format("token id {} is outside the vocabulary of {}", tokens[i], c_.n_vocab));
     ops_->begin(tokens, n, pos0);
-    const float* logits = ops_->run(n, [this, n] { layers(n); });
+    const float* logits = ops_->run(n, n_out, [this, n, n_out] { layers(n, n_out); });
     n_past_ = pos0 + n;
     return logits;
 }
 
 // The forward pass of a LLaMA-style model for n tokens, in the paper's order.
-void Backend::layers(int n) {
+void Backend::layers(int n, int n_out) {
     Ops& ops = *ops_;
     ops.embed(b_.x, n);
     for (int l = 0; l < c_.n_layers; ++l) {
@@ -33,8 +35,8 @@ void Backend::layers(int n) {
         ops.norm_swiglu(b_.ffn, b_.x, l, n);
         ops.down_proj_add(b_.x, b_.ffn, l, n);  // residual
     }
-    // logits for the last position only
-    ops.head(b_.logits, b_.x + int64_t(n - 1) * c_.n_embd);
+    // logits for the last n_out positions (usually the last one alone)
+    ops.head(b_.logits, b_.x + int64_t(n - n_out) * c_.n_embd, n_out);
 }
 
 }  // namespace kvgen

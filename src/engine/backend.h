@@ -16,9 +16,10 @@ class Backend {
 public:
     Backend(const Config& c, std::unique_ptr<Ops> ops);
 
-    // Returns the logits of the batch's last position ([n_vocab], valid until the next call). Throws kvgen::Error
-    // for a token outside the vocabulary.
-    const float* forward(const int32_t* tokens, int n_tokens, int pos0);
+    // Returns the logits of the batch's last position ([n_vocab], valid until the next call); with all_logits, of
+    // every position ([n_tokens][n_vocab]; the backend must have been made with Settings::all_logits). Throws
+    // kvgen::Error for a token outside the vocabulary.
+    const float* forward(const int32_t* tokens, int n_tokens, int pos0, bool all_logits = false);
     void kv_truncate(int n_past) { n_past_ = n_past; }  // forget positions >= n_past (0 = clear)
     int n_past() const { return n_past_; }
     int n_ctx() const { return ops_->kv_layout().n_ctx; }
@@ -27,7 +28,7 @@ public:
     std::string name() const { return ops_->name(); }
 
 private:
-    void layers(int n);  // enqueues one step's ops
+    void layers(int n, int n_out);  // enqueues one step's ops; logits for the last n_out positions
 
     const Config& c_;
     std::unique_ptr<Ops> ops_;

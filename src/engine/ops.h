@@ -23,7 +23,8 @@ struct Buffers {
     float* v = nullptr;       // [n_batch][n_kv_heads][head_dim]  values of the step
     float* att = nullptr;     // [n_batch][n_heads][head_dim]     attention output, heads concatenated
     float* ffn = nullptr;     // [n_batch][n_ff]                  silu(gate) * up
-    float* logits = nullptr;  // [n_vocab]                        the last position's
+    float* logits = nullptr;  // [n_logits][n_vocab]              the last n_logits positions' (n_logits: 1, or the
+                              //                                  batch with Settings::all_logits)
 };
 
 class Ops {
@@ -34,12 +35,14 @@ public:
     virtual Buffers buffers() = 0;
     virtual const KvLayout& kv_layout() const = 0;
     virtual int n_batch() const = 0;
+    virtual int n_logits() const = 0;  // rows of Buffers::logits
 
     // The step that follows: tokens[0 .. n) at positions pos0 .. pos0 + n - 1 (n <= n_batch, checked).
     virtual void begin(const int32_t* tokens, int n, int pos0) = 0;
-    // Runs `step` (the forward enqueuing its ops for n tokens) and returns the logits in host memory, valid until
-    // the next call. The CPU calls it; CUDA records it once as a graph for decode and replays that.
-    virtual const float* run(int n, const std::function<void()>& step) = 0;
+    // Runs `step` (the forward enqueuing its ops for n tokens) and returns the last n_out positions' logits
+    // ([n_out][n_vocab]) in host memory, valid until the next call. The CPU calls it; CUDA records it once as a graph
+    // for decode and replays that.
+    virtual const float* run(int n, int n_out, const std::function<void()>& step) = 0;
 
     // x = the embedding rows of the step's tokens.
     virtual void embed(float* x, int n) = 0;
@@ -56,8 +59,8 @@ public:
     virtual void norm_swiglu(float* h, const float* x, int l, int n) = 0;
     // x += Wdown h: the feed-forward down projection and its residual.
     virtual void down_proj_add(float* x, const float* h, int l, int n) = 0;
-    // logits = Wout (rmsnorm(x) * output_norm), for one row x [n_embd].
-    virtual void head(float* logits, const float* x) = 0;
+    // logits = Wout (rmsnorm(x) * output_norm), for n rows x [n][n_embd].
+    virtual void head(float* logits, const float* x, int n) = 0;
 };
 
 }  // namespace kvgen

@@ -20,12 +20,15 @@ struct Settings {
     KvType kv_type = KvType::F16;
     bool cuda_graphs = true;      // CUDA: capture the decode step once as a graph and replay it
     bool cuda_int_matvec = true;  // CUDA: decode products in integers on 16-bit activations where the type has them
-    bool progress = true;     // CUDA: weight upload progress on stderr
+    bool progress = true;         // CUDA: weight upload progress on stderr
+    bool all_logits = false;      // logits for every position of a batch, not only the last (perplexity)
 
     // n_ctx with 0 resolved for the model.
     int context_size(const Config& c) const;
     // The batch a backend sizes its buffers for: n_batch, at most the context.
     int batch_size(int n_ctx) const;
+    // Rows of logits a backend keeps: the batch with all_logits, else 1.
+    int logits_rows(int n_ctx) const { return all_logits ? batch_size(n_ctx) : 1; }
 };
 
 // The CUDA device index of "cuda" / "cudaN" (0 for "auto").

@@ -1,0 +1,68 @@
+// --perplexity against the same measurement made by hand: every scored token's probability from single-token decode
+// steps through the KV cache (another code path: the decode products instead of the batched GEMM), then
+// llama-perplexity's formulas.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "cli/perplexity.h"
+#include "cpu/cpu_backend.h"
+#include "model/weights.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
+
+using namespace kvgen;
+
+TEST_CASE("perplexity (--perplexity) equals the hand-computed value from token-by-token decoding", "[perplexity]") {
+    const std::string path = test::shared("testdata/ref/open-gqa-Q4_K_M.gguf");
+    std::string text;
+    for (int i = 0; i < 8; ++i) text += "Once upon a time, there was a little girl who lived by the sea. ";
+    PerplexityOptions opt;
+    opt.model_path = path;
+    opt.text_path = "(test)";
+    opt.text = text;
+    opt.run.device = "cpu";
+    opt.run.n_ctx = 24;
+    opt.run.n_batch = 10;  // chunks of 24 in batches of 10, 10 and 4
+    opt.run.n_threads = 2;
+    opt.run.kv_type = KvType::F32;
+    const PerplexityResult got = run_perplexity(opt);
+
+    const Model model = Model::load(path);
+    const Tokenizer tok = Tokenizer::from_gguf(model.file);
+    std::vector<int32_t> tokens = tok.encode(text, tok.add_bos());
+    const int n_ctx = 24, first = n_ctx / 2, n_vocab = model.config.n_vocab;
+    REQUIRE(got.n_tokens == int(tokens.size()));
+    REQUIRE(got.n_chunks == int(tokens.size()) / n_ctx);
+    Settings s;
+    s.n_ctx = n_ctx;
+    s.n_threads = 1;
+    s.kv_type = KvType::F32;
+    const std::unique_ptr<Backend> backend = cpu::make_backend(model, s);
+    double nll = 0, nll2 = 0;
+    int count = 0;
+    for (int i = 0; i < got.n_chunks; ++i) {
+        std::vector<int32_t> chunk(tokens.begin() + i * n_ctx, tokens.begin() + (i + 1) * n_ctx);
+        chunk[0] = tok.bos();
+        backend->kv_truncate(0);
+        for (int j = 0; j < n_ctx - 1; ++j) {
+            const float* logits = backend->forward(&chunk[size_t(j)], 1, j);
+            if (j < first) continue;
+            double mx = logits[0], sum = 0;
+            for (int v = 1; v < n_vocab; ++v) mx = std::max(mx, double(logits[v]));
+            for (int v = 0; v < n_vocab; ++v) sum += std::exp(double(logits[v]) - mx);
+            const double nl = std::log(sum) - (double(logits[chunk[size_t(j + 1)]]) - mx);
+            nll += nl;
+            nll2 += nl * nl;
+            ++count;
+        }
+        INFO("chunk " << i);
+        CHECK(std::fabs(got.running[size_t(i)] - std::exp(nll / count)) <= 1e-3 * std::exp(nll / count));
+    }
+    REQUIRE(got.n_scored == count);
+    const double ppl = std::exp(nll / count);
+    const double sd = std::sqrt((nll2 / count - (nll / count) * (nll / count)) / (count - 1));
+    CHECK(std::fabs(got.ppl - ppl) <= 1e-3 * ppl);
+    CHECK(std::fabs(got.ppl_stderr - sd * ppl) <= 1e-2 * sd * ppl);
+    CHECK(got.ppl > 1.0);
+}
