@@ -50,7 +50,8 @@ expect_error "-fa off" "-fa off: kvgen has no unfused attention" "$kvgen" "${gen
 
 # -ctk / -ctv: the cache type, one for K and V.
 expect_same "-ctk f32 -ctv f32" "$kvgen" "${gen[@]}" -ctk f32 -ctv f32 -- "$kvgen" "${gen[@]}" --kv-type f32
-expect_error "-ctk q8_0" "-ctk q8_0: this KV cache type is not supported" "$kvgen" "${gen[@]}" -ctk q8_0
+expect_same "-ctk q8_0 -ctv q8_0" "$kvgen" "${gen[@]}" -ctk q8_0 -ctv q8_0 -- "$kvgen" "${gen[@]}" --kv-type q8_0
+expect_error "-ctk q5_1" "-ctk q5_1: this KV cache type is not supported" "$kvgen" "${gen[@]}" -ctk q5_1
 expect_error "-ctk and -ctv differ" "one type" "$kvgen" "${gen[@]}" -ctk f16 -ctv f32
 
 # -tb: one thread count for prefill and decode.

@@ -148,7 +148,13 @@ TEST_CASE("llama.cpp's -ngl, -fa, -ctk/-ctv and -tb fold into kvgen's settings",
     ct.cache_type_v = "f16";
     CHECK_THROWS_WITH(apply(ct), Catch::Contains("-ctk f32 and -ctv f16"));
     ct.cache_type_k = "q8_0";
-    CHECK_THROWS_WITH(apply(ct), Catch::Contains("-ctk q8_0: this KV cache type is not supported"));
+    CHECK_THROWS_WITH(apply(ct), Catch::Contains("-ctk q8_0 and -ctv f16"));
+    ct.cache_type_v = "q8_0";
+    CHECK(apply(ct).second == KvType::Q8_0);
+    ct.cache_type_k = ct.cache_type_v = "q4_0";
+    CHECK(apply(ct).second == KvType::Q4_0);
+    ct.cache_type_k = "q5_1";
+    CHECK_THROWS_WITH(apply(ct), Catch::Contains("-ctk q5_1: this KV cache type is not supported"));
 
     LlamaSettings tb;
     tb.threads_batch = 2;

@@ -9,8 +9,12 @@
 #include <nlohmann/json.hpp>
 
 #include "cpu/cpu_backend.h"
+#include "cpu/ops.h"
+#include "model/dequant.h"
+#include "model/quantize.h"
 #include "engine/generator.h"
 #include "model/weights.h"
+#include "cuda_test_util.h"
 #include "reference_check.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
@@ -166,4 +170,89 @@ TEST_CASE("KvLayout: positions of a head are consecutive rows, heads and layers 
     CHECK(kv.elems() == 480);
     CHECK(kv.bytes() == size_t(480) * 2 * 2);
     CHECK(kv.bytes_per_token() == 2 * 3 * 2 * 8 * 2);
+}
+
+TEST_CASE("quantized KV cache rows: q8_0 and q4_0 round trips within half a step of their block scale", "[engine][kv]") {
+    const std::vector<float> x = test::randn(256, 31, 2.0f);
+    for (KvType t : {KvType::Q8_0, KvType::Q4_0}) {
+        INFO(kv_type_name(t));
+        const KvLayout kv{1, 1, 1, 256, t};
+        std::vector<uint8_t> row(size_t(kv.row_bytes()));
+        const GgmlType g = t == KvType::Q8_0 ? GgmlType::Q8_0 : GgmlType::Q4_0;
+        if (t == KvType::Q8_0)
+            quantize_row_q8_0(x.data(), row.data(), 256);
+        else
+            quantize_row_q4_0(x.data(), row.data(), 256);
+        std::vector<float> y(256);
+        dequantize_row(g, row.data(), y.data(), 256);
+        for (int b = 0; b < 8; ++b) {
+            float amax = 0;
+            for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[size_t(32 * b + j)]));
+            // q8_0: half a step of amax / 127. q4_0: steps of amax / 8 from -8 to 7, so a value opposite the largest
+            // one can clip by up to a whole step. The f16 scale adds a relative 2^-11.
+            const float bound = t == KvType::Q8_0 ? 0.5f * amax / 127 : amax / 8;
+            for (int j = 0; j < 32; ++j)
+                CHECK(std::fabs(y[size_t(32 * b + j)] - x[size_t(32 * b + j)]) <= bound + 1e-3f * amax);
+        }
+    }
+    CHECK(KvLayout{30, 3, 1, 64, KvType::Q8_0}.bytes_per_token() * 64 == KvLayout{30, 3, 1, 64, KvType::F16}.bytes_per_token() * 34);
+    CHECK(KvLayout{30, 3, 1, 64, KvType::Q4_0}.bytes_per_token() * 64 == KvLayout{30, 3, 1, 64, KvType::F16}.bytes_per_token() * 18);
+}
+
+TEST_CASE("attention over a quantized cache is attention over its decoded values, exactly", "[engine][kv]") {
+    const Config c = test::attention_config(8, 2, 64);
+    cpu::ThreadPool pool(2);
+    const int n_ctx = 40, n_pos = 23;
+    const std::vector<float> k = test::randn(size_t(n_pos) * 2 * 64, 41, 1.0f), v = test::randn(k.size(), 43, 1.0f);
+    const std::vector<float> q = test::randn(size_t(3) * 8 * 64, 47, 2.0f);
+    for (KvType t : {KvType::Q8_0, KvType::Q4_0}) {
+        INFO(kv_type_name(t));
+        KvCache quant(c, n_ctx, t), exact(c, n_ctx, KvType::F32);
+        quant.write(0, 0, n_pos, k.data(), v.data());
+        // the decoded rows, stored exactly
+        const GgmlType g = t == KvType::Q8_0 ? GgmlType::Q8_0 : GgmlType::Q4_0;
+        std::vector<float> kd(k.size()), vd(v.size());
+        for (int i = 0; i < n_pos; ++i)
+            for (int h = 0; h < 2; ++h) {
+                const size_t at = (size_t(i) * 2 + size_t(h)) * 64;
+                const int64_t rb = quant.layout().row_bytes();
+                dequantize_row(g, static_cast<const uint8_t*>(quant.k(0, h)) + i * rb, kd.data() + at, 64);
+                dequantize_row(g, static_cast<const uint8_t*>(quant.v(0, h)) + i * rb, vd.data() + at, 64);
+            }
+        exact.write(0, 0, n_pos, kd.data(), vd.data());
+        std::vector<float> a(q.size()), b(q.size()), scratch(size_t(2 * cpu::attention_scratch(c, n_ctx)));
+        cpu::attention(a.data(), q.data(), quant, 0, n_pos - 3, 3, c, scratch.data(), pool);
+        cpu::attention(b.data(), q.data(), exact, 0, n_pos - 3, 3, c, scratch.data(), pool);
+        CHECK(a == b);
+    }
+}
+
+TEST_CASE("cached and --no-kv-cache greedy runs agree with a q8_0 and a q4_0 cache", "[engine][kv][invariant]") {
+    const Model model = Model::load(test::shared("testdata/ref/open-gqa-Q4_K_M.gguf"));
+    const Tokenizer tok = Tokenizer::from_gguf(model.file);
+    const auto prompt = tok.encode("The KV cache stores the keys and values of earlier tokens.", true);
+    for (KvType t : {KvType::Q8_0, KvType::Q4_0}) {
+        INFO(kv_type_name(t));
+        std::vector<std::vector<int32_t>> runs;
+        for (bool cache : {true, false}) {
+            Settings s;
+            s.n_ctx = 128;
+            s.n_threads = 2;
+            s.kv_type = t;
+            const std::unique_ptr<Backend> backend = cpu::make_backend(model, s);
+            GenerateOptions g;
+            g.n_predict = 32;
+            g.kv_cache = cache;
+            g.sampler.temp = 0.0f;
+            runs.push_back(Generator(*backend).run(prompt, g, [](int32_t, const float*) { return true; }, nullptr,
+                                                   model.config.n_vocab).tokens);
+        }
+        CHECK(runs[0].size() == 32);
+        CHECK(runs[0] == runs[1]);
+    }
+}
+
+TEST_CASE("a quantized KV cache on a head_dim that is not a multiple of 32 is refused", "[engine][kv]") {
+    const Config c = test::attention_config(2, 2, 4);
+    CHECK_THROWS_WITH(KvCache(c, 8, KvType::Q8_0), Catch::Contains("head_dim is 4"));
 }

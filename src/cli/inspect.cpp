@@ -108,6 +108,16 @@ void run_inspect(const std::string& model_path, const std::string& json_path, bo
                              {"bytes_per_token", kv_per_token},
                              {"n_ctx", cfg.n_ctx_train},
                              {"bytes", kv_total}};
+            // Every --kv-type: bytes per token and for the trained context (null where the type cannot hold it).
+            nlohmann::ordered_json types = nlohmann::ordered_json::object();
+            for (KvType t : {KvType::F16, KvType::F32, KvType::Q8_0, KvType::Q4_0}) {
+                const KvLayout kv = KvLayout::of(cfg, cfg.n_ctx_train, t);
+                if (kv_type_quantized(t) && cfg.head_dim % 32 != 0)
+                    types[kv_type_name(t)] = nullptr;
+                else
+                    types[kv_type_name(t)] = {{"bytes_per_token", kv.bytes_per_token()}, {"bytes", kv.bytes()}};
+            }
+            j["kv_cache_types"] = types;
         }
         j["tokenizer"] = {{"model", tok_model}, {"pre", tok_pre}, {"n_tokens", tokens ? tokens->size() : 0}};
         nlohmann::ordered_json jt = nlohmann::ordered_json::object();
@@ -165,8 +175,18 @@ void run_inspect(const std::string& model_path, const std::string& json_path, bo
                                human_count(double(s.elements)), human_bytes(double(s.bytes)));
     }
     if (has_config)
+    {
         out += fmt::format("KV cache (f16): {} per token, {} for {} tokens\n", human_bytes(double(kv_per_token)),
                            human_bytes(double(kv_total)), cfg.n_ctx_train);
+        std::string others;
+        for (KvType t : {KvType::F32, KvType::Q8_0, KvType::Q4_0}) {
+            if (kv_type_quantized(t) && cfg.head_dim % 32 != 0) continue;
+            const KvLayout kv = KvLayout::of(cfg, cfg.n_ctx_train, t);
+            others += fmt::format("{}{} {} per token, {}", others.empty() ? "" : "; ", kv_type_name(t),
+                                  human_bytes(double(kv.bytes_per_token())), human_bytes(double(kv.bytes())));
+        }
+        out += fmt::format("  other --kv-type: {}\n", others);
+    }
     if (verbose) {
         out += "metadata:\n";
         for (const auto& [key, v] : file.metadata()) out += fmt::format("  {} = {}\n", key, v.describe());

@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "common/half.h"
+#include "model/quantize.h"
 
 namespace kvgen {
 
@@ -29,13 +30,21 @@ uint64_t available_memory() {
 }  // namespace
 
 KvCache::KvCache(const Config& c, int n_ctx, KvType type) : layout_(KvLayout::of(c, n_ctx, type)) {
+    if (kv_type_quantized(type) && c.head_dim % 32 != 0)
+        throw Error(fmt::format("--kv-type {}: quantized cache rows are blocks of 32 values, and this model's head_dim "
+                                "is {} (use f16 or f32)",
+                                kv_type_name(type), c.head_dim));
     const size_t bytes = layout_.bytes();
     const uint64_t available = available_memory();
     auto fail = [&](const std::string& why) {
         return Error(fmt::format("cannot allocate the KV cache: {} bytes needed for {} positions{} (lower --ctx-size)",
                                  bytes, n_ctx, why));
     };
-    if (available != 0 && bytes > available) throw fail(fmt::format(", {} bytes available", available));
+    if (available != 0 && bytes > available)
+        throw fail(fmt::format(", {} bytes available: at most {} positions fit at {} ({} bytes each; a quantized "
+                               "--kv-type holds more)",
+                               available, available / uint64_t(layout_.bytes_per_token()), kv_type_name(type),
+                               layout_.bytes_per_token()));
     k_.reset(std::calloc(bytes / 2, 1));
     v_.reset(std::calloc(bytes / 2, 1));
     if (!k_ || !v_) throw fail("");
@@ -47,21 +56,33 @@ KvCache::KvCache(const Config& c, int n_ctx, KvType type) : layout_(KvLayout::of
 
 void KvCache::write(int l, int pos0, int n, const float* k, const float* v) {
     const int n_kv_heads = layout_.n_kv_heads, head_dim = layout_.head_dim;
+    const int64_t rb = layout_.row_bytes();
     for (int i = 0; i < n; ++i) {
         for (int h = 0; h < n_kv_heads; ++h) {
-            const int64_t off = layout_.offset(l, h, pos0 + i);
+            const int64_t off = layout_.row_index(l, h, pos0 + i) * rb;
+            char* kd = static_cast<char*>(k_.get()) + off;
+            char* vd = static_cast<char*>(v_.get()) + off;
             const float* ks = k + (int64_t(i) * n_kv_heads + h) * head_dim;
             const float* vs = v + (int64_t(i) * n_kv_heads + h) * head_dim;
-            if (layout_.type == KvType::F16) {
-                auto* kd = static_cast<uint16_t*>(k_.get()) + off;
-                auto* vd = static_cast<uint16_t*>(v_.get()) + off;
-                for (int j = 0; j < head_dim; ++j) {
-                    kd[j] = fp32_to_fp16(ks[j]);
-                    vd[j] = fp32_to_fp16(vs[j]);
-                }
-            } else {
-                std::memcpy(static_cast<float*>(k_.get()) + off, ks, size_t(head_dim) * 4);
-                std::memcpy(static_cast<float*>(v_.get()) + off, vs, size_t(head_dim) * 4);
+            switch (layout_.type) {
+                case KvType::F16:
+                    for (int j = 0; j < head_dim; ++j) {
+                        reinterpret_cast<uint16_t*>(kd)[j] = fp32_to_fp16(ks[j]);
+                        reinterpret_cast<uint16_t*>(vd)[j] = fp32_to_fp16(vs[j]);
+                    }
+                    break;
+                case KvType::F32:
+                    std::memcpy(kd, ks, size_t(head_dim) * 4);
+                    std::memcpy(vd, vs, size_t(head_dim) * 4);
+                    break;
+                case KvType::Q8_0:
+                    quantize_row_q8_0(ks, kd, head_dim);
+                    quantize_row_q8_0(vs, vd, head_dim);
+                    break;
+                case KvType::Q4_0:
+                    quantize_row_q4_0(ks, kd, head_dim);
+                    quantize_row_q4_0(vs, vd, head_dim);
+                    break;
             }
         }
     }

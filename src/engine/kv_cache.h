@@ -12,7 +12,8 @@ namespace kvgen {
 
 class KvCache {
 public:
-    // Throws kvgen::Error giving the bytes needed when the memory cannot be had.
+    // Throws kvgen::Error giving the bytes needed when the memory cannot be had, or for a quantized type on a
+    // head_dim that is not a multiple of 32.
     KvCache(const Config& c, int n_ctx, KvType type);
 
     const KvLayout& layout() const { return layout_; }
@@ -20,16 +21,17 @@ public:
     int n_ctx() const { return layout_.n_ctx; }
     size_t bytes() const { return layout_.bytes(); }
 
-    // The cached rows of layer l, KV head h: [n_ctx][head_dim].
-    const void* k(int l, int h) const { return base(k_.get(), layout_.offset(l, h, 0)); }
-    const void* v(int l, int h) const { return base(v_.get(), layout_.offset(l, h, 0)); }
+    // The cached rows of layer l, KV head h: n_ctx rows of layout().row_bytes() bytes.
+    const void* k(int l, int h) const { return base(k_.get(), layout_.row_index(l, h, 0)); }
+    const void* v(int l, int h) const { return base(v_.get(), layout_.row_index(l, h, 0)); }
 
-    // Stores n positions starting at pos0 for layer l; k and v are [n][n_kv_heads * head_dim].
+    // Stores n positions starting at pos0 for layer l (rounded to the cache's type); k and v are
+    // [n][n_kv_heads * head_dim].
     void write(int l, int pos0, int n, const float* k, const float* v);
 
 private:
-    const void* base(const void* p, int64_t off) const {
-        return static_cast<const char*>(p) + off * int64_t(layout_.elem_bytes());
+    const void* base(const void* p, int64_t row) const {
+        return static_cast<const char*>(p) + row * layout_.row_bytes();
     }
 
     KvLayout layout_;

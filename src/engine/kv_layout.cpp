@@ -7,12 +7,20 @@
 
 namespace kvgen {
 
-const char* kv_type_name(KvType t) { return t == KvType::F16 ? "f16" : "f32"; }
+const char* kv_type_name(KvType t) {
+    switch (t) {
+        case KvType::F16: return "f16";
+        case KvType::F32: return "f32";
+        case KvType::Q8_0: return "q8_0";
+        case KvType::Q4_0: return "q4_0";
+    }
+    return "?";
+}
 
-const char* kv_type_names() { return "f16, f32"; }
+const char* kv_type_names() { return "f16, f32, q8_0, q4_0"; }
 
 KvType kv_type_from_name(const std::string& name, const char* option) {
-    for (KvType t : {KvType::F16, KvType::F32})
+    for (KvType t : {KvType::F16, KvType::F32, KvType::Q8_0, KvType::Q4_0})
         if (name == kv_type_name(t)) return t;
     throw Error(fmt::format("{} '{}': expected one of {}", option, name, kv_type_names()));
 }

@@ -13,14 +13,18 @@ namespace kvgen {
 
 struct Config;
 
-enum class KvType { F16, F32 };
+// f16 and f32 store each element; q8_0 and q4_0 store each row of head_dim values as ggml's Q8_0 / Q4_0 blocks of 32
+// (34 / 18 bytes: a scale and 8- / 4-bit values), quantized as a row is written.
+enum class KvType { F16, F32, Q8_0, Q4_0 };
 
-// "f16", "f32": the names --kv-type and llama.cpp's -ctk/-ctv take.
+// "f16", "f32", "q8_0", "q4_0": the names --kv-type and llama.cpp's -ctk/-ctv take.
 const char* kv_type_name(KvType t);
 // The type of a name above; throws kvgen::Error naming `option` and the valid names for anything else.
 KvType kv_type_from_name(const std::string& name, const char* option);
-// "f16, f32", for help texts and messages.
+// "f16, f32, q8_0, q4_0", for help texts and messages.
 const char* kv_type_names();
+// Whether rows are stored as blocks of 32 (head_dim must then be a multiple of 32).
+inline bool kv_type_quantized(KvType t) { return t == KvType::Q8_0 || t == KvType::Q4_0; }
 
 struct KvLayout {
     int n_layers = 0;
@@ -37,10 +41,21 @@ struct KvLayout {
     // Element offset of (KV head h, position t) inside one layer; of (layer l, h, t) in the whole K or V.
     KVGEN_HD int64_t row(int h, int t) const { return (int64_t(h) * n_ctx + t) * head_dim; }
     KVGEN_HD int64_t offset(int l, int h, int t) const { return int64_t(l) * layer_elems() + row(h, t); }
+    // The same place counted in rows, for any type: its bytes start at row_index(l, h, t) * row_bytes().
+    KVGEN_HD int64_t row_index(int l, int h, int t) const { return (int64_t(l) * n_kv_heads + h) * n_ctx + t; }
 
-    int elem_bytes() const { return type == KvType::F16 ? 2 : 4; }
+    // Bytes of one cached row of head_dim values.
+    int64_t row_bytes() const {
+        switch (type) {
+            case KvType::F16: return int64_t(head_dim) * 2;
+            case KvType::F32: return int64_t(head_dim) * 4;
+            case KvType::Q8_0: return int64_t(head_dim) / 32 * 34;
+            case KvType::Q4_0: return int64_t(head_dim) / 32 * 18;
+        }
+        return 0;
+    }
     // K and V bytes for one position across all layers, and for the whole cache.
-    int64_t bytes_per_token() const { return 2 * int64_t(n_layers) * n_kv_heads * head_dim * elem_bytes(); }
+    int64_t bytes_per_token() const { return 2 * int64_t(n_layers) * n_kv_heads * row_bytes(); }
     size_t bytes() const { return size_t(bytes_per_token()) * size_t(n_ctx); }
 };
 
