@@ -199,6 +199,12 @@ int main(int argc, char** argv) {
     app.add_flag("--perplexity", perplexity,
                  "measure perplexity on the text of -f FILE as llama-perplexity does: chunks of -c tokens, the second "
                  "half of each scored");
+    std::string kl_base, kl;
+    app.add_option("--kl-divergence-base", kl_base,
+                   "--perplexity: save each scored token's distribution (top 32 + the rest) to this file");
+    app.add_option("--kl-divergence", kl,
+                   "--perplexity: compare with a --kl-divergence-base file of the same model's vocabulary, text and -c "
+                   "(mean KL divergence, same top token, PPL change)");
     app.add_flag("--bench-memory", bench_memory, "measure memory read bandwidth (the ceiling for decode), then exit");
     app.add_flag("--list-devices", devices, "list the devices kvgen can run on, then exit");
     app.add_flag("-v,--verbose", verbose, "more detail (--inspect: every metadata key; --chat: the formatted prompt)");
@@ -228,6 +234,8 @@ int main(int argc, char** argv) {
         only_with(app, "--repetitions", bench, "--bench (-r is the reverse prompt when generating)");
         only_with(app, "--n-depth", bench, "--bench");
         only_with(app, "--output-format", bench, "--bench");
+        only_with(app, "--kl-divergence-base", perplexity, "--perplexity");
+        only_with(app, "--kl-divergence", perplexity, "--perplexity");
         if (bench && !gen.reverse_prompts.empty())
             throw kvgen::Error(
                 "--reverse-prompt applies to generation, not --bench (where -r is the repetition count)");
@@ -294,6 +302,8 @@ int main(int argc, char** argv) {
             p.no_bos = tok_opt.no_bos;
             p.run = gen.run;
             p.json_path = json_path;
+            p.kl_base_path = kl_base;
+            p.kl_path = kl;
             if (json_path == "-") throw kvgen::Error("--json -: stdout carries the perplexity; give a file name");
             kvgen::run_perplexity(p);
             return 0;

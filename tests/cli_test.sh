@@ -111,12 +111,16 @@ fi
 expect_error "generate: --kv-type q4" "kv-type" "$kvgen" -m "$ref" -p hi --kv-type q4
 expect_error "generate: vocabulary-only file" "vocabulary-only" "$kvgen" -m "$spm" -p hi
 printf 'Once upon a time, there was a little girl.\n' >"$tmp/short.txt"
+for _ in $(seq 40); do echo "The quick brown fox jumps over the lazy dog, and the cat watches it from the wall."; done \
+    >"$tmp/long.txt"
 expect_error "perplexity: a text shorter than two chunks" "needs at least" "$kvgen" -m "$ref" --perplexity \
     -f "$tmp/short.txt" -c 64
 expect_error "perplexity: no -f" "needs the text as -f" "$kvgen" -m "$ref" --perplexity -p hello
+expect_error "perplexity: a KL base file that is not one" "not a kvgen KL base file" "$kvgen" -m "$ref" --perplexity \
+    -f "$tmp/long.txt" -c 64 --kl-divergence "$tmp/short.txt"
+expect_error "--kl-divergence without --perplexity" "only applies to --perplexity" "$kvgen" -m "$ref" -p hi \
+    --kl-divergence "$tmp/short.txt"
 # --perplexity on two chunks: the running value per chunk and llama-perplexity's final line on stdout
-for _ in $(seq 40); do echo "The quick brown fox jumps over the lazy dog, and the cat watches it from the wall."; done \
-    >"$tmp/long.txt"
 if "$kvgen" -m "$ref" --perplexity -f "$tmp/long.txt" -c 64 -t 1 >"$tmp/ppl.out" 2>"$tmp/ppl.err" &&
     grep -q '^\[1\][0-9.]*,\[2\][0-9.]*,' "$tmp/ppl.out" && grep -q '^Final estimate: PPL = [0-9.]* +/- [0-9.]*$' "$tmp/ppl.out"; then
     pass "perplexity: running values and the final estimate"

@@ -3,7 +3,11 @@
 // llama-perplexity's formulas.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
 #include "cli/perplexity.h"
 #include "cpu/cpu_backend.h"
@@ -65,4 +69,40 @@ TEST_CASE("perplexity (--perplexity) equals the hand-computed value from token-b
     CHECK(std::fabs(got.ppl - ppl) <= 1e-3 * ppl);
     CHECK(std::fabs(got.ppl_stderr - sd * ppl) <= 1e-2 * sd * ppl);
     CHECK(got.ppl > 1.0);
+}
+
+TEST_CASE("KL divergence against a base run: zero against itself, small for a q8_0 cache, refused for another text",
+          "[perplexity]") {
+    std::string text;
+    for (int i = 0; i < 6; ++i) text += "The little boat sailed past the lighthouse every evening at dusk. ";
+    PerplexityOptions opt;
+    opt.model_path = test::shared("testdata/ref/open-gqa-Q8_0.gguf");
+    opt.text_path = "(test)";
+    opt.text = text;
+    opt.run.device = "cpu";
+    opt.run.n_ctx = 32;
+    opt.run.n_threads = 1;
+    char dir[] = "/tmp/kvgen-kl-XXXXXX";
+    REQUIRE(mkdtemp(dir) != nullptr);
+    const std::string base = std::string(dir) + "/base.kld";
+    opt.kl_base_path = base;
+    const PerplexityResult b = run_perplexity(opt);
+    opt.kl_base_path.clear();
+    opt.kl_path = base;
+    const PerplexityResult same = run_perplexity(opt);
+    REQUIRE(same.have_kl);
+    CHECK(same.kl < 1e-6);
+    CHECK(same.top1 == 1.0);
+    CHECK(same.base_ppl == b.ppl);
+    opt.run.kv_type = KvType::Q4_0;
+    const PerplexityResult q = run_perplexity(opt);
+    CHECK(q.kl > same.kl);
+    CHECK(q.kl < 0.5);
+    opt.text = "A different text. " + text;  // other tokens in the scored chunks
+    CHECK_THROWS_WITH(run_perplexity(opt), Catch::Contains("another text"));
+    opt.text = text;
+    opt.run.n_ctx = 16;
+    CHECK_THROWS_WITH(run_perplexity(opt), Catch::Contains("made with -c 32"));
+    std::remove(base.c_str());
+    rmdir(dir);
 }
