@@ -33,6 +33,23 @@ KVGEN_HD float matvec_ragged_lane(GgmlType type, const uint8_t* __restrict__ row
     return acc;
 }
 
+// 32 activations (16-byte aligned), eight 16-byte loads.
+KVGEN_HD void load_chunk(const float* __restrict__ x, float (&xv)[32]) {
+    const float4* xp = reinterpret_cast<const float4*>(x);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+#if defined(__CUDA_ARCH__)
+        const float4 t = __ldg(xp + k);
+#else
+        const float4 t = xp[k];
+#endif
+        xv[4 * k] = t.x;
+        xv[4 * k + 1] = t.y;
+        xv[4 * k + 2] = t.z;
+        xv[4 * k + 3] = t.w;
+    }
+}
+
 template <GgmlType T>
 KVGEN_HD void matvec_lane(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t n_chunks, int64_t rows, int64_t r0,
                           int lane, const float* __restrict__ x, float (&acc)[kMvRows]) {
@@ -40,19 +57,7 @@ KVGEN_HD void matvec_lane(const uint8_t* __restrict__ w, int64_t row_bytes, int6
     for (int r = 0; r < kMvRows; ++r) acc[r] = 0.0f;
     for (int64_t c = lane; c < n_chunks; c += 32) {
         float xv[32];
-        const float4* xp = reinterpret_cast<const float4*>(x + c * 32);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-#if defined(__CUDA_ARCH__)
-            const float4 t = __ldg(xp + k);
-#else
-            const float4 t = xp[k];
-#endif
-            xv[4 * k] = t.x;
-            xv[4 * k + 1] = t.y;
-            xv[4 * k + 2] = t.z;
-            xv[4 * k + 3] = t.w;
-        }
+        load_chunk(x + c * 32, xv);
 #pragma unroll
         for (int r = 0; r < kMvRows; ++r) {
             if (r0 + r < rows) {
@@ -94,19 +99,7 @@ KVGEN_HD void matvec_batch_lane(const uint8_t* __restrict__ w, int64_t row_bytes
         for (int i = 0; i < NT; ++i) {
             if (i >= n) break;
             float xv[32];
-            const float4* xp = reinterpret_cast<const float4*>(x + i * cols + c * 32);
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-#if defined(__CUDA_ARCH__)
-                const float4 t = __ldg(xp + k);
-#else
-                const float4 t = xp[k];
-#endif
-                xv[4 * k] = t.x;
-                xv[4 * k + 1] = t.y;
-                xv[4 * k + 2] = t.z;
-                xv[4 * k + 3] = t.w;
-            }
+            load_chunk(x + i * cols + c * 32, xv);
 #pragma unroll
             for (int r = 0; r < kMvRows; ++r) {
                 if (r0 + r >= rows) continue;

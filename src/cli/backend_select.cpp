@@ -1,6 +1,7 @@
 #include "cli/backend_select.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "common/error.h"
 #include "cpu/cpu_backend.h"
@@ -27,6 +28,16 @@ std::string resolve_device(const std::string& device, const std::string& asked_b
                                 asked_by));
 #endif
     return "cpu";
+}
+
+Tokenizer tokenizer_for(const Model& model, const std::string& path) {
+    Tokenizer tok = Tokenizer::from_gguf(model.file);
+    if (tok.n_vocab() != model.config.n_vocab)
+        throw Error(fmt::format("{}: the tokenizer has {} tokens but the model {}", path, tok.n_vocab(),
+                                model.config.n_vocab));
+    if (tok.pre_fallback())
+        spdlog::warn("unknown pre-tokenizer '{}': using GPT-2's rules, token ids may differ from the model's", tok.pre());
+    return tok;
 }
 
 SelectedBackend make_backend(const Model& model, const Settings& s) {

@@ -6,6 +6,7 @@
 #include "engine/backend.h"
 #include "engine/settings.h"
 #include "model/weights.h"
+#include "tokenizer/tokenizer.h"
 
 namespace kvgen {
 
@@ -23,5 +24,9 @@ std::string resolve_device(const std::string& device, const std::string& asked_b
 
 // Throws kvgen::Error for a device this build or machine lacks, or an option the device does not support.
 SelectedBackend make_backend(const Model& model, const Settings& s);
+
+// The model's tokenizer, checked against the model (the same vocabulary size; a warning for an unknown
+// pre-tokenizer). path names the model in messages.
+Tokenizer tokenizer_for(const Model& model, const std::string& path);
 
 }  // namespace kvgen

@@ -120,12 +120,7 @@ int run_generate(const GenerateCliOptions& opt) {
     const auto t_load = std::chrono::steady_clock::now();
     const Model model = Model::load(opt.model_path);
     const Config& c = model.config;
-    const Tokenizer tok = Tokenizer::from_gguf(model.file);
-    if (tok.n_vocab() != c.n_vocab)
-        throw Error(fmt::format("{}: the tokenizer has {} tokens but the model {}", opt.model_path, tok.n_vocab(),
-                                c.n_vocab));
-    if (tok.pre_fallback())
-        spdlog::warn("unknown pre-tokenizer '{}': using GPT-2's rules, token ids may differ from the model's", tok.pre());
+    const Tokenizer tok = tokenizer_for(model, opt.model_path);
 
     const std::string text = opt.chat ? apply_chat_template(model.file, opt.prompt, opt.system_prompt) : opt.prompt;
     const std::vector<int32_t> prompt = tok.encode(text, tok.add_bos() && !opt.no_bos, opt.special || opt.chat);

@@ -83,10 +83,7 @@ PerplexityResult run_perplexity(const PerplexityOptions& opt) {
     resolve_device(opt.run.device);  // a missing device fails before the model loads
     const Model model = Model::load(opt.model_path);
     const Config& c = model.config;
-    const Tokenizer tok = Tokenizer::from_gguf(model.file);
-    if (tok.n_vocab() != c.n_vocab)
-        throw Error(fmt::format("{}: the tokenizer has {} tokens but the model {}", opt.model_path, tok.n_vocab(),
-                                c.n_vocab));
+    const Tokenizer tok = tokenizer_for(model, opt.model_path);
     const bool add_bos = tok.add_bos() && !opt.no_bos && tok.bos() >= 0;
     std::vector<int32_t> tokens = tok.encode(opt.text, add_bos);
 
