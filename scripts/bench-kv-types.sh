@@ -112,11 +112,12 @@ for r in rows:
 open(f"{out}/results.md", "w").write("\n".join(L) + "\n")
 print("\n".join(L))
 PY
+machine_short=${machine%%;*}
 if command -v gnuplot >/dev/null; then
     gnuplot <<GNUPLOT
-set terminal pngcairo size 800,500
+set terminal pngcairo size 800,500 noenhanced
 set output "$out/kv-types.png"
-set title "KV cache type: perplexity against bytes per token ($(basename "$model"), $commit)"
+set title "KV cache type: perplexity against bytes per token\n$(basename "$model"), -c $ctx, $machine_short, $commit"
 set xlabel "KV cache bytes per token"
 set ylabel "perplexity (-c $ctx)"
 set datafile separator ","
