@@ -369,13 +369,24 @@ std::unique_ptr<Backend> make_backend(const Model& model, const Settings& s) {
     size_t free_b = 0, total_b = 0;
     KVGEN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     const CudaMemoryPlan plan = plan_memory(model, s);
-    if (plan.total() + kReserve > free_b)
+    if (plan.total() + kReserve > free_b) {
+        // The positions whose cache fits beside the weights and buffers (the buffers as planned for this context,
+        // an upper bound for a smaller one).
+        const size_t fixed = plan.weights + plan.buffers + kReserve;
+        const int64_t per_token = KvLayout::of(c, 1, KvType::F16).bytes_per_token();
+        const int64_t fit = free_b > fixed ? int64_t((free_b - fixed) / size_t(per_token)) : 0;
+        const std::string hint =
+            fit >= 2 ? fmt::format("about {} positions fit (try --ctx-size {} or a smaller --batch-size, or --device "
+                                   "cpu)",
+                                   fit, fit)
+                     : "the weights and buffers alone do not fit (try a smaller --batch-size, or --device cpu)";
         throw Error(fmt::format(
             "not enough GPU memory on {}: needs {} (weights {}, KV cache {} for {} positions, buffers {}, plus {} "
-            "for CUDA itself) but {} of {} is free (try a smaller --ctx-size or --batch-size, or --device cpu)",
+            "for CUDA itself) but {} of {} is free: {}",
             describe_device(device), gib(double(plan.total() + kReserve)), gib(double(plan.weights)),
             gib(double(plan.kv_cache)), s.context_size(c), gib(double(plan.buffers)), gib(double(kReserve)),
-            gib(double(free_b)), gib(double(total_b))));
+            gib(double(free_b)), gib(double(total_b)), hint));
+    }
     return std::make_unique<Backend>(c, std::make_unique<CudaOps>(model, s, device));
 }
 
