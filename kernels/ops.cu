@@ -113,6 +113,20 @@ __global__ void get_rows_kernel(const uint8_t* __restrict__ w, int64_t row_bytes
 
 // --- decode matrix-vector product (matvec.cuh) -------------------------------------------------------------------
 
+// The epilogue of the one-token products: each of the warp's rows summed over its lanes, lane 0 writing (or adding)
+// it where the RowSplit puts it.
+__device__ __forceinline__ void store_rows(const float (&acc)[kMvRows], int64_t r0, int64_t rows, int lane,
+                                           const RowSplit& y, int accumulate) {
+#pragma unroll
+    for (int r = 0; r < kMvRows; ++r) {
+        const float v = warp_sum(acc[r]);
+        if (lane == 0 && r0 + r < rows) {
+            float* out = y.at(r0 + r);
+            *out = accumulate ? *out + v : v;
+        }
+    }
+}
+
 template <GgmlType T>
 __global__ void __launch_bounds__(kMvWarps* kWarp)
     matvec_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t n_chunks, int64_t rows,
@@ -122,14 +136,7 @@ __global__ void __launch_bounds__(kMvWarps* kWarp)
     if (r0 >= rows) return;
     float acc[kMvRows];
     matvec_lane<T>(w, row_bytes, n_chunks, rows, r0, lane, x, acc);
-#pragma unroll
-    for (int r = 0; r < kMvRows; ++r) {
-        const float v = warp_sum(acc[r]);
-        if (lane == 0 && r0 + r < rows) {
-            float* out = y.at(r0 + r);
-            *out = accumulate ? *out + v : v;
-        }
-    }
+    store_rows(acc, r0, rows, lane, y, accumulate);
 }
 
 // y[i][r] = W[r] . x[i] (+= when accumulate) for n <= NT tokens: each chunk of W decoded once (matvec.cuh).
@@ -171,14 +178,7 @@ __global__ void __launch_bounds__(kMvWarps* kWarp)
     if (r0 >= rows) return;
     float acc[kMvRows];
     matvec_int_lane<T>(w, row_bytes, n_chunks, rows, r0, lane, x, acc);
-#pragma unroll
-    for (int r = 0; r < kMvRows; ++r) {
-        const float v = warp_sum(acc[r]);
-        if (lane == 0 && r0 + r < rows) {
-            float* out = y.at(r0 + r);
-            *out = accumulate ? *out + v : v;
-        }
-    }
+    store_rows(acc, r0, rows, lane, y, accumulate);
 }
 
 template <GgmlType T>
