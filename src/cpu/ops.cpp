@@ -59,7 +59,9 @@ void add(float* x, const float* y, int64_t count) {
     for (int64_t j = 0; j < count; ++j) x[j] += y[j];
 }
 
-int64_t attention_scratch(const Config& c, int n_ctx) { return c.head_dim + int64_t(c.n_rep()) * n_ctx; }
+int64_t attention_scratch(const Config& c, int n_ctx) {
+    return c.head_dim + int64_t(c.n_rep()) * n_ctx + int64_t(c.n_rep()) * c.head_dim;
+}
 
 void attention(float* out, const float* q, const KvCache& kv, int l, int pos0, int n, const Config& c,
                float* scratch, ThreadPool& pool) {

@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "common/half.h"
+#include "engine/kv_rotation.h"
 #include "model/quantize.h"
 
 namespace kvgen {
@@ -45,6 +46,7 @@ KvCache::KvCache(const Config& c, int n_ctx, KvType type) : layout_(KvLayout::of
                                "--kv-type holds more)",
                                available, available / uint64_t(layout_.bytes_per_token()), kv_type_name(type),
                                layout_.bytes_per_token()));
+    rotated_.resize(size_t(2 * c.head_dim));
     k_.reset(std::calloc(bytes / 2, 1));
     v_.reset(std::calloc(bytes / 2, 1));
     if (!k_ || !v_) throw fail("");
@@ -57,6 +59,13 @@ KvCache::KvCache(const Config& c, int n_ctx, KvType type) : layout_(KvLayout::of
 void KvCache::write(int l, int pos0, int n, const float* k, const float* v) {
     const int n_kv_heads = layout_.n_kv_heads, head_dim = layout_.head_dim;
     const int64_t rb = layout_.row_bytes();
+    // note: a quantized row is stored in the rotated basis of kv_rotation.h: H x per piece, then quantized.
+    float* kr = rotated_.data();
+    float* vr = kr + head_dim;
+    auto rotate = [&](float* dst, const float* src) {
+        for (int j = 0; j < head_dim; ++j) dst[j] = src[j];
+        kv_rotate(dst, head_dim);
+    };
     for (int i = 0; i < n; ++i) {
         for (int h = 0; h < n_kv_heads; ++h) {
             const int64_t off = layout_.row_index(l, h, pos0 + i) * rb;
@@ -76,12 +85,16 @@ void KvCache::write(int l, int pos0, int n, const float* k, const float* v) {
                     std::memcpy(vd, vs, size_t(head_dim) * 4);
                     break;
                 case KvType::Q8_0:
-                    quantize_row_q8_0(ks, kd, head_dim);
-                    quantize_row_q8_0(vs, vd, head_dim);
+                    rotate(kr, ks);
+                    rotate(vr, vs);
+                    quantize_row_q8_0(kr, kd, head_dim);
+                    quantize_row_q8_0(vr, vd, head_dim);
                     break;
                 case KvType::Q4_0:
-                    quantize_row_q4_0(ks, kd, head_dim);
-                    quantize_row_q4_0(vs, vd, head_dim);
+                    rotate(kr, ks);
+                    rotate(vr, vs);
+                    quantize_row_q4_0(kr, kd, head_dim);
+                    quantize_row_q4_0(vr, vd, head_dim);
                     break;
             }
         }

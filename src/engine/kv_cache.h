@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "engine/kv_layout.h"
 #include "model/config.h"
@@ -25,8 +26,8 @@ public:
     const void* k(int l, int h) const { return base(k_.get(), layout_.row_index(l, h, 0)); }
     const void* v(int l, int h) const { return base(v_.get(), layout_.row_index(l, h, 0)); }
 
-    // Stores n positions starting at pos0 for layer l (rounded to the cache's type); k and v are
-    // [n][n_kv_heads * head_dim].
+    // Stores n positions starting at pos0 for layer l (rounded to the cache's type; a quantized type stores each row
+    // in the rotated basis of kv_rotation.h); k and v are [n][n_kv_heads * head_dim].
     void write(int l, int pos0, int n, const float* k, const float* v);
 
 private:
@@ -39,6 +40,7 @@ private:
         void operator()(void* p) const;
     };
     std::unique_ptr<void, Free> k_, v_;
+    std::vector<float> rotated_;  // [2][head_dim]: one K and one V row on their way into a quantized cache
 };
 
 }  // namespace kvgen
