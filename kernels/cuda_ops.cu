@@ -103,7 +103,7 @@ private:
 CudaOps::CudaOps(const Model& model, const Settings& s, int device)
     : c_(model.config),
       device_(device),
-      kv_(KvLayout::of(model.config, s.context_size(model.config), s.kv_type)),
+      kv_(KvLayout::of(model.config, s.context_size(model.config), s.kv_type_k, s.kv_type_v)),
       n_batch_(s.batch_size(kv_.n_ctx)),
       n_logits_(s.logits_rows(kv_.n_ctx)),
       graphs_(s.cuda_graphs),
@@ -352,9 +352,11 @@ std::unique_ptr<Backend> make_backend(const Model& model, const Settings& s) {
     if (devices.empty()) throw Error(fmt::format("--device cuda: {}", why));
     if (device < 0 || device >= int(devices.size()))
         throw Error(fmt::format("--device cuda{}: only {} CUDA device(s) visible", device, devices.size()));
-    if (s.kv_type != KvType::F16)
+    if (s.kv_type_k != KvType::F16 || s.kv_type_v != KvType::F16) {
+        const std::string asked = kv_types_name(s.kv_type_k, s.kv_type_v);
         throw Error(fmt::format("--kv-type {}: the CUDA backend keeps its KV cache in f16 (use --device cpu for {})",
-                                kv_type_name(s.kv_type), kv_type_name(s.kv_type)));
+                                asked, asked));
+    }
 
     const Config& c = model.config;
     if (!attention_head_dim_supported(c.head_dim))

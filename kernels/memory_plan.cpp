@@ -58,7 +58,7 @@ MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int n_lo
     p.rope_factors = place(m.weights.rope_freqs.tensor ? half : 0, 8);
     p.weights = align_up(end);
 
-    KVGEN_ASSERT(kv.type == KvType::F16);
+    KVGEN_ASSERT(kv.k_type == KvType::F16 && kv.v_type == KvType::F16);
     p.k_cache = place(kv.elems(), 2);
     p.v_cache = place(kv.elems(), 2);
     p.kv_cache = align_up(end) - p.weights;

@@ -459,7 +459,7 @@ void rope(float* x, const float* cos_t, const float* sin_t, int n, int n_heads, 
 
 void store_kv(__half* k_cache, __half* v_cache, const float* k, const float* v, const float* cos_t, const float* sin_t,
               const int* d_pos0, int n, const KvLayout& kv, int rope_dim, cudaStream_t s) {
-    KVGEN_ASSERT(kv.type == KvType::F16);
+    KVGEN_ASSERT(kv.k_type == KvType::F16 && kv.v_type == KvType::F16);
     const int64_t items = int64_t(n) * kv.n_kv_heads * (kv.head_dim / 2);
     store_kv_kernel<<<grid_for(items, 256), 256, 0, s>>>(k, v, cos_t, sin_t, n, d_pos0, kv, rope_dim / 2, k_cache,
                                                          v_cache);
@@ -512,7 +512,7 @@ int attention_counters(int n_heads, const KvLayout& kv) {
 void attention_decode(float* out, float* partials, int* counters, const float* q, const __half* k_cache,
                       const __half* v_cache, const int* d_pos0, int n_heads, const KvLayout& kv, int splits,
                       cudaStream_t s) {
-    KVGEN_ASSERT(kv.type == KvType::F16);
+    KVGEN_ASSERT(kv.k_type == KvType::F16 && kv.v_type == KvType::F16);
     const int n_rep = n_heads / kv.n_kv_heads;
     const float scale = 1.0f / std::sqrt(float(kv.head_dim));
     const bool ok = dispatch_attention(n_rep, kv.head_dim, [&](auto nq, auto e) {
@@ -530,7 +530,7 @@ void attention_decode(float* out, float* partials, int* counters, const float* q
 
 void attention_prefill(float* out, const float* q, const __half* k_cache, const __half* v_cache, const int* d_pos0,
                        int n, int n_heads, const KvLayout& kv, cudaStream_t s) {
-    KVGEN_ASSERT(kv.type == KvType::F16);
+    KVGEN_ASSERT(kv.k_type == KvType::F16 && kv.v_type == KvType::F16);
     const int n_rep = n_heads / kv.n_kv_heads;
     const float scale = 1.0f / std::sqrt(float(kv.head_dim));
     const bool ok = dispatch_attention(n_rep, kv.head_dim, [&](auto nq, auto e) {

@@ -70,7 +70,7 @@ void rope_tables(float* cos_t, float* sin_t, const int* d_pos0, int n, int half,
 void rope(float* x, const float* cos_t, const float* sin_t, int n, int n_heads, int head_dim, int rope_dim,
           cudaStream_t s);
 // Writes n positions of K (rotated like rope(); cos_t == nullptr: as given) and V, each [n][n_kv_heads][head_dim]
-// f32, into one layer's f16 cache (kv.type F16) at positions *d_pos0 .. Twin: cpu::rope + KvCache::write.
+// f32, into one layer's f16 cache (kv.k_type and v_type F16) at positions *d_pos0 .. Twin: cpu::rope + KvCache::write.
 void store_kv(__half* k_cache, __half* v_cache, const float* k, const float* v, const float* cos_t, const float* sin_t,
               const int* d_pos0, int n, const KvLayout& kv, int rope_dim, cudaStream_t s);
 

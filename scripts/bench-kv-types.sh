@@ -2,9 +2,10 @@
 # What each KV cache type costs and buys: for every --kv-type, its bytes per token, perplexity and KL divergence
 # against the first type (f16) on a real English text, and decode speed at depth 0 and at a deep cache.
 #
-# usage: scripts/bench-kv-types.sh [MODEL.gguf] [--types f16,q8_0,q4_0] [--ctx 512] [--depth 4096] [--threads T]
-#                                  [--text FILE] [--out DIR]
+# usage: scripts/bench-kv-types.sh [MODEL.gguf] [--types f16,q8_0,q8_0/q4_0,q4_0] [--ctx 512] [--depth 4096]
+#                                  [--threads T] [--text FILE] [--out DIR]
 #
+# A type K/V (q8_0/q4_0) gives the K and V caches their own types, as --kv-type K/V (or -ctk K -ctv V) does.
 # The text: usr/share/games/fortunes/people from the Debian package `fortunes` (quotations by and about people,
 # about 40,000 tokens for the default model), fetched with `apt-get download fortunes` and unpacked with dpkg-deb
 # into the output folder; --text FILE uses another. Perplexity as llama-perplexity measures it (kvgen --perplexity
@@ -20,7 +21,7 @@ usage() { sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"; }
 source "$(dirname "${BASH_SOURCE[0]}")/lib/bench.sh"
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 invocation=$(words scripts/bench-kv-types.sh "$@")
-model="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf" types=f16,q8_0,q4_0 ctx=512 depth=4096 threads="" text=""
+model="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf" types=f16,q8_0,q8_0/q4_0,q4_0 ctx=512 depth=4096 threads="" text=""
 out="bench-kv-types-out"
 while (($#)); do
     case $1 in
@@ -66,14 +67,15 @@ echo "bench-kv-types: $n_text tokens of text, -c $ctx, decode at depths 0 and $d
 first=""
 IFS=, read -r -a type_list <<<"$types"
 for t in "${type_list[@]}"; do
+    f=${t//\//-}  # q8_0/q4_0 (K/V) -> q8_0-q4_0 in file names
     kl=(--kl-divergence-base "$out/base.kld")
     [[ -n $first ]] && kl=(--kl-divergence "$out/base.kld")
     echo "bench-kv-types: $t: perplexity" >&2
     "$kvgen" -m "$model" --device cpu --perplexity -f "$text" -c "$ctx" --kv-type "$t" "${targs[@]}" "${kl[@]}" \
-        --json "$out/$t.ppl.json" >"$out/$t.ppl.txt" 2>"$out/$t.ppl.err" || { cat "$out/$t.ppl.err" >&2; exit 1; }
+        --json "$out/$f.ppl.json" >"$out/$f.ppl.txt" 2>"$out/$f.ppl.err" || { cat "$out/$f.ppl.err" >&2; exit 1; }
     echo "bench-kv-types: $t: decode" >&2
     "$kvgen" -m "$model" --device cpu --bench -p 0 -n 16 -d "0,$depth" -r 2 --kv-type "$t" "${targs[@]}" -o json \
-        >"$out/$t.bench.json" 2>/dev/null
+        >"$out/$f.bench.json" 2>/dev/null
     first=${first:-$t}
 done
 rm -f "$out/base.kld"
@@ -86,9 +88,11 @@ types = types.split(",")
 inspect = json.load(open(f"{out}/inspect.json"))["kv_cache_types"]
 rows = []
 for t in types:
-    p = json.load(open(f"{out}/{t}.ppl.json"))
-    b = {e["n_depth"]: e["avg_ts"] for e in json.load(open(f"{out}/{t}.bench.json"))}
-    rows.append({"type": t, "bytes": inspect[t]["bytes_per_token"], "ppl": p["ppl"], "ppl_se": p["ppl_stderr"],
+    f = t.replace("/", "-")
+    p = json.load(open(f"{out}/{f}.ppl.json"))
+    b = {e["n_depth"]: e["avg_ts"] for e in json.load(open(f"{out}/{f}.bench.json"))}
+    k, v = (t.split("/") * 2)[:2]  # K/V types; half of each type's bytes per token is K, half V
+    rows.append({"type": t, "bytes": (inspect[k]["bytes_per_token"] + inspect[v]["bytes_per_token"]) // 2, "ppl": p["ppl"], "ppl_se": p["ppl_stderr"],
                  "kl": p.get("kl_divergence"), "kl_se": p.get("kl_divergence_stderr"), "top1": p.get("same_top_token"),
                  "tg0": b.get(0), "tgd": b.get(int(depth))})
 base = rows[0]

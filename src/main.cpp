@@ -135,7 +135,7 @@ int main(int argc, char** argv) {
     app.add_flag("--special", tok_opt.parse_special,
                  "control tokens: parse their text in the prompt (e.g. <|im_start|>) and print them in the output");
     kvgen::GenerateCliOptions gen;
-    std::string kv_type = kvgen::kv_type_name(gen.run.kv_type);
+    std::string kv_type = kvgen::kv_types_name(gen.run.kv_type_k, gen.run.kv_type_v);
     app.add_option("-n,--n-predict", gen.n_predict, "tokens to generate (-1: until end of generation or full context)")
         ->check(CLI::Range(-1, 1 << 30));
     app.add_option("-c,--ctx-size", gen.run.n_ctx,
@@ -161,9 +161,10 @@ int main(int argc, char** argv) {
     app.add_flag(
         "--no-kv-cache", [&gen](int64_t) { gen.kv_cache = false; },
         "recompute the whole sequence every step (to measure what the cache buys)");
-    app.add_option("--kv-type", kv_type, fmt::format("KV cache element type: {}", kvgen::kv_type_names()));
-    app.add_option("--cache-type-k", llama.cache_type_k, "llama.cpp's -ctk: the same as --kv-type");
-    app.add_option("--cache-type-v", llama.cache_type_v, "llama.cpp's -ctv: the same as --kv-type");
+    app.add_option("--kv-type", kv_type,
+                   fmt::format("KV cache element type: {}; K/V gives each its own (q8_0/q4_0)", kvgen::kv_type_names()));
+    app.add_option("--cache-type-k", llama.cache_type_k, "llama.cpp's -ctk: the K cache's type (as --kv-type)");
+    app.add_option("--cache-type-v", llama.cache_type_v, "llama.cpp's -ctv: the V cache's type (as --kv-type)");
     app.add_option("--device", gen.run.device,
                    "-dev: cpu, cuda, cudaN or auto (the GPU when this build and machine have one); llama.cpp's CUDA0 "
                    "and none are understood");
@@ -240,7 +241,7 @@ int main(int argc, char** argv) {
             throw kvgen::Error(
                 "--reverse-prompt applies to generation, not --bench (where -r is the repetition count)");
         gen.run.device = kvgen::normalize_device(gen.run.device);
-        gen.run.kv_type = kvgen::kv_type_from_name(kv_type, "--kv-type");
+        kvgen::kv_types_from_name(kv_type, "--kv-type", &gen.run.kv_type_k, &gen.run.kv_type_v);
         gen.run.cuda_int_matvec = cuda_matvec == "int16";
         kvgen::apply_llama_settings(llama, gen.run, app.count("--kv-type") > 0);
         if (!llama.n_gpu_layers.empty() && gen.run.device != "cpu" && gen.run.device != "auto")

@@ -48,11 +48,13 @@ expect_same "-fa auto" "$kvgen" "${gen[@]}" -fa auto -- "$kvgen" "${gen[@]}"
 expect_same "bare -fa" "$kvgen" -fa "${gen[@]}" -- "$kvgen" "${gen[@]}"
 expect_error "-fa off" "-fa off: kvgen has no unfused attention" "$kvgen" "${gen[@]}" -fa off
 
-# -ctk / -ctv: the cache type, one for K and V.
+# -ctk / -ctv: the K and V cache types.
 expect_same "-ctk f32 -ctv f32" "$kvgen" "${gen[@]}" -ctk f32 -ctv f32 -- "$kvgen" "${gen[@]}" --kv-type f32
 expect_same "-ctk q8_0 -ctv q8_0" "$kvgen" "${gen[@]}" -ctk q8_0 -ctv q8_0 -- "$kvgen" "${gen[@]}" --kv-type q8_0
 expect_error "-ctk q5_1" "-ctk q5_1: this KV cache type is not supported" "$kvgen" "${gen[@]}" -ctk q5_1
-expect_error "-ctk and -ctv differ" "one type" "$kvgen" "${gen[@]}" -ctk f16 -ctv f32
+expect_same "-ctk q8_0 -ctv q4_0" "$kvgen" "${gen[@]}" -ctk q8_0 -ctv q4_0 -- "$kvgen" "${gen[@]}" --kv-type q8_0/q4_0
+expect_error "-ctk against --kv-type" "-ctk f32 and --kv-type f16 disagree on the K type" "$kvgen" "${gen[@]}" \
+    --kv-type f16 -ctk f32
 
 # -tb: one thread count for prefill and decode.
 expect_same "-tb equal to -t" "$kvgen" "${gen[@]}" -t 2 -tb 2 -- "$kvgen" "${gen[@]}" -t 2

@@ -110,10 +110,10 @@ TEST_CASE("llama.cpp's -ngl, -fa, -ctk/-ctv and -tb fold into kvgen's settings",
                     int threads = 0) {
         Settings run;
         run.device = device;
-        run.kv_type = kv;
+        run.kv_type_k = run.kv_type_v = kv;
         run.n_threads = threads;
         apply_llama_settings(s, run, kv_given);
-        return std::make_pair(run.device, run.kv_type);
+        return std::make_pair(run.device, kv_types_name(run.kv_type_k, run.kv_type_v));
     };
     LlamaSettings s;
     s.n_gpu_layers = "99";
@@ -143,16 +143,19 @@ TEST_CASE("llama.cpp's -ngl, -fa, -ctk/-ctv and -tb fold into kvgen's settings",
     LlamaSettings ct;
     ct.cache_type_k = "f32";
     ct.cache_type_v = "f32";
-    CHECK(apply(ct).second == KvType::F32);
-    CHECK_THROWS_WITH(apply(ct, "auto", true, KvType::F16), Catch::Contains("one type"));
+    CHECK(apply(ct).second == "f32");
+    CHECK_THROWS_WITH(apply(ct, "auto", true, KvType::F16), Catch::Contains("-ctk f32 and --kv-type f16 disagree on the K type"));
+    CHECK(apply(ct, "auto", true, KvType::F32).second == "f32");
     ct.cache_type_v = "f16";
-    CHECK_THROWS_WITH(apply(ct), Catch::Contains("-ctk f32 and -ctv f16"));
+    CHECK(apply(ct).second == "f32/f16");
     ct.cache_type_k = "q8_0";
-    CHECK_THROWS_WITH(apply(ct), Catch::Contains("-ctk q8_0 and -ctv f16"));
-    ct.cache_type_v = "q8_0";
-    CHECK(apply(ct).second == KvType::Q8_0);
+    ct.cache_type_v = "q4_0";
+    CHECK(apply(ct).second == "q8_0/q4_0");
+    ct.cache_type_v = "";
+    CHECK(apply(ct).second == "q8_0/f16");
+    CHECK(apply(ct, "auto", true, KvType::Q8_0).second == "q8_0");
     ct.cache_type_k = ct.cache_type_v = "q4_0";
-    CHECK(apply(ct).second == KvType::Q4_0);
+    CHECK(apply(ct).second == "q4_0");
     ct.cache_type_k = "q5_1";
     CHECK_THROWS_WITH(apply(ct), Catch::Contains("-ctk q5_1: this KV cache type is not supported"));
 

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cpu/cpu_backend.h"
+#include "common/half.h"
 #include "cpu/ops.h"
 #include "model/dequant.h"
 #include "model/quantize.h"
@@ -31,7 +32,7 @@ std::function<std::unique_ptr<Backend>(const Model&)> cpu_backend(KvType kv_type
         Settings s;
         s.n_ctx = 256;
         s.n_threads = threads;
-        s.kv_type = kv_type;
+        s.kv_type_k = s.kv_type_v = kv_type;
         s.n_batch = n_batch;
         return cpu::make_backend(model, s);
     };
@@ -61,7 +62,7 @@ TEST_CASE("one prefill of N tokens gives the logits of N single-token steps", "[
     Settings opt;
     opt.n_ctx = 64;
     opt.n_threads = 2;
-    opt.kv_type = KvType::F32;
+    opt.kv_type_k = opt.kv_type_v = KvType::F32;
     const std::unique_ptr<Backend> batched_backend = cpu::make_backend(model, opt);
     const std::unique_ptr<Backend> stepped_backend = cpu::make_backend(model, opt);
     Backend& batched = *batched_backend;
@@ -177,8 +178,7 @@ TEST_CASE("quantized KV cache rows: q8_0 and q4_0 round trips within half a step
     const std::vector<float> x = test::randn(256, 31, 2.0f);
     for (KvType t : {KvType::Q8_0, KvType::Q4_0}) {
         INFO(kv_type_name(t));
-        const KvLayout kv{1, 1, 1, 256, t};
-        std::vector<uint8_t> row(size_t(kv.row_bytes()));
+        std::vector<uint8_t> row(size_t(KvLayout::row_bytes(t, 256)));
         const GgmlType g = t == KvType::Q8_0 ? GgmlType::Q8_0 : GgmlType::Q4_0;
         if (t == KvType::Q8_0)
             quantize_row_q8_0(x.data(), row.data(), 256);
@@ -196,8 +196,22 @@ TEST_CASE("quantized KV cache rows: q8_0 and q4_0 round trips within half a step
                 CHECK(std::fabs(y[size_t(32 * b + j)] - x[size_t(32 * b + j)]) <= bound + 1e-3f * amax);
         }
     }
-    CHECK(KvLayout{30, 3, 1, 64, KvType::Q8_0}.bytes_per_token() * 64 == KvLayout{30, 3, 1, 64, KvType::F16}.bytes_per_token() * 34);
-    CHECK(KvLayout{30, 3, 1, 64, KvType::Q4_0}.bytes_per_token() * 64 == KvLayout{30, 3, 1, 64, KvType::F16}.bytes_per_token() * 18);
+    const int64_t f16 = KvLayout{30, 3, 1, 64, KvType::F16, KvType::F16}.bytes_per_token();
+    CHECK(KvLayout{30, 3, 1, 64, KvType::Q8_0, KvType::Q8_0}.bytes_per_token() * 64 == f16 * 34);
+    CHECK(KvLayout{30, 3, 1, 64, KvType::Q4_0, KvType::Q4_0}.bytes_per_token() * 64 == f16 * 18);
+    // K and V of their own types: each half at its own size
+    const KvLayout mixed{30, 3, 10, 64, KvType::Q8_0, KvType::Q4_0};
+    CHECK(mixed.bytes_per_token() * 128 == f16 * (34 + 18));
+    CHECK(mixed.k_bytes() == size_t(30 * 3 * 10 * 68));
+    CHECK(mixed.v_bytes() == size_t(30 * 3 * 10 * 36));
+    CHECK(mixed.bytes() == size_t(mixed.bytes_per_token()) * 10);
+    CHECK(mixed.types_name() == "q8_0/q4_0");
+    KvType k = KvType::F16, v = KvType::F16;
+    kv_types_from_name("q8_0/q4_0", "--kv-type", &k, &v);
+    CHECK((k == KvType::Q8_0 && v == KvType::Q4_0));
+    kv_types_from_name("f32", "--kv-type", &k, &v);
+    CHECK((k == KvType::F32 && v == KvType::F32));
+    CHECK_THROWS_WITH(kv_types_from_name("q8_0/q5_0", "--kv-type", &k, &v), Catch::Contains("K/V types"));
 }
 
 TEST_CASE("the quantized cache's rotation: its own inverse up to w, and it tames an outlier channel", "[engine][kv]") {
@@ -228,7 +242,7 @@ TEST_CASE("the quantized cache's rotation: its own inverse up to w, and it tames
     auto q4_error = [&](bool rotate) {
         std::vector<float> in = k, out(64);
         if (rotate) kv_rotate(in.data(), 64);
-        std::vector<uint8_t> row(size_t(KvLayout{1, 1, 1, 64, KvType::Q4_0}.row_bytes()));
+        std::vector<uint8_t> row(size_t(KvLayout::row_bytes(KvType::Q4_0, 64)));
         quantize_row_q4_0(in.data(), row.data(), 64);
         dequantize_row(GgmlType::Q4_0, row.data(), out.data(), 64);
         if (rotate) kv_rotate_scaled(out.data(), 64, 64);
@@ -245,29 +259,40 @@ TEST_CASE("attention over a quantized cache is attention over its decoded values
     const int n_ctx = 40, n_pos = 23;
     const std::vector<float> k = test::randn(size_t(n_pos) * 2 * 64, 41, 1.0f), v = test::randn(k.size(), 43, 1.0f);
     const std::vector<float> q = test::randn(size_t(3) * 8 * 64, 47, 2.0f);
-    for (KvType t : {KvType::Q8_0, KvType::Q4_0}) {
-        INFO(kv_type_name(t));
-        KvCache quant(c, n_ctx, t), exact(c, n_ctx, KvType::F32);
+    // one cached row decoded to floats, as stored
+    auto decode = [](KvType t, const void* row, float* out) {
+        if (t == KvType::F16)
+            for (int j = 0; j < 64; ++j) out[j] = fp16_to_fp32(static_cast<const uint16_t*>(row)[j]);
+        else
+            dequantize_row(t == KvType::Q8_0 ? GgmlType::Q8_0 : GgmlType::Q4_0, row, out, 64);
+    };
+    const std::pair<KvType, KvType> kinds[] = {{KvType::Q8_0, KvType::Q8_0},
+                                               {KvType::Q4_0, KvType::Q4_0},
+                                               {KvType::Q8_0, KvType::Q4_0},
+                                               {KvType::F16, KvType::Q4_0},
+                                               {KvType::Q4_0, KvType::F16}};
+    for (const auto& [kt, vt] : kinds) {
+        INFO(kv_types_name(kt, vt));
+        KvCache quant(c, n_ctx, kt, vt), exact(c, n_ctx, KvType::F32);
         quant.write(0, 0, n_pos, k.data(), v.data());
         // the decoded rows, stored exactly
-        const GgmlType g = t == KvType::Q8_0 ? GgmlType::Q8_0 : GgmlType::Q4_0;
         std::vector<float> kd(k.size()), vd(v.size());
+        const int64_t k_rb = quant.layout().k_row_bytes(), v_rb = quant.layout().v_row_bytes();
         for (int i = 0; i < n_pos; ++i)
             for (int h = 0; h < 2; ++h) {
                 const size_t at = (size_t(i) * 2 + size_t(h)) * 64;
-                const int64_t rb = quant.layout().row_bytes();
-                dequantize_row(g, static_cast<const uint8_t*>(quant.k(0, h)) + i * rb, kd.data() + at, 64);
-                dequantize_row(g, static_cast<const uint8_t*>(quant.v(0, h)) + i * rb, vd.data() + at, 64);
+                decode(kt, static_cast<const uint8_t*>(quant.k(0, h)) + i * k_rb, kd.data() + at);
+                decode(vt, static_cast<const uint8_t*>(quant.v(0, h)) + i * v_rb, vd.data() + at);
             }
         exact.write(0, 0, n_pos, kd.data(), vd.data());
-        // the decoded rows are in the rotated basis (kv_rotation.h): the query goes in as H q / w, the output
-        // comes back the same way
-        std::vector<float> q_rot = q;
-        kv_rotate_scaled(q_rot.data(), int(q_rot.size()), 64);
+        // quantized rows are in the rotated basis (kv_rotation.h): the query goes in as H q / w where K is
+        // quantized, and the output comes back the same way where V is
+        std::vector<float> q_in = q;
+        if (kv_type_quantized(kt)) kv_rotate_scaled(q_in.data(), int(q_in.size()), 64);
         std::vector<float> a(q.size()), b(q.size()), scratch(size_t(2 * cpu::attention_scratch(c, n_ctx)));
         cpu::attention(a.data(), q.data(), quant, 0, n_pos - 3, 3, c, scratch.data(), pool);
-        cpu::attention(b.data(), q_rot.data(), exact, 0, n_pos - 3, 3, c, scratch.data(), pool);
-        kv_rotate_scaled(b.data(), int(b.size()), 64);
+        cpu::attention(b.data(), q_in.data(), exact, 0, n_pos - 3, 3, c, scratch.data(), pool);
+        if (kv_type_quantized(vt)) kv_rotate_scaled(b.data(), int(b.size()), 64);
         CHECK(a == b);
     }
 }
@@ -291,7 +316,7 @@ TEST_CASE("cached and --no-kv-cache greedy runs with a q8_0 and a q4_0 cache: th
             Settings s;
             s.n_ctx = 128;
             s.n_threads = 2;
-            s.kv_type = t;
+            s.kv_type_k = s.kv_type_v = t;
             const std::unique_ptr<Backend> backend = cpu::make_backend(model, s);
             GenerateOptions g;
             g.n_predict = n_predict;

@@ -29,7 +29,7 @@ TEST_CASE("perplexity (--perplexity) equals the hand-computed value from token-b
     opt.run.n_ctx = 24;
     opt.run.n_batch = 10;  // chunks of 24 in batches of 10, 10 and 4
     opt.run.n_threads = 2;
-    opt.run.kv_type = KvType::F32;
+    opt.run.kv_type_k = opt.run.kv_type_v = KvType::F32;
     const PerplexityResult got = run_perplexity(opt);
 
     const Model model = Model::load(path);
@@ -41,7 +41,7 @@ TEST_CASE("perplexity (--perplexity) equals the hand-computed value from token-b
     Settings s;
     s.n_ctx = n_ctx;
     s.n_threads = 1;
-    s.kv_type = KvType::F32;
+    s.kv_type_k = s.kv_type_v = KvType::F32;
     const std::unique_ptr<Backend> backend = cpu::make_backend(model, s);
     double nll = 0, nll2 = 0;
     int count = 0;
@@ -94,7 +94,7 @@ TEST_CASE("KL divergence against a base run: zero against itself, small for a q8
     CHECK(same.kl < 1e-6);
     CHECK(same.top1 == 1.0);
     CHECK(same.base_ppl == b.ppl);
-    opt.run.kv_type = KvType::Q4_0;
+    opt.run.kv_type_k = opt.run.kv_type_v = KvType::Q4_0;
     const PerplexityResult q = run_perplexity(opt);
     CHECK(q.kl > same.kl);
     CHECK(q.kl < 0.5);

@@ -138,7 +138,7 @@ int run_generate(const GenerateCliOptions& opt) {
         "kvgen: device {}, batch {}, KV cache {}: {}, {} for {} positions\n",
         opt.model_path, c.name, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.n_vocab, selected.description,
         backend.n_batch(), opt.kv_cache ? "on" : "off (every step recomputes the whole sequence)",
-        kv_type_name(opt.run.kv_type), human_bytes(double(backend.kv_bytes())), backend.n_ctx());
+        kv_types_name(opt.run.kv_type_k, opt.run.kv_type_v), human_bytes(double(backend.kv_bytes())), backend.n_ctx());
     if (opt.verbose) summary += fmt::format("kvgen: prompt {} tokens, seed {}\n", prompt.size(), seed);
     if (opt.verbose && opt.chat) summary += fmt::format("kvgen: chat prompt:\n{}\n", text);
     std::fputs(summary.c_str(), stderr);
@@ -215,7 +215,7 @@ int run_generate(const GenerateCliOptions& opt) {
         j["device_name"] = selected.description;
         j["threads"] = selected.n_threads;
         j["kv_cache"] = opt.kv_cache;
-        j["kv_type"] = kv_type_name(opt.run.kv_type);
+        j["kv_type"] = kv_types_name(opt.run.kv_type_k, opt.run.kv_type_v);
         j["n_ctx"] = backend.n_ctx();
         j["n_batch"] = backend.n_batch();
         j["seed"] = seed;

@@ -166,23 +166,24 @@ void apply_llama_settings(const LlamaSettings& s, Settings& run, bool kv_type_gi
             throw Error(fmt::format("-fa/--flash-attn '{}': expected on, off or auto", s.flash_attn));
     }
 
-    // -ctk, -ctv and --kv-type must agree: kvgen keeps K and V in one type.
-    std::vector<std::pair<std::string, std::string>> asked;  // (flag, type)
-    if (kv_type_given) asked.emplace_back("--kv-type", kv_type_name(run.kv_type));
-    if (!s.cache_type_k.empty()) asked.emplace_back("-ctk", lower(s.cache_type_k));
-    if (!s.cache_type_v.empty()) asked.emplace_back("-ctv", lower(s.cache_type_v));
-    for (const auto& [flag, type] : asked) {
+    // -ctk sets K's type and -ctv V's; where --kv-type was given too, they must agree with it.
+    auto cache_type = [&](const std::string& given, const char* flag, KvType* type, const char* which) {
+        if (given.empty()) return;
+        const std::string v = lower(given);
+        KvType t;
         try {
-            kv_type_from_name(type, flag.c_str());
+            t = kv_type_from_name(v, flag);
         } catch (const Error&) {
-            throw Error(fmt::format("{} {}: this KV cache type is not supported (kvgen: --kv-type {})", flag, type,
+            throw Error(fmt::format("{} {}: this KV cache type is not supported (kvgen: --kv-type {})", flag, v,
                                     kv_type_names()));
         }
-        if (type != asked.front().second)
-            throw Error(fmt::format("{} {} and {} {}: kvgen keeps K and V in one type (--kv-type {})",
-                                    asked.front().first, asked.front().second, flag, type, kv_type_names()));
-    }
-    if (!asked.empty()) run.kv_type = kv_type_from_name(asked.front().second, asked.front().first.c_str());
+        if (kv_type_given && t != *type)
+            throw Error(fmt::format("{} {} and --kv-type {} disagree on the {} type (give one of them)", flag, v,
+                                    kv_types_name(run.kv_type_k, run.kv_type_v), which));
+        *type = t;
+    };
+    cache_type(s.cache_type_k, "-ctk", &run.kv_type_k, "K");
+    cache_type(s.cache_type_v, "-ctv", &run.kv_type_v, "V");
 
     if (s.threads_batch > 0 && s.threads_batch != run.n_threads)
         throw Error(

@@ -32,7 +32,7 @@ struct LlamaSettings {
 };
 
 // Folds the llama.cpp settings into kvgen's: -ngl into the device (N > 0 or "all": the GPU, 0: the CPU), -ctk/-ctv
-// into the KV cache type; -tb must equal -t. `run` holds what kvgen's own flags said (device "auto" and n_threads 0
+// into the K and V cache types; -tb must equal -t. `run` holds what kvgen's own flags said (device "auto" and n_threads 0
 // when not given; kv_type_given: --kv-type was); a contradiction, or a value kvgen cannot honour, is an error.
 void apply_llama_settings(const LlamaSettings& s, Settings& run, bool kv_type_given);
 

@@ -139,7 +139,7 @@ PerplexityResult run_perplexity(const PerplexityOptions& opt) {
                  "kvgen: perplexity of %s: %d tokens, %d chunks of %d (the last %d tokens of each scored), batch %d, "
                  "device %s, KV cache %s\n",
                  opt.text_path.c_str(), r.n_tokens, r.n_chunks, r.n_ctx, r.n_ctx - first - 1, backend.n_batch(),
-                 selected.description.c_str(), kv_type_name(run.kv_type));
+                 selected.description.c_str(), kv_types_name(run.kv_type_k, run.kv_type_v).c_str());
 
     const auto t0 = std::chrono::steady_clock::now();
     double nll = 0, nll2 = 0, kl = 0, kl2 = 0;
@@ -227,7 +227,7 @@ PerplexityResult run_perplexity(const PerplexityOptions& opt) {
         j["text"] = opt.text_path;
         j["device"] = selected.device;
         j["device_name"] = selected.description;
-        j["kv_type"] = kv_type_name(run.kv_type);
+        j["kv_type"] = kv_types_name(run.kv_type_k, run.kv_type_v);
         j["n_tokens"] = r.n_tokens;
         j["n_ctx"] = r.n_ctx;
         j["n_batch"] = backend.n_batch();

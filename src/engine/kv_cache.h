@@ -15,32 +15,37 @@ class KvCache {
 public:
     // Throws kvgen::Error giving the bytes needed when the memory cannot be had, or for a quantized type on a
     // head_dim that is not a multiple of 32.
-    KvCache(const Config& c, int n_ctx, KvType type);
+    KvCache(const Config& c, int n_ctx, KvType k_type, KvType v_type);
+    KvCache(const Config& c, int n_ctx, KvType type) : KvCache(c, n_ctx, type, type) {}
 
     const KvLayout& layout() const { return layout_; }
-    KvType type() const { return layout_.type; }
+    KvType k_type() const { return layout_.k_type; }
+    KvType v_type() const { return layout_.v_type; }
     int n_ctx() const { return layout_.n_ctx; }
     size_t bytes() const { return layout_.bytes(); }
 
-    // The cached rows of layer l, KV head h: n_ctx rows of layout().row_bytes() bytes.
-    const void* k(int l, int h) const { return base(k_.get(), layout_.row_index(l, h, 0)); }
-    const void* v(int l, int h) const { return base(v_.get(), layout_.row_index(l, h, 0)); }
+    // The cached rows of layer l, KV head h: n_ctx rows of layout().k_row_bytes() (v_row_bytes()) bytes.
+    const void* k(int l, int h) const {
+        return static_cast<const char*>(k_.get()) + layout_.row_index(l, h, 0) * layout_.k_row_bytes();
+    }
+    const void* v(int l, int h) const {
+        return static_cast<const char*>(v_.get()) + layout_.row_index(l, h, 0) * layout_.v_row_bytes();
+    }
 
     // Stores n positions starting at pos0 for layer l (rounded to the cache's type; a quantized type stores each row
     // in the rotated basis of kv_rotation.h); k and v are [n][n_kv_heads * head_dim].
     void write(int l, int pos0, int n, const float* k, const float* v);
 
 private:
-    const void* base(const void* p, int64_t row) const {
-        return static_cast<const char*>(p) + row * layout_.row_bytes();
-    }
+    // One row of head_dim values x into dst as type.
+    void store_row(KvType type, void* dst, const float* x);
 
     KvLayout layout_;
     struct Free {
         void operator()(void* p) const;
     };
     std::unique_ptr<void, Free> k_, v_;
-    std::vector<float> rotated_;  // [2][head_dim]: one K and one V row on their way into a quantized cache
+    std::vector<float> rotated_;  // [head_dim]: a row on its way into a quantized cache
 };
 
 }  // namespace kvgen

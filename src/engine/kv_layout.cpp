@@ -25,8 +25,27 @@ KvType kv_type_from_name(const std::string& name, const char* option) {
     throw Error(fmt::format("{} '{}': expected one of {}", option, name, kv_type_names()));
 }
 
-KvLayout KvLayout::of(const Config& c, int n_ctx, KvType type) {
-    return KvLayout{c.n_layers, c.n_kv_heads, n_ctx, c.head_dim, type};
+std::string kv_types_name(KvType k, KvType v) {
+    return k == v ? std::string(kv_type_name(k)) : fmt::format("{}/{}", kv_type_name(k), kv_type_name(v));
+}
+
+void kv_types_from_name(const std::string& name, const char* option, KvType* k, KvType* v) {
+    const size_t slash = name.find('/');
+    if (slash == std::string::npos) {
+        *k = *v = kv_type_from_name(name, option);
+        return;
+    }
+    try {
+        *k = kv_type_from_name(name.substr(0, slash), option);
+        *v = kv_type_from_name(name.substr(slash + 1), option);
+    } catch (const Error&) {
+        throw Error(fmt::format("{} '{}': expected a type or K/V types, each one of {}", option, name,
+                                kv_type_names()));
+    }
+}
+
+KvLayout KvLayout::of(const Config& c, int n_ctx, KvType k_type, KvType v_type) {
+    return KvLayout{c.n_layers, c.n_kv_heads, n_ctx, c.head_dim, k_type, v_type};
 }
 
 }  // namespace kvgen

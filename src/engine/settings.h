@@ -17,7 +17,8 @@ struct Settings {
     int n_ctx = 0;                // positions the KV cache holds; 0: min(model's trained context, kDefaultCtx)
     int n_batch = 512;            // prompt tokens per forward pass
     int n_threads = 0;            // CPU threads; 0: physical cores
-    KvType kv_type = KvType::F16;
+    KvType kv_type_k = KvType::F16;  // KV cache element types (--kv-type, -ctk, -ctv)
+    KvType kv_type_v = KvType::F16;
     bool cuda_graphs = true;      // CUDA: capture the decode step once as a graph and replay it
     bool cuda_int_matvec = true;  // CUDA: decode products in integers on 16-bit activations where the type has them
     bool progress = true;         // CUDA: weight upload progress on stderr
