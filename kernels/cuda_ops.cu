@@ -52,8 +52,10 @@ public:
     const KvLayout& kv_layout() const override { return kv_; }
     int n_batch() const override { return n_batch_; }
     int n_logits() const override { return n_logits_; }
+    void kv_read(void* k, void* v, int n) override;
+    void kv_write(const void* k, const void* v, int n) override;
 
-    void begin(const int32_t* tokens, int n, int pos0) override;
+    void begin(const int32_t* tokens, int n, int pos0, Pass pass) override;
     const float* run(int n, int n_out, const std::function<void()>& step) override;
 
     void embed(float* x, int n) override;
@@ -164,7 +166,8 @@ void CudaOps::release() {
     stream_ = nullptr;
 }
 
-void CudaOps::begin(const int32_t* tokens, int n, int pos0) {
+// note: the GPU chooses its kernels by the batch size alone (one token, 2 to 16, more); Pass does not change them.
+void CudaOps::begin(const int32_t* tokens, int n, int pos0, Pass) {
     h_step_[0] = pos0;
     h_step_[1] = n;
     std::memcpy(h_step_ + 2, tokens, size_t(n) * 4);
@@ -323,6 +326,25 @@ void CudaOps::head(float* logits, const float* x, int n) {
     }
     rmsnorm(xn_, nullptr, x, w_.output_norm, 1, c_.n_embd, c_.rms_eps, stream_);
     matvec(logits, w_.output, xn_, false, stream_);
+}
+
+// One layer-and-head's rows [0, n) per row of a 2-D copy: n_ctx rows apart in the cache, n apart on the host.
+void CudaOps::kv_read(void* k, void* v, int n) {
+    if (n == 0) return;
+    const size_t heads = size_t(kv_.n_layers) * size_t(kv_.n_kv_heads), kb = size_t(kv_.k_row_bytes()),
+                 vb = size_t(kv_.v_row_bytes()), ctx = size_t(kv_.n_ctx), w = size_t(n);
+    KVGEN_CUDA_CHECK(cudaMemcpy2DAsync(k, w * kb, k_cache_, ctx * kb, w * kb, heads, cudaMemcpyDeviceToHost, stream_));
+    KVGEN_CUDA_CHECK(cudaMemcpy2DAsync(v, w * vb, v_cache_, ctx * vb, w * vb, heads, cudaMemcpyDeviceToHost, stream_));
+    KVGEN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaOps::kv_write(const void* k, const void* v, int n) {
+    if (n == 0) return;
+    const size_t heads = size_t(kv_.n_layers) * size_t(kv_.n_kv_heads), kb = size_t(kv_.k_row_bytes()),
+                 vb = size_t(kv_.v_row_bytes()), ctx = size_t(kv_.n_ctx), w = size_t(n);
+    KVGEN_CUDA_CHECK(cudaMemcpy2DAsync(k_cache_, ctx * kb, k, w * kb, w * kb, heads, cudaMemcpyHostToDevice, stream_));
+    KVGEN_CUDA_CHECK(cudaMemcpy2DAsync(v_cache_, ctx * vb, v, w * vb, w * vb, heads, cudaMemcpyHostToDevice, stream_));
+    KVGEN_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 }  // namespace

@@ -161,8 +161,9 @@ int main(int argc, char** argv) {
     app.add_flag(
         "--no-kv-cache", [&gen](int64_t) { gen.kv_cache = false; },
         "recompute the whole sequence every step (to measure what the cache buys)");
-    app.add_option("--kv-type", kv_type,
-                   fmt::format("KV cache element type: {}; K/V gives each its own (q8_0/q4_0)", kvgen::kv_type_names()));
+    app.add_option(
+        "--kv-type", kv_type,
+        fmt::format("KV cache element type: {}; K/V gives each its own (q8_0/q4_0)", kvgen::kv_type_names()));
     app.add_option("--cache-type-k", llama.cache_type_k, "llama.cpp's -ctk: the K cache's type (as --kv-type)");
     app.add_option("--cache-type-v", llama.cache_type_v, "llama.cpp's -ctv: the V cache's type (as --kv-type)");
     app.add_option("--device", gen.run.device,
@@ -189,6 +190,11 @@ int main(int argc, char** argv) {
                  "print the prompt on stdout before the generated text (default: off)");
     app.add_flag("--ignore-eos", gen.ignore_eos, "keep generating past end-of-generation tokens");
     app.add_option("--dump-logits", gen.dump_logits_path, "write each step's logits (float32 rows of n_vocab)");
+    app.add_option("--prompt-cache", gen.prompt_cache_path,
+                   "reuse the K/V of this file's tokens for a prompt that starts with them, and save the prompt's "
+                   "K/V to it afterwards");
+    app.add_flag("--prompt-cache-all", gen.prompt_cache_all, "--prompt-cache: save the generated tokens' K/V too");
+    app.add_flag("--prompt-cache-ro", gen.prompt_cache_ro, "--prompt-cache: read the file, never write it");
     app.add_flag("--no-perf", gen.no_perf, "do not print the timing lines");
     app.add_flag("--bench", bench,
                  "benchmark like llama-bench: prefill of -p N[,N..] and decode of -n N random tokens at -d depths");
@@ -237,6 +243,14 @@ int main(int argc, char** argv) {
         only_with(app, "--output-format", bench, "--bench");
         only_with(app, "--kl-divergence-base", perplexity, "--perplexity");
         only_with(app, "--kl-divergence", perplexity, "--perplexity");
+        const bool generating = !bench && !perplexity && !inspect && !tokenize && !bench_memory && !devices;
+        only_with(app, "--prompt-cache", generating, "generation");
+        only_with(app, "--prompt-cache-all", app.count("--prompt-cache") > 0, "--prompt-cache");
+        only_with(app, "--prompt-cache-ro", app.count("--prompt-cache") > 0, "--prompt-cache");
+        if (!gen.prompt_cache_path.empty() && !gen.kv_cache)
+            throw kvgen::Error("--prompt-cache reuses the KV cache, which --no-kv-cache turns off");
+        if (gen.prompt_cache_all && gen.prompt_cache_ro)
+            throw kvgen::Error("--prompt-cache-all saves to the file and --prompt-cache-ro never does (give one)");
         if (bench && !gen.reverse_prompts.empty())
             throw kvgen::Error(
                 "--reverse-prompt applies to generation, not --bench (where -r is the repetition count)");

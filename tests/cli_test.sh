@@ -109,6 +109,33 @@ else
     fail "-n 0: $(cat "$tmp/n0.out" "$tmp/n0.err")"
 fi
 expect_error "generate: --kv-type q4" "kv-type" "$kvgen" -m "$ref" -p hi --kv-type q4
+
+# --prompt-cache: the second run reuses the first's prompt and prints the same text; a damaged file is a warning
+# and a cold run; the file is never left half-written.
+pc_args=(-m "$ref" -p "The KV cache keeps the keys and values of every earlier token" -n 8 --temp 0 -t 1)
+"$kvgen" "${pc_args[@]}" --prompt-cache "$tmp/p.cache" >"$tmp/pc1.out" 2>"$tmp/pc1.err"
+"$kvgen" "${pc_args[@]}" --prompt-cache "$tmp/p.cache" --json "$tmp/pc2.json" >"$tmp/pc2.out" 2>"$tmp/pc2.err"
+if cmp -s "$tmp/pc1.out" "$tmp/pc2.out" && grep -q "prompt cache = .* 0 tokens reused of 0 in the file" "$tmp/pc1.err" &&
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["prompt_cache"]; n=len(json.load(open(sys.argv[1]))["prompt_tokens"])
+assert d["reused_tokens"] == n - 1 and d["file_tokens"] == n and d["problem"] == "", d' "$tmp/pc2.json"; then
+    pass
+else
+    fail "--prompt-cache reuse: $(cat "$tmp/pc1.err" "$tmp/pc2.err")"
+fi
+head -c 1000 "$tmp/p.cache" >"$tmp/p.trunc"
+"$kvgen" "${pc_args[@]}" --prompt-cache "$tmp/p.trunc" --prompt-cache-ro >"$tmp/pc3.out" 2>"$tmp/pc3.err" || true
+if cmp -s "$tmp/pc1.out" "$tmp/pc3.out" && grep -q "warning: --prompt-cache .*truncated or damaged.*not used" "$tmp/pc3.err" &&
+    [[ $(stat -c %s "$tmp/p.trunc") -eq 1000 ]] && ! ls "$tmp"/p.trunc.tmp* >/dev/null 2>&1; then
+    pass
+else
+    fail "--prompt-cache truncated file: $(cat "$tmp/pc3.err")"
+fi
+expect_error "--prompt-cache with --no-kv-cache" "which --no-kv-cache turns off" "$kvgen" "${pc_args[@]}" \
+    --prompt-cache "$tmp/p.cache" --no-kv-cache
+expect_error "--prompt-cache-all without --prompt-cache" "only applies to --prompt-cache" "$kvgen" "${pc_args[@]}" \
+    --prompt-cache-all
+expect_error "--prompt-cache in --bench" "only applies to generation" "$kvgen" -m "$ref" --bench -p 8 -n 0 \
+    --prompt-cache "$tmp/p.cache"
 expect_error "generate: vocabulary-only file" "vocabulary-only" "$kvgen" -m "$spm" -p hi
 printf 'Once upon a time, there was a little girl.\n' >"$tmp/short.txt"
 for _ in $(seq 40); do echo "The quick brown fox jumps over the lazy dog, and the cat watches it from the wall."; done \

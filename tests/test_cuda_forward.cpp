@@ -85,13 +85,13 @@ void compare_backends(const Model& m, const std::string& label) {
     std::uniform_int_distribution<int32_t> dist(0, n_vocab - 1);
     std::vector<int32_t> prompt(12);
     for (int32_t& t : prompt) t = dist(rng);
-    std::vector<float> lc = copy(cpu.forward(prompt.data(), 12, 0), n_vocab);
-    std::vector<float> lg = copy(gpu->forward(prompt.data(), 12, 0), n_vocab);
+    std::vector<float> lc = copy(cpu.forward(prompt.data(), 12, 0, Pass::Prefill), n_vocab);
+    std::vector<float> lg = copy(gpu->forward(prompt.data(), 12, 0, Pass::Prefill), n_vocab);
     check_logits(lc, lg, "prefill of 12 tokens");
     for (int step = 0; step < 12; ++step) {
         const int32_t id = argmax(lc);
-        lc = copy(cpu.forward(&id, 1, 12 + step), n_vocab);
-        lg = copy(gpu->forward(&id, 1, 12 + step), n_vocab);
+        lc = copy(cpu.forward(&id, 1, 12 + step, Pass::Decode), n_vocab);
+        lg = copy(gpu->forward(&id, 1, 12 + step, Pass::Decode), n_vocab);
         check_logits(lc, lg, "decode step " + std::to_string(step));
     }
     REQUIRE(gpu->n_past() == 24);
@@ -135,20 +135,20 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
     std::unique_ptr<Backend> without = cuda::make_backend(m, go);
     std::vector<int32_t> seq = {1, 504, 3158, 282, 1649, 314};
     const int n0 = int(seq.size());
-    std::vector<float> a = copy(with->forward(seq.data(), n0, 0), n_vocab);
-    std::vector<float> b = copy(without->forward(seq.data(), n0, 0), n_vocab);
+    std::vector<float> a = copy(with->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab);
+    std::vector<float> b = copy(without->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab);
     REQUIRE(a == b);
     for (int step = 0; step < 20; ++step) {
         const int32_t id = argmax(a);
         seq.push_back(id);
-        a = copy(with->forward(&id, 1, int(seq.size()) - 1), n_vocab);
-        b = copy(without->forward(&id, 1, int(seq.size()) - 1), n_vocab);
+        a = copy(with->forward(&id, 1, int(seq.size()) - 1, Pass::Decode), n_vocab);
+        b = copy(without->forward(&id, 1, int(seq.size()) - 1, Pass::Decode), n_vocab);
         INFO("step " << step);
         REQUIRE(a == b);  // the same kernels on the same data: bit for bit
     }
     // The whole sequence again in one prefill (what --no-kv-cache does each step) against the last decode step.
     with->kv_truncate(0);
-    const std::vector<float> p = copy(with->forward(seq.data(), int(seq.size()), 0), n_vocab);
+    const std::vector<float> p = copy(with->forward(seq.data(), int(seq.size()), 0, Pass::Prefill), n_vocab);
     check_logits(a, p, "prefill of the whole sequence vs cached decode");
 }
 

@@ -55,7 +55,9 @@ TEST_CASE("every reference case passes the fidelity rules (f32 cache, one thread
     }
 }
 
-TEST_CASE("one prefill of N tokens gives the logits of N single-token steps", "[engine][invariant]") {
+TEST_CASE("one prefill of N tokens gives the logits of N single-token steps: exactly as prompt tokens, within "
+          "rounding as generated ones",
+          "[engine][invariant]") {
     const Model model = Model::load(test::shared("testdata/ref/open-gqa-Q4_K_M.gguf"));
     std::vector<int32_t> tokens;
     for (int i = 0; i < 40; ++i) tokens.push_back(int32_t(1 + (i * 97) % 4000));
@@ -68,10 +70,15 @@ TEST_CASE("one prefill of N tokens gives the logits of N single-token steps", "[
     Backend& batched = *batched_backend;
     Backend& stepped = *stepped_backend;
     const int n_vocab = model.config.n_vocab;
-    const float* a = batched.forward(tokens.data(), int(tokens.size()), 0);
+    const float* a = batched.forward(tokens.data(), int(tokens.size()), 0, Pass::Prefill);
     std::vector<float> la(a, a + n_vocab);
+    // a prompt's tokens are computed the same way in any batch: one at a time gives the same bits
+    const float* p = nullptr;
+    for (int i = 0; i < int(tokens.size()); ++i) p = stepped.forward(&tokens[size_t(i)], 1, i, Pass::Prefill);
+    CHECK(std::vector<float>(p, p + n_vocab) == la);
+    // generated tokens take 16-bit activations: the same logits up to that rounding
     const float* b = nullptr;
-    for (int i = 0; i < int(tokens.size()); ++i) b = stepped.forward(&tokens[size_t(i)], 1, i);
+    for (int i = 0; i < int(tokens.size()); ++i) b = stepped.forward(&tokens[size_t(i)], 1, i, Pass::Decode);
     // Relative to the logits' scale (their largest magnitude): single elements near zero have no meaningful
     // relative error.
     double max_diff = 0, max_mag = 0;
@@ -174,7 +181,8 @@ TEST_CASE("KvLayout: positions of a head are consecutive rows, heads and layers 
     CHECK(kv.bytes_per_token() == 2 * 3 * 2 * 8 * 2);
 }
 
-TEST_CASE("quantized KV cache rows: q8_0 and q4_0 round trips within half a step of their block scale", "[engine][kv]") {
+TEST_CASE("quantized KV cache rows: q8_0 and q4_0 round trips within half a step of their block scale",
+          "[engine][kv]") {
     const std::vector<float> x = test::randn(256, 31, 2.0f);
     for (KvType t : {KvType::Q8_0, KvType::Q4_0}) {
         INFO(kv_type_name(t));

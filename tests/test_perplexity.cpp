@@ -50,7 +50,7 @@ TEST_CASE("perplexity (--perplexity) equals the hand-computed value from token-b
         chunk[0] = tok.bos();
         backend->kv_truncate(0);
         for (int j = 0; j < n_ctx - 1; ++j) {
-            const float* logits = backend->forward(&chunk[size_t(j)], 1, j);
+            const float* logits = backend->forward(&chunk[size_t(j)], 1, j, Pass::Prefill);
             if (j < first) continue;
             double mx = logits[0], sum = 0;
             for (int v = 1; v < n_vocab; ++v) mx = std::max(mx, double(logits[v]));

@@ -1,5 +1,7 @@
 #pragma once
 #include <cstdint>
+#include <cstdlib>
+#include <unistd.h>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -19,5 +21,21 @@ inline std::vector<uint8_t> read_bytes(const std::string& path) {
 }
 
 inline bool file_exists(const std::string& path) { return std::ifstream(path).good(); }
+
+// A directory of this test process's own under /tmp (made on first use, removed at exit once the tests have
+// removed their files), for files a test writes.
+inline const std::string& temp_dir() {
+    struct Dir {
+        std::string path;
+        Dir() {
+            char tmpl[] = "/tmp/kvgen-test-XXXXXX";
+            REQUIRE(mkdtemp(tmpl) != nullptr);
+            path = tmpl;
+        }
+        ~Dir() { rmdir(path.c_str()); }
+    };
+    static const Dir dir;
+    return dir.path;
+}
 
 }  // namespace kvgen::test

@@ -49,7 +49,7 @@ double run_once(Backend& b, const std::vector<int32_t>& tokens, const Test& t, b
     for (int k = 0; k < t.n_gen; ++k) {
         const int pos = t.depth + k;
         if (kv_cache) {
-            b.forward(tokens.data() + pos, 1, pos);
+            b.forward(tokens.data() + pos, 1, pos, Pass::Decode);
         } else {  // recompute the whole sequence through the prefill path, as --no-kv-cache generation does
             b.kv_truncate(0);
             prefill(b, tokens.data(), 0, pos + 1);

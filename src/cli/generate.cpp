@@ -17,6 +17,7 @@
 #include "cli/backend_select.h"
 #include "cli/chat.h"
 #include "cli/format.h"
+#include "cli/prompt_cache.h"
 #include "cli/signals.h"
 #include "common/error.h"
 #include "model/weights.h"
@@ -148,6 +149,15 @@ int run_generate(const GenerateCliOptions& opt) {
     g.kv_cache = opt.kv_cache;
     g.sampler = opt.sampler;
     g.sampler.seed = seed;
+    const bool prompt_cache = !opt.prompt_cache_path.empty();
+    const uint64_t fingerprint = prompt_cache ? model_fingerprint(model) : 0;
+    PromptCacheLoad pc;
+    if (prompt_cache) {
+        pc = load_prompt_cache(opt.prompt_cache_path, backend, fingerprint, prompt);
+        if (!pc.problem.empty())
+            spdlog::warn("--prompt-cache {}: {}; not used (the prompt is computed)", opt.prompt_cache_path, pc.problem);
+        g.n_reused = pc.n_reused;
+    }
     LogitsFile dump(opt.dump_logits_path, c.n_vocab);
     TextStream stream(tok, opt.special);
     std::string generated;
@@ -188,6 +198,21 @@ int run_generate(const GenerateCliOptions& opt) {
     // On a terminal the shell's prompt then starts on a line of its own; a pipe gets exactly the generated text.
     if (::isatty(STDOUT_FILENO) && last_out != '\n') write_out("\n");
     const bool quiet = stdout_closed && !was_interrupted;  // the reader has gone: no timings, no warnings
+    // The prompt's K/V (with --prompt-cache-all, every computed position's) into the file, unless it holds exactly
+    // them already.
+    std::vector<int32_t> computed = prompt;
+    computed.insert(computed.end(), st.tokens.begin(), st.tokens.end());
+    computed.resize(size_t(opt.prompt_cache_all ? backend.n_past() : std::min<int>(st.n_prompt, backend.n_past())));
+    const bool save = prompt_cache && !opt.prompt_cache_ro &&
+                      !(pc.problem.empty() && pc.n_file == int(computed.size()) &&
+                        pc.n_reused + 1 == int(computed.size()) && !opt.prompt_cache_all);
+    double save_ms = 0;
+    if (save) {
+        const auto ts = std::chrono::steady_clock::now();
+        const double compute_ms = pc.saved_ms + st.prefill_ms + (opt.prompt_cache_all ? st.decode_ms : 0.0);
+        save_prompt_cache(opt.prompt_cache_path, backend, fingerprint, computed, compute_ms);
+        save_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ts).count();
+    }
     if (st.stop == "context" && !quiet)
         spdlog::warn("stopped: the context of {} tokens is full (raise --ctx-size)", backend.n_ctx());
 
@@ -198,7 +223,12 @@ int run_generate(const GenerateCliOptions& opt) {
         std::string t = "\n";
         t += fmt::format("kvgen: {:>16} = {:10.2f} ms\n", "load time", load_ms);
         t += timing_line("sampling time", st.sample_ms, n_gen, "runs");
-        t += timing_line("prompt eval time", st.prefill_ms, st.n_prompt, "tokens");
+        if (prompt_cache)
+            t += fmt::format("kvgen: {:>16} = {:10.2f} ms / {:5d} tokens reused of {} in the file (computing them "
+                             "took {:.2f} ms){}\n",
+                             "prompt cache", pc.load_ms, st.n_reused, pc.n_file, pc.saved_ms,
+                             save ? fmt::format("; {} tokens saved in {:.2f} ms", computed.size(), save_ms) : "");
+        t += timing_line("prompt eval time", st.prefill_ms, st.n_prompt - st.n_reused, "tokens");
         t += timing_line("eval time", st.decode_ms, n_decode, "runs");
         t += fmt::format("kvgen: {:>16} = {:10.2f} ms / {:5d} tokens\n", "total time", total_ms, st.n_prompt + n_gen);
         if (was_interrupted) t += "kvgen: interrupted\n";
@@ -228,7 +258,12 @@ int run_generate(const GenerateCliOptions& opt) {
         j["prefill_ms"] = st.prefill_ms;
         j["decode_ms"] = st.decode_ms;
         j["sample_ms"] = st.sample_ms;
-        j["prefill_tok_s"] = st.prefill_ms > 0 ? 1000.0 * st.n_prompt / st.prefill_ms : 0.0;
+        j["prefill_tok_s"] = st.prefill_ms > 0 ? 1000.0 * (st.n_prompt - st.n_reused) / st.prefill_ms : 0.0;
+        if (prompt_cache)
+            j["prompt_cache"] = {{"path", opt.prompt_cache_path}, {"problem", pc.problem},
+                                 {"file_tokens", pc.n_file},      {"reused_tokens", st.n_reused},
+                                 {"load_ms", pc.load_ms},         {"saved_compute_ms", pc.saved_ms},
+                                 {"saved_tokens", save ? int(computed.size()) : 0}};
         j["decode_tok_s"] = st.decode_ms > 0 ? 1000.0 * n_decode / st.decode_ms : 0.0;
         j["token_ms"] = st.token_ms;
         j["kv_cache_bytes"] = backend.kv_bytes();

@@ -26,6 +26,9 @@ struct GenerateCliOptions {
     SamplerOptions sampler;
     std::string json_path;
     std::string dump_logits_path;
+    std::string prompt_cache_path;  // --prompt-cache
+    bool prompt_cache_all = false;  // also save the generated tokens' K/V
+    bool prompt_cache_ro = false;   // never write the file
 };
 
 // Generates text: streamed to stdout; the model/cache summary and timings to stderr; reports to the named files.

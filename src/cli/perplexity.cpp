@@ -13,6 +13,7 @@
 #include "cli/backend_select.h"
 #include "cli/format.h"
 #include "common/error.h"
+#include "common/hash.h"
 #include "model/weights.h"
 #include "tokenizer/tokenizer.h"
 
@@ -37,13 +38,6 @@ struct LogSoftmax {
     }
     double lp(const float* logits, int32_t i) const { return double(logits[i]) - mx - log_sum; }
 };
-
-// FNV-1a over bytes, to recognise a model's vocabulary and a text's tokens in a KL base file.
-uint64_t fnv(const void* p, size_t n, uint64_t h = 1469598103934665603ull) {
-    const auto* b = static_cast<const uint8_t*>(p);
-    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-    return h;
-}
 
 // The KL base file: a header, then per scored token kKlTop (id, log p) pairs, most likely first, and log p of the
 // rest. Written whole or not at all.
@@ -98,13 +92,13 @@ PerplexityResult run_perplexity(const PerplexityOptions& opt) {
     r.n_chunks = r.n_tokens / r.n_ctx;
 
     // The KL base: what identifies the vocabulary and the scored text.
-    uint64_t vocab_hash = fnv(&c.n_vocab, sizeof(c.n_vocab));
+    uint64_t vocab_hash = fnv1a(&c.n_vocab, sizeof(c.n_vocab));
     for (int32_t id = 0; id < c.n_vocab; ++id) {
         const std::string piece = tok.piece(id, true);
-        vocab_hash = fnv(piece.data(), piece.size(), fnv("\n", 1, vocab_hash));
+        vocab_hash = fnv1a(piece.data(), piece.size(), fnv1a("\n", 1, vocab_hash));
     }
-    const uint64_t tokens_hash = fnv(tokens.data(), size_t(r.n_chunks) * size_t(r.n_ctx) * sizeof(int32_t),
-                                     fnv(&r.n_ctx, sizeof(r.n_ctx)));
+    const uint64_t tokens_hash = fnv1a(tokens.data(), size_t(r.n_chunks) * size_t(r.n_ctx) * sizeof(int32_t),
+                                     fnv1a(&r.n_ctx, sizeof(r.n_ctx)));
     std::vector<KlRecord> base;  // read (kl_path) or written (kl_base_path)
     KlHeader head{};
     if (!opt.kl_path.empty()) {
@@ -152,7 +146,7 @@ PerplexityResult run_perplexity(const PerplexityOptions& opt) {
         backend.kv_truncate(0);
         for (int b0 = 0; b0 < r.n_ctx; b0 += backend.n_batch()) {
             const int nb = std::min(backend.n_batch(), r.n_ctx - b0);
-            const float* logits = backend.forward(chunk.data() + b0, nb, b0, true);
+            const float* logits = backend.forward(chunk.data() + b0, nb, b0, Pass::Prefill, true);
             // Row j of the chunk predicts token j + 1; rows first .. n_ctx - 2 are scored.
             for (int j = std::max(b0, first); j < std::min(b0 + nb, r.n_ctx - 1); ++j) {
                 const float* row = logits + int64_t(j - b0) * c.n_vocab;

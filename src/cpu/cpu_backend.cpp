@@ -55,9 +55,10 @@ Buffers CpuOps::buffers() {
     return Buffers{x_.data(), q_.data(), k_.data(), v_.data(), att_.data(), ffn_.data(), logits_.data()};
 }
 
-void CpuOps::begin(const int32_t* tokens, int n, int pos0) {
+void CpuOps::begin(const int32_t* tokens, int n, int pos0, Pass pass) {
     tokens_ = tokens;
     pos0_ = pos0;
+    prefill_ = pass == Pass::Prefill;
     rope_tables(rope_cos_.data(), rope_sin_.data(), pos0, n, rope_);
 }
 
@@ -67,7 +68,7 @@ const float* CpuOps::run(int, int, const std::function<void()>& step) {
 }
 
 void CpuOps::matmul(float* y, const float* x, int64_t cols, const WeightView& w, int n) {
-    Activations a(x, n, cols, a32_.data(), a256_.data());
+    Activations a(x, n, cols, a32_.data(), a256_.data(), prefill_);
     cpu::matmul(y, a, w, mm_scratch_.data(), pool_);
 }
 
@@ -83,7 +84,7 @@ void CpuOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int n
     float* xn = xn_.data();
     rmsnorm(xn, x, attn_norm_[size_t(l)].data(), n, c_.n_embd, c_.rms_eps);
     // note: one Activations for the three products, so the input is quantized once.
-    Activations a(xn, n, c_.n_embd, a32_.data(), a256_.data());
+    Activations a(xn, n, c_.n_embd, a32_.data(), a256_.data(), prefill_);
     cpu::matmul(q, a, L.wq, mm_scratch_.data(), pool_);
     cpu::matmul(k, a, L.wk, mm_scratch_.data(), pool_);
     cpu::matmul(v, a, L.wv, mm_scratch_.data(), pool_);
@@ -107,7 +108,7 @@ void CpuOps::norm_swiglu(float* h, const float* x, int l, int n) {
     const LayerWeights& L = model_.weights.layers[size_t(l)];
     float* xn = xn_.data();
     rmsnorm(xn, x, ffn_norm_[size_t(l)].data(), n, c_.n_embd, c_.rms_eps);
-    Activations a(xn, n, c_.n_embd, a32_.data(), a256_.data());  // shared by gate and up
+    Activations a(xn, n, c_.n_embd, a32_.data(), a256_.data(), prefill_);  // shared by gate and up
     cpu::matmul(h, a, L.w_gate, mm_scratch_.data(), pool_);
     cpu::matmul(up_.data(), a, L.w_up, mm_scratch_.data(), pool_);
     swiglu(h, up_.data(), int64_t(n) * c_.n_ff);

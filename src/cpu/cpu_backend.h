@@ -25,8 +25,10 @@ public:
     int n_batch() const override { return n_batch_; }
     int n_logits() const override { return n_logits_; }
     int n_threads() const { return pool_.size(); }
+    void kv_read(void* k, void* v, int n) override { kv_.read(k, v, n); }
+    void kv_write(const void* k, const void* v, int n) override { kv_.write_rows(k, v, n); }
 
-    void begin(const int32_t* tokens, int n, int pos0) override;
+    void begin(const int32_t* tokens, int n, int pos0, Pass pass) override;
     const float* run(int n, int n_out, const std::function<void()>& step) override;
 
     void embed(float* x, int n) override;
@@ -53,9 +55,10 @@ private:
     // Norm weights decoded to f32 once.
     std::vector<std::vector<float>> attn_norm_, ffn_norm_;
     std::vector<float> output_norm_;
-    // The step: its tokens and first position.
+    // The step: its tokens, first position and kind.
     const int32_t* tokens_ = nullptr;
     int pos0_ = 0;
+    bool prefill_ = false;  // Pass::Prefill: products on f32 activations (matmul.h)
     // Activations, sized once for n_batch (see Buffers for the shared ones).
     std::vector<float> x_, q_, k_, v_, att_, ffn_, logits_;
     std::vector<float> xn_;                  // [n_batch][max(n_embd, ...)]: normalized input, projection output

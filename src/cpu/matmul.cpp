@@ -8,7 +8,8 @@ namespace kvgen::cpu {
 
 namespace {
 
-using RowsFn = void (*)(float*, const float*, const void*, int64_t, const WeightView&, int, int64_t, int64_t, float*);
+using RowsFn = void (*)(float*, const float*, bool, const void*, int64_t, const WeightView&, int, int64_t, int64_t,
+                        float*);
 
 const bool kAvx2 = has_avx2();
 const bool kAvx512 = has_avx512_vnni();
@@ -51,9 +52,9 @@ void matmul(float* y, Activations& x, const WeightView& w, float* scratch, Threa
     const ActFormat f = act_format(w.type);
     int64_t stride = 0;
     const int n = x.n();
-    const void* xq = (f == ActFormat::None || n >= kGemmMinTokens) ? nullptr : x.quantized(f, pool, &stride);
+    const void* xq = (f == ActFormat::None || x.f32()) ? nullptr : x.quantized(f, pool, &stride);
     pool.parallel_for(w.rows, [&](int64_t r0, int64_t r1, int t) {
-        kRows(y, x.x(), xq, stride, w, n, r0, r1, scratch + int64_t(t) * matmul_scratch(w.cols));
+        kRows(y, x.x(), x.f32(), xq, stride, w, n, r0, r1, scratch + int64_t(t) * matmul_scratch(w.cols));
     });
 }
 

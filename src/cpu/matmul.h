@@ -1,9 +1,10 @@
 #pragma once
-// y = x W^T for a weight in its GGUF type: y[i][r] = dot(W row r, x[i]) for n tokens. Decode (fewer than
-// kGemmMinTokens tokens): quantized weights meet 16-bit integer activations in integer dot products (vecdot.h),
-// read straight from the mapped file, and float weights are dotted in f32. Prefill: tiles of rows are decoded to f32
-// once and multiplied with the f32 activations by a register-blocked GEMM. Rows are split across threads; each
-// row's sum runs in a fixed order, so results do not depend on the thread count.
+// y = x W^T for a weight in its GGUF type: y[i][r] = dot(W row r, x[i]) for n tokens. A prompt's tokens (f32
+// activations, Pass::Prefill): tiles of rows are decoded to f32 once and multiplied with the exact f32 activations by
+// a register-blocked GEMM, for any number of tokens, so a token's result does not depend on the batch it came in.
+// Generated tokens (Pass::Decode): quantized weights meet 16-bit integer activations in integer dot products
+// (vecdot.h), read straight from the mapped file, and float weights are dotted in f32. Rows are split across
+// threads; each row's sum runs in a fixed order, so results do not depend on the thread count either.
 #include <cstdint>
 
 #include "cpu/thread_pool.h"
@@ -16,10 +17,12 @@ namespace kvgen::cpu {
 // and then reused (Q, K and V share one input; so do gate and up).
 class Activations {
 public:
-    // Buffers: a32 [n][cols / 32], a256 [n][cols / 256] (may be null when cols is not a multiple of 256).
-    Activations(const float* x, int n, int64_t cols, BlockA32* a32, BlockA256* a256)
-        : x_(x), a32_(a32), a256_(a256), n_(n), cols_(cols) {}
+    // Buffers: a32 [n][cols / 32], a256 [n][cols / 256] (may be null when cols is not a multiple of 256). f32: the
+    // products use the f32 values (a prompt's tokens), never an integer form.
+    Activations(const float* x, int n, int64_t cols, BlockA32* a32, BlockA256* a256, bool f32)
+        : x_(x), a32_(a32), a256_(a256), n_(n), cols_(cols), f32_(f32) {}
     const float* x() const { return x_; }
+    bool f32() const { return f32_; }
     int n() const { return n_; }
     int64_t cols() const { return cols_; }
     // The activations in the given integer form (quantized on first request), and the bytes from one token's to
@@ -32,11 +35,10 @@ private:
     BlockA256* a256_;
     int n_;
     int64_t cols_;
+    bool f32_;
     bool have_a32_ = false, have_a256_ = false;
 };
 
-// Batches of at least this many tokens take the prefill path: weight tiles decoded to f32 and an f32 GEMM.
-constexpr int kGemmMinTokens = 8;
 // Scratch floats each thread needs for a weight of `cols` columns.
 inline int64_t matmul_scratch(int64_t cols) { return cols * 4; }
 
@@ -51,14 +53,14 @@ const char* matmul_isa();
 
 namespace kernels {
 // One implementation per instruction set (matmul_avx2.cpp, matmul_generic.cpp): rows [r0, r1).
-// xq is null for float weight types.
-// xq: the activations in act_format(w.type) with xq_stride bytes per token; null for float weight types.
-void matmul_rows_avx512(float* y, const float* x, const void* xq, int64_t xq_stride, const WeightView& w, int n,
-                        int64_t r0, int64_t r1, float* buf);
-void matmul_rows_avx2(float* y, const float* x, const void* xq, int64_t xq_stride, const WeightView& w, int n,
-                      int64_t r0, int64_t r1, float* buf);
-void matmul_rows_generic(float* y, const float* x, const void* xq, int64_t xq_stride, const WeightView& w, int n,
-                         int64_t r0, int64_t r1, float* buf);
+// gemm: the f32 tiles (x); else xq, the activations in act_format(w.type) with xq_stride bytes per token (null for
+// float weight types, which are then dotted with x in f32).
+void matmul_rows_avx512(float* y, const float* x, bool gemm, const void* xq, int64_t xq_stride, const WeightView& w,
+                        int n, int64_t r0, int64_t r1, float* buf);
+void matmul_rows_avx2(float* y, const float* x, bool gemm, const void* xq, int64_t xq_stride, const WeightView& w,
+                      int n, int64_t r0, int64_t r1, float* buf);
+void matmul_rows_generic(float* y, const float* x, bool gemm, const void* xq, int64_t xq_stride, const WeightView& w,
+                         int n, int64_t r0, int64_t r1, float* buf);
 }  // namespace kernels
 
 }  // namespace kvgen::cpu

@@ -8,14 +8,14 @@ namespace kvgen {
 
 Backend::Backend(const Config& c, std::unique_ptr<Ops> ops) : c_(c), ops_(std::move(ops)), b_(ops_->buffers()) {}
 
-const float* Backend::forward(const int32_t* tokens, int n, int pos0, bool all_logits) {
+const float* Backend::forward(const int32_t* tokens, int n, int pos0, Pass pass, bool all_logits) {
     KVGEN_ASSERT(n >= 1 && n <= n_batch() && pos0 >= 0 && pos0 + n <= n_ctx() && pos0 <= n_past_);
     const int n_out = all_logits ? n : 1;
     KVGEN_ASSERT(n_out <= ops_->n_logits());
     for (int i = 0; i < n; ++i)
         if (tokens[i] < 0 || tokens[i] >= c_.n_vocab)
             throw Error(fmt::format("token id {} is outside the vocabulary of {}", tokens[i], c_.n_vocab));
-    ops_->begin(tokens, n, pos0);
+    ops_->begin(tokens, n, pos0, pass);
     const float* logits = ops_->run(n, n_out, [this, n, n_out] { layers(n, n_out); });
     n_past_ = pos0 + n;
     return logits;

@@ -24,7 +24,7 @@ const float* prefill(Backend& backend, const int32_t* tokens, int from, int to) 
     const float* logits = nullptr;
     for (int pos = from; pos < to; pos += backend.n_batch()) {
         const int n = std::min(backend.n_batch(), to - pos);
-        logits = backend.forward(tokens + pos, n, pos);
+        logits = backend.forward(tokens + pos, n, pos, Pass::Prefill);
     }
     return logits;
 }
@@ -39,9 +39,11 @@ GenerateStats Generator::run(const std::vector<int32_t>& prompt, const GenerateO
     Sampler sampler(opt.sampler);
     std::vector<int32_t> seq = prompt;
 
-    backend_.kv_truncate(0);
+    // note: the last prompt token is always evaluated, for the logits that choose the first new one.
+    st.n_reused = opt.kv_cache ? std::clamp(opt.n_reused, 0, int(seq.size()) - 1) : 0;
+    backend_.kv_truncate(st.n_reused);
     auto t0 = std::chrono::steady_clock::now();
-    const float* logits = prefill(backend_, seq.data(), 0, int(seq.size()));
+    const float* logits = prefill(backend_, seq.data(), st.n_reused, int(seq.size()));
     st.prefill_ms = ms_since(t0);
     double step_ms = st.prefill_ms;
     if (opt.n_predict == 0) {  // the prompt alone: its K/V are in the cache, nothing is sampled
@@ -75,7 +77,7 @@ GenerateStats Generator::run(const std::vector<int32_t>& prompt, const GenerateO
         }
         t0 = std::chrono::steady_clock::now();
         if (opt.kv_cache) {
-            logits = backend_.forward(&seq.back(), 1, int(seq.size()) - 1);
+            logits = backend_.forward(&seq.back(), 1, int(seq.size()) - 1, Pass::Decode);
         } else {
             backend_.kv_truncate(0);  // recompute everything: the comparison the cache is measured against
             logits = prefill(backend_, seq.data(), 0, int(seq.size()));

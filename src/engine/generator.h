@@ -14,13 +14,15 @@ namespace kvgen {
 struct GenerateOptions {
     int n_predict = -1;  // -1: until end of generation or a full context
     bool kv_cache = true;
+    int n_reused = 0;  // leading prompt tokens whose K/V the backend's cache already holds (a prompt-cache hit)
     SamplerOptions sampler;
 };
 
 struct GenerateStats {
     int n_prompt = 0;
+    int n_reused = 0;             // prompt tokens taken from the cache, not evaluated (GenerateOptions::n_reused)
     std::vector<int32_t> tokens;  // generated ids
-    double prefill_ms = 0;        // the prompt's forward pass
+    double prefill_ms = 0;        // the prompt's forward pass (its n_prompt - n_reused evaluated tokens)
     double decode_ms = 0;         // every later forward pass
     double sample_ms = 0;
     std::vector<double> token_ms;  // latency of each generated token (forward + sampling)

@@ -92,4 +92,26 @@ void KvCache::write(int l, int pos0, int n, const float* k, const float* v) {
         }
 }
 
+void KvCache::read(void* k, void* v, int n) const {
+    const int64_t heads = int64_t(layout_.n_layers) * layout_.n_kv_heads;
+    const int64_t k_rb = layout_.k_row_bytes(), v_rb = layout_.v_row_bytes();
+    for (int64_t lh = 0; lh < heads; ++lh) {
+        std::memcpy(static_cast<char*>(k) + lh * n * k_rb,
+                    static_cast<const char*>(k_.get()) + lh * layout_.n_ctx * k_rb, size_t(n * k_rb));
+        std::memcpy(static_cast<char*>(v) + lh * n * v_rb,
+                    static_cast<const char*>(v_.get()) + lh * layout_.n_ctx * v_rb, size_t(n * v_rb));
+    }
+}
+
+void KvCache::write_rows(const void* k, const void* v, int n) {
+    const int64_t heads = int64_t(layout_.n_layers) * layout_.n_kv_heads;
+    const int64_t k_rb = layout_.k_row_bytes(), v_rb = layout_.v_row_bytes();
+    for (int64_t lh = 0; lh < heads; ++lh) {
+        std::memcpy(static_cast<char*>(k_.get()) + lh * layout_.n_ctx * k_rb,
+                    static_cast<const char*>(k) + lh * n * k_rb, size_t(n * k_rb));
+        std::memcpy(static_cast<char*>(v_.get()) + lh * layout_.n_ctx * v_rb,
+                    static_cast<const char*>(v) + lh * n * v_rb, size_t(n * v_rb));
+    }
+}
+
 }  // namespace kvgen

@@ -36,6 +36,11 @@ public:
     // in the rotated basis of kv_rotation.h); k and v are [n][n_kv_heads * head_dim].
     void write(int l, int pos0, int n, const float* k, const float* v);
 
+    // The stored rows of positions [0, n) of every layer and head, copied out or back in as they are: k is
+    // [n_layers][n_kv_heads][n][k_row_bytes], v likewise.
+    void read(void* k, void* v, int n) const;
+    void write_rows(const void* k, const void* v, int n);
+
 private:
     // One row of head_dim values x into dst as type.
     void store_row(KvType type, void* dst, const float* x);

@@ -15,6 +15,11 @@
 
 namespace kvgen {
 
+// What a step computes. A prompt's tokens (Prefill) are computed the same way whatever batch they come in: a prompt
+// split into other batches, or partly loaded from a prompt-cache file, gives the same numbers to the last bit. A
+// generated token (Decode, one at a time) may take a faster path (the CPU's 16-bit integer activations).
+enum class Pass { Prefill, Decode };
+
 // The activations of one step, each sized for the backend's batch (n_batch tokens), outermost dimension first.
 struct Buffers {
     float* x = nullptr;       // [n_batch][n_embd]               the residual stream
@@ -37,8 +42,13 @@ public:
     virtual int n_batch() const = 0;
     virtual int n_logits() const = 0;  // rows of Buffers::logits
 
+    // Positions [0, n) of every layer's cache copied out (kv_read) or in (kv_write), K and V apart: k is
+    // [n_layers][n_kv_heads][n][k_row_bytes] in host memory, v likewise (the rows as kv_layout() stores them).
+    virtual void kv_read(void* k, void* v, int n) = 0;
+    virtual void kv_write(const void* k, const void* v, int n) = 0;
+
     // The step that follows: tokens[0 .. n) at positions pos0 .. pos0 + n - 1 (n <= n_batch, checked).
-    virtual void begin(const int32_t* tokens, int n, int pos0) = 0;
+    virtual void begin(const int32_t* tokens, int n, int pos0, Pass pass) = 0;
     // Runs `step` (the forward enqueuing its ops for n tokens) and returns the last n_out positions' logits
     // ([n_out][n_vocab]) in host memory, valid until the next call. The CPU calls it; CUDA records it once as a graph
     // for decode and replays that.

@@ -1,0 +1,161 @@
+// Prompt-cache files: a hit gives exactly the tokens and logits of a cold run (the stored prompt equal to the new one,
+// a prefix of it, longer than it, or parting from it in the middle; greedy and sampled), and a file that does not
+// belong (another model, another KV type, damaged, truncated, not a cache at all) is refused with its reason and
+// leaves an empty cache.
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+
+#include "cli/prompt_cache.h"
+#include "cpu/cpu_backend.h"
+#include "engine/generator.h"
+#include "model/weights.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
+
+using namespace kvgen;
+
+namespace {
+
+struct Run {
+    std::vector<int32_t> tokens;
+    std::vector<float> logits;  // [n steps][n_vocab]
+    int n_reused = 0;
+};
+
+std::unique_ptr<Backend> backend_for(const Model& model, KvType kv = KvType::F16) {
+    Settings s;
+    s.n_ctx = 160;
+    s.n_threads = 2;
+    s.n_batch = 16;  // several batches per prompt, so that a hit and a cold run split the prompt differently
+    s.kv_type_k = s.kv_type_v = kv;
+    return cpu::make_backend(model, s);
+}
+
+Run generate(const Model& model, Backend& backend, const std::vector<int32_t>& prompt, int n_reused, float temp) {
+    GenerateOptions g;
+    g.n_predict = 12;
+    g.n_reused = n_reused;
+    g.sampler.temp = temp;
+    g.sampler.seed = 77;
+    Run r;
+    const int n_vocab = model.config.n_vocab;
+    r.tokens = Generator(backend)
+                   .run(prompt, g,
+                        [&](int32_t, const float* l) {
+                            r.logits.insert(r.logits.end(), l, l + n_vocab);
+                            return true;
+                        },
+                        nullptr, n_vocab)
+                   .tokens;
+    r.n_reused = std::min(n_reused, int(prompt.size()) - 1);
+    return r;
+}
+
+std::string temp_path(const char* name) { return test::temp_dir() + "/" + name; }  // removed by each test
+
+}  // namespace
+
+TEST_CASE("a prompt-cache hit gives exactly the tokens and logits of a cold run", "[prompt-cache]") {
+    const Model model = Model::load(test::shared("testdata/ref/open-gqa-Q4_K_M.gguf"));
+    const Tokenizer tok = Tokenizer::from_gguf(model.file);
+    const uint64_t fp = model_fingerprint(model);
+    const std::string path = temp_path("hit.kvpc");
+    const std::string base_text =
+        "The KV cache stores the keys and values of earlier tokens, so that each new token attends to them "
+        "without computing them again.";
+    const auto stored = tok.encode(base_text, true);
+    struct Case {
+        const char* what;
+        std::vector<int32_t> prompt;
+    };
+    std::vector<int32_t> longer =
+        tok.encode(base_text + " A longer prompt goes on from where the stored one ended.", true);
+    std::vector<int32_t> shorter(stored.begin(), stored.begin() + int(stored.size()) * 2 / 3);
+    std::vector<int32_t> parted(stored.begin(), stored.begin() + int(stored.size()) / 2);
+    const auto tail = tok.encode(" and then something else entirely follows in this one.", false);
+    parted.insert(parted.end(), tail.begin(), tail.end());
+    const Case cases[] = {{"the same prompt", stored},
+                          {"the stored prompt a prefix of the new one", longer},
+                          {"the new prompt a prefix of the stored one", shorter},
+                          {"prompts that part in the middle", parted}};
+    for (float temp : {0.0f, 0.8f}) {
+        for (const Case& c : cases) {
+            INFO(c.what << (temp == 0 ? ", greedy" : ", sampled"));
+            std::remove(path.c_str());
+            {  // the stored run writes the file
+                auto b = backend_for(model);
+                const Run first = generate(model, *b, stored, 0, temp);
+                save_prompt_cache(path, *b, fp, stored, 1.0);
+            }
+            auto cold_backend = backend_for(model);
+            const Run cold = generate(model, *cold_backend, c.prompt, 0, temp);
+            auto hit_backend = backend_for(model);
+            const PromptCacheLoad pc = load_prompt_cache(path, *hit_backend, fp, c.prompt);
+            CHECK(pc.problem.empty());
+            CHECK(pc.n_file == int(stored.size()));
+            CHECK(pc.n_reused > 0);
+            CHECK(pc.n_reused < int(c.prompt.size()));
+            const Run hit = generate(model, *hit_backend, c.prompt, pc.n_reused, temp);
+            CHECK(hit.tokens == cold.tokens);
+            CHECK(hit.logits == cold.logits);
+        }
+    }
+    std::remove(path.c_str());
+}
+
+TEST_CASE("a prompt-cache file that does not belong is refused with its reason, and the run is cold",
+          "[prompt-cache]") {
+    const Model model = Model::load(test::shared("testdata/ref/open-gqa-Q4_K_M.gguf"));
+    const Model other = Model::load(test::shared("testdata/ref/open-gqa-Q8_0.gguf"));
+    const Tokenizer tok = Tokenizer::from_gguf(model.file);
+    const uint64_t fp = model_fingerprint(model);
+    CHECK(fp == model_fingerprint(model));
+    CHECK(fp != model_fingerprint(other));
+    const auto prompt = tok.encode("Attention over the cache reads every earlier key and value.", true);
+    const std::string path = temp_path("bad.kvpc");
+    {
+        auto b = backend_for(model);
+        generate(model, *b, prompt, 0, 0.0f);
+        save_prompt_cache(path, *b, fp, prompt, 1.0);
+    }
+    std::string good;
+    {
+        std::ifstream in(path, std::ios::binary);
+        good.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    auto write = [&](const std::string& bytes) {
+        std::ofstream out(path, std::ios::binary | std::ios::trunc);
+        out.write(bytes.data(), std::streamsize(bytes.size()));
+    };
+    auto problem = [&](const Model& m, uint64_t f, KvType kv) {
+        auto b = backend_for(m, kv);
+        const PromptCacheLoad pc = load_prompt_cache(path, *b, f, prompt);
+        CHECK(b->n_past() == (pc.problem.empty() ? pc.n_reused : 0));
+        return pc.problem;
+    };
+    CHECK(problem(model, fp, KvType::F16).empty());
+    CHECK(problem(other, model_fingerprint(other), KvType::F16) == "written for another model");
+    CHECK(problem(model, fp, KvType::Q8_0).find("its KV cache type is f16 (this run: q8_0)") != std::string::npos);
+    write(good.substr(0, good.size() - 100));
+    CHECK(problem(model, fp, KvType::F16).find("truncated") != std::string::npos);
+    std::string flipped = good;
+    flipped[flipped.size() / 2] = char(flipped[flipped.size() / 2] ^ 0x40);
+    write(flipped);
+    CHECK(problem(model, fp, KvType::F16).find("checksum") != std::string::npos);
+    write("GGUF and then nothing that a prompt cache would hold, but long enough to have a header and more........");
+    CHECK(problem(model, fp, KvType::F16) == "not a kvgen prompt-cache file");
+    write("short");
+    CHECK(problem(model, fp, KvType::F16).find("too short") != std::string::npos);
+    std::remove(path.c_str());
+    CHECK(problem(model, fp, KvType::F16).empty());  // no file: nothing to say, a cold run
+    // a refused file leaves the cache empty, so the run is exactly a cold one
+    write(flipped);
+    auto b = backend_for(model);
+    const PromptCacheLoad pc = load_prompt_cache(path, *b, fp, prompt);
+    REQUIRE_FALSE(pc.problem.empty());
+    const Run refused = generate(model, *b, prompt, pc.n_reused, 0.0f);
+    auto cold_backend = backend_for(model);
+    CHECK(refused.logits == generate(model, *cold_backend, prompt, 0, 0.0f).logits);
+    std::remove(path.c_str());
+}
