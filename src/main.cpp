@@ -195,6 +195,13 @@ int main(int argc, char** argv) {
                    "K/V to it afterwards");
     app.add_flag("--prompt-cache-all", gen.prompt_cache_all, "--prompt-cache: save the generated tokens' K/V too");
     app.add_flag("--prompt-cache-ro", gen.prompt_cache_ro, "--prompt-cache: read the file, never write it");
+    app.add_flag("--context-shift,!--no-context-shift", gen.context_shift,
+                 "when the context is full, keep --keep tokens, drop half of the rest and go on (default: on); "
+                 "--no-context-shift stops");
+    app.add_option("--keep", gen.n_keep,
+                   "tokens of the prompt a context shift keeps, after BOS (-1: all; default: the system turn with "
+                   "--chat, else none)")
+        ->check(CLI::Range(-1, 1 << 30));
     app.add_flag("--no-perf", gen.no_perf, "do not print the timing lines");
     app.add_flag("--bench", bench,
                  "benchmark like llama-bench: prefill of -p N[,N..] and decode of -n N random tokens at -d depths");
@@ -245,6 +252,7 @@ int main(int argc, char** argv) {
         only_with(app, "--kl-divergence", perplexity, "--perplexity");
         const bool generating = !bench && !perplexity && !inspect && !tokenize && !bench_memory && !devices;
         only_with(app, "--prompt-cache", generating, "generation");
+        only_with(app, "--keep", generating, "generation");
         only_with(app, "--prompt-cache-all", app.count("--prompt-cache") > 0, "--prompt-cache");
         only_with(app, "--prompt-cache-ro", app.count("--prompt-cache") > 0, "--prompt-cache");
         if (!gen.prompt_cache_path.empty() && !gen.kv_cache)

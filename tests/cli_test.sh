@@ -136,6 +136,26 @@ expect_error "--prompt-cache-all without --prompt-cache" "only applies to --prom
     --prompt-cache-all
 expect_error "--prompt-cache in --bench" "only applies to generation" "$kvgen" -m "$ref" --bench -p 8 -n 0 \
     --prompt-cache "$tmp/p.cache"
+
+# Context shift: -c 48 and 120 tokens to generate: the run shifts and finishes; --no-context-shift stops at the context.
+"$kvgen" -m "$ref" -p "Once upon a time" -c 48 -n 120 --temp 0 --ignore-eos --json "$tmp/cs.json" >/dev/null \
+    2>"$tmp/cs.err"
+if grep -q "context shifts = " "$tmp/cs.err" && python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))
+assert len(d["tokens"]) == 120 and d["context_shifts"] >= 2 and d["stop"] == "n_predict", d["stop"]' "$tmp/cs.json"; then
+    pass
+else
+    fail "context shift: $(cat "$tmp/cs.err")"
+fi
+"$kvgen" -m "$ref" -p "Once upon a time" -c 48 -n 120 --temp 0 --ignore-eos --no-context-shift --json "$tmp/ncs.json" \
+    >/dev/null 2>"$tmp/ncs.err"
+if grep -q "the context of 48 tokens is full" "$tmp/ncs.err" &&
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["stop"] == "context" and d["context_shifts"] == 0' \
+        "$tmp/ncs.json"; then
+    pass
+else
+    fail "--no-context-shift: $(cat "$tmp/ncs.err")"
+fi
+expect_error "--keep -2" "keep" "$kvgen" -m "$ref" -p hi --keep -2
 expect_error "generate: vocabulary-only file" "vocabulary-only" "$kvgen" -m "$spm" -p hi
 printf 'Once upon a time, there was a little girl.\n' >"$tmp/short.txt"
 for _ in $(seq 40); do echo "The quick brown fox jumps over the lazy dog, and the cat watches it from the wall."; done \

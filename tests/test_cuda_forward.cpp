@@ -6,7 +6,10 @@
 #include <cmath>
 #include <random>
 
+#include "common/half.h"
 #include "cpu/cpu_backend.h"
+#include "engine/context_shift.h"
+#include "engine/generator.h"
 #include "cuda_backend.h"
 #include "device.h"
 #include "gguf/gguf.h"
@@ -183,4 +186,49 @@ TEST_CASE("the CUDA backend passes every reference case's fidelity rules", "[cud
             });
         }
     }
+}
+
+TEST_CASE("the CUDA cache after a context shift agrees with the CPU's, and a prompt-cache row moves between them",
+          "[cuda][forward]") {
+    const Model m = Model::load(test::shared("testdata/ref/open-gqa-Q8_0.gguf"));
+    const RopeFreqs rope = RopeFreqs::of(m);
+    std::vector<int32_t> tokens;
+    for (int i = 0; i < 40; ++i) tokens.push_back(int32_t(1 + (i * 131) % 4000));
+    Settings s;
+    s.progress = false;
+    s.n_ctx = 64;
+    s.n_threads = 2;
+    const std::unique_ptr<Backend> cpu_b = cpu::make_backend(m, s);
+    const std::unique_ptr<Backend> gpu_b = cuda::make_backend(m, s);
+    const int n = int(tokens.size()), n_keep = 5, n_discard = 12, rows = n - n_discard;
+    std::vector<std::vector<uint16_t>> k(2), v(2);
+    int i = 0;
+    for (Backend* b : {cpu_b.get(), gpu_b.get()}) {
+        prefill(*b, tokens.data(), 0, n);
+        shift_kv_cache(*b, m.config, rope, n_keep, n_discard);
+        REQUIRE(b->n_past() == rows);
+        const KvLayout& kv = b->kv_layout();
+        const size_t count = size_t(kv.n_layers) * size_t(kv.n_kv_heads) * size_t(rows) * size_t(kv.head_dim);
+        k[size_t(i)].resize(count);
+        v[size_t(i)].resize(count);
+        b->kv_read(k[size_t(i)].data(), v[size_t(i)].data(), rows);
+        ++i;
+    }
+    // f16 rows computed by two backends: within 1% of the largest magnitude
+    for (const auto* pair : {&k, &v}) {
+        float worst = 0, scale = 0;
+        for (size_t e = 0; e < (*pair)[0].size(); ++e) {
+            const float a = fp16_to_fp32((*pair)[0][e]), b = fp16_to_fp32((*pair)[1][e]);
+            worst = std::max(worst, std::fabs(a - b));
+            scale = std::max(scale, std::fabs(a));
+        }
+        INFO((pair == &k ? "K" : "V") << ": differ by up to " << worst << " of " << scale);
+        CHECK(worst <= 0.01f * scale);
+    }
+    // the CPU's rows written into the GPU's cache read back bit for bit (a prompt-cache file crosses backends)
+    gpu_b->kv_write(k[0].data(), v[0].data(), rows);
+    std::vector<uint16_t> k2(k[0].size()), v2(v[0].size());
+    gpu_b->kv_read(k2.data(), v2.data(), rows);
+    CHECK(k2 == k[0]);
+    CHECK(v2 == v[0]);
 }

@@ -20,6 +20,7 @@
 #include "cli/prompt_cache.h"
 #include "cli/signals.h"
 #include "common/error.h"
+#include "engine/context_shift.h"
 #include "model/weights.h"
 #include "tokenizer/tokenizer.h"
 
@@ -158,6 +159,24 @@ int run_generate(const GenerateCliOptions& opt) {
             spdlog::warn("--prompt-cache {}: {}; not used (the prompt is computed)", opt.prompt_cache_path, pc.problem);
         g.n_reused = pc.n_reused;
     }
+    // Context shift: --keep N prompt tokens after BOS (llama.cpp's rule; -1: the whole prompt); without --keep, the
+    // chat format's system turn (--chat) or BOS alone.
+    const RopeFreqs rope = RopeFreqs::of(model);
+    if (opt.context_shift)
+        g.shift_cache = [&](int n_keep, int n_discard) { shift_kv_cache(backend, c, rope, n_keep, n_discard); };
+    const int n_bos = !prompt.empty() && prompt[0] == tok.bos() && tok.bos() >= 0 ? 1 : 0;
+    if (opt.n_keep == -1) {
+        g.n_keep = int(prompt.size());
+    } else if (opt.n_keep >= 0) {
+        g.n_keep = std::min(int(prompt.size()), opt.n_keep + n_bos);
+    } else if (opt.chat) {
+        const std::vector<int32_t> head =
+            tok.encode(apply_chat_template(model.file, "", opt.system_prompt), tok.add_bos() && !opt.no_bos, true);
+        while (g.n_keep < int(std::min(head.size(), prompt.size())) && head[size_t(g.n_keep)] == prompt[size_t(g.n_keep)])
+            ++g.n_keep;
+    } else {
+        g.n_keep = n_bos;
+    }
     LogitsFile dump(opt.dump_logits_path, c.n_vocab);
     TextStream stream(tok, opt.special);
     std::string generated;
@@ -231,6 +250,9 @@ int run_generate(const GenerateCliOptions& opt) {
         t += timing_line("prompt eval time", st.prefill_ms, st.n_prompt - st.n_reused, "tokens");
         t += timing_line("eval time", st.decode_ms, n_decode, "runs");
         t += fmt::format("kvgen: {:>16} = {:10.2f} ms / {:5d} tokens\n", "total time", total_ms, st.n_prompt + n_gen);
+        if (st.n_shifts > 0)
+            t += fmt::format("kvgen: {:>16} = {:5d} (each kept the first {} tokens and dropped half of the rest)\n",
+                             "context shifts", st.n_shifts, g.n_keep);
         if (was_interrupted) t += "kvgen: interrupted\n";
         t += fmt::format("kvgen: mode: KV cache {}, KV cache {} bytes ({}), peak resident memory {}\n",
                          opt.kv_cache ? "on" : "off", backend.kv_bytes(), human_bytes(double(backend.kv_bytes())),
@@ -253,6 +275,9 @@ int run_generate(const GenerateCliOptions& opt) {
         j["tokens"] = st.tokens;
         j["text"] = generated;  // invalid UTF-8 (a model can emit it) is replaced when dumped
         j["stop"] = st.stop;
+        j["context_shifts"] = st.n_shifts;
+        j["n_keep"] = g.n_keep;
+        j["evaluated_tokens"] = st.n_evaluated;
         j["interrupted"] = was_interrupted;
         j["load_ms"] = load_ms;
         j["prefill_ms"] = st.prefill_ms;

@@ -29,6 +29,8 @@ struct GenerateCliOptions {
     std::string prompt_cache_path;  // --prompt-cache
     bool prompt_cache_all = false;  // also save the generated tokens' K/V
     bool prompt_cache_ro = false;   // never write the file
+    bool context_shift = true;      // a full context drops half of the tokens after --keep and goes on
+    int n_keep = -2;                // --keep: prompt tokens kept (after BOS) by a shift; -1: all; -2: not given
 };
 
 // Generates text: streamed to stdout; the model/cache summary and timings to stderr; reports to the named files.

@@ -37,7 +37,8 @@ GenerateStats Generator::run(const std::vector<int32_t>& prompt, const GenerateO
     if (prompt.empty()) throw Error("the prompt is empty (give -p TEXT; a model without BOS needs some text)");
     check_prompt_fits(int(prompt.size()), backend_.n_ctx());
     Sampler sampler(opt.sampler);
-    std::vector<int32_t> seq = prompt;
+    std::vector<int32_t> seq = prompt;  // every token so far: the sampler's history
+    std::vector<int32_t> ctx = prompt;  // the tokens at cache positions 0.. (fewer than seq after a context shift)
 
     // note: the last prompt token is always evaluated, for the logits that choose the first new one.
     st.n_reused = opt.kv_cache ? std::clamp(opt.n_reused, 0, int(seq.size()) - 1) : 0;
@@ -45,6 +46,7 @@ GenerateStats Generator::run(const std::vector<int32_t>& prompt, const GenerateO
     auto t0 = std::chrono::steady_clock::now();
     const float* logits = prefill(backend_, seq.data(), st.n_reused, int(seq.size()));
     st.prefill_ms = ms_since(t0);
+    st.n_evaluated = int(seq.size()) - st.n_reused;
     double step_ms = st.prefill_ms;
     if (opt.n_predict == 0) {  // the prompt alone: its K/V are in the cache, nothing is sampled
         st.stop = "n_predict";
@@ -59,6 +61,7 @@ GenerateStats Generator::run(const std::vector<int32_t>& prompt, const GenerateO
         st.token_ms.push_back(step_ms + sms);
         st.tokens.push_back(id);
         seq.push_back(id);
+        ctx.push_back(id);
         if (!on_token(id, logits)) {
             st.stop = "stopped";
             break;
@@ -71,16 +74,26 @@ GenerateStats Generator::run(const std::vector<int32_t>& prompt, const GenerateO
             st.stop = "n_predict";
             break;
         }
-        if (int(seq.size()) >= backend_.n_ctx()) {
-            st.stop = "context";
-            break;
-        }
         t0 = std::chrono::steady_clock::now();
+        if (int(ctx.size()) >= backend_.n_ctx()) {
+            // Full: shift (keep n_keep, drop half of the rest), or stop.
+            const int n_past = int(ctx.size()) - 1, n_keep = std::clamp(opt.n_keep, 0, n_past);
+            const int n_discard = (n_past - n_keep) / 2;
+            if (!opt.shift_cache || n_discard < 1) {
+                st.stop = "context";
+                break;
+            }
+            if (opt.kv_cache) opt.shift_cache(n_keep, n_discard);
+            ctx.erase(ctx.begin() + n_keep, ctx.begin() + n_keep + n_discard);
+            ++st.n_shifts;
+        }
         if (opt.kv_cache) {
-            logits = backend_.forward(&seq.back(), 1, int(seq.size()) - 1, Pass::Decode);
+            logits = backend_.forward(&ctx.back(), 1, int(ctx.size()) - 1, Pass::Decode);
+            st.n_evaluated += 1;
         } else {
             backend_.kv_truncate(0);  // recompute everything: the comparison the cache is measured against
-            logits = prefill(backend_, seq.data(), 0, int(seq.size()));
+            logits = prefill(backend_, ctx.data(), 0, int(ctx.size()));
+            st.n_evaluated += int(ctx.size());
         }
         step_ms = ms_since(t0);
         st.decode_ms += step_ms;

@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "common/half.h"
 #include "engine/kv_rotation.h"
+#include "model/dequant.h"
 #include "model/quantize.h"
 
 namespace kvgen {
@@ -29,6 +30,43 @@ uint64_t available_memory() {
     return kib * 1024;
 }
 }  // namespace
+
+void kv_encode_row(KvType t, const float* x, void* dst, int head_dim, float* tmp) {
+    switch (t) {
+        case KvType::F16:
+            for (int j = 0; j < head_dim; ++j) static_cast<uint16_t*>(dst)[j] = fp32_to_fp16(x[j]);
+            return;
+        case KvType::F32:
+            std::memcpy(dst, x, size_t(head_dim) * 4);
+            return;
+        case KvType::Q8_0:
+        case KvType::Q4_0:
+            // note: a quantized row is stored in the rotated basis of kv_rotation.h: H x per piece, then quantized.
+            std::memcpy(tmp, x, size_t(head_dim) * 4);
+            kv_rotate(tmp, head_dim);
+            if (t == KvType::Q8_0)
+                quantize_row_q8_0(tmp, dst, head_dim);
+            else
+                quantize_row_q4_0(tmp, dst, head_dim);
+            return;
+    }
+}
+
+void kv_decode_row(KvType t, const void* src, float* out, int head_dim) {
+    switch (t) {
+        case KvType::F16:
+            for (int j = 0; j < head_dim; ++j) out[j] = fp16_to_fp32(static_cast<const uint16_t*>(src)[j]);
+            return;
+        case KvType::F32:
+            std::memcpy(out, src, size_t(head_dim) * 4);
+            return;
+        case KvType::Q8_0:
+        case KvType::Q4_0:
+            dequantize_row(t == KvType::Q8_0 ? GgmlType::Q8_0 : GgmlType::Q4_0, src, out, head_dim);
+            kv_rotate_scaled(out, head_dim, head_dim);
+            return;
+    }
+}
 
 KvCache::KvCache(const Config& c, int n_ctx, KvType k_type, KvType v_type)
     : layout_(KvLayout::of(c, n_ctx, k_type, v_type)) {
@@ -57,38 +95,14 @@ KvCache::KvCache(const Config& c, int n_ctx, KvType k_type, KvType v_type)
     std::memset(v_.get(), 0, layout_.v_bytes());
 }
 
-void KvCache::store_row(KvType type, void* dst, const float* x) {
-    const int head_dim = layout_.head_dim;
-    switch (type) {
-        case KvType::F16:
-            for (int j = 0; j < head_dim; ++j) static_cast<uint16_t*>(dst)[j] = fp32_to_fp16(x[j]);
-            return;
-        case KvType::F32:
-            std::memcpy(dst, x, size_t(head_dim) * 4);
-            return;
-        case KvType::Q8_0:
-        case KvType::Q4_0: {
-            // note: a quantized row is stored in the rotated basis of kv_rotation.h: H x per piece, then quantized.
-            float* r = rotated_.data();
-            std::memcpy(r, x, size_t(head_dim) * 4);
-            kv_rotate(r, head_dim);
-            if (type == KvType::Q8_0)
-                quantize_row_q8_0(r, dst, head_dim);
-            else
-                quantize_row_q4_0(r, dst, head_dim);
-            return;
-        }
-    }
-}
-
 void KvCache::write(int l, int pos0, int n, const float* k, const float* v) {
     const int n_kv_heads = layout_.n_kv_heads, head_dim = layout_.head_dim;
     const int64_t k_rb = layout_.k_row_bytes(), v_rb = layout_.v_row_bytes();
     for (int i = 0; i < n; ++i)
         for (int h = 0; h < n_kv_heads; ++h) {
             const int64_t row = layout_.row_index(l, h, pos0 + i), at = (int64_t(i) * n_kv_heads + h) * head_dim;
-            store_row(layout_.k_type, static_cast<char*>(k_.get()) + row * k_rb, k + at);
-            store_row(layout_.v_type, static_cast<char*>(v_.get()) + row * v_rb, v + at);
+            kv_encode_row(layout_.k_type, k + at, static_cast<char*>(k_.get()) + row * k_rb, head_dim, rotated_.data());
+            kv_encode_row(layout_.v_type, v + at, static_cast<char*>(v_.get()) + row * v_rb, head_dim, rotated_.data());
         }
 }
 

@@ -11,6 +11,12 @@
 
 namespace kvgen {
 
+// One cached row of head_dim values in type t: encoded from floats as KvCache::write stores it (a quantized row in
+// the rotated basis of kv_rotation.h; tmp: head_dim floats of scratch), and decoded back to floats in the model's
+// basis (a quantized row dequantized and rotated back).
+void kv_encode_row(KvType t, const float* x, void* dst, int head_dim, float* tmp);
+void kv_decode_row(KvType t, const void* src, float* out, int head_dim);
+
 class KvCache {
 public:
     // Throws kvgen::Error giving the bytes needed when the memory cannot be had, or for a quantized type on a
@@ -42,9 +48,6 @@ public:
     void write_rows(const void* k, const void* v, int n);
 
 private:
-    // One row of head_dim values x into dst as type.
-    void store_row(KvType type, void* dst, const float* x);
-
     KvLayout layout_;
     struct Free {
         void operator()(void* p) const;

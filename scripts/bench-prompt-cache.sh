@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# What a prompt-cache file saves: a long shared prefix (a "system prompt" of about --tokens tokens, taken from the
+# GNU GPL 3 text every Debian system has at /usr/share/common-licenses/GPL-3) followed by a question. The first run
+# computes prefix + question A and saves the prompt's K/V with --prompt-cache; the second asks question B with the
+# file (--prompt-cache-ro), so only the question is computed; the third asks B cold. Reports the prompt times, the
+# file's load time and size, and whether the second and third runs generated the same tokens with the same logits.
+#
+# usage: scripts/bench-prompt-cache.sh [MODEL.gguf] [--tokens 1000] [--threads T] [--device cpu|cuda] [--out DIR]
+#
+# Writes DIR/results.md (command, date, commit, machine, the table); default DIR bench-prompt-cache-out.
+# KVGEN_BIN names another build.
+set -euo pipefail
+
+usage() { sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"; }
+# shellcheck source=lib/bench.sh source-path=SCRIPTDIR
+source "$(dirname "${BASH_SOURCE[0]}")/lib/bench.sh"
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+invocation=$(words scripts/bench-prompt-cache.sh "$@")
+model="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf" tokens=1000 threads="" device=cpu out="bench-prompt-cache-out"
+while (($#)); do
+    case $1 in
+        -h | --help) usage; exit 0 ;;
+        --tokens) tokens=$2; shift 2 ;;
+        --threads) threads=$2; shift 2 ;;
+        --device) device=$2; shift 2 ;;
+        --out) out=$2; shift 2 ;;
+        -*) echo "bench-prompt-cache.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+        *) model=$1; shift ;;
+    esac
+done
+kvgen="${KVGEN_BIN:-$root/build/kvgen}"
+text=/usr/share/common-licenses/GPL-3
+[[ -x $kvgen ]] || { echo "bench-prompt-cache.sh: $kvgen missing: run scripts/setup.sh" >&2; exit 1; }
+[[ -f $model ]] || { echo "bench-prompt-cache.sh: model '$model' not found (models/fetch-default.sh)" >&2; exit 1; }
+[[ -f $text ]] || { echo "bench-prompt-cache.sh: $text missing (Debian package base-files)" >&2; exit 1; }
+[[ $tokens =~ ^[0-9]+$ ]] || { echo "bench-prompt-cache.sh: --tokens takes a number" >&2; exit 2; }
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+run_context "$root"
+args=(-m "$model" --device "$device" -n 16 --temp 0 --no-display-prompt)
+[[ -n $threads ]] && args+=(-t "$threads")
+
+# The prefix: the first lines of the text whose token count first reaches --tokens.
+lines=1
+while :; do
+    head -n "$lines" "$text" >"$out/prefix.txt"
+    n=$("$kvgen" -m "$model" --tokenize -f "$out/prefix.txt" | wc -w)
+    ((n >= tokens || lines > 700)) && break
+    lines=$((lines + 10))
+done
+{ cat "$out/prefix.txt"; printf '\nQuestion: may I sell copies of the program?\nAnswer:'; } >"$out/a.txt"
+{ cat "$out/prefix.txt"; printf '\nQuestion: must I give the source code with the program?\nAnswer:'; } >"$out/b.txt"
+rm -f "$out/prefix.cache"
+echo "bench-prompt-cache: prefix of $n tokens; run 1 (computes and saves)" >&2
+"$kvgen" "${args[@]}" -f "$out/a.txt" --prompt-cache "$out/prefix.cache" --json "$out/1.json" >/dev/null 2>"$out/1.err"
+echo "bench-prompt-cache: run 2 (another question, the prefix from the file)" >&2
+"$kvgen" "${args[@]}" -f "$out/b.txt" --prompt-cache "$out/prefix.cache" --prompt-cache-ro --json "$out/2.json" \
+    --dump-logits "$out/2.logits" >/dev/null 2>"$out/2.err"
+echo "bench-prompt-cache: run 3 (the same question, cold)" >&2
+"$kvgen" "${args[@]}" -f "$out/b.txt" --json "$out/3.json" --dump-logits "$out/3.logits" >/dev/null 2>"$out/3.err"
+same_logits=no
+cmp -s "$out/2.logits" "$out/3.logits" && same_logits=yes
+file_bytes=$(stat -c %s "$out/prefix.cache")
+
+python3 - "$out" "$invocation" "$date" "$commit" "$machine" "$(basename "$model")" "$device" "$file_bytes" \
+    "$same_logits" <<'PY'
+import json, sys
+out, invocation, date, commit, machine, model, device, file_bytes, same_logits = sys.argv[1:10]
+r = [json.load(open(f"{out}/{i}.json")) for i in (1, 2, 3)]
+pc = r[1]["prompt_cache"]
+n_prompt = len(r[1]["prompt_tokens"])
+hit_ms = pc["load_ms"] + r[1]["prefill_ms"]
+L = [f"- command: `{invocation}`", f"- model: {model}; device: {device}; date: {date}; commit: {commit}",
+     f"- machine: {machine}", "",
+     "| run | prompt tokens | from the file | computed | file load ms | prompt eval ms | time to the first token's logits, ms |",
+     "|---|---:|---:|---:|---:|---:|---:|",
+     f"| 1: question A, computes and saves | {len(r[0]['prompt_tokens'])} | 0 | {len(r[0]['prompt_tokens'])} | - | "
+     f"{r[0]['prefill_ms']:.1f} | {r[0]['prefill_ms']:.1f} |",
+     f"| 2: question B, prefix from the file | {n_prompt} | {pc['reused_tokens']} | {n_prompt - pc['reused_tokens']} | "
+     f"{pc['load_ms']:.1f} | {r[1]['prefill_ms']:.1f} | {hit_ms:.1f} |",
+     f"| 3: question B, cold | {n_prompt} | 0 | {n_prompt} | - | {r[2]['prefill_ms']:.1f} | {r[2]['prefill_ms']:.1f} |",
+     "",
+     f"Run 2 against run 3: {r[2]['prefill_ms'] / hit_ms:.1f}x faster to the first token; the file is "
+     f"{int(file_bytes) / 1e6:.1f} MB; generated tokens {'identical' if r[1]['tokens'] == r[2]['tokens'] else 'DIFFERENT'}; "
+     f"logits of every step {'bit for bit identical' if same_logits == 'yes' else 'not bit-identical'}."]
+open(f"{out}/results.md", "w").write("\n".join(L) + "\n")
+print("\n".join(L))
+PY
+echo "bench-prompt-cache: results in $out/results.md" >&2
