@@ -16,6 +16,7 @@
 #include "cli/backend_select.h"
 #include "cli/bench.h"
 #include "cli/bench_memory.h"
+#include "cli/conversation.h"
 #include "cli/format.h"
 #include "cli/generate.h"
 #include "cli/inspect.h"
@@ -185,7 +186,11 @@ int main(int argc, char** argv) {
     app.add_option("--system-prompt", gen.system_prompt,
                    "-sys TEXT: the chat format's system turn, replacing the template's default (implies --chat)");
     app.add_option("--system-prompt-file", system_file, "-sysf FILE: the system turn from a file (implies --chat)");
-    app.add_flag("--no-conversation", "-no-cnv: accepted; kvgen answers the prompt and exits (its only mode)");
+    app.add_flag("--no-conversation", "-no-cnv: accepted; kvgen answers the prompt and exits (the default)");
+    bool conversation = false;
+    app.add_flag("-i,--conversation,--interactive", conversation,
+                 "-cnv: a conversation in the model's chat format, one message per line from the terminal (or stdin), "
+                 "the KV cache kept across turns; -p or -sys is the system message; /exit or Ctrl-D ends it");
     app.add_flag("--display-prompt,!--no-display-prompt", gen.display_prompt,
                  "print the prompt on stdout before the generated text (default: off)");
     app.add_flag("--ignore-eos", gen.ignore_eos, "keep generating past end-of-generation tokens");
@@ -298,6 +303,22 @@ int main(int argc, char** argv) {
             return 0;
         }
 
+        if (conversation) {
+            if (bench || perplexity || tokenize || inspect || !prompt_file.empty() || !gen.prompt_cache_path.empty() ||
+                !gen.kv_cache)
+                throw kvgen::Error("--conversation reads its messages from the terminal; it takes -p/-sys as the "
+                                   "system message and no -f, --prompt-cache, --no-kv-cache or other mode");
+            if (!system_file.empty()) gen.system_prompt = kvgen::read_prompt_file(system_file);
+            gen.model_path = model;
+            gen.prompt = escape ? kvgen::process_escapes(prompt) : prompt;
+            gen.system_prompt = escape ? kvgen::process_escapes(gen.system_prompt) : gen.system_prompt;
+            for (std::string& r : gen.reverse_prompts) r = escape ? kvgen::process_escapes(r) : r;
+            gen.special = tok_opt.parse_special;
+            gen.no_bos = tok_opt.no_bos;
+            gen.json_path = json_path;
+            kvgen::install_signal_handlers();
+            return kvgen::run_conversation(gen);
+        }
         // The prompt: -p, -f FILE, -f - (standard input), or a piped standard input when neither is given.
         if (!prompt_file.empty()) {
             if (app.count("-p")) throw kvgen::Error("give the prompt with -p or -f, not both");

@@ -156,6 +156,47 @@ else
     fail "--no-context-shift: $(cat "$tmp/ncs.err")"
 fi
 expect_error "--keep -2" "keep" "$kvgen" -m "$ref" -p hi --keep -2
+
+# Conversation mode through a real terminal (a pty): three turns typed at the "> " prompt, then /exit. Turns 2 and 3
+# take the conversation so far from the cache and prefill only the previous answer and their own message.
+if python3 - "$kvgen" "$default" >"$tmp/cnv.log" 2>&1 <<'PY'; then
+import os, pty, re, select, sys, time
+kvgen, model = sys.argv[1:3]
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(kvgen, [kvgen, "-m", model, "-cnv", "--temp", "0", "-n", "24", "-t", "2", "-c", "512"])
+out = b""
+def read_until(pattern, timeout=120):
+    global out
+    end = time.time() + timeout
+    while not re.search(pattern, out):
+        if time.time() > end:
+            sys.exit("timed out waiting for %r; got %r" % (pattern, out[-400:]))
+        if select.select([fd], [], [], 1)[0]:
+            try:
+                out += os.read(fd, 4096)
+            except OSError:
+                break
+for i, msg in enumerate(["What is the capital of France?", "And of Italy?", "Which of the two is larger?"]):
+    read_until(rb"\n> $" if i == 0 else rb"turn %d: [^\r\n]*[\r\n]+> $" % i)
+    os.write(fd, msg.encode() + b"\n")
+read_until(rb"turn 3: [^\r\n]*[\r\n]+> $")
+os.write(fd, b"/exit\n")
+_, status = os.waitpid(pid, 0)
+text = out.decode(errors="replace")
+print(text)
+turns = re.findall(r"turn (\d): (\d+) tokens from the cache, (\d+) prefilled \((\d+) of the previous answer, (\d+) new", text)
+assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+assert [t[0] for t in turns] == ["1", "2", "3"], turns
+cached = [int(t[1]) for t in turns]
+new = [int(t[4]) for t in turns]
+assert cached[0] == 0 and 0 < cached[1] < cached[2], cached
+assert all(0 < n < 30 for n in new[1:]), new
+PY
+    pass
+else
+    fail "conversation in a terminal: $(tail -c 1500 "$tmp/cnv.log")"
+fi
 expect_error "generate: vocabulary-only file" "vocabulary-only" "$kvgen" -m "$spm" -p hi
 printf 'Once upon a time, there was a little girl.\n' >"$tmp/short.txt"
 for _ in $(seq 40); do echo "The quick brown fox jumps over the lazy dog, and the cat watches it from the wall."; done \

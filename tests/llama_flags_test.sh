@@ -110,8 +110,8 @@ if [[ -f $default ]]; then
     if grep -q "^<|im_start|>user$" "$tmp/v.err"; then pass; else fail "-v with --chat does not show the prompt"; fi
 fi
 expect_same "-no-cnv" "$kvgen" "${gen[@]}" -no-cnv -- "$kvgen" "${gen[@]}"
-for f in -cnv -i -if -mli --interactive --in-prefix; do
-    expect_error "$f" "$f: kvgen has no interactive mode yet; --chat -p TEXT" "$kvgen" "${gen[@]}" "$f"
+for f in -if -mli --in-prefix; do
+    expect_error "$f" "$f: kvgen's interactive mode is the conversation: -cnv" "$kvgen" "${gen[@]}" "$f"
 done
 expect_error "-sys with -sysf" "not both" "$kvgen" "${gen[@]}" -sys a -sysf "$tmp/sys.txt"
 

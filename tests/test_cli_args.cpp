@@ -61,6 +61,7 @@ TEST_CASE("llama.cpp's multi-letter flags become kvgen's long names", "[cli]") {
     // A value that looks like a llama.cpp flag is left alone.
     CHECK(tr({"-p", "-cnv"}) == std::vector<std::string>{"-p", "-cnv"});
     CHECK(tr({"-p", "x", "--", "-cnv"}) == std::vector<std::string>{"-p", "x", "--", "-cnv"});
+    CHECK(tr({"-p", "x", "-sp"}) == std::vector<std::string>{"-p", "x", "--special"});
 }
 
 TEST_CASE("llama.cpp's -fa takes on/off/auto, or nothing as older versions", "[cli]") {
@@ -79,10 +80,9 @@ TEST_CASE("llama.cpp's -r is the reverse prompt, or the repetition count with --
 }
 
 TEST_CASE("llama.cpp flags kvgen lacks are answered with the nearest option", "[cli]") {
-    CHECK_THAT(error_of({"-cnv"}),
-               Catch::StartsWith("-cnv: kvgen has no interactive mode") && Catch::Contains("--chat -p TEXT"));
-    for (const char* f : {"-i", "-if", "-mli", "--interactive", "--in-prefix"})
-        CHECK_THAT(error_of({f}), Catch::Contains("no interactive mode"));
+    CHECK(tr({"-cnv", "-p", "Be brief."}) == std::vector<std::string>{"--conversation", "-p", "Be brief."});
+    for (const char* f : {"-if", "-mli", "--in-prefix"})
+        CHECK_THAT(error_of({f}), Catch::Contains("the conversation: -cnv (or -i)"));
     CHECK(tr({"-cnv", "-st", "-p", "hi"}) == std::vector<std::string>{"--single-turn", "-p", "hi"});
     CHECK_THAT(error_of({"-ub", "512"}), Catch::Contains("-b/--batch-size"));
     CHECK_THAT(error_of({"-hf", "org/model"}), Catch::Contains("-m FILE"));

@@ -22,6 +22,7 @@ const Rename kRenames[] = {
     {"-fa", "--flash-attn"},    {"-ctk", "--cache-type-k"},         {"-ctv", "--cache-type-v"},
     {"-tb", "--threads-batch"}, {"-sys", "--system-prompt"},        {"-sysf", "--system-prompt-file"},
     {"-st", "--single-turn"},   {"-no-cnv", "--no-conversation"},   {"-sp", "--special"},
+    {"-cnv", "--conversation"},
 };
 
 struct Answer {
@@ -32,10 +33,9 @@ struct Answer {
 // llama.cpp flags kvgen has no counterpart for, each with the nearest thing kvgen offers.
 const std::vector<Answer>& answers() {
     static const std::vector<Answer> a = {
-        {{"-cnv", "--conversation", "-i", "--interactive", "-if", "--interactive-first", "-mli", "--multiline-input",
-          "--in-prefix", "--in-suffix", "--in-prefix-bos"},
-         "kvgen has no interactive mode yet; --chat -p TEXT (llama.cpp: -cnv -st) answers one message in the "
-         "model's chat format"},
+        {{"-if", "--interactive-first", "-mli", "--multiline-input", "--in-prefix", "--in-suffix", "--in-prefix-bos"},
+         "kvgen's interactive mode is the conversation: -cnv (or -i) reads one message per line in the model's chat "
+         "format"},
         {{"-ub", "--ubatch-size"}, "kvgen has one batch size for prompt processing: -b/--batch-size N"},
         {{"-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-mu", "--model-url"},
          "kvgen does not download models: give a local GGUF file with -m FILE"},

@@ -23,4 +23,9 @@ void install_signal_handlers() {
 
 bool interrupted() { return g_interrupted.load(); }
 
+void clear_interrupt() {
+    g_interrupted.store(false);
+    install_signal_handlers();
+}
+
 }  // namespace kvgen

@@ -6,5 +6,6 @@ namespace kvgen {
 
 void install_signal_handlers();
 bool interrupted();  // a SIGINT has arrived
+void clear_interrupt();  // forget it and arm the handler again (conversation mode: Ctrl-C stopped one answer)
 
 }  // namespace kvgen

@@ -50,6 +50,7 @@ GenerateStats Generator::run(const std::vector<int32_t>& prompt, const GenerateO
     double step_ms = st.prefill_ms;
     if (opt.n_predict == 0) {  // the prompt alone: its K/V are in the cache, nothing is sampled
         st.stop = "n_predict";
+        st.cached = seq;
         return st;
     }
 
@@ -79,7 +80,9 @@ GenerateStats Generator::run(const std::vector<int32_t>& prompt, const GenerateO
             // Full: shift (keep n_keep, drop half of the rest), or stop.
             const int n_past = int(ctx.size()) - 1, n_keep = std::clamp(opt.n_keep, 0, n_past);
             const int n_discard = (n_past - n_keep) / 2;
-            if (!opt.shift_cache || n_discard < 1) {
+            // note: only a run with a length to reach shifts; -n -1 means "until the end of generation or a full
+            // context", and a model that never ends its text would otherwise run forever.
+            if (!opt.shift_cache || opt.n_predict < 0 || n_discard < 1) {
                 st.stop = "context";
                 break;
             }
@@ -98,6 +101,7 @@ GenerateStats Generator::run(const std::vector<int32_t>& prompt, const GenerateO
         step_ms = ms_since(t0);
         st.decode_ms += step_ms;
     }
+    if (opt.kv_cache) st.cached.assign(ctx.begin(), ctx.begin() + std::min<int>(int(ctx.size()), backend_.n_past()));
     return st;
 }
 

@@ -16,9 +16,9 @@ struct GenerateOptions {
     bool kv_cache = true;
     int n_reused = 0;  // leading prompt tokens whose K/V the backend's cache already holds (a prompt-cache hit)
     SamplerOptions sampler;
-    // Context shift: when the context is full, shift_cache(n_keep, n_discard) drops cache positions [n_keep, n_keep +
-    // n_discard) (shift_kv_cache, context_shift.h), with n_discard half of the positions after n_keep, and generation
-    // goes on. Null: stop with "context".
+    // Context shift: when the context is full before n_predict tokens (n_predict >= 0), shift_cache(n_keep,
+    // n_discard) drops cache positions [n_keep, n_keep + n_discard) (shift_kv_cache, context_shift.h), with n_discard
+    // half of the positions after n_keep, and generation goes on. Null, or n_predict -1: stop with "context".
     std::function<void(int n_keep, int n_discard)> shift_cache;
     int n_keep = 0;
 };
@@ -34,6 +34,7 @@ struct GenerateStats {
     std::string stop;              // "eog", "n_predict", "context", "stopped"
     int n_shifts = 0;              // context shifts
     int n_evaluated = 0;           // tokens run through the forward pass (every one again at each --no-kv-cache step)
+    std::vector<int32_t> cached;   // the tokens whose K/V the cache holds at the end, position 0 first
 };
 
 // Throws kvgen::Error when a prompt of n_prompt tokens leaves no room in a context of n_ctx to generate.

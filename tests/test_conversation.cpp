@@ -1,0 +1,56 @@
+// Conversation mode: each turn prefills only what it adds, and its answer equals a single run over the whole
+// conversation so far (greedy), on the default model.
+#include "cli/conversation.h"
+#include "cpu/cpu_backend.h"
+#include "model/weights.h"
+#include "test_util.h"
+
+using namespace kvgen;
+
+TEST_CASE("a three-turn conversation prefills only each turn's new tokens and answers as a single run over the "
+          "transcript",
+          "[conversation][default-model]") {
+    if (!test::file_exists(KVGEN_DEFAULT_MODEL)) FAIL("default model missing: run models/fetch-default.sh");
+    const Model model = Model::load(KVGEN_DEFAULT_MODEL);
+    const Tokenizer tok = Tokenizer::from_gguf(model.file);
+    const ChatFormat format = ChatFormat::of(model.file, "");
+    Settings s;
+    s.n_ctx = 512;
+    s.n_threads = 2;
+    GenerateOptions g;
+    g.n_predict = 24;
+    g.sampler.temp = 0.0f;
+    const std::unique_ptr<Backend> backend = cpu::make_backend(model, s);
+    Conversation conv(*backend, tok, model.config.n_vocab, format, g, tok.add_bos());
+    const char* messages[] = {"What is the capital of France?", "And what is it famous for?",
+                              "Name one river that flows through it."};
+    std::vector<int32_t> before;  // the conversation before each turn
+    std::vector<int32_t> answer;  // the previous turn's answer, without an end-of-turn token
+    int prompt_end = 0;           // the previous turn's prompt length
+    for (int turn = 0; turn < 3; ++turn) {
+        INFO("turn " << turn + 1);
+        const std::vector<int32_t> added =
+            tok.encode(turn == 0 ? format.first_turn(messages[turn]) : format.next_turn(messages[turn]),
+                       turn == 0 && tok.add_bos(), true);
+        const TurnResult r = conv.answer(messages[turn], [](int32_t) { return true; });
+        // everything up to the previous turn's prompt comes from the cache; the turn evaluates the previous answer
+        // (with its end-of-turn text) and its own message, nothing else
+        CHECK(r.n_reused == prompt_end);
+        CHECK(r.n_added == int(added.size()));
+        CHECK(r.n_prefilled == int(before.size()) - prompt_end + int(added.size()));
+        if (turn > 0) CHECK(r.n_prefilled - r.n_added == int(answer.size()) + 2);  // <|im_end|> "\n"
+        // a single cold run over the same transcript gives the same answer
+        std::vector<int32_t> prompt = before;
+        prompt.insert(prompt.end(), added.begin(), added.end());
+        const std::unique_ptr<Backend> cold = cpu::make_backend(model, s);
+        const GenerateStats st = Generator(*cold).run(
+            prompt, g, [](int32_t, const float*) { return true; }, [&](int32_t id) { return tok.is_eog(id); },
+            model.config.n_vocab);
+        CHECK(r.tokens == st.tokens);
+        CHECK(!r.tokens.empty());
+        before = conv.tokens();
+        prompt_end = int(prompt.size());
+        answer = r.tokens;
+        if (tok.is_eog(answer.back())) answer.pop_back();
+    }
+}
