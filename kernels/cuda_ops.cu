@@ -52,8 +52,10 @@ public:
     const KvLayout& kv_layout() const override { return kv_; }
     int n_batch() const override { return n_batch_; }
     int n_logits() const override { return n_logits_; }
-    void kv_read(void* k, void* v, int n) override;
-    void kv_write(const void* k, const void* v, int n) override;
+    void kv_read(void* k, void* v, int n) override { kv_copy(k, v, n, true); }
+    void kv_write(const void* k, const void* v, int n) override {
+        kv_copy(const_cast<void*>(k), const_cast<void*>(v), n, false);
+    }
 
     void begin(const int32_t* tokens, int n, int pos0, Pass pass) override;
     const float* run(int n, int n_out, const std::function<void()>& step) override;
@@ -78,6 +80,8 @@ private:
     bool use_int(const DevWeight& w) const { return int_matvec_ && int_matvec_ok(w); }
     const ActBlock* quantized(const float* in, int64_t count);
     void capture(const std::function<void()>& step);
+    // Positions [0, n) of every layer's K and V between the cache and host memory (Ops::kv_read / kv_write).
+    void kv_copy(void* k_host, void* v_host, int n, bool to_host);
     void release();  // frees everything taken so far; safe to call twice
 
     const Config& c_;
@@ -329,21 +333,20 @@ void CudaOps::head(float* logits, const float* x, int n) {
 }
 
 // One layer-and-head's rows [0, n) per row of a 2-D copy: n_ctx rows apart in the cache, n apart on the host.
-void CudaOps::kv_read(void* k, void* v, int n) {
+void CudaOps::kv_copy(void* k_host, void* v_host, int n, bool to_host) {
     if (n == 0) return;
-    const size_t heads = size_t(kv_.n_layers) * size_t(kv_.n_kv_heads), kb = size_t(kv_.k_row_bytes()),
-                 vb = size_t(kv_.v_row_bytes()), ctx = size_t(kv_.n_ctx), w = size_t(n);
-    KVGEN_CUDA_CHECK(cudaMemcpy2DAsync(k, w * kb, k_cache_, ctx * kb, w * kb, heads, cudaMemcpyDeviceToHost, stream_));
-    KVGEN_CUDA_CHECK(cudaMemcpy2DAsync(v, w * vb, v_cache_, ctx * vb, w * vb, heads, cudaMemcpyDeviceToHost, stream_));
-    KVGEN_CUDA_CHECK(cudaStreamSynchronize(stream_));
-}
-
-void CudaOps::kv_write(const void* k, const void* v, int n) {
-    if (n == 0) return;
-    const size_t heads = size_t(kv_.n_layers) * size_t(kv_.n_kv_heads), kb = size_t(kv_.k_row_bytes()),
-                 vb = size_t(kv_.v_row_bytes()), ctx = size_t(kv_.n_ctx), w = size_t(n);
-    KVGEN_CUDA_CHECK(cudaMemcpy2DAsync(k_cache_, ctx * kb, k, w * kb, w * kb, heads, cudaMemcpyHostToDevice, stream_));
-    KVGEN_CUDA_CHECK(cudaMemcpy2DAsync(v_cache_, ctx * vb, v, w * vb, w * vb, heads, cudaMemcpyHostToDevice, stream_));
+    const size_t heads = size_t(kv_.n_layers) * size_t(kv_.n_kv_heads), ctx = size_t(kv_.n_ctx), w = size_t(n);
+    const std::pair<void*, size_t> halves[] = {{k_host, size_t(kv_.k_row_bytes())}, {v_host, size_t(kv_.v_row_bytes())}};
+    __half* const caches[] = {k_cache_, v_cache_};
+    for (int i = 0; i < 2; ++i) {
+        const auto [host, rb] = halves[i];
+        if (to_host)
+            KVGEN_CUDA_CHECK(cudaMemcpy2DAsync(host, w * rb, caches[i], ctx * rb, w * rb, heads, cudaMemcpyDeviceToHost,
+                                               stream_));
+        else
+            KVGEN_CUDA_CHECK(cudaMemcpy2DAsync(caches[i], ctx * rb, host, w * rb, w * rb, heads, cudaMemcpyHostToDevice,
+                                               stream_));
+    }
     KVGEN_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 

@@ -4,6 +4,8 @@
 # computes prefix + question A and saves the prompt's K/V with --prompt-cache; the second asks question B with the
 # file (--prompt-cache-ro), so only the question is computed; the third asks B cold. Reports the prompt times, the
 # file's load time and size, and whether the second and third runs generated the same tokens with the same logits.
+# Then a conversation (-cnv) with the same text as its system message and three questions: each turn's prompt time
+# with the cache kept across turns, against a cold prefill of the whole transcript at that turn (kvgen --bench -p N).
 #
 # usage: scripts/bench-prompt-cache.sh [MODEL.gguf] [--tokens 1000] [--threads T] [--device cpu|cuda] [--out DIR]
 #
@@ -61,6 +63,16 @@ echo "bench-prompt-cache: run 3 (the same question, cold)" >&2
 same_logits=no
 cmp -s "$out/2.logits" "$out/3.logits" && same_logits=yes
 file_bytes=$(stat -c %s "$out/prefix.cache")
+echo "bench-prompt-cache: a three-turn conversation with the prefix as its system message" >&2
+printf '%s\n' "May I sell copies of the program?" "Must I give the source code with it?" \
+    "May I add my own terms to the license?" |
+    "$kvgen" -m "$model" --device "$device" -n 32 --temp 0 ${threads:+-t "$threads"} -cnv -sysf "$out/prefix.txt" \
+        --json "$out/cnv.json" >/dev/null 2>"$out/cnv.err"
+: >"$out/cold.txt"
+for n_turn in $(python3 -c 'import json,sys; print(" ".join(str(t["reused_tokens"] + t["prefilled_tokens"]) for t in json.load(open(sys.argv[1]))["turns"]))' "$out/cnv.json"); do
+    "$kvgen" -m "$model" --device "$device" ${threads:+-t "$threads"} --bench -p "$n_turn" -n 0 -r 1 -o json 2>/dev/null |
+        python3 -c 'import json,sys; e=json.load(sys.stdin)[0]; print(1000.0 * e["n_prompt"] / e["avg_ts"])' >>"$out/cold.txt"
+done
 
 python3 - "$out" "$invocation" "$date" "$commit" "$machine" "$(basename "$model")" "$device" "$file_bytes" \
     "$same_logits" <<'PY'
@@ -83,6 +95,16 @@ L = [f"- command: `{invocation}`", f"- model: {model}; device: {device}; date: {
      f"Run 2 against run 3: {r[2]['prefill_ms'] / hit_ms:.1f}x faster to the first token; the file is "
      f"{int(file_bytes) / 1e6:.1f} MB; generated tokens {'identical' if r[1]['tokens'] == r[2]['tokens'] else 'DIFFERENT'}; "
      f"logits of every step {'bit for bit identical' if same_logits == 'yes' else 'not bit-identical'}."]
+c = json.load(open(f"{out}/cnv.json"))["turns"]
+cold = [float(x) for x in open(f"{out}/cold.txt").read().split()]
+L += ["", "A conversation with the same text as its system message (`-cnv -sysf`, `-n 32`):", "",
+      "| turn | conversation tokens | from the cache | computed (previous answer + new) | prompt ms | "
+      "a cold prefill of the whole transcript, ms | saved |",
+      "|---:|---:|---:|---:|---:|---:|---:|"]
+for i, (t, cms) in enumerate(zip(c, cold)):
+    n = t["reused_tokens"] + t["prefilled_tokens"]
+    L.append(f"| {i + 1} | {n} | {t['reused_tokens']} | {t['prefilled_tokens']} ({t['prefilled_tokens'] - t['new_tokens']} + "
+             f"{t['new_tokens']}) | {t['prefill_ms']:.1f} | {cms:.1f} | {cms / t['prefill_ms']:.1f}x |")
 open(f"{out}/results.md", "w").write("\n".join(L) + "\n")
 print("\n".join(L))
 PY
