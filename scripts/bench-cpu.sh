@@ -8,6 +8,9 @@
 #  3. the cost of --no-kv-cache: total time to generate G tokens with and without the cache (first model).
 # With no MODEL arguments it benchmarks the default model and TinyLlama-1.1B-shaped Q4_K_M and Q8_0 files made on
 # the spot with kvgen-synth (random weights, the default model's vocabulary).
+# LLAMA_BENCH=path/to/llama-bench adds llama.cpp's figures, measured right after kvgen's on each model with the same
+# prompt length, generation length, repetitions and threads, and a side-by-side table with the ratios. llama.cpp is
+# not part of kvgen; build its llama-bench yourself.
 # usage: scripts/bench-cpu.sh [--threads T] [--prompt P] [--gen N] [--nocache-gen G] [MODEL.gguf ...]
 set -euo pipefail
 # shellcheck source=lib/bench.sh source-path=SCRIPTDIR
@@ -46,6 +49,11 @@ if ((${#models[@]} == 0)); then
     made="; tinyllama-1.1b-TYPE.gguf made by \`build/kvgen-synth tinyllama-1.1b --type TYPE --vocab ${default#"$root/"} -o FILE\`"
 fi
 for m in "${models[@]}"; do [[ -f $m ]] || { echo "bench-cpu.sh: $m: no such file" >&2; exit 1; }; done
+llama_bench=${LLAMA_BENCH:-}
+if [[ -n $llama_bench && ! -x $llama_bench ]]; then
+    echo "bench-cpu.sh: LLAMA_BENCH=$llama_bench is not an executable" >&2
+    exit 1
+fi
 
 # The machine and the source.
 run_context "$root"
@@ -70,6 +78,22 @@ gbs = size * tg["avg_ts"] / 1e9
 print(f"| {os.path.basename(m)} | {size / 1e6:.0f} MB | {pp['avg_ts']:.1f} ± {pp['stddev_ts']:.1f} "
       f"| {tg['avg_ts']:.1f} ± {tg['stddev_ts']:.1f} | {gbs:.2f} | {100 * gbs / bw:.0f}% |")
 PY
+    [[ -n $llama_bench ]] || continue
+    echo "bench-cpu: llama-bench $(basename "$m")" >&2
+    "$llama_bench" -m "$m" -p "$prompt_len" -n "$gen" -r 3 -t "$threads" -o json >"$tmp/l.json" 2>"$tmp/lerr" ||
+        { tail -n 5 "$tmp/lerr" >&2; exit 1; }
+    python3 - "$m" "$tmp/r.json" "$tmp/l.json" >>"$tmp/side.md" <<'PY'
+import json, os, sys
+k, l = json.load(open(sys.argv[2])), json.load(open(sys.argv[3]))
+def pick(tests, gen):
+    t = next(t for t in tests if (t["n_gen"] > 0) == gen and (t["n_prompt"] > 0) != gen)
+    return t["avg_ts"], t["stddev_ts"]
+cells = []
+for gen in (False, True):
+    (ka, ks), (la, ls) = pick(k, gen), pick(l, gen)
+    cells += [f"{ka:.1f} ± {ks:.1f}", f"{la:.1f} ± {ls:.1f}", f"**{ka / la:.2f}x**"]
+print(f"| {os.path.basename(sys.argv[1])} | " + " | ".join(cells) + " |")
+PY
 done
 
 m=${models[0]} names=""
@@ -91,6 +115,15 @@ echo "| model | weights read per token | prefill t/s (pp$prompt_len) | decode t/
 echo "|---|---|---|---|---|---|"
 cat "$tmp/rows.md"
 echo
+if [[ -n $llama_bench ]]; then
+    echo "Side by side with llama.cpp (\`$llama_bench -m MODEL -p $prompt_len -n $gen -r 3 -t $threads\`, run right after kvgen" \
+        "on each model; $("$llama_bench" --version 2>&1 | grep -m 1 -o 'version: .*' || echo 'version unknown')):"
+    echo
+    echo "| model | kvgen pp$prompt_len | llama.cpp pp$prompt_len | ratio | kvgen tg$gen | llama.cpp tg$gen | ratio |"
+    echo "|---|---|---|---|---|---|---|"
+    cat "$tmp/side.md"
+    echo
+fi
 echo "Cost of \`--no-kv-cache\` ($(basename "$m"), from \`scripts/bench-kv.sh MODEL --lengths $nocache_gen --runs 1 --threads $threads\`):"
 echo
 "$root/scripts/bench-kv.sh" "$m" --lengths "$nocache_gen" --runs 1 --threads "$threads" --out "$tmp/kv" >/dev/null
