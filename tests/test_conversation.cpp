@@ -14,6 +14,13 @@ TEST_CASE("a three-turn conversation prefills only each turn's new tokens and an
     const Model model = Model::load(KVGEN_DEFAULT_MODEL);
     const Tokenizer tok = Tokenizer::from_gguf(model.file);
     const ChatFormat format = ChatFormat::of(model.file, "");
+    // what a shift keeps by default: BOS, SmolLM2's default system turn and "<|im_start|>user\n"
+    const int n_head = format.n_head_tokens(tok, tok.add_bos());
+    const std::vector<int32_t> first = tok.encode(format.first_turn("Hello there"), tok.add_bos(), true);
+    const std::vector<int32_t> head = tok.encode("<|im_start|>system\n" + format.system + "<|im_end|>\n<|im_start|>user\n",
+                                                 tok.add_bos(), true);
+    CHECK(n_head == int(head.size()));
+    CHECK(std::equal(head.begin(), head.end(), first.begin()));
     Settings s;
     s.n_ctx = 512;
     s.n_threads = 2;

@@ -78,6 +78,14 @@ std::string ChatFormat::answer_end() const {
     return "";
 }
 
+int ChatFormat::n_head_tokens(const Tokenizer& tok, bool add_bos) const {
+    const std::vector<int32_t> a = tok.encode(first_turn(""), add_bos, true);
+    const std::vector<int32_t> b = tok.encode(first_turn("x"), add_bos, true);
+    size_t n = 0;
+    while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+    return int(n);
+}
+
 std::string apply_chat_template(const std::string& tmpl, const std::string& prompt, const std::string& system) {
     return ChatFormat::of(tmpl, system).first_turn(prompt);
 }

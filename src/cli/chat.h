@@ -2,6 +2,7 @@
 #include <string>
 
 #include "gguf/gguf.h"
+#include "tokenizer/tokenizer.h"
 
 namespace kvgen {
 
@@ -21,6 +22,9 @@ struct ChatFormat {
     std::string next_turn(const std::string& message) const;
     // What ends an answer: the end-of-turn text that follows the model's words.
     std::string answer_end() const;
+    // The tokens every first turn starts with (BOS when add_bos, the system turn, the user turn's opening): what a
+    // context shift keeps by default in a chat.
+    int n_head_tokens(const Tokenizer& tok, bool add_bos) const;
 };
 
 // Wraps a user prompt in the model's chat format, recognised from tokenizer.chat_template: ChatML, Llama 2, Llama 3,

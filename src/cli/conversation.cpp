@@ -94,11 +94,7 @@ int run_conversation(const GenerateCliOptions& opt) {
         g.shift_cache = [&](int n_keep, int n_discard) { shift_kv_cache(backend, c, rope, n_keep, n_discard); };
     const bool add_bos = tok.add_bos() && !opt.no_bos;
     // A shift keeps the system turn (and BOS) unless --keep says otherwise.
-    const std::vector<int32_t> head = tok.encode(format.first_turn(""), add_bos, true);
-    const std::vector<int32_t> probe = tok.encode(format.first_turn("x"), add_bos, true);
-    while (g.n_keep < int(std::min(head.size(), probe.size())) && head[size_t(g.n_keep)] == probe[size_t(g.n_keep)])
-        ++g.n_keep;
-    if (opt.n_keep >= 0) g.n_keep = opt.n_keep + (add_bos ? 1 : 0);
+    g.n_keep = opt.n_keep >= 0 ? opt.n_keep + (add_bos ? 1 : 0) : format.n_head_tokens(tok, add_bos);
 
     std::fprintf(stderr,
                  "kvgen: model %s (%s), device %s, KV cache %s for %d positions\n"

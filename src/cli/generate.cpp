@@ -144,10 +144,7 @@ int run_generate(const GenerateCliOptions& opt) {
     } else if (opt.n_keep >= 0) {
         g.n_keep = std::min(int(prompt.size()), opt.n_keep + n_bos);
     } else if (opt.chat) {
-        const std::vector<int32_t> head =
-            tok.encode(apply_chat_template(model.file, "", opt.system_prompt), tok.add_bos() && !opt.no_bos, true);
-        while (g.n_keep < int(std::min(head.size(), prompt.size())) && head[size_t(g.n_keep)] == prompt[size_t(g.n_keep)])
-            ++g.n_keep;
+        g.n_keep = ChatFormat::of(model.file, opt.system_prompt).n_head_tokens(tok, tok.add_bos() && !opt.no_bos);
     } else {
         g.n_keep = n_bos;
     }
