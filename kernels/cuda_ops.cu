@@ -241,15 +241,10 @@ void CudaOps::proj(float* out, const DevWeight& w, const float* in, int n, bool 
         matvec_batch(out, w, in, n, accumulate, stream_);
         return;
     }
-    // Prefill: activations to f16, the weight decoded to an f16 scratch matrix (F16 weights are used in place),
-    // then out[n][rows] = in[n][cols] . W^T on the tensor cores with f32 accumulation.
+    // Prefill: activations to f16, then out[n][rows] = in[n][cols] . W^T on the tensor cores with f32 accumulation,
+    // a quantized weight decoded a chunk of rows at a time into wh_ (F16 weights used in place).
     to_f16(xh_, in, int64_t(n) * w.cols, stream_);
-    const __half* a = reinterpret_cast<const __half*>(w.data);
-    if (w.type != GgmlType::F16) {
-        dequantize_f16(wh_, w, stream_);
-        a = wh_;
-    }
-    gemm_f16(cublas_, out, a, xh_, int(w.rows), n, int(w.cols), accumulate);
+    gemm_weight(cublas_, out, w, xh_, n, accumulate, wh_, stream_);
 }
 
 void CudaOps::embed(float* x, int n) {

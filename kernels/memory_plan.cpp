@@ -77,13 +77,13 @@ MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int n_lo
     p.partials = place(partial_floats, 4);
     p.cos = place(nb * half, 4);
     p.sin = place(nb * half, 4);
-    int64_t wh = 0;  // the largest layer matrix that needs decoding to f16 for the prefill GEMM
+    int64_t wh = 0;  // the largest chunk of a layer matrix that the prefill GEMM decodes to f16 (gemm_weight)
+    auto scratch = [](const WeightView& w) { return gemm_scratch_elems(w.type, w.rows, w.cols); };
     if (n_batch > 1)
         for (const LayerWeights& L : m.weights.layers)
             for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
-                if (w->type != GgmlType::F16) wh = std::max(wh, w->rows * w->cols);
-    const WeightView& out = m.weights.output;
-    if (n_logits > 1 && out.type != GgmlType::F16) wh = std::max(wh, out.rows * out.cols);
+                wh = std::max(wh, scratch(*w));
+    if (n_logits > 1) wh = std::max(wh, scratch(m.weights.output));
     p.xh = place(n_batch > 1 ? nb * std::max({e, qd, ff}) : 0, 2);
     p.wh = place(wh, 2);
     p.step = place(2 + nb, 4);

@@ -18,6 +18,23 @@ struct Region {
 
 constexpr size_t kActBlockBytes = 80;  // sizeof(ActBlock), matvec_int.cuh
 
+// The prefill GEMM of a quantized weight decodes it to f16 a chunk of rows at a time (gemm_weight, ops.cuh): at most
+// kGemmChunkElems weights (16 MiB of f16, a third of an H100/H200 L2 cache, so the chunk is read back from L2), in
+// whole steps of kGemmChunkRowStep rows (the GEMM's tiles), at least one step.
+constexpr int64_t kGemmChunkElems = int64_t(8) << 20;
+constexpr int64_t kGemmChunkRowStep = 256;
+inline int64_t gemm_chunk_rows(int64_t rows, int64_t cols) {
+    if (rows * cols <= kGemmChunkElems) return rows;
+    const int64_t fit = kGemmChunkElems / cols / kGemmChunkRowStep * kGemmChunkRowStep;
+    const int64_t r = fit > kGemmChunkRowStep ? fit : kGemmChunkRowStep;
+    return r < rows ? r : rows;
+}
+// Halves of scratch gemm_weight needs for a rows x cols weight of type t (none for F16, used in place).
+inline int64_t gemm_scratch_elems(GgmlType t, int64_t rows, int64_t cols) {
+    if (t == GgmlType::F16) return 0;
+    return cols % 32 != 0 ? rows * cols : gemm_chunk_rows(rows, cols) * cols;
+}
+
 struct MemoryPlan {
     // Weights. The GGUF matrices in their own types, in device_weights() order; a layer's Q, K and V back to back
     // when they share type and row size, so that they read as one matrix (fused_qkv).
@@ -38,8 +55,8 @@ struct MemoryPlan {
     Region partials;   // flash-decoding partial results, attention_partials() floats
     Region cos, sin;   // [n_batch][rope_dim / 2]
     Region xh;         // f16 [n_batch][max(n_embd, n_heads head_dim, n_ff)]: prefill GEMM input (n_batch > 1)
-    Region wh;         // f16, the largest quantized matrix decoded for the prefill GEMM (n_batch > 1; the output
-                       // matrix counts when n_logits > 1)
+    Region wh;         // f16, the largest chunk gemm_weight decodes for the prefill GEMM, gemm_scratch_elems
+                       // (n_batch > 1; the output matrix counts when n_logits > 1)
     Region step;       // int [2 + n_batch]: pos0, n, the step's tokens
     Region xq;         // ActBlock [max(n_embd, n_heads head_dim, n_ff) / 32]: one token's input in 16-bit integers
     Region counters;   // int [n_heads]: decode attention's per-head-group split counters, zero between launches

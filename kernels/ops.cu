@@ -7,6 +7,7 @@
 #include "cuda_common.cuh"
 #include "elementwise.cuh"
 #include "matvec.cuh"
+#include "prefill_gemm.cuh"
 #include "quant.cuh"
 
 namespace kvgen::cuda {
@@ -102,6 +103,14 @@ void dequantize_any(const DevWeight& w, Out* out, cudaStream_t s) {
     });
     if (!ok) throw Error(fmt::format("CUDA: no device decoder for {}", ggml_type_name(w.type)));
     KVGEN_CUDA_LAUNCHED("dequantize");
+}
+
+template <GgmlType T>
+__global__ void __launch_bounds__(kDqThreads)
+    dequantize_rows_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t chunks_per_row, int64_t r0,
+                           int64_t n_chunks, __half* __restrict__ out) {
+    __shared__ float sm[kDqShared];
+    dequantize_rows_body<T>(DeviceThread{sm}, w, row_bytes, chunks_per_row, r0, n_chunks, out);
 }
 
 template <GgmlType T>
@@ -480,13 +489,55 @@ void check_cublas(cublasStatus_t st, const char* what) {
     if (st != CUBLAS_STATUS_SUCCESS) throw Error(fmt::format("cuBLAS: {} failed: {}", what, cublasGetStatusString(st)));
 }
 
+namespace {
+// out[n][ldo] columns [0, rows) = x[n][cols] . W^T for W = w[rows][cols] (f16, row-major).
+void gemm_f16_rows(cublasHandle_t h, float* out, int64_t ldo, const __half* w, const __half* x, int64_t rows, int n,
+                   int64_t cols, bool accumulate) {
+    // Column-major, cuBLAS sees W as a cols x rows matrix to transpose and x as cols x n; out is rows x n, ldo apart.
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    check_cublas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), n, int(cols), &alpha, w, CUDA_R_16F, int(cols), x,
+                              CUDA_R_16F, int(cols), &beta, out, CUDA_R_32F, int(ldo), CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx");
+}
+}  // namespace
+
 void gemm_f16(cublasHandle_t h, float* out, const __half* w, const __half* x, int rows, int n, int cols,
               bool accumulate) {
-    // Column-major, cuBLAS sees W as a cols x rows matrix to transpose and x as cols x n; out is rows x n.
-    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    check_cublas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &alpha, w, CUDA_R_16F, cols, x, CUDA_R_16F,
-                              cols, &beta, out, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                 "cublasGemmEx");
+    gemm_f16_rows(h, out, rows, w, x, rows, n, cols, accumulate);
+}
+
+void dequantize_rows_f16(__half* out, const DevWeight& w, int64_t r0, int64_t n_rows, cudaStream_t s) {
+    KVGEN_ASSERT(w.cols % 32 == 0 && r0 >= 0 && r0 + n_rows <= w.rows);
+    const int64_t cpr = w.cols / 32, n_chunks = n_rows * cpr;
+    if (n_chunks == 0) return;
+    const bool ok = dispatch_type(w.type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        dequantize_rows_kernel<T>
+            <<<grid_for(n_chunks, kDqThreads), kDqThreads, 0, s>>>(w.data, w.row_bytes, cpr, r0, n_chunks, out);
+    });
+    if (!ok) throw Error(fmt::format("CUDA: no device decoder for {}", ggml_type_name(w.type)));
+    KVGEN_CUDA_LAUNCHED("dequantize_rows");
+}
+
+void gemm_weight(cublasHandle_t h, float* out, const DevWeight& w, const __half* x, int n, bool accumulate,
+                 __half* scratch, cudaStream_t s) {
+    if (w.type == GgmlType::F16) {  // used in place
+        gemm_f16_rows(h, out, w.rows, reinterpret_cast<const __half*>(w.data), x, w.rows, n, w.cols, accumulate);
+        return;
+    }
+    if (w.cols % 32 != 0) {  // float rows that are not whole chunks (a tiny model): decoded whole, they are small
+        dequantize_f16(scratch, w, s);
+        gemm_f16_rows(h, out, w.rows, scratch, x, w.rows, n, w.cols, accumulate);
+        return;
+    }
+    // note: one stream orders each chunk's decode after the previous chunk's GEMM, which read the same scratch.
+    const int64_t step = gemm_chunk_rows(w.rows, w.cols);
+    for (int64_t r0 = 0; r0 < w.rows; r0 += step) {
+        const int64_t nr = std::min(step, w.rows - r0);
+        dequantize_rows_f16(scratch, w, r0, nr, s);
+        gemm_f16_rows(h, out + r0, w.rows, scratch, x, nr, n, w.cols, accumulate);
+    }
 }
 
 bool attention_head_dim_supported(int hd) {

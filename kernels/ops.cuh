@@ -82,6 +82,15 @@ void to_f16(__half* y, const float* x, int64_t count, cudaStream_t s);
 // cores (cuBLAS, on the handle's stream). Twin: the same product of the f16-rounded operands in double.
 void gemm_f16(cublasHandle_t h, float* out, const __half* w, const __half* x, int rows, int n, int cols,
               bool accumulate);
+// Rows [r0, r0 + n_rows) of w (cols a multiple of 32) decoded to f16, row-major, into out (16-byte aligned). Twin:
+// dequantize_row of those rows, rounded to f16.
+void dequantize_rows_f16(__half* out, const DevWeight& w, int64_t r0, int64_t n_rows, cudaStream_t s);
+// The prefill product of any weight: out[n][rows] = x[n][cols] . W^T (+= when accumulate) with x in f16. F16 weights
+// go to cuBLAS in place; the rest are decoded chunk by chunk (prefill_gemm.cuh) into scratch, which holds
+// gemm_scratch_elems(w.type, w.rows, w.cols) halves (memory_plan.h), and each chunk multiplied there. The cuBLAS
+// handle must be on stream s. Twin: the product of the f16-rounded operands in double.
+void gemm_weight(cublasHandle_t h, float* out, const DevWeight& w, const __half* x, int n, bool accumulate,
+                 __half* scratch, cudaStream_t s);
 void check_cublas(cublasStatus_t st, const char* what);
 
 // Attention reads one layer's f16 cache (k_cache, v_cache: that layer's K and V, laid out as kv says); query head h

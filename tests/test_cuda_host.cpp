@@ -66,6 +66,49 @@ TEST_CASE("the CUDA decoders, run on the host, equal dequantize_row for every ty
     }
 }
 
+TEST_CASE("the prefill GEMM's chunked f16 decoding, run on the host, equals dequantize_row rounded to f16",
+          "[cuda-host]") {
+    for (const char* name : {"F32", "BF16", "Q4_0", "Q5_1", "Q8_0", "Q3_K", "Q4_K", "Q6_K"}) {
+        INFO(name);
+        GgmlType t;
+        REQUIRE(ggml_type_from_name(name, &t));
+        const int64_t rows = 21, cols = 1024;  // 32 chunks a row: 672 chunks, the last of three blocks partial
+        std::vector<uint8_t> b(size_t(rows * ggml_row_bytes(*ggml_type_info(t), cols)));
+        synth_random_rows(t, b.data(), rows, cols, 0.05f, 4);
+        std::vector<float> want(size_t(rows * cols));
+        dequantize_row(t, b.data(), want.data(), rows * cols);
+        for (const auto& [r0, nr] : {std::pair<int64_t, int64_t>{0, rows}, {5, 13}, {20, 1}}) {
+            INFO("rows " << r0 << " + " << nr);
+            const std::vector<float> got = cuda::host::dequantize_rows(t, b.data(), cols, r0, nr);
+            REQUIRE(got.size() == size_t(nr * cols));
+            size_t bad = 0;
+            for (size_t i = 0; i < got.size(); ++i)
+                if (got[i] != fp16_to_fp32(fp32_to_fp16(want[size_t(r0 * cols) + i]))) ++bad;
+            CHECK(bad == 0);
+        }
+    }
+}
+
+TEST_CASE("the prefill GEMM's chunks stay within the L2-sized scratch, in whole tile steps", "[cuda-host]") {
+    using cuda::gemm_chunk_rows;
+    CHECK(gemm_chunk_rows(4096, 896) == 4096);  // 3.7M weights: one chunk, the whole matrix
+    CHECK(gemm_chunk_rows(4096, 4096) == 2048);  // LLaMA-2-7B attention: two chunks
+    CHECK(gemm_chunk_rows(13824, 5120) == 1536);
+    CHECK(gemm_chunk_rows(5120, 13824) == 512);
+    CHECK(gemm_chunk_rows(1000, 65536) == 256);  // wider than a chunk allows: one step of rows, the least there is
+    CHECK(gemm_chunk_rows(100, 200000) == 100);
+    for (int64_t cols : {896, 4096, 5120, 11008, 13824})
+        for (int64_t rows : {256, 4096, 11008, 32000}) {
+            const int64_t r = gemm_chunk_rows(rows, cols);
+            CHECK(r >= 1);
+            CHECK(r <= rows);
+            CHECK((r == rows || r % cuda::kGemmChunkRowStep == 0));
+            CHECK((r * cols <= cuda::kGemmChunkElems || r == cuda::kGemmChunkRowStep || r == rows));
+            CHECK(cuda::gemm_scratch_elems(GgmlType::Q4_K, rows, cols) == r * cols);
+            CHECK(cuda::gemm_scratch_elems(GgmlType::F16, rows, cols) == 0);
+        }
+}
+
 TEST_CASE("the CUDA memory plan counts weights, the f16 KV cache and buffers", "[cuda-host]") {
     const Model m = Model::load(std::string(KVGEN_SHARED_DIR) + "/testdata/ref/open-gqa-Q8_0.gguf");
     size_t matrices = 0;

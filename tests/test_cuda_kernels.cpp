@@ -206,6 +206,36 @@ TEST_CASE("decode matvec and prefill GEMM match a double-precision product for e
     }
 }
 
+TEST_CASE("the prefill GEMM of a weight larger than one decoded chunk covers every row", "[cuda][kernels]") {
+    // 2304 x 4096 = 9.4M weights: a 2048-row chunk, then a 256-row one (gemm_chunk_rows)
+    for (const char* name : {"Q4_0", "Q4_K", "Q6_K"}) {
+        INFO(name);
+        GgmlType t;
+        REQUIRE(ggml_type_from_name(name, &t));
+        const int64_t rows = 2304, cols = 4096;
+        const int n = 20;
+        const std::vector<uint8_t> b = random_weights(t, rows, cols, 31);
+        std::vector<float> wf(size_t(rows * cols));
+        dequantize_row(t, b.data(), wf.data(), rows * cols);
+        for (float& v : wf) v = fp16_to_fp32(fp32_to_fp16(v));
+        std::vector<float> x = randn(size_t(n) * size_t(cols), 32);
+        for (float& v : x) v = fp16_to_fp32(fp32_to_fp16(v));
+        std::vector<float> want(size_t(n) * size_t(rows));
+        double mag = 0;
+        for (int i = 0; i < n; ++i)
+            for (int64_t r = 0; r < rows; ++r) {
+                double s = 0;
+                for (int64_t j = 0; j < cols; ++j) {
+                    const double p = double(wf[size_t(r * cols + j)]) * x[size_t(i) * size_t(cols) + size_t(j)];
+                    s += p;
+                    mag = std::max(mag, std::fabs(p));
+                }
+                want[size_t(i) * size_t(rows) + size_t(r)] = float(s);
+            }
+        require_close(ct::gemm({t, rows, cols, &b}, x, n, nullptr), want, 1e-5 * mag * double(cols) / 32);
+    }
+}
+
 TEST_CASE("rmsnorm and swiglu match the CPU ops", "[cuda][kernels]") {
     const int n = 3, dim = 896;
     const std::vector<float> x = randn(size_t(n * dim), 23, 3.0f), w = randn(size_t(dim), 29);

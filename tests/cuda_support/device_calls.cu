@@ -11,6 +11,7 @@
 #include "elementwise.cuh"
 #include "matvec.cuh"
 #include "engine/rope.h"
+#include "memory_plan.h"
 #include "ops.cuh"
 
 namespace kvgen::cuda::testing {
@@ -134,23 +135,18 @@ std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, cons
 }
 
 std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0) {
-    // The backend's prefill product, step by step: activations to f16, weights to f16, cuBLAS with f32 accumulation.
+    // The backend's prefill product: activations to f16, then gemm_weight (chunks of rows decoded into the scratch).
     Dev<uint8_t> b(*w.bytes);
     Dev<float> dx(x);
-    Dev<__half> xh(x.size()), wh(size_t(w.rows * w.cols));
+    Dev<__half> xh(x.size()), wh(size_t(std::max<int64_t>(1, gemm_scratch_elems(w.type, w.rows, w.cols))));
     to_f16(xh.p, dx.p, int64_t(x.size()), nullptr);
-    const DevWeight dw = dev_weight(w, b);
-    const __half* a = reinterpret_cast<const __half*>(b.p);
-    if (w.type != GgmlType::F16) {
-        dequantize_f16(wh.p, dw, nullptr);
-        a = wh.p;
-    }
     Dev<float> y(size_t(n) * size_t(w.rows));
     if (y0) KVGEN_CUDA_CHECK(cudaMemcpy(y.p, y0->data(), y0->size() * 4, cudaMemcpyHostToDevice));
+    else poison(y);
     cublasHandle_t h = nullptr;
     check_cublas(cublasCreate(&h), "cublasCreate");
     try {
-        gemm_f16(h, y.p, a, xh.p, int(w.rows), n, int(w.cols), y0 != nullptr);
+        gemm_weight(h, y.p, dev_weight(w, b), xh.p, n, y0 != nullptr, wh.p, nullptr);
         std::vector<float> out = y.get();
         cublasDestroy(h);
         return out;

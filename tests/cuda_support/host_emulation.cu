@@ -16,6 +16,7 @@
 #include "engine/rope.h"
 #include "matvec.cuh"
 #include "ops.cuh"
+#include "prefill_gemm.cuh"
 
 namespace kvgen::cuda::host {
 
@@ -299,6 +300,24 @@ void run_grid(int gx, int gy, int threads, size_t shared_floats, Body body) {
 }
 
 }  // namespace
+
+std::vector<float> dequantize_rows(GgmlType type, const uint8_t* bytes, int64_t cols, int64_t r0, int64_t n_rows) {
+    const int64_t row_bytes = ggml_row_bytes(*ggml_type_info(type), cols), cpr = cols / 32, n_chunks = n_rows * cpr;
+    // 16-byte aligned, as the kernel's stores need; poisoned (all-ones halves are NaN) so a missed store shows
+    std::vector<uint4> raw(size_t((n_rows * cols + 7) / 8), make_uint4(~0u, ~0u, ~0u, ~0u));
+    __half* out = reinterpret_cast<__half*>(raw.data());
+    const bool ok = dispatch_type(type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        const int blocks = int((n_chunks + kDqThreads - 1) / kDqThreads);
+        run_grid(blocks, 1, kDqThreads, size_t(kDqShared), [&](const HostThread& t) {
+            dequantize_rows_body<T>(t, bytes, row_bytes, cpr, r0, n_chunks, out);
+        });
+    });
+    if (!ok) throw Error(fmt::format("no device decoder for {}", ggml_type_name(type)));
+    std::vector<float> f(size_t(n_rows * cols));
+    for (size_t i = 0; i < f.size(); ++i) f[i] = __half2float(out[i]);
+    return f;
+}
 
 std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
                              const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold) {

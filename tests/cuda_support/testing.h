@@ -87,6 +87,9 @@ std::vector<float> get_rows(GgmlType type, const uint8_t* bytes, int64_t rows, i
                             const std::vector<int32_t>& ids);
 // Where RowSplit sends each of `rows` rows with the given ends: buffer * 1000000 + index in that buffer.
 std::vector<int> row_split_targets(int64_t rows, int64_t end0, int64_t end1);
+// Rows [r0, r0 + n_rows) of a rows x cols weight (cols a multiple of 32) as the prefill GEMM's decoding kernel writes
+// them in f16 (dequantize_rows_body, every block of it), read back as floats.
+std::vector<float> dequantize_rows(GgmlType type, const uint8_t* bytes, int64_t cols, int64_t r0, int64_t n_rows);
 // The attention kernels' own bodies (attention.cuh) run on the host, each CUDA thread a fiber; arguments as
 // cuda::testing::attention.
 std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
