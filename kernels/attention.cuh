@@ -53,6 +53,32 @@ struct DeviceThread {
     __device__ __forceinline__ int atomic_add(int* p, int v) const {
         return atomicAdd(p, v);
     }
+    // Reductions over the four lanes of a quad (lanes 4 k .. 4 k + 3), xor 2 then xor 1.
+    __device__ __forceinline__ float quad_max(float v) const {
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+        return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    }
+    __device__ __forceinline__ float quad_sum(float v) const {
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        return v + __shfl_xor_sync(0xffffffffu, v, 1);
+    }
+    // c += A B for one warp's 16 x 16 f16 A and 16 x 8 f16 B fragments, f32 C (flash_attention.cuh gives the layout).
+    __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) const {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+        // sm_75 has the k = 8 shape: columns 0-7 of A are a[0], a[1] with b[0], columns 8-15 a[2], a[3] with b[1]
+        asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(b[0]));
+        asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[2]), "r"(a[3]), "r"(b[1]));
+#endif
+    }
 };
 #endif
 

@@ -90,6 +90,7 @@ private:
     int n_batch_, n_logits_, splits_;
     bool graphs_;
     bool int_matvec_;  // Settings::cuda_int_matvec
+    bool flash_;       // Settings::cuda_flash_attention
     cudaStream_t stream_ = nullptr;
     cublasHandle_t cublas_ = nullptr;
     cudaGraphExec_t graph_ = nullptr;
@@ -113,7 +114,8 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
       n_batch_(s.batch_size(kv_.n_ctx)),
       n_logits_(s.logits_rows(kv_.n_ctx)),
       graphs_(s.cuda_graphs),
-      int_matvec_(s.cuda_int_matvec) {
+      int_matvec_(s.cuda_int_matvec),
+      flash_(s.cuda_flash_attention) {
     KVGEN_CUDA_CHECK(cudaSetDevice(device_));
     splits_ = attention_splits(c_.n_heads, kv_, sm_count_of(device_));
     const MemoryPlan p =
@@ -285,7 +287,7 @@ void CudaOps::attention(float* out, const float* q, int l, int n) {
     if (n == 1)
         attention_decode(out, partials_, counters_, q, kc, vc, d_step_, c_.n_heads, kv_, splits_, stream_);
     else
-        attention_prefill(out, q, kc, vc, d_step_, n, c_.n_heads, kv_, stream_);
+        attention_prefill(out, q, kc, vc, d_step_, n, c_.n_heads, kv_, flash_, stream_);
 }
 
 void CudaOps::out_proj_add(float* x, const float* att, int l, int n) {

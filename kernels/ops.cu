@@ -6,6 +6,7 @@
 #include "attention.cuh"
 #include "cuda_common.cuh"
 #include "elementwise.cuh"
+#include "flash_attention.cuh"
 #include "matvec.cuh"
 #include "prefill_gemm.cuh"
 #include "quant.cuh"
@@ -308,6 +309,15 @@ __global__ void __launch_bounds__(kAttnThreads)
     attention_prefill_body<NQ, E>(DeviceThread{nullptr}, q, kc, vc, d_pos0, n, n_heads, n_rep, kv, scale, out);
 }
 
+template <int HD, int NQ>
+__global__ void __launch_bounds__(kFaThreads)
+    flash_prefill_kernel(const float* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc,
+                         const int* __restrict__ d_pos0, int n, int n_heads, int n_rep, KvLayout kv, float scale,
+                         float* __restrict__ out) {
+    __shared__ __align__(16) float sm[kFaShared<HD>];
+    flash_prefill_body<HD, NQ>(DeviceThread{sm}, q, kc, vc, d_pos0, n, n_heads, n_rep, kv, scale, out);
+}
+
 }  // namespace
 
 // --- launchers ----------------------------------------------------------------------------------------------------
@@ -580,10 +590,19 @@ void attention_decode(float* out, float* partials, int* counters, const float* q
 }
 
 void attention_prefill(float* out, const float* q, const __half* k_cache, const __half* v_cache, const int* d_pos0,
-                       int n, int n_heads, const KvLayout& kv, cudaStream_t s) {
+                       int n, int n_heads, const KvLayout& kv, bool tensor_cores, cudaStream_t s) {
     KVGEN_ASSERT(kv.k_type == KvType::F16 && kv.v_type == KvType::F16);
     const int n_rep = n_heads / kv.n_kv_heads;
     const float scale = 1.0f / std::sqrt(float(kv.head_dim));
+    if (tensor_cores && dispatch_flash(n_rep, kv.head_dim, [&](auto hd, auto nq) {
+            constexpr int HD = decltype(hd)::value, NQ = decltype(nq)::value;
+            const dim3 grid(unsigned(n_heads / NQ), unsigned((n + kFaRows / NQ - 1) / (kFaRows / NQ)));
+            flash_prefill_kernel<HD, NQ>
+                <<<grid, kFaThreads, 0, s>>>(q, k_cache, v_cache, d_pos0, n, n_heads, n_rep, kv, scale, out);
+        })) {
+        KVGEN_CUDA_LAUNCHED("flash_prefill");
+        return;
+    }
     const bool ok = dispatch_attention(n_rep, kv.head_dim, [&](auto nq, auto e) {
         constexpr int NQ = decltype(nq)::value, E = decltype(e)::value;
         const dim3 grid(unsigned(n_heads / NQ), unsigned((n + kAttnWarps - 1) / kAttnWarps));

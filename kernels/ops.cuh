@@ -111,8 +111,10 @@ int attention_counters(int n_heads, const KvLayout& kv);
 void attention_decode(float* out, float* partials, int* counters, const float* q, const __half* k_cache,
                       const __half* v_cache, const int* d_pos0, int n_heads, const KvLayout& kv, int splits,
                       cudaStream_t s);
-// n queries at positions *d_pos0 + i, each over cache positions 0 ..= its own (causal). Twin: cpu::attention.
+// n queries at positions *d_pos0 + i, each over cache positions 0 ..= its own (causal). With tensor_cores, head_dim
+// 64 and 128 run flash attention on the tensor cores (flash_attention.cuh); other head_dims, or without, a warp per
+// query on the CUDA cores (attention_prefill_body). Twin: cpu::attention.
 void attention_prefill(float* out, const float* q, const __half* k_cache, const __half* v_cache, const int* d_pos0,
-                       int n, int n_heads, const KvLayout& kv, cudaStream_t s);
+                       int n, int n_heads, const KvLayout& kv, bool tensor_cores, cudaStream_t s);
 
 }  // namespace kvgen::cuda

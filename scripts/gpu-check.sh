@@ -15,7 +15,8 @@
 #      per kernel, when Nsight Compute's ncu is there (/usr/local/cuda/bin/ncu or on PATH), the 7B shape in Q4_K_M
 #      (with --quick: in every --types) over a 3-token prompt and 3 generated tokens: launches, GPU time, share of the
 #      step, GB read and GB/s of each kernel in one decode step and in the prefill (scripts/lib/ncu_sum.py), the raw
-#      CSV as OUTDIR/ncu-SHAPE-TYPE.csv.gz;
+#      CSV as OUTDIR/ncu-SHAPE-TYPE.csv.gz; and for the first type of each shape, pp512 at depths 0 and 4096 with
+#      --cuda-attention warp (the CUDA-core prefill attention) beside the default tensor-core one (SHAPE-T-warpattn);
 #   4. the KV cache comparison (scripts/bench-kv.sh, --device cuda) on the first shape's Q4_K_M file (7B; without
 #      Q4_K_M in --types, the first type's): 128, 256, 512 tokens, and where the cached and recomputed tokens part (step, top-2 logit margin, logit difference).
 #
@@ -63,9 +64,10 @@ for d in "${KVGEN_SHARED:-}" ../shared shared .shared; do
 done
 [[ -n $shared ]] || { echo "gpu-check: error: no shared folder with testdata/ (set KVGEN_SHARED)" >&2; exit 1; }
 dry=0 dev=cuda shapes=(llama2-7b llama2-13b) cmp_shape=smollm2-135m kv_lengths=128,256,512 depths=0,1024,4096
+attn_depth=4096
 ((quick)) && shapes=(llama2-7b) depths=0
 if [[ ${KVGEN_GPU_CHECK_DRY:-0} == 1 ]]; then
-    dry=1 dev=cpu shapes=(tiny) cmp_shape=tiny kv_lengths=16,32 gpu="dry run on the CPU, 9.0" arch=90
+    dry=1 dev=cpu shapes=(tiny) cmp_shape=tiny kv_lengths=16,32 gpu="dry run on the CPU, 9.0" arch=90 attn_depth=64
 else
     command -v nvidia-smi >/dev/null || { echo "gpu-check: error: nvidia-smi not found: no GPU here" >&2; exit 1; }
     gpu=$(nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv,noheader | head -n 1)
@@ -215,6 +217,16 @@ for shape in "${shapes[@]}"; do
             "$kvgen" -m "$f" --bench --device "$dev" --cuda-matvec f32 -p 0 -n 128 -d 0 -r 2 -o json \
                 >"$work/speed/$name-f32matvec.bench.json" 2>>"$out/log.txt" || log "$name: f32 matvec bench failed"
         fi
+        if [[ $t == "${speed_types[0]}" ]]; then  # prefill attention on the CUDA cores, to compare with the tensor cores
+            cp "$work/speed/$name.inspect.json" "$work/speed/$name-warpattn.inspect.json"
+            "$kvgen" -m "$f" --bench --device "$dev" --cuda-attention warp -p 512 -n 0 -d "0,$attn_depth" -r 2 \
+                -o json >"$work/speed/$name-warpattn.bench.json" 2>>"$out/log.txt" ||
+                log "$name: bench with --cuda-attention warp failed"
+            if ((quick)); then  # and the tensor cores at that depth (the full run has it in its depths)
+                "$kvgen" -m "$f" --bench --device "$dev" -p 512 -n 0 -d "$attn_depth" -r 2 -o json \
+                    >"$work/speed/$name.deep.json" 2>>"$out/log.txt" || log "$name: deep bench failed"
+            fi
+        fi
         log "$name benchmarked"
         # --quick profiles every type (its one shape); the full run the KV comparison's model alone
         if [[ -n $ncu || -n $ncu_csv ]] && { ((quick)) || [[ $name == "$kv_name" ]]; }; then
@@ -287,7 +299,7 @@ for ij in sorted(glob.glob(f"{work}/speed/*.inspect.json")):
     wbytes = info["weight_bytes_per_token"]
     kv_tok = info.get("kv_cache", {}).get("bytes_per_token", 0)
     row = {"model": name, "weight_bytes_per_token": wbytes, "tests": []}
-    for part in ("bench",):
+    for part in ("bench", "deep"):
         p = f"{work}/speed/{name}.{part}.json"
         if not os.path.exists(p) or os.path.getsize(p) == 0:
             continue

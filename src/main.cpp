@@ -181,6 +181,11 @@ int main(int argc, char** argv) {
                    "CUDA decode products for Q4_0, Q8_0, Q4_K, Q6_K: int16 (integer dot products on 16-bit activations, "
                    "the default) or f32 (float activations, to compare)")
         ->check(CLI::IsMember({"int16", "f32"}));
+    std::string cuda_attention = "mma";
+    app.add_option("--cuda-attention", cuda_attention,
+                   "CUDA prefill attention: mma (flash attention on the tensor cores for head_dim 64 and 128, the "
+                   "default) or warp (a warp per query on the CUDA cores, to compare)")
+        ->check(CLI::IsMember({"mma", "warp"}));
     app.add_flag("--chat", gen.chat, "wrap the prompt in the model's chat format");
     app.add_flag("--single-turn", gen.chat, "-st: llama.cpp's one-turn conversation, the same as --chat");
     app.add_option("--system-prompt", gen.system_prompt,
@@ -270,6 +275,7 @@ int main(int argc, char** argv) {
         gen.run.device = kvgen::normalize_device(gen.run.device);
         kvgen::kv_types_from_name(kv_type, "--kv-type", &gen.run.kv_type_k, &gen.run.kv_type_v);
         gen.run.cuda_int_matvec = cuda_matvec == "int16";
+        gen.run.cuda_flash_attention = cuda_attention == "mma";
         kvgen::apply_llama_settings(llama, gen.run, app.count("--kv-type") > 0);
         if (!llama.n_gpu_layers.empty() && gen.run.device != "cpu" && gen.run.device != "auto")
             kvgen::resolve_device(gen.run.device, fmt::format("-ngl {}", llama.n_gpu_layers));

@@ -289,7 +289,8 @@ TEST_CASE("the CUDA attention kernels' bodies, run on the host, match cpu::atten
             for (int splits : n == 1 ? std::vector<int>{1, 3, 16} : std::vector<int>{0}) {
                 INFO("heads " << s.n_heads << "/" << s.n_kv << " hd " << s.hd << " pos0 " << pos0 << " n " << n
                               << " splits " << splits);
-                const std::vector<float> got = cuda::host::attention(c, q, k, v, pos0, n, n_ctx, splits);
+                // (n > 1: the warp-per-query prefill kernel; the tensor-core one has a test of its own below)
+                const std::vector<float> got = cuda::host::attention(c, q, k, v, pos0, n, n_ctx, splits, false, false);
                 const float worst = test::worst_diff(got, want);
                 INFO("worst |diff| " << worst << " of " << scale);
                 CHECK(worst <= 2e-5f * scale);
@@ -300,6 +301,46 @@ TEST_CASE("the CUDA attention kernels' bodies, run on the host, match cpu::atten
     }
 }
 
+
+TEST_CASE("flash attention on the tensor cores, its mma fragments run on the host, matches cpu::attention",
+          "[cuda-host]") {
+    struct Shape {
+        int n_heads, n_kv, hd;
+    };
+    cpu::ThreadPool pool(1);
+    uint32_t seed = 51;
+    auto randn = [&](size_t count, float sigma) { return test::randn(count, seed++, sigma); };
+    // heads per block 1, 2, 4, 8 and an n_rep of 3 (one head per block); queries spanning two blocks, the diagonal
+    // inside a tile and across tiles, rows past n in the last block
+    for (const Shape s : {Shape{2, 2, 128}, Shape{4, 2, 64}, Shape{8, 2, 128}, Shape{8, 1, 64}, Shape{6, 2, 64}}) {
+        const Config c = test::attention_config(s.n_heads, s.n_kv, s.hd);
+        const int n_ctx = 160;
+        for (const auto& [pos0, n] : {std::pair{0, 2}, std::pair{0, 70}, std::pair{61, 9}, std::pair{130, 21}}) {
+            if (s.n_heads >= 8 && n == 70) continue;  // many fibers, nothing new
+            const int n_pos = pos0 + n;
+            const size_t kvd = size_t(s.n_kv) * s.hd;
+            const std::vector<float> k = randn(size_t(n_pos) * kvd, 1.0f), v = randn(size_t(n_pos) * kvd, 1.0f);
+            const std::vector<float> q = randn(size_t(n) * s.n_heads * s.hd, 2.0f);
+            KvCache kv(c, n_ctx, KvType::F16);
+            kv.write(0, 0, n_pos, k.data(), v.data());
+            std::vector<float> want(q.size()), scratch(size_t(cpu::attention_scratch(c, n_ctx)));
+            cpu::attention(want.data(), q.data(), kv, 0, pos0, n, c, scratch.data(), pool);
+            INFO("heads " << s.n_heads << "/" << s.n_kv << " hd " << s.hd << " pos0 " << pos0 << " n " << n);
+            const std::vector<float> got = cuda::host::attention(c, q, k, v, pos0, n, n_ctx, 0, false, true);
+            // P is rounded to f16 for P V (2^-12 relative per weight); the scores keep f32 precision (Q in two parts)
+            double err = 0, ref = 0;
+            for (size_t i = 0; i < got.size(); ++i) {
+                REQUIRE(std::isfinite(got[i]));
+                err += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+                ref += double(want[i]) * want[i];
+            }
+            const double nrmse = std::sqrt(err / ref), worst = test::worst_diff(got, want);
+            INFO("relative RMS error " << nrmse << ", worst |diff| " << worst << " of " << test::max_abs(want));
+            CHECK(nrmse < 3e-4);
+            CHECK(worst <= 2e-3 * test::max_abs(want));
+        }
+    }
+}
 
 TEST_CASE("the CUDA element-wise bodies, run on the host, match the CPU ops", "[cuda-host]") {
     // RMSNorm: one block of 256 threads per row (fibers), rows longer and shorter than the block

@@ -316,11 +316,39 @@ TEST_CASE("flash-decoding and prefill attention match cpu::attention", "[cuda][k
                 for (int splits : n == 1 ? std::vector<int>{1, 3, 64} : std::vector<int>{0}) {
                     INFO("heads " << s.n_heads << "/" << s.n_kv << " hd " << s.hd << " pos0 " << pos0 << " n " << n
                                   << " splits " << splits);
-                    const std::vector<float> got = ct::attention(c, q, k, v, pos0, n, n_ctx, splits);
+                    // n > 1: the warp-per-query kernel here; the tensor-core one in the next test
+                    const std::vector<float> got = ct::attention(c, q, k, v, pos0, n, n_ctx, splits, false, false);
                     require_close(got, want, 2e-5 * max_abs(want));
                     if (n == 1) require_close(ct::attention(c, q, k, v, pos0, n, n_ctx, splits, true), got, 0.0);
                 }
             }
+        }
+    }
+}
+
+TEST_CASE("flash attention on the tensor cores matches cpu::attention", "[cuda][kernels]") {
+    struct Shape {
+        int n_heads, n_kv, hd;
+    };
+    cpu::ThreadPool pool(2);
+    for (const Shape s : {Shape{8, 2, 64}, Shape{4, 4, 128}, Shape{9, 3, 64}, Shape{32, 8, 128}, Shape{16, 2, 128},
+                          Shape{4, 2, 96}}) {  // the last: no tensor-core kernel for 96, the warp kernel runs
+        const Config c = test::attention_config(s.n_heads, s.n_kv, s.hd);
+        const int n_ctx = 1400;
+        for (const auto& [pos0, n] : {std::pair{0, 2}, std::pair{0, 300}, std::pair{37, 64}, std::pair{1100, 130}}) {
+            const int n_pos = pos0 + n;
+            const size_t kvd = size_t(s.n_kv) * s.hd;
+            const std::vector<float> k = randn(size_t(n_pos) * kvd, 71 + uint32_t(pos0));
+            const std::vector<float> v = randn(size_t(n_pos) * kvd, 73 + uint32_t(n));
+            const std::vector<float> q = randn(size_t(n) * s.n_heads * s.hd, 79, 2.0f);
+            KvCache kv(c, n_ctx, KvType::F16);
+            kv.write(0, 0, n_pos, k.data(), v.data());
+            std::vector<float> want(q.size()), scratch(size_t(2 * cpu::attention_scratch(c, n_ctx)));
+            cpu::attention(want.data(), q.data(), kv, 0, pos0, n, c, scratch.data(), pool);
+            INFO("heads " << s.n_heads << "/" << s.n_kv << " hd " << s.hd << " pos0 " << pos0 << " n " << n);
+            // P is rounded to f16 for P V: within 2^-12 of itself per weight (the host test measures about 1e-4
+            // relative RMS error over the output)
+            require_close(ct::attention(c, q, k, v, pos0, n, n_ctx, 0, false, true), want, 2e-3 * max_abs(want));
         }
     }
 }

@@ -239,7 +239,8 @@ std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos
 }
 
 std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
-                             const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold) {
+                             const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold,
+                             bool tensor_cores) {
     const int n_pos = pos0 + n;
     const KvLayout kv = KvLayout::of(c, n_ctx, KvType::F16);
     Dev<float> dk(k), dv(v), dq(q), out(q.size());
@@ -258,7 +259,7 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
             if (cnt != 0) throw Error("attention_decode: a head group's counter was not reset");
         return result;
     }
-    attention_prefill(out.p, dq.p, kc.p, vc.p, pos.p, n, c.n_heads, kv, nullptr);
+    attention_prefill(out.p, dq.p, kc.p, vc.p, pos.p, n, c.n_heads, kv, tensor_cores, nullptr);
     return out.get();
 }
 

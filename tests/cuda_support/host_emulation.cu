@@ -6,7 +6,9 @@
 #include <ucontext.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -14,6 +16,7 @@
 #include "cuda_common.cuh"
 #include "elementwise.cuh"
 #include "engine/rope.h"
+#include "flash_attention.cuh"
 #include "matvec.cuh"
 #include "ops.cuh"
 #include "prefill_gemm.cuh"
@@ -168,7 +171,8 @@ class FiberBlock {
     enum Wait { kNone, kWarp, kBlock };
 
     FiberBlock(int threads, size_t shared_floats, int bx, int by)
-        : bx_(bx), by_(by), smem_(shared_floats), exch_(size_t(threads)), fibers_(size_t(threads)) {}
+        : bx_(bx), by_(by), smem_(shared_floats), exch_(size_t(threads)), frags_(size_t(threads)),
+          fibers_(size_t(threads)) {}
 
     void run(const std::function<void(int)>& body) {
         body_ = &body;
@@ -219,11 +223,48 @@ class FiberBlock {
         return butterfly(v, [](float a, float b) { return std::fmax(a, b); });
     }
 
-    // The __shfl_xor_sync butterfly: each step combines a lane's value with lane ^ o's.
+    float quad_sum(float v) {
+        return butterfly(v, [](float a, float b) { return a + b; }, 2);
+    }
+    float quad_max(float v) {
+        return butterfly(v, [](float a, float b) { return std::fmax(a, b); }, 2);
+    }
+
+    // mma.sync m16n8k16 (f16 A and B, f32 C) as the PTX ISA lays its fragments over the warp's lanes: every lane
+    // posts its registers, and each computes its own four outputs from the gathered A and B. The products of two
+    // f16 values are exact in f32; they are added in k order.
+    void mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+        const int lane = current_ % 32, base = current_ - lane, gid = lane >> 2, tig = lane & 3;
+        frags_[size_t(current_)] = {a[0], a[1], a[2], a[3], b[0], b[1]};
+        wait(kWarp);
+        auto half_of = [](uint32_t reg, int k) {
+            const uint16_t bits = uint16_t(k & 1 ? reg >> 16 : reg & 0xffffu);
+            __half h;
+            std::memcpy(&h, &bits, sizeof(h));
+            return __half2float(h);
+        };
+        float d[4];
+        for (int e = 0; e < 4; ++e) {
+            const int row = gid + 8 * (e >> 1), col = 2 * tig + (e & 1);
+            float acc = c[e];
+            for (int k = 0; k < 16; ++k) {
+                const auto& fa = frags_[size_t(base + (row % 8) * 4 + (k % 8) / 2)];
+                const auto& fb = frags_[size_t(base + col * 4 + (k % 8) / 2)];
+                const float av = half_of(fa[size_t((row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0))], k);
+                const float bv = half_of(fb[size_t(4 + (k >= 8 ? 1 : 0))], k);
+                acc += av * bv;
+            }
+            d[e] = acc;
+        }
+        wait(kWarp);  // every lane has read the fragments before any posts new ones
+        std::copy(d, d + 4, c);
+    }
+
+    // The __shfl_xor_sync butterfly: each step combines a lane's value with lane ^ o's, o = first, first / 2 .. 1.
     template <typename Op>
-    float butterfly(float v, Op op) {
+    float butterfly(float v, Op op, int first = 16) {
         const int lane = current_ % 32, base = current_ - lane;
-        for (int o = 16; o > 0; o >>= 1) {
+        for (int o = first; o > 0; o >>= 1) {
             exch_[size_t(current_)] = v;
             wait(kWarp);
             const float p = exch_[size_t(base + (lane ^ o))];
@@ -264,6 +305,7 @@ class FiberBlock {
     int bx_, by_, current_ = 0;
     std::vector<float> smem_;
     std::vector<float> exch_;
+    std::vector<std::array<uint32_t, 6>> frags_;  // mma: each lane's A and B registers
     std::vector<Fiber> fibers_;
     ucontext_t main_{};
     const std::function<void(int)>* body_ = nullptr;
@@ -278,6 +320,9 @@ struct HostThread {
     int block_y() const { return b->by(); }
     float warp_sum(float v) const { return b->warp_sum(v); }
     float warp_max(float v) const { return b->warp_max(v); }
+    float quad_sum(float v) const { return b->quad_sum(v); }
+    float quad_max(float v) const { return b->quad_max(v); }
+    void mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b_)[2]) const { b->mma(c, a, b_); }
     float load_other(const float* p) const { return *p; }
     void fence() const {}
     int atomic_add(int* p, int v) const {  // blocks run one after another here
@@ -320,7 +365,8 @@ std::vector<float> dequantize_rows(GgmlType type, const uint8_t* bytes, int64_t 
 }
 
 std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
-                             const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold) {
+                             const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold,
+                             bool tensor_cores) {
     const int hd = c.head_dim, n_pos = pos0 + n, n_rep = c.n_heads / c.n_kv_heads;
     // One layer's f16 cache, as store_kv writes it (no rotation here).
     const KvLayout kv = KvLayout::of(c, n_ctx, KvType::F16);
@@ -334,6 +380,15 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
             }
     const float scale = 1.0f / std::sqrt(float(hd));
     std::vector<float> out(q.size(), NAN);
+    if (n > 1 && tensor_cores && dispatch_flash(n_rep, hd, [&](auto hdc, auto nq) {
+            constexpr int HD = decltype(hdc)::value, NQ = decltype(nq)::value;
+            const int gy = (n + kFaRows / NQ - 1) / (kFaRows / NQ);
+            run_grid(c.n_heads / NQ, gy, kFaThreads, size_t(kFaShared<HD>), [&](const HostThread& t) {
+                flash_prefill_body<HD, NQ>(t, q.data(), kc.data(), vc.data(), &pos0, n, c.n_heads, n_rep, kv, scale,
+                                           out.data());
+            });
+        }))
+        return out;
     const bool ok = dispatch_attention(n_rep, hd, [&](auto nq, auto e) {
         constexpr int NQ = decltype(nq)::value, E = decltype(e)::value;
         const int groups = c.n_heads / NQ;

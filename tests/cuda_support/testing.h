@@ -47,9 +47,11 @@ std::vector<float> rope(const std::vector<float>& x, int n, int n_heads, int pos
 
 // Attention of n queries q [n][n_heads][head_dim] at positions pos0 .. over K/V [pos0 + n][n_kv_heads][head_dim]
 // (f32, stored to an f16 cache of n_ctx positions by store_kv without rotation). n == 1 uses the flash-decoding
-// kernel with `splits` splits (fold: the combine folded into it, as the backend runs it), n > 1 the prefill kernel.
+// kernel with `splits` splits (fold: the combine folded into it, as the backend runs it), n > 1 the prefill kernel:
+// flash attention on the tensor cores where head_dim has it and tensor_cores is set, else a warp per query.
 std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
-                             const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold = false);
+                             const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold = false,
+                             bool tensor_cores = true);
 // K rotated and stored by store_kv for positions pos0 .. pos0 + n, read back from the f16 cache as floats:
 // [n][n_kv_heads][head_dim].
 std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos0, int n, int n_ctx);
@@ -93,6 +95,7 @@ std::vector<float> dequantize_rows(GgmlType type, const uint8_t* bytes, int64_t 
 // The attention kernels' own bodies (attention.cuh) run on the host, each CUDA thread a fiber; arguments as
 // cuda::testing::attention.
 std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
-                             const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold = false);
+                             const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold = false,
+                             bool tensor_cores = true);
 
 }  // namespace kvgen::cuda::host

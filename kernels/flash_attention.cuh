@@ -1,0 +1,246 @@
+#pragma once
+// Causal attention for prefill on the tensor cores (flash attention): a block takes 64 rows, each a (query, head) pair
+// of one KV group (kFaRows / NQ queries of NQ heads that read the same K/V), and walks the cache in tiles of 64
+// positions that its four warps share through shared memory. Each warp owns 16 rows: S = Q K^T and O += P V are
+// mma.sync m16n8k16 products (f16 operands, f32 accumulation), the softmax is online (running max m, sum l) in
+// registers, and tiles past a warp's last query are skipped.
+//
+// Exactness: K and V are the cache's f16 values as they are. The query, scaled by 1/sqrt(head_dim) log2(e) in f32, is
+// split into an f16 high part and an f16 low part (q = hi + lo to about 2^-22), and S is both parts' products summed
+// in f32, so the scores keep f32 precision. P is rounded to f16 for P V (each weight within 2^-11 of itself; l, the
+// normalizer, sums the unrounded values).
+//
+// Written against a thread context, like attention.cuh: on the GPU, DeviceThread::mma is the mma.sync instruction;
+// on the host (tests/cuda_support/host_emulation.cu) the warp's fragments are gathered and multiplied as the PTX ISA
+// lays them out, so the CPU-only tests check every fragment index against cpu::attention.
+//
+// Fragments of mma.m16n8k16 (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"); lane = 4 gid +
+// tig. A (16 x 16, row-major) in four f16x2 registers: rows gid (a[0], a[2]) and gid + 8 (a[1], a[3]), columns
+// 2 tig + {0, 1} (a[0], a[1]) and 2 tig + 8 + {0, 1} (a[2], a[3]). B (16 x 8) in two: rows 2 tig + {0, 1} (b[0]) and
+// 2 tig + 8 + {0, 1} (b[1]), column gid. C (16 x 8 f32) in four: row gid (c[0], c[1]) and gid + 8 (c[2], c[3]),
+// columns 2 tig + {0, 1}. The lower-numbered element is the lower half of a register.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "common/hd.h"
+#include "engine/kv_layout.h"
+
+namespace kvgen::cuda {
+
+constexpr int kFaWarps = 4;
+constexpr int kFaThreads = 32 * kFaWarps;
+constexpr int kFaRows = 16 * kFaWarps;  // (query, head) rows per block
+constexpr int kFaTile = 64;             // cache positions per tile
+constexpr int kFaVStride = kFaTile + 8;  // halves per row of the transposed V tile (36 words: no bank conflicts)
+template <int HD>
+constexpr int kFaKStride = HD + 8;  // halves per K row in shared memory (HD / 2 + 4 words: no bank conflicts)
+// Floats of shared memory a block needs: the K tile [kFaTile][HD + 8] and the transposed V tile [HD][kFaTile + 8].
+template <int HD>
+constexpr int kFaShared = (kFaTile * kFaKStride<HD> + HD * kFaVStride) / 2;
+
+// head_dim values the tensor-core kernel is built for (the rest use attention_prefill_body).
+KVGEN_HD bool flash_head_dim(int hd) {
+    return hd == 64 || hd == 128;
+}
+// Query heads per block: the largest power of two up to 8 that divides n_rep.
+KVGEN_HD int flash_heads_per_block(int n_rep) {
+    return n_rep % 8 == 0 ? 8 : n_rep % 4 == 0 ? 4 : n_rep % 2 == 0 ? 2 : 1;
+}
+
+KVGEN_HD uint32_t half2_bits(__half2 h) {
+    uint32_t u;
+    memcpy(&u, &h, sizeof(u));
+    return u;
+}
+// Two floats as one f16x2 register, lo in the lower half.
+KVGEN_HD uint32_t pack_halves(float lo, float hi) {
+    return half2_bits(__floats2half2_rn(lo, hi));
+}
+KVGEN_HD uint32_t load_u32(const __half* p) {
+    uint32_t u;
+    memcpy(&u, p, sizeof(u));
+    return u;
+}
+
+// grid (n_heads / NQ, ceil(n / (kFaRows / NQ))), kFaThreads threads, kFaShared<HD> floats of shared memory. Queries i
+// at positions *d_pos0 + i, each over cache positions 0 ..= its own; q, out [n][n_heads][HD]; scale = 1 / sqrt(HD).
+// Row rho of the block is query i0 + rho / NQ of head h0 + rho % NQ.
+#pragma nv_exec_check_disable
+template <int HD, int NQ, class Ctx>
+KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, const __half* __restrict__ kc,
+                                 const __half* __restrict__ vc, const int* __restrict__ d_pos0, int n, int n_heads,
+                                 int n_rep, const KvLayout& kv, float scale, float* __restrict__ out) {
+    constexpr int KS = kFaKStride<HD>, VS = kFaVStride;
+    constexpr int DK = HD / 16;       // k-steps of Q K^T
+    constexpr int DN = HD / 8;        // n-tiles of O
+    constexpr int NT = kFaTile / 8;   // n-tiles of S
+    constexpr int BQ = kFaRows / NQ;  // queries per block
+    constexpr float kLog2e = 1.4426950408889634f;
+    __half* ks = reinterpret_cast<__half*>(ctx.shared());
+    __half* vts = ks + kFaTile * KS;
+
+    const int tid = ctx.thread(), warp = tid / 32, lane = tid % 32, gid = lane >> 2, tig = lane & 3;
+    const int h0 = ctx.block_x() * NQ, g = h0 / n_rep;
+    const int i0 = ctx.block_y() * BQ;
+    const int pos0 = *d_pos0;
+    const int i_end = n < i0 + BQ ? n : i0 + BQ;
+    const int block_last = pos0 + i_end - 1;  // the last cache position any row of the block reads
+    // The warp's rows: queries i0 + 16 warp / NQ ..= i0 + (16 warp + 15) / NQ (past n: computed as n - 1, not stored).
+    const int wq0 = i0 + 16 * warp / NQ, wq1 = i0 + (16 * warp + 15) / NQ;
+    const int warp_first = pos0 + (wq0 < n ? wq0 : n - 1), warp_last = pos0 + (wq1 < n ? wq1 : n - 1);
+
+    // This lane's two rows (gid and gid + 8 of the warp's 16).
+    int qi[2], hh[2], limit[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int rho = 16 * warp + gid + 8 * r;
+        qi[r] = i0 + rho / NQ;
+        hh[r] = h0 + rho % NQ;
+        limit[r] = pos0 + (qi[r] < n ? qi[r] : n - 1);
+    }
+
+    // Q as A fragments, high and low f16 parts, scaled so that exp2 of a score is its softmax weight.
+    const float qs = scale * kLog2e;
+    uint32_t qh[DK][4], ql[DK][4];
+#pragma unroll
+    for (int kk = 0; kk < DK; ++kk)
+#pragma unroll
+        for (int reg = 0; reg < 4; ++reg) {
+            const int r = reg & 1, d = 16 * kk + 2 * tig + (reg >= 2 ? 8 : 0);
+            const int qrow = limit[r] - pos0;
+            const float* qp = q + (int64_t(qrow) * n_heads + hh[r]) * HD + d;
+            const float a = qp[0] * qs, b = qp[1] * qs;
+            const __half ha = __float2half_rn(a), hb = __float2half_rn(b);
+            qh[kk][reg] = half2_bits(__halves2half2(ha, hb));
+            ql[kk][reg] = pack_halves(a - __half2float(ha), b - __half2float(hb));
+        }
+
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's part of the row sum
+    float o[DN][4];
+#pragma unroll
+    for (int nt = 0; nt < DN; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[nt][e] = 0.0f;
+
+    const int64_t base = kv.row(g, 0);  // KV head g's rows, HD halves apart
+    for (int t0 = 0; t0 <= block_last; t0 += kFaTile) {
+        // The tile: K as [position][d], V transposed to [d][position] (B fragments of both are then one 32-bit load);
+        // positions past block_last as zeros, so that masked weights multiply zeros.
+        for (int u = tid; u < kFaTile * HD / 8; u += kFaThreads) {
+            const int p = u / (HD / 8), d = (u % (HD / 8)) * 8;
+            uint4 k4 = make_uint4(0, 0, 0, 0), v4 = make_uint4(0, 0, 0, 0);
+            if (t0 + p <= block_last) {
+                k4 = *reinterpret_cast<const uint4*>(kc + base + int64_t(t0 + p) * HD + d);
+                v4 = *reinterpret_cast<const uint4*>(vc + base + int64_t(t0 + p) * HD + d);
+            }
+            *reinterpret_cast<uint4*>(ks + p * KS + d) = k4;
+            __half vh[8];
+            memcpy(vh, &v4, sizeof(vh));
+#pragma unroll
+            for (int e = 0; e < 8; ++e) vts[(d + e) * VS + p] = vh[e];
+        }
+        ctx.sync();
+        if (t0 <= warp_last) {  // the same for the whole warp
+            float s[NT][4];
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
+#pragma unroll
+                for (int kk = 0; kk < DK; ++kk) {
+                    const __half* kp = ks + (8 * j + gid) * KS + 16 * kk + 2 * tig;
+                    const uint32_t b[2] = {load_u32(kp), load_u32(kp + 8)};
+                    ctx.mma(s[j], qh[kk], b);
+                    ctx.mma(s[j], ql[kk], b);
+                }
+            }
+            if (t0 + kFaTile - 1 > warp_first) {  // the diagonal: positions past a row's own are masked
+#pragma unroll
+                for (int j = 0; j < NT; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        if (t0 + 8 * j + 2 * tig + (e & 1) > limit[e >> 1]) s[j][e] = -INFINITY;
+            }
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int j = 0; j < NT; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+                mx = ctx.quad_max(mx);  // the four lanes of a row
+                const float mn = fmaxf(m[r], mx);
+                const float ref = mn == -INFINITY ? 0.0f : mn;
+                const float corr = exp2f(m[r] - ref);
+                m[r] = mn;
+                l[r] *= corr;
+#pragma unroll
+                for (int nt = 0; nt < DN; ++nt) {
+                    o[nt][2 * r] *= corr;
+                    o[nt][2 * r + 1] *= corr;
+                }
+#pragma unroll
+                for (int j = 0; j < NT; ++j)
+#pragma unroll
+                    for (int e = 2 * r; e < 2 * r + 2; ++e) {
+                        s[j][e] = exp2f(s[j][e] - ref);
+                        l[r] += s[j][e];
+                    }
+            }
+            // O += P V: P's C fragments of two n-tiles are the A fragment of one k-step.
+#pragma unroll
+            for (int kk = 0; kk < NT / 2; ++kk) {
+                const uint32_t a[4] = {pack_halves(s[2 * kk][0], s[2 * kk][1]), pack_halves(s[2 * kk][2], s[2 * kk][3]),
+                                       pack_halves(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                       pack_halves(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+                for (int nt = 0; nt < DN; ++nt) {
+                    const __half* vp = vts + (8 * nt + gid) * VS + 16 * kk + 2 * tig;
+                    const uint32_t b[2] = {load_u32(vp), load_u32(vp + 8)};
+                    ctx.mma(o[nt], a, b);
+                }
+            }
+        }
+        ctx.sync();  // the tile is read before the next one overwrites it
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const float sum = ctx.quad_sum(l[r]);
+        if (qi[r] >= n) continue;
+        const float inv = 1.0f / sum;
+        float* op = out + (int64_t(qi[r]) * n_heads + hh[r]) * HD + 2 * tig;
+#pragma unroll
+        for (int nt = 0; nt < DN; ++nt) {
+            op[8 * nt] = o[nt][2 * r] * inv;
+            op[8 * nt + 1] = o[nt][2 * r + 1] * inv;
+        }
+    }
+}
+
+// Calls f(HD, NQ) as integral constants; false for a head_dim the kernel is not built for.
+template <typename F>
+bool dispatch_flash(int n_rep, int head_dim, F&& f) {
+    auto by_nq = [&](auto hd) {
+        switch (flash_heads_per_block(n_rep)) {
+            case 8:
+                f(hd, std::integral_constant<int, 8>{});
+                break;
+            case 4:
+                f(hd, std::integral_constant<int, 4>{});
+                break;
+            case 2:
+                f(hd, std::integral_constant<int, 2>{});
+                break;
+            default:
+                f(hd, std::integral_constant<int, 1>{});
+        }
+        return true;
+    };
+    if (head_dim == 64) return by_nq(std::integral_constant<int, 64>{});
+    if (head_dim == 128) return by_nq(std::integral_constant<int, 128>{});
+    return false;
+}
+
+}  // namespace kvgen::cuda
