@@ -89,9 +89,11 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
     const int pos0 = *d_pos0;
     const int i_end = n < i0 + BQ ? n : i0 + BQ;
     const int block_last = pos0 + i_end - 1;  // the last cache position any row of the block reads
-    // The warp's rows: queries i0 + 16 warp / NQ ..= i0 + (16 warp + 15) / NQ (past n: computed as n - 1, not stored).
+    // The warp's rows: queries i0 + 16 warp / NQ ..= i0 + (16 warp + 15) / NQ (past n: computed as n - 1, not stored;
+    // a warp with no query below n skips every tile).
     const int wq0 = i0 + 16 * warp / NQ, wq1 = i0 + (16 * warp + 15) / NQ;
-    const int warp_first = pos0 + (wq0 < n ? wq0 : n - 1), warp_last = pos0 + (wq1 < n ? wq1 : n - 1);
+    const int warp_first = pos0 + (wq0 < n ? wq0 : n - 1);
+    const int warp_last = wq0 < n ? pos0 + (wq1 < n ? wq1 : n - 1) : -1;
 
     // This lane's two rows (gid and gid + 8 of the warp's 16).
     int qi[2], hh[2], limit[2];
