@@ -15,6 +15,7 @@
 
 #include "common/hd.h"
 #include "engine/kv_layout.h"
+#include "kv_quant.cuh"
 
 namespace kvgen::cuda {
 
@@ -82,53 +83,35 @@ struct DeviceThread {
 };
 #endif
 
-template <int E>
-KVGEN_HD void load_halves(const __half* p, float (&out)[E]) {
-    if constexpr (E % 4 == 0) {
-#pragma unroll
-        for (int e = 0; e < E; e += 4) {
-            const uint2 u = *reinterpret_cast<const uint2*>(p + e);
-            const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
-            const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
-            out[e] = a.x;
-            out[e + 1] = a.y;
-            out[e + 2] = b.x;
-            out[e + 3] = b.y;
-        }
-    } else if constexpr (E % 2 == 0) {
-#pragma unroll
-        for (int e = 0; e < E; e += 2) {
-            const float2 a = __half22float2(*reinterpret_cast<const __half2*>(p + e));
-            out[e] = a.x;
-            out[e + 1] = a.y;
-        }
-    } else {
-#pragma unroll
-        for (int e = 0; e < E; ++e) out[e] = __half2float(p[e]);
-    }
-}
-
 // Positions are taken P at a time: their K and V rows are loaded before any is used, so several loads are in
 // flight per warp (a long cache is a stream of small rows), then folded into the softmax in order. kb and vb point
-// at one KV head's rows (KvLayout::row(h, 0)), which follow each other hd elements apart.
+// at one KV head's rows, which follow each other kv.k_row_bytes() (v_row_bytes()) apart, in the cache's types.
+// F16: the cache is f16 in K and V, read without a type switch (a loop with one costs about a third more registers).
 #pragma nv_exec_check_disable
-template <int NQ, int E, class Ctx>
-KVGEN_HD void warp_attend(const Ctx& ctx, const float (&q)[NQ][E], const __half* kb, const __half* vb, int t0, int t1,
-                          int step, float (&m)[NQ], float (&l)[NQ], float (&o)[NQ][E]) {
-    constexpr int hd = 32 * E;
+template <int NQ, int E, bool F16, class Ctx>
+KVGEN_HD void warp_attend_typed(const Ctx& ctx, const float (&q)[NQ][E], const uint8_t* kb, const uint8_t* vb,
+                                const KvLayout& kv, int t0, int t1, int step, float (&m)[NQ], float (&l)[NQ],
+                                float (&o)[NQ][E]) {
     constexpr int P = E <= 4 ? 4 : 2;  // positions per batch (registers: 2 P E floats)
     const int lane = ctx.thread() % 32;
+    const KvType kt = kv.k_type, vt = kv.v_type;
+    const int64_t krb = F16 ? 64 * E : kv.k_row_bytes(), vrb = F16 ? 64 * E : kv.v_row_bytes();  // f16: 2 hd bytes
     for (int t = t0; t < t1; t += P * step) {
-        float kv[P][E], vv[P][E];
+        float kr[P][E], vv[P][E];
 #pragma unroll
         for (int p = 0; p < P; ++p) {
             const int tp = t + p * step;  // the same for the whole warp
             if (tp < t1) {
-                load_halves<E>(kb + int64_t(tp) * hd + lane * E, kv[p]);
-                load_halves<E>(vb + int64_t(tp) * hd + lane * E, vv[p]);
+                if constexpr (F16) {
+                    load_halves<E>(reinterpret_cast<const __half*>(kb + int64_t(tp) * krb) + lane * E, kr[p]);
+                    load_halves<E>(reinterpret_cast<const __half*>(vb + int64_t(tp) * vrb) + lane * E, vv[p]);
+                } else {
+                    kv_load<E>(kt, kb + int64_t(tp) * krb, lane * E, kr[p]);
+                    kv_load<E>(vt, vb + int64_t(tp) * vrb, lane * E, vv[p]);
+                }
             } else {
 #pragma unroll
-                for (int e = 0; e < E; ++e) kv[p][e] = vv[p][e] = 0.0f;
+                for (int e = 0; e < E; ++e) kr[p][e] = vv[p][e] = 0.0f;
             }
         }
 #pragma unroll
@@ -138,7 +121,7 @@ KVGEN_HD void warp_attend(const Ctx& ctx, const float (&q)[NQ][E], const __half*
             for (int p = 0; p < P; ++p) {
                 float d = 0.0f;
 #pragma unroll
-                for (int e = 0; e < E; ++e) d = fmaf(q[r][e], kv[p][e], d);
+                for (int e = 0; e < E; ++e) d = fmaf(q[r][e], kr[p][e], d);
                 s[p] = ctx.warp_sum(d);
             }
 #pragma unroll
@@ -214,11 +197,12 @@ constexpr int kAttnDecodeShared = kAttnWarps* NQ*(32 * E + 2);
 // grid (n_heads / NQ, splits), kAttnThreads threads; partials [n_heads][splits][hd + 2] = (o unnormalized, m, l).
 // With counters ([n_heads / NQ] ints, zero between launches), the combine is folded in: each block counts itself
 // done on its head group's counter after a fence, and the group's last block combines the splits into out and sets
-// the counter back to zero; without, attention_combine_body runs as a kernel of its own.
+// the counter back to zero; without, attention_combine_body runs as a kernel of its own. F16: an f16 cache (else any
+// type kv says, E 2 or 4), so each kernel holds one loop and only its registers.
 #pragma nv_exec_check_disable
-template <int NQ, int E, class Ctx>
-KVGEN_HD void attention_decode_body(const Ctx& ctx, const float* __restrict__ q, const __half* __restrict__ kc,
-                                    const __half* __restrict__ vc, const int* __restrict__ d_pos0, int n_rep,
+template <int NQ, int E, bool F16, class Ctx>
+KVGEN_HD void attention_decode_body(const Ctx& ctx, const float* __restrict__ q, const uint8_t* __restrict__ kc,
+                                    const uint8_t* __restrict__ vc, const int* __restrict__ d_pos0, int n_rep,
                                     const KvLayout& kv, int splits, float scale, float* __restrict__ partials,
                                     int* __restrict__ counters, float* __restrict__ out) {
     constexpr int hd = 32 * E;
@@ -231,8 +215,9 @@ KVGEN_HD void attention_decode_body(const Ctx& ctx, const float* __restrict__ q,
 
     float qr[NQ][E], m[NQ], l[NQ], o[NQ][E];
     load_query<NQ, E>(ctx, q + int64_t(h0) * hd, scale, qr, m, l, o);
-    const int64_t base = kv.row(g, 0);
-    warp_attend<NQ, E>(ctx, qr, kc + base, vc + base, t0 + warp, t1, kAttnWarps, m, l, o);
+    const int64_t base = kv.row_index(0, g, 0);
+    warp_attend_typed<NQ, E, F16>(ctx, qr, kc + base * kv.k_row_bytes(), vc + base * kv.v_row_bytes(), kv, t0 + warp,
+                                  t1, kAttnWarps, m, l, o);
 
     // combine the block's warps through shared memory [warp][NQ][hd + 2]
     float* sm = ctx.shared();
@@ -282,11 +267,12 @@ KVGEN_HD void attention_decode_body(const Ctx& ctx, const float* __restrict__ q,
 }
 
 // grid (n_heads / NQ, ceil(n / kAttnWarps)): warp w takes query i = block_y * kAttnWarps + w over positions
-// 0 ..= pos0 + i; the block's warps are consecutive queries of one head group and share their K/V reads.
+// 0 ..= pos0 + i; the block's warps are consecutive queries of one head group and share their K/V reads. An f16
+// cache only.
 #pragma nv_exec_check_disable
 template <int NQ, int E, class Ctx>
-KVGEN_HD void attention_prefill_body(const Ctx& ctx, const float* __restrict__ q, const __half* __restrict__ kc,
-                                     const __half* __restrict__ vc, const int* __restrict__ d_pos0, int n, int n_heads,
+KVGEN_HD void attention_prefill_body(const Ctx& ctx, const float* __restrict__ q, const uint8_t* __restrict__ kc,
+                                     const uint8_t* __restrict__ vc, const int* __restrict__ d_pos0, int n, int n_heads,
                                      int n_rep, const KvLayout& kv, float scale, float* __restrict__ out) {
     constexpr int hd = 32 * E;
     const int h0 = ctx.block_x() * NQ, g = h0 / n_rep;
@@ -295,8 +281,11 @@ KVGEN_HD void attention_prefill_body(const Ctx& ctx, const float* __restrict__ q
     float qr[NQ][E], m[NQ], l[NQ], o[NQ][E];
     const int64_t row = (int64_t(i) * n_heads + h0) * hd;
     load_query<NQ, E>(ctx, q + row, scale, qr, m, l, o);
-    const int64_t base = kv.row(g, 0);
-    warp_attend<NQ, E>(ctx, qr, kc + base, vc + base, 0, *d_pos0 + i + 1, 1, m, l, o);
+    const int64_t base = kv.row_index(0, g, 0);
+    // note: f16 only (a quantized cache prefills through flash_attention.cuh): the type switch in this unrolled loop
+    // costs the kernel every register and spills.
+    warp_attend_typed<NQ, E, true>(ctx, qr, kc + base * kv.k_row_bytes(), vc + base * kv.v_row_bytes(), kv, 0,
+                                   *d_pos0 + i + 1, 1, m, l, o);
 #pragma unroll
     for (int r = 0; r < NQ; ++r) {
         const float inv = 1.0f / l[r];
@@ -310,8 +299,8 @@ KVGEN_HD void attention_prefill_body(const Ctx& ctx, const float* __restrict__ q
 // Slow, and only used where nothing else runs.
 constexpr int kAttnGenericMaxHd = 256;
 
-KVGEN_HD void attention_generic_item(int64_t g, const float* __restrict__ q, const __half* __restrict__ kc,
-                                     const __half* __restrict__ vc, const int* __restrict__ d_pos0, int n_heads,
+KVGEN_HD void attention_generic_item(int64_t g, const float* __restrict__ q, const uint8_t* __restrict__ kc,
+                                     const uint8_t* __restrict__ vc, const int* __restrict__ d_pos0, int n_heads,
                                      int n_rep, const KvLayout& kv, float scale, float* __restrict__ out) {
     const int h = int(g % n_heads), i = int(g / n_heads);
     const int hd = kv.head_dim, kvh = h / n_rep;
@@ -321,14 +310,19 @@ KVGEN_HD void attention_generic_item(int64_t g, const float* __restrict__ q, con
     float m = -INFINITY, l = 0.0f;
     const int n_pos = *d_pos0 + i + 1;
     for (int t = 0; t < n_pos; ++t) {
-        const __half* kr = kc + kv.row(kvh, t);
-        const __half* vr = vc + kv.row(kvh, t);
+        const uint8_t* kr = kc + kv.row_index(0, kvh, t) * kv.k_row_bytes();
+        const uint8_t* vr = vc + kv.row_index(0, kvh, t) * kv.v_row_bytes();
+        auto at = [&](const uint8_t* row, KvType ty, int j) {
+            float x[1];
+            kv_load<1>(ty, row, j, x);
+            return x[0];
+        };
         float s = 0.0f;
-        for (int j = 0; j < hd; ++j) s = fmaf(qi[j] * scale, __half2float(kr[j]), s);
+        for (int j = 0; j < hd; ++j) s = fmaf(qi[j] * scale, at(kr, kv.k_type, j), s);
         const float mn = fmaxf(m, s);
         const float corr = expf(m - mn), p = expf(s - mn);
         l = l * corr + p;
-        for (int j = 0; j < hd; ++j) o[j] = fmaf(o[j], corr, p * __half2float(vr[j]));
+        for (int j = 0; j < hd; ++j) o[j] = fmaf(o[j], corr, p * at(vr, kv.v_type, j));
         m = mn;
     }
     float* oi = out + g * hd;

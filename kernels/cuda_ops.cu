@@ -80,6 +80,9 @@ private:
     bool use_int(const DevWeight& w) const { return int_matvec_ && int_matvec_ok(w); }
     const ActBlock* quantized(const float* in, int64_t count);
     void capture(const std::function<void()>& step);
+    // Layer l's first K (V) row in the cache.
+    uint8_t* layer_k(int l) const { return k_cache_ + kv_.row_index(l, 0, 0) * kv_.k_row_bytes(); }
+    uint8_t* layer_v(int l) const { return v_cache_ + kv_.row_index(l, 0, 0) * kv_.v_row_bytes(); }
     // Positions [0, n) of every layer's K and V between the cache and host memory (Ops::kv_read / kv_write).
     void kv_copy(void* k_host, void* v_host, int n, bool to_host);
     void release();  // frees everything taken so far; safe to call twice
@@ -101,7 +104,8 @@ private:
 
     // Device pointers into base_, shapes as MemoryPlan gives them.
     float *x_, *q_, *k_, *v_, *att_, *ffn_, *up_, *logits_, *xn_, *partials_, *cos_, *sin_;
-    __half *xh_, *wh_, *k_cache_, *v_cache_;
+    __half *xh_, *wh_;
+    uint8_t *k_cache_, *v_cache_;  // every layer's K rows, then V rows (KvLayout, in kv_'s types)
     int* d_step_;
     ActBlock* xq_;
     int* counters_;
@@ -150,8 +154,8 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
     sin_ = at<float>(p.sin);
     xh_ = at<__half>(p.xh);
     wh_ = at<__half>(p.wh);
-    k_cache_ = at<__half>(p.k_cache);
-    v_cache_ = at<__half>(p.v_cache);
+    k_cache_ = at<uint8_t>(p.k_cache);
+    v_cache_ = at<uint8_t>(p.v_cache);
     d_step_ = at<int>(p.step);
     xq_ = at<ActBlock>(p.xq);
     counters_ = at<int>(p.counters);
@@ -277,17 +281,21 @@ void CudaOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int 
 void CudaOps::rope_store_kv(float* q, float* k, const float* v, int l, int n) {
     rope(q, cos_, sin_, n, c_.n_heads, c_.head_dim, c_.rope_dim, stream_);
     // K is rotated on its way into the cache.
-    store_kv(k_cache_ + kv_.offset(l, 0, 0), v_cache_ + kv_.offset(l, 0, 0), k, v, cos_, sin_, d_step_, n, kv_,
+    store_kv(layer_k(l), layer_v(l), k, v, cos_, sin_, d_step_, n, kv_,
              c_.rope_dim, stream_);
 }
 
 void CudaOps::attention(float* out, const float* q, int l, int n) {
-    const __half* kc = k_cache_ + kv_.offset(l, 0, 0);
-    const __half* vc = v_cache_ + kv_.offset(l, 0, 0);
+    // note: a quantized K is read in the rotated basis of kv_rotation.h, so the query turns to it; a quantized V
+    // gives the output in it, and it turns back. q is not read after attention.
+    const int64_t rows = int64_t(n) * c_.n_heads;
+    if (kv_type_quantized(kv_.k_type)) kv_rotate_rows(const_cast<float*>(q), rows, c_.head_dim, stream_);
     if (n == 1)
-        attention_decode(out, partials_, counters_, q, kc, vc, d_step_, c_.n_heads, kv_, splits_, stream_);
+        attention_decode(out, partials_, counters_, q, layer_k(l), layer_v(l), d_step_, c_.n_heads, kv_, splits_,
+                         stream_);
     else
-        attention_prefill(out, q, kc, vc, d_step_, n, c_.n_heads, kv_, flash_, stream_);
+        attention_prefill(out, q, layer_k(l), layer_v(l), d_step_, n, c_.n_heads, kv_, flash_, stream_);
+    if (kv_type_quantized(kv_.v_type)) kv_rotate_rows(out, rows, c_.head_dim, stream_);
 }
 
 void CudaOps::out_proj_add(float* x, const float* att, int l, int n) {
@@ -334,7 +342,7 @@ void CudaOps::kv_copy(void* k_host, void* v_host, int n, bool to_host) {
     if (n == 0) return;
     const size_t heads = size_t(kv_.n_layers) * size_t(kv_.n_kv_heads), ctx = size_t(kv_.n_ctx), w = size_t(n);
     const std::pair<void*, size_t> halves[] = {{k_host, size_t(kv_.k_row_bytes())}, {v_host, size_t(kv_.v_row_bytes())}};
-    __half* const caches[] = {k_cache_, v_cache_};
+    uint8_t* const caches[] = {k_cache_, v_cache_};
     for (int i = 0; i < 2; ++i) {
         const auto [host, rb] = halves[i];
         if (to_host)
@@ -351,7 +359,7 @@ void CudaOps::kv_copy(void* k_host, void* v_host, int n, bool to_host) {
 
 CudaMemoryPlan plan_memory(const Model& model, const Settings& s) {
     const Config& c = model.config;
-    const KvLayout kv = KvLayout::of(c, s.context_size(c), KvType::F16);
+    const KvLayout kv = KvLayout::of(c, s.context_size(c), s.kv_type_k, s.kv_type_v);
     // note: the split count depends on the device; the most there can be keeps the plan an upper bound.
     const int splits = std::min(kMaxSplits, std::max(1, kv.n_ctx));
     const MemoryPlan p =
@@ -374,10 +382,13 @@ std::unique_ptr<Backend> make_backend(const Model& model, const Settings& s) {
     if (devices.empty()) throw Error(fmt::format("--device cuda: {}", why));
     if (device < 0 || device >= int(devices.size()))
         throw Error(fmt::format("--device cuda{}: only {} CUDA device(s) visible", device, devices.size()));
-    if (s.kv_type_k != KvType::F16 || s.kv_type_v != KvType::F16) {
+    const KvLayout kv_asked = KvLayout::of(model.config, 1, s.kv_type_k, s.kv_type_v);
+    if (!kv_cache_supported(kv_asked)) {
         const std::string asked = kv_types_name(s.kv_type_k, s.kv_type_v);
-        throw Error(fmt::format("--kv-type {}: the CUDA backend keeps its KV cache in f16 (use --device cpu for {})",
-                                asked, asked));
+        throw Error(fmt::format(
+            "--kv-type {}: the CUDA backend keeps K and V in f16, q8_0 or q4_0, quantized for head_dim 64 or 128 "
+            "(this model's is {}; use --device cpu for {})",
+            asked, model.config.head_dim, asked));
     }
 
     const Config& c = model.config;
@@ -397,7 +408,7 @@ std::unique_ptr<Backend> make_backend(const Model& model, const Settings& s) {
         // The positions whose cache fits beside the weights and buffers (the buffers as planned for this context,
         // an upper bound for a smaller one).
         const size_t fixed = plan.weights + plan.buffers + kReserve;
-        const int64_t per_token = KvLayout::of(c, 1, KvType::F16).bytes_per_token();
+        const int64_t per_token = kv_asked.bytes_per_token();
         const int64_t fit = free_b > fixed ? int64_t((free_b - fixed) / size_t(per_token)) : 0;
         const std::string hint =
             fit >= 2 ? fmt::format("about {} positions fit (try --ctx-size {} or a smaller --batch-size, or --device "

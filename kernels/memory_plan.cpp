@@ -58,9 +58,9 @@ MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int n_lo
     p.rope_factors = place(m.weights.rope_freqs.tensor ? half : 0, 8);
     p.weights = align_up(end);
 
-    KVGEN_ASSERT(kv.k_type == KvType::F16 && kv.v_type == KvType::F16);
-    p.k_cache = place(kv.elems(), 2);
-    p.v_cache = place(kv.elems(), 2);
+    KVGEN_ASSERT(kv.k_type != KvType::F32 && kv.v_type != KvType::F32);
+    p.k_cache = place(int64_t(kv.k_bytes()), 1);
+    p.v_cache = place(int64_t(kv.v_bytes()), 1);
     p.kv_cache = align_up(end) - p.weights;
 
     const int64_t nb = n_batch, e = c.n_embd, qd = int64_t(c.n_heads) * c.head_dim;

@@ -7,6 +7,7 @@
 #include "cuda_common.cuh"
 #include "elementwise.cuh"
 #include "flash_attention.cuh"
+#include "kv_quant.cuh"
 #include "matvec.cuh"
 #include "prefill_gemm.cuh"
 #include "quant.cuh"
@@ -256,6 +257,19 @@ __global__ void store_kv_kernel(const float* __restrict__ k, const float* __rest
         store_kv_item(g, k, v, cos_t, sin_t, d_pos0, kv, half_rope, kc, vc);
 }
 
+__global__ void store_kv_rows_kernel(const float* __restrict__ k, const float* __restrict__ v,
+                                     const float* __restrict__ cos_t, const float* __restrict__ sin_t, int n,
+                                     const int* __restrict__ d_pos0, KvLayout kv, int half_rope,
+                                     uint8_t* __restrict__ kc, uint8_t* __restrict__ vc) {
+    const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (g < int64_t(n) * kv.n_kv_heads * 2) store_kv_row_item(g, k, v, cos_t, sin_t, d_pos0, kv, half_rope, kc, vc);
+}
+
+__global__ void kv_rotate_rows_kernel(float* __restrict__ x, int64_t rows, int hd) {
+    const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (r < rows) kv_rotate_scaled(x + r * hd, hd, hd);
+}
+
 __global__ void swiglu_kernel(float* __restrict__ g, const float* __restrict__ u, int64_t count) {
     const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (j < count) swiglu_item(j, g, u);
@@ -268,25 +282,25 @@ __global__ void to_f16_kernel(const float* __restrict__ x, __half* __restrict__ 
 
 // --- attention (attention.cuh) -----------------------------------------------------------------------------------
 
-template <int NQ, int E>
+template <int NQ, int E, bool F16>
 __global__ void __launch_bounds__(kAttnThreads)
-    attention_decode_kernel(const float* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc,
+    attention_decode_kernel(const float* __restrict__ q, const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc,
                             const int* __restrict__ d_pos0, int n_rep, KvLayout kv, int splits, float scale,
                             float* __restrict__ partials, int* __restrict__ counters, float* __restrict__ out) {
     __shared__ float sm[kAttnDecodeShared<NQ, E>];
-    attention_decode_body<NQ, E>(DeviceThread{sm}, q, kc, vc, d_pos0, n_rep, kv, splits, scale, partials, counters,
-                                 out);
+    attention_decode_body<NQ, E, F16>(DeviceThread{sm}, q, kc, vc, d_pos0, n_rep, kv, splits, scale, partials,
+                                      counters, out);
 }
 
-__global__ void attention_generic_kernel(const float* __restrict__ q, const __half* __restrict__ kc,
-                                         const __half* __restrict__ vc, const int* __restrict__ d_pos0, int n,
+__global__ void attention_generic_kernel(const float* __restrict__ q, const uint8_t* __restrict__ kc,
+                                         const uint8_t* __restrict__ vc, const int* __restrict__ d_pos0, int n,
                                          int n_heads, int n_rep, KvLayout kv, float scale, float* __restrict__ out) {
     const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (g < int64_t(n) * n_heads) attention_generic_item(g, q, kc, vc, d_pos0, n_heads, n_rep, kv, scale, out);
 }
 
 // Any head_dim without a specialised kernel: one thread per (query, head).
-void attention_generic(float* out, const float* q, const __half* k_cache, const __half* v_cache, const int* d_pos0,
+void attention_generic(float* out, const float* q, const uint8_t* k_cache, const uint8_t* v_cache, const int* d_pos0,
                        int n, int n_heads, const KvLayout& kv, cudaStream_t s) {
     if (!attention_head_dim_supported(kv.head_dim))
         throw Error(fmt::format("CUDA: head_dim {} has no attention kernel", kv.head_dim));
@@ -303,7 +317,7 @@ __global__ void attention_combine_kernel(const float* __restrict__ partials, int
 
 template <int NQ, int E>
 __global__ void __launch_bounds__(kAttnThreads)
-    attention_prefill_kernel(const float* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc,
+    attention_prefill_kernel(const float* __restrict__ q, const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc,
                              const int* __restrict__ d_pos0, int n, int n_heads, int n_rep, KvLayout kv, float scale,
                              float* __restrict__ out) {
     attention_prefill_body<NQ, E>(DeviceThread{nullptr}, q, kc, vc, d_pos0, n, n_heads, n_rep, kv, scale, out);
@@ -311,7 +325,7 @@ __global__ void __launch_bounds__(kAttnThreads)
 
 template <int HD, int NQ>
 __global__ void __launch_bounds__(kFaThreads)
-    flash_prefill_kernel(const float* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc,
+    flash_prefill_kernel(const float* __restrict__ q, const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc,
                          const int* __restrict__ d_pos0, int n, int n_heads, int n_rep, KvLayout kv, float scale,
                          float* __restrict__ out) {
     __shared__ __align__(16) float sm[kFaShared<HD>];
@@ -476,13 +490,34 @@ void rope(float* x, const float* cos_t, const float* sin_t, int n, int n_heads, 
     KVGEN_CUDA_LAUNCHED("rope");
 }
 
-void store_kv(__half* k_cache, __half* v_cache, const float* k, const float* v, const float* cos_t, const float* sin_t,
-              const int* d_pos0, int n, const KvLayout& kv, int rope_dim, cudaStream_t s) {
-    KVGEN_ASSERT(kv.k_type == KvType::F16 && kv.v_type == KvType::F16);
+bool kv_cache_supported(const KvLayout& kv) {
+    auto ok = [&](KvType t) {
+        return t == KvType::F16 || (kv_type_quantized(t) && kv_quantized_head_dim(kv.head_dim));
+    };
+    return ok(kv.k_type) && ok(kv.v_type);
+}
+
+void store_kv(uint8_t* k_cache, uint8_t* v_cache, const float* k, const float* v, const float* cos_t,
+              const float* sin_t, const int* d_pos0, int n, const KvLayout& kv, int rope_dim, cudaStream_t s) {
+    KVGEN_ASSERT(kv_cache_supported(kv));
+    if (kv.quantized()) {  // a thread per row: RoPE, the rotation of kv_rotation.h, the blocks
+        const int64_t items = int64_t(n) * kv.n_kv_heads * 2;
+        store_kv_rows_kernel<<<grid_for(items, 64), 64, 0, s>>>(k, v, cos_t, sin_t, n, d_pos0, kv, rope_dim / 2,
+                                                                  k_cache, v_cache);
+        KVGEN_CUDA_LAUNCHED("store_kv_rows");
+        return;
+    }
     const int64_t items = int64_t(n) * kv.n_kv_heads * (kv.head_dim / 2);
-    store_kv_kernel<<<grid_for(items, 256), 256, 0, s>>>(k, v, cos_t, sin_t, n, d_pos0, kv, rope_dim / 2, k_cache,
-                                                         v_cache);
+    store_kv_kernel<<<grid_for(items, 256), 256, 0, s>>>(k, v, cos_t, sin_t, n, d_pos0, kv, rope_dim / 2,
+                                                         reinterpret_cast<__half*>(k_cache),
+                                                         reinterpret_cast<__half*>(v_cache));
     KVGEN_CUDA_LAUNCHED("store_kv");
+}
+
+void kv_rotate_rows(float* x, int64_t rows, int head_dim, cudaStream_t s) {
+    if (rows == 0) return;
+    kv_rotate_rows_kernel<<<grid_for(rows, 64), 64, 0, s>>>(x, rows, head_dim);
+    KVGEN_CUDA_LAUNCHED("kv_rotate_rows");
 }
 
 void swiglu(float* gate, const float* up, int64_t count, cudaStream_t s) {
@@ -570,17 +605,22 @@ int attention_counters(int n_heads, const KvLayout& kv) {
     return n_heads / heads_per_block(n_heads / kv.n_kv_heads);
 }
 
-void attention_decode(float* out, float* partials, int* counters, const float* q, const __half* k_cache,
-                      const __half* v_cache, const int* d_pos0, int n_heads, const KvLayout& kv, int splits,
+void attention_decode(float* out, float* partials, int* counters, const float* q, const uint8_t* k_cache,
+                      const uint8_t* v_cache, const int* d_pos0, int n_heads, const KvLayout& kv, int splits,
                       cudaStream_t s) {
-    KVGEN_ASSERT(kv.k_type == KvType::F16 && kv.v_type == KvType::F16);
+    KVGEN_ASSERT(kv_cache_supported(kv));
     const int n_rep = n_heads / kv.n_kv_heads;
     const float scale = 1.0f / std::sqrt(float(kv.head_dim));
     const bool ok = dispatch_attention(n_rep, kv.head_dim, [&](auto nq, auto e) {
         constexpr int NQ = decltype(nq)::value, E = decltype(e)::value;
         const dim3 grid(unsigned(n_heads / NQ), unsigned(splits));
-        attention_decode_kernel<NQ, E><<<grid, kAttnThreads, 0, s>>>(q, k_cache, v_cache, d_pos0, n_rep, kv, splits,
-                                                                      scale, partials, counters, out);
+        if (!kv.quantized())
+            attention_decode_kernel<NQ, E, true><<<grid, kAttnThreads, 0, s>>>(q, k_cache, v_cache, d_pos0, n_rep, kv,
+                                                                                splits, scale, partials, counters, out);
+        else if constexpr (E == 2 || E == 4)  // head_dim 64, 128: kv_quantized_head_dim
+            attention_decode_kernel<NQ, E, false><<<grid, kAttnThreads, 0, s>>>(q, k_cache, v_cache, d_pos0, n_rep, kv,
+                                                                                 splits, scale, partials, counters,
+                                                                                 out);
     });
     if (!ok) return attention_generic(out, q, k_cache, v_cache, d_pos0, 1, n_heads, kv, s);
     KVGEN_CUDA_LAUNCHED("attention_decode");
@@ -589,12 +629,13 @@ void attention_decode(float* out, float* partials, int* counters, const float* q
     KVGEN_CUDA_LAUNCHED("attention_combine");
 }
 
-void attention_prefill(float* out, const float* q, const __half* k_cache, const __half* v_cache, const int* d_pos0,
+void attention_prefill(float* out, const float* q, const uint8_t* k_cache, const uint8_t* v_cache, const int* d_pos0,
                        int n, int n_heads, const KvLayout& kv, bool tensor_cores, cudaStream_t s) {
-    KVGEN_ASSERT(kv.k_type == KvType::F16 && kv.v_type == KvType::F16);
+    KVGEN_ASSERT(kv_cache_supported(kv));
     const int n_rep = n_heads / kv.n_kv_heads;
     const float scale = 1.0f / std::sqrt(float(kv.head_dim));
-    if (tensor_cores && dispatch_flash(n_rep, kv.head_dim, [&](auto hd, auto nq) {
+    // note: a quantized cache is read by flash attention alone (kv_quantized_head_dim: its head_dims).
+    if ((tensor_cores || kv.quantized()) && dispatch_flash(n_rep, kv.head_dim, [&](auto hd, auto nq) {
             constexpr int HD = decltype(hd)::value, NQ = decltype(nq)::value;
             const dim3 grid(unsigned(n_heads / NQ), unsigned((n + kFaRows / NQ - 1) / (kFaRows / NQ)));
             flash_prefill_kernel<HD, NQ>

@@ -69,10 +69,17 @@ void rope_tables(float* cos_t, float* sin_t, const int* d_pos0, int n, int half,
 // Rotates pairs of the first rope_dim dims of each head of x [n][n_heads][head_dim] in place. Twin: cpu::rope.
 void rope(float* x, const float* cos_t, const float* sin_t, int n, int n_heads, int head_dim, int rope_dim,
           cudaStream_t s);
+// Whether the GPU keeps a cache of kv's types: K and V each f16, or q8_0 / q4_0 for head_dim 64 or 128.
+bool kv_cache_supported(const KvLayout& kv);
 // Writes n positions of K (rotated like rope(); cos_t == nullptr: as given) and V, each [n][n_kv_heads][head_dim]
-// f32, into one layer's f16 cache (kv.k_type and v_type F16) at positions *d_pos0 .. Twin: cpu::rope + KvCache::write.
-void store_kv(__half* k_cache, __half* v_cache, const float* k, const float* v, const float* cos_t, const float* sin_t,
-              const int* d_pos0, int n, const KvLayout& kv, int rope_dim, cudaStream_t s);
+// f32, into one layer's cache (k_cache, v_cache: the layer's first row, kv_cache_supported types) at positions
+// *d_pos0 .. ; a quantized half in the rotated basis of kv_rotation.h (kv_quant.cuh). Twin: cpu::rope +
+// KvCache::write (the same bytes).
+void store_kv(uint8_t* k_cache, uint8_t* v_cache, const float* k, const float* v, const float* cos_t,
+              const float* sin_t, const int* d_pos0, int n, const KvLayout& kv, int rope_dim, cudaStream_t s);
+// rows rows of head_dim values <- H x / w per piece (kv_rotate_scaled): a query before attention over a quantized K,
+// an attention output after a quantized V. Twin: kv_rotate_scaled.
+void kv_rotate_rows(float* x, int64_t rows, int head_dim, cudaStream_t s);
 
 // gate[j] = silu(gate[j]) * up[j]; y = f16(x) (saturating). Twin: cpu::swiglu.
 void swiglu(float* gate, const float* up, int64_t count, cudaStream_t s);
@@ -93,8 +100,9 @@ void gemm_weight(cublasHandle_t h, float* out, const DevWeight& w, const __half*
                  __half* scratch, cudaStream_t s);
 void check_cublas(cublasStatus_t st, const char* what);
 
-// Attention reads one layer's f16 cache (k_cache, v_cache: that layer's K and V, laid out as kv says); query head h
-// of n_heads reads KV head h / (n_heads / kv.n_kv_heads).
+// Attention reads one layer's cache (k_cache, v_cache: that layer's first K and V rows, laid out and typed as kv
+// says); query head h of n_heads reads KV head h / (n_heads / kv.n_kv_heads). Over a quantized K the query must come
+// rotated (kv_rotate_rows), and over a quantized V the output comes rotated.
 // head_dim values attention runs for: every even one up to 256 (32, 64, 96, 128 and 256 by warp kernels, the rest by
 // a one-thread-per-query fallback).
 bool attention_head_dim_supported(int head_dim);
@@ -108,13 +116,14 @@ int64_t attention_partials(int n_heads, int head_dim, int splits);
 // is given (attention_counters() ints, zero before the first launch; they are left at zero), else by a second
 // kernel. q, out: [n_heads][head_dim]. Twin: cpu::attention with n = 1.
 int attention_counters(int n_heads, const KvLayout& kv);
-void attention_decode(float* out, float* partials, int* counters, const float* q, const __half* k_cache,
-                      const __half* v_cache, const int* d_pos0, int n_heads, const KvLayout& kv, int splits,
+void attention_decode(float* out, float* partials, int* counters, const float* q, const uint8_t* k_cache,
+                      const uint8_t* v_cache, const int* d_pos0, int n_heads, const KvLayout& kv, int splits,
                       cudaStream_t s);
 // n queries at positions *d_pos0 + i, each over cache positions 0 ..= its own (causal). With tensor_cores, head_dim
 // 64 and 128 run flash attention on the tensor cores (flash_attention.cuh); other head_dims, or without, a warp per
-// query on the CUDA cores (attention_prefill_body). Twin: cpu::attention.
-void attention_prefill(float* out, const float* q, const __half* k_cache, const __half* v_cache, const int* d_pos0,
+// query on the CUDA cores (attention_prefill_body, an f16 cache only: a quantized one always takes flash attention).
+// Twin: cpu::attention.
+void attention_prefill(float* out, const float* q, const uint8_t* k_cache, const uint8_t* v_cache, const int* d_pos0,
                        int n, int n_heads, const KvLayout& kv, bool tensor_cores, cudaStream_t s);
 
 }  // namespace kvgen::cuda

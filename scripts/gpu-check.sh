@@ -16,7 +16,8 @@
 #      (with --quick: in every --types) over a 3-token prompt and 3 generated tokens: launches, GPU time, share of the
 #      step, GB read and GB/s of each kernel in one decode step and in the prefill (scripts/lib/ncu_sum.py), the raw
 #      CSV as OUTDIR/ncu-SHAPE-TYPE.csv.gz; and for the first type of each shape, pp512 at depths 0 and 4096 with
-#      --cuda-attention warp (the CUDA-core prefill attention) beside the default tensor-core one (SHAPE-T-warpattn);
+#      --cuda-attention warp (the CUDA-core prefill attention) beside the default tensor-core one (SHAPE-T-warpattn),
+#      and pp512 / tg128 at those depths with --kv-type q8_0 and q4_0 (SHAPE-T-kvq8_0, -kvq4_0);
 #   4. the KV cache comparison (scripts/bench-kv.sh, --device cuda) on the first shape's Q4_K_M file (7B; without
 #      Q4_K_M in --types, the first type's): 128, 256, 512 tokens, and where the cached and recomputed tokens part (step, top-2 logit margin, logit difference).
 #
@@ -222,6 +223,12 @@ for shape in "${shapes[@]}"; do
             "$kvgen" -m "$f" --bench --device "$dev" --cuda-attention warp -p 512 -n 0 -d "0,$attn_depth" -r 2 \
                 -o json >"$work/speed/$name-warpattn.bench.json" 2>>"$out/log.txt" ||
                 log "$name: bench with --cuda-attention warp failed"
+            for kvt in q8_0 q4_0; do  # a quantized KV cache: decode and prefill at depth
+                cp "$work/speed/$name.inspect.json" "$work/speed/$name-kv$kvt.inspect.json"
+                "$kvgen" -m "$f" --bench --device "$dev" --kv-type "$kvt" -p 512 -n 128 -d "0,$attn_depth" -r 2 \
+                    -o json >"$work/speed/$name-kv$kvt.bench.json" 2>>"$out/log.txt" ||
+                    log "$name: bench with --kv-type $kvt failed"
+            done
             if ((quick)); then  # and the tensor cores at that depth (the full run has it in its depths)
                 "$kvgen" -m "$f" --bench --device "$dev" -p 512 -n 0 -d "$attn_depth" -r 2 -o json \
                     >"$work/speed/$name.deep.json" 2>>"$out/log.txt" || log "$name: deep bench failed"
@@ -298,6 +305,9 @@ for ij in sorted(glob.glob(f"{work}/speed/*.inspect.json")):
     info = json.load(open(ij))
     wbytes = info["weight_bytes_per_token"]
     kv_tok = info.get("kv_cache", {}).get("bytes_per_token", 0)
+    for kvt in ("q8_0", "q4_0"):  # a run with --kv-type: its cache's bytes
+        if name.endswith("-kv" + kvt):
+            kv_tok = (info.get("kv_cache_types", {}).get(kvt) or {}).get("bytes_per_token", kv_tok)
     row = {"model": name, "weight_bytes_per_token": wbytes, "tests": []}
     for part in ("bench", "deep"):
         p = f"{work}/speed/{name}.{part}.json"

@@ -184,7 +184,7 @@ int main(int argc, char** argv) {
     std::string cuda_attention = "mma";
     app.add_option("--cuda-attention", cuda_attention,
                    "CUDA prefill attention: mma (flash attention on the tensor cores for head_dim 64 and 128, the "
-                   "default) or warp (a warp per query on the CUDA cores, to compare)")
+                   "default) or warp (a warp per query on the CUDA cores, to compare; an f16 cache only)")
         ->check(CLI::IsMember({"mma", "warp"}));
     app.add_flag("--chat", gen.chat, "wrap the prompt in the model's chat format");
     app.add_flag("--single-turn", gen.chat, "-st: llama.cpp's one-turn conversation, the same as --chat");

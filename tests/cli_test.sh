@@ -259,7 +259,7 @@ expect_error "unsupported tensor type (generate)" "blk.0.attn_q.weight' has type
 if "$kvgen" --list-devices | grep -q '^  cuda0:'; then
     expect_error "--device cuda: KV cache larger than the GPU" "not enough GPU memory .* is free" \
         "$kvgen" -m "$ref" -p hi -c 16777216 --device cuda
-    expect_error "--device cuda with --kv-type f32" "keeps its KV cache in f16" "$kvgen" -m "$ref" -p hi \
+    expect_error "--device cuda with --kv-type f32" "keeps K and V in f16, q8_0 or q4_0" "$kvgen" -m "$ref" -p hi \
         --device cuda --kv-type f32
 else
     expect_error "--device cuda without a GPU" "--device cuda" "$kvgen" -m "$ref" -p hi --device cuda

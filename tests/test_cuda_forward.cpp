@@ -72,10 +72,12 @@ std::vector<float> copy(const float* p, int n) {
     return std::vector<float>(p, p + n);
 }
 
-void compare_backends(const Model& m, const std::string& label) {
-    INFO(label);
+void compare_backends(const Model& m, const std::string& label, KvType kt = KvType::F16, KvType vt = KvType::F16) {
+    INFO(label << ", KV cache " << kv_types_name(kt, vt));
     const int n_vocab = m.config.n_vocab;
     Settings s;
+    s.kv_type_k = kt;
+    s.kv_type_v = vt;
     s.n_ctx = 256;
     s.n_batch = 64;
     s.n_threads = 2;
@@ -123,6 +125,19 @@ TEST_CASE("CUDA and CPU logits agree on the shared reference models", "[cuda][fo
 
 TEST_CASE("CUDA and CPU logits agree on synthetic models of every weight type", "[cuda][forward]") {
     for (const std::string& type : synth_types()) compare_backends(synth_model(type), "synthetic " + type);
+}
+
+TEST_CASE("CUDA and CPU logits agree with a quantized KV cache", "[cuda][forward]") {
+    const Model m = synth_model("Q8_0");
+    compare_backends(m, "synth-Q8_0", KvType::Q8_0, KvType::Q8_0);
+    compare_backends(m, "synth-Q8_0", KvType::Q8_0, KvType::Q4_0);
+    compare_backends(m, "synth-Q8_0", KvType::Q4_0, KvType::Q4_0);
+    // head_dim 32 has no quantized GPU cache: refused with one line
+    const Model ref = Model::load(test::shared("testdata/ref/open-gqa-Q8_0.gguf"));
+    Settings s;
+    s.kv_type_k = s.kv_type_v = KvType::Q8_0;
+    s.progress = false;
+    REQUIRE_THROWS_WITH(cuda::make_backend(ref, s), Catch::Contains("quantized for head_dim 64 or 128"));
 }
 
 TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals stepping", "[cuda][forward]") {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <tuple>
 
 #include "common/half.h"
 #include "cpu/ops.h"
@@ -338,6 +339,74 @@ TEST_CASE("flash attention on the tensor cores, its mma fragments run on the hos
             INFO("relative RMS error " << nrmse << ", worst |diff| " << worst << " of " << test::max_abs(want));
             CHECK(nrmse < 3e-4);
             CHECK(worst <= 2e-3 * test::max_abs(want));
+        }
+    }
+}
+
+TEST_CASE("a quantized CUDA cache: store_kv writes the CPU cache's bytes, attention reads them like cpu::attention",
+          "[cuda-host]") {
+    struct Types {
+        KvType k, v;
+    };
+    cpu::ThreadPool pool(1);
+    uint32_t seed = 91;
+    auto randn = [&](size_t count, float sigma) { return test::randn(count, seed++, sigma); };
+    for (const Types ty : {Types{KvType::Q8_0, KvType::Q8_0}, Types{KvType::Q4_0, KvType::Q4_0},
+                           Types{KvType::Q8_0, KvType::Q4_0}, Types{KvType::F16, KvType::Q4_0},
+                           Types{KvType::Q4_0, KvType::F16}}) {
+        for (const auto& [n_heads, n_kv, hd] : {std::tuple{4, 2, 64}, std::tuple{2, 1, 128}, std::tuple{8, 1, 64}}) {
+            const Config c = test::attention_config(n_heads, n_kv, hd);
+            const int n_ctx = 150;
+            INFO(kv_types_name(ty.k, ty.v) << " heads " << n_heads << "/" << n_kv << " hd " << hd);
+            // the bytes: equal to KvCache::write's, the rotation and the rounding included
+            {
+                const int n = 7;
+                std::vector<float> k = randn(size_t(n) * n_kv * hd, 1.0f), v = randn(size_t(n) * n_kv * hd, 1.0f);
+                k[3] = 40.0f;  // an outlier channel, as keys have
+                KvCache cpu_kv(c, n_ctx, ty.k, ty.v);
+                cpu_kv.write(0, 0, n, k.data(), v.data());
+                const KvLayout& kv = cpu_kv.layout();
+                const size_t kb = size_t(kv.n_kv_heads) * size_t(n_ctx) * size_t(kv.k_row_bytes());
+                const size_t vb = size_t(kv.n_kv_heads) * size_t(n_ctx) * size_t(kv.v_row_bytes());
+                const std::vector<uint8_t> got = cuda::host::store_kv_bytes(c, k, v, n, n_ctx, ty.k, ty.v);
+                REQUIRE(got.size() == kb + vb);
+                size_t bad = 0;
+                for (int h = 0; h < n_kv; ++h)
+                    for (int t = 0; t < n; ++t) {
+                        const size_t krb = size_t(kv.k_row_bytes()), vrb = size_t(kv.v_row_bytes());
+                        const auto* ck = static_cast<const uint8_t*>(cpu_kv.k(0, h)) + size_t(t) * krb;
+                        const auto* cv = static_cast<const uint8_t*>(cpu_kv.v(0, h)) + size_t(t) * vrb;
+                        const size_t row = size_t(h) * size_t(n_ctx) + size_t(t);
+                        if (!std::equal(ck, ck + krb, got.begin() + std::ptrdiff_t(row * krb))) ++bad;
+                        if (!std::equal(cv, cv + vrb, got.begin() + std::ptrdiff_t(kb + row * vrb))) ++bad;
+                    }
+                CHECK(bad == 0);
+            }
+            // attention: decode (folded combine) and flash attention (which every quantized prefill takes)
+            for (const auto& [pos0, n] : {std::pair{40, 1}, std::pair{0, 9}, std::pair{70, 66}}) {
+                const int n_pos = pos0 + n;
+                const std::vector<float> k = randn(size_t(n_pos) * n_kv * hd, 1.0f);
+                const std::vector<float> v = randn(size_t(n_pos) * n_kv * hd, 1.0f);
+                const std::vector<float> q = randn(size_t(n) * n_heads * hd, 2.0f);
+                KvCache cpu_kv(c, n_ctx, ty.k, ty.v);
+                cpu_kv.write(0, 0, n_pos, k.data(), v.data());
+                std::vector<float> want(q.size()), scratch(size_t(cpu::attention_scratch(c, n_ctx)));
+                cpu::attention(want.data(), q.data(), cpu_kv, 0, pos0, n, c, scratch.data(), pool);
+                const float scale = test::max_abs(want);
+                INFO("pos0 " << pos0 << " n " << n);
+                if (n == 1) {
+                    const std::vector<float> got =
+                        cuda::host::attention(c, q, k, v, pos0, n, n_ctx, 3, true, true, ty.k, ty.v);
+                    CHECK(test::worst_diff(got, want) <= 2e-5f * scale);
+                    continue;
+                }
+                // the tile's values and P rounded to f16: within 2e-3 of the largest output
+                const std::vector<float> flash =
+                    cuda::host::attention(c, q, k, v, pos0, n, n_ctx, 0, false, true, ty.k, ty.v);
+                CHECK(test::worst_diff(flash, want) <= 2e-3f * scale);
+                // --cuda-attention warp does not apply to a quantized cache: the same kernel runs
+                CHECK(cuda::host::attention(c, q, k, v, pos0, n, n_ctx, 0, false, false, ty.k, ty.v) == flash);
+            }
         }
     }
 }

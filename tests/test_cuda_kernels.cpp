@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <random>
+#include <tuple>
 
 #include "common/half.h"
 #include "cpu/ops.h"
@@ -233,6 +234,57 @@ TEST_CASE("the prefill GEMM of a weight larger than one decoded chunk covers eve
                 want[size_t(i) * size_t(rows) + size_t(r)] = float(s);
             }
         require_close(ct::gemm({t, rows, cols, &b}, x, n, nullptr), want, 1e-5 * mag * double(cols) / 32);
+    }
+}
+
+TEST_CASE("a quantized cache on the GPU: the CPU's bytes, and attention over them", "[cuda][kernels]") {
+    struct Types {
+        KvType k, v;
+    };
+    cpu::ThreadPool pool(2);
+    for (const Types ty : {Types{KvType::Q8_0, KvType::Q8_0}, Types{KvType::Q4_0, KvType::Q4_0},
+                           Types{KvType::Q8_0, KvType::Q4_0}, Types{KvType::F16, KvType::Q4_0}}) {
+        for (const auto& [n_heads, n_kv, hd] : {std::tuple{8, 2, 64}, std::tuple{4, 4, 128}, std::tuple{32, 8, 128}}) {
+            const Config c = test::attention_config(n_heads, n_kv, hd);
+            const int n_ctx = 1200;
+            INFO(kv_types_name(ty.k, ty.v) << " heads " << n_heads << "/" << n_kv << " hd " << hd);
+            for (const auto& [pos0, n] : {std::pair{0, 9}, std::pair{300, 1}, std::pair{1000, 150}}) {
+                const int n_pos = pos0 + n;
+                std::vector<float> k = randn(size_t(n_pos) * n_kv * hd, 83 + uint32_t(pos0));
+                const std::vector<float> v = randn(size_t(n_pos) * n_kv * hd, 89 + uint32_t(n));
+                const std::vector<float> q = randn(size_t(n) * n_heads * hd, 97, 2.0f);
+                k[5] = 30.0f;  // an outlier channel
+                KvCache kv(c, n_ctx, ty.k, ty.v);
+                kv.write(0, 0, n_pos, k.data(), v.data());
+                INFO("pos0 " << pos0 << " n " << n);
+                // store_kv's bytes are the CPU cache's
+                const std::vector<uint8_t> got = ct::store_kv_bytes(c, k, v, n_pos, n_ctx, ty.k, ty.v);
+                const size_t kb = size_t(n_kv) * n_ctx * size_t(kv.layout().k_row_bytes());
+                const auto* ck = static_cast<const uint8_t*>(kv.k(0, 0));
+                const auto* cv = static_cast<const uint8_t*>(kv.v(0, 0));
+                size_t bad = 0;
+                for (int h = 0; h < n_kv; ++h)
+                    for (int t = 0; t < n_pos; ++t) {
+                        const size_t krb = size_t(kv.layout().k_row_bytes()), vrb = size_t(kv.layout().v_row_bytes());
+                        const size_t row = size_t(h) * n_ctx + size_t(t);
+                        if (!std::equal(ck + row * krb, ck + (row + 1) * krb, got.begin() + std::ptrdiff_t(row * krb)))
+                            ++bad;
+                        if (!std::equal(cv + row * vrb, cv + (row + 1) * vrb,
+                                        got.begin() + std::ptrdiff_t(kb + row * vrb)))
+                            ++bad;
+                    }
+                CHECK(bad == 0);
+                std::vector<float> want(q.size()), scratch(size_t(2 * cpu::attention_scratch(c, n_ctx)));
+                cpu::attention(want.data(), q.data(), kv, 0, pos0, n, c, scratch.data(), pool);
+                if (n == 1) {
+                    require_close(ct::attention(c, q, k, v, pos0, n, n_ctx, 16, true, true, ty.k, ty.v), want,
+                                  2e-5 * max_abs(want));
+                    continue;
+                }
+                require_close(ct::attention(c, q, k, v, pos0, n, n_ctx, 0, false, true, ty.k, ty.v), want,
+                              2e-3 * max_abs(want));
+            }
+        }
     }
 }
 

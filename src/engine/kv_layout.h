@@ -29,7 +29,7 @@ std::string kv_types_name(KvType k, KvType v);
 // The K and V types of "TYPE" (both) or "K/V"; throws like kv_type_from_name.
 void kv_types_from_name(const std::string& name, const char* option, KvType* k, KvType* v);
 // Whether rows are stored as blocks of 32 (head_dim must then be a multiple of 32).
-inline bool kv_type_quantized(KvType t) { return t == KvType::Q8_0 || t == KvType::Q4_0; }
+KVGEN_HD bool kv_type_quantized(KvType t) { return t == KvType::Q8_0 || t == KvType::Q4_0; }
 
 struct KvLayout {
     int n_layers = 0;
@@ -53,7 +53,7 @@ struct KvLayout {
     KVGEN_HD int64_t row_index(int l, int h, int t) const { return (int64_t(l) * n_kv_heads + h) * n_ctx + t; }
 
     // Bytes of one cached row of head_dim values in type t; in K, in V.
-    static int64_t row_bytes(KvType t, int head_dim) {
+    KVGEN_HD static int64_t row_bytes(KvType t, int head_dim) {
         switch (t) {
             case KvType::F16: return int64_t(head_dim) * 2;
             case KvType::F32: return int64_t(head_dim) * 4;
@@ -62,8 +62,8 @@ struct KvLayout {
         }
         return 0;
     }
-    int64_t k_row_bytes() const { return row_bytes(k_type, head_dim); }
-    int64_t v_row_bytes() const { return row_bytes(v_type, head_dim); }
+    KVGEN_HD int64_t k_row_bytes() const { return row_bytes(k_type, head_dim); }
+    KVGEN_HD int64_t v_row_bytes() const { return row_bytes(v_type, head_dim); }
     // K and V bytes for one position across all layers; all of K, all of V, the whole cache.
     int64_t bytes_per_token() const { return int64_t(n_layers) * n_kv_heads * (k_row_bytes() + v_row_bytes()); }
     size_t k_bytes() const { return size_t(int64_t(n_layers) * n_kv_heads * n_ctx) * size_t(k_row_bytes()); }

@@ -228,7 +228,8 @@ std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos
     const KvLayout kv = KvLayout::of(c, n_ctx, KvType::F16);
     Dev<float> dk(k);
     Dev<__half> kc(size_t(kv.layer_elems())), vc(size_t(kv.layer_elems()));
-    store_kv(kc.p, vc.p, dk.p, dk.p, r.cos_t.p, r.sin_t.p, r.pos.p, n, kv, c.rope_dim, nullptr);
+    store_kv(reinterpret_cast<uint8_t*>(kc.p), reinterpret_cast<uint8_t*>(vc.p), dk.p, dk.p, r.cos_t.p, r.sin_t.p,
+             r.pos.p, n, kv, c.rope_dim, nullptr);
     const std::vector<float> all = halves_to_floats(kc.get());
     std::vector<float> out(size_t(n) * c.n_kv_heads * c.head_dim);
     for (int i = 0; i < n; ++i)
@@ -238,28 +239,45 @@ std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos
     return out;
 }
 
+std::vector<uint8_t> store_kv_bytes(const Config& c, const std::vector<float>& k, const std::vector<float>& v, int n,
+                                    int n_ctx, KvType kt, KvType vt) {
+    const KvLayout kv = KvLayout::of(c, n_ctx, kt, vt);
+    Dev<float> dk(k), dv(v);
+    Dev<uint8_t> kc(std::vector<uint8_t>(kv.k_bytes() / size_t(kv.n_layers), 0xee));
+    Dev<uint8_t> vc(std::vector<uint8_t>(kv.v_bytes() / size_t(kv.n_layers), 0xee));
+    Dev<int> zero(std::vector<int>{0});
+    store_kv(kc.p, vc.p, dk.p, dv.p, nullptr, nullptr, zero.p, n, kv, c.rope_dim, nullptr);
+    std::vector<uint8_t> out = kc.get(), vb = vc.get();
+    out.insert(out.end(), vb.begin(), vb.end());
+    return out;
+}
+
 std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
                              const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold,
-                             bool tensor_cores) {
+                             bool tensor_cores, KvType kt, KvType vt) {
     const int n_pos = pos0 + n;
-    const KvLayout kv = KvLayout::of(c, n_ctx, KvType::F16);
+    const KvLayout kv = KvLayout::of(c, n_ctx, kt, vt);
     Dev<float> dk(k), dv(v), dq(q), out(q.size());
-    Dev<__half> kc(size_t(kv.layer_elems())), vc(size_t(kv.layer_elems()));
+    Dev<uint8_t> kc(kv.k_bytes() / size_t(kv.n_layers)), vc(kv.v_bytes() / size_t(kv.n_layers));
     Dev<int> zero(std::vector<int>{0}), pos(std::vector<int>{pos0});
     store_kv(kc.p, vc.p, dk.p, dv.p, nullptr, nullptr, zero.p, n_pos, kv, c.rope_dim, nullptr);
     poison(out);
+    const int64_t rows = int64_t(n) * c.n_heads;
+    if (kv_type_quantized(kt)) kv_rotate_rows(dq.p, rows, c.head_dim, nullptr);  // as CudaOps::attention does
     if (n == 1) {
         Dev<float> partials(size_t(attention_partials(c.n_heads, c.head_dim, splits)));
         Dev<int> counters(std::vector<int>(size_t(attention_counters(c.n_heads, kv)), 0));
         poison(partials);
         attention_decode(out.p, partials.p, fold ? counters.p : nullptr, dq.p, kc.p, vc.p, pos.p, c.n_heads, kv,
                          splits, nullptr);
+        if (kv_type_quantized(vt)) kv_rotate_rows(out.p, rows, c.head_dim, nullptr);
         const std::vector<float> result = out.get();
         for (int cnt : counters.get())
             if (cnt != 0) throw Error("attention_decode: a head group's counter was not reset");
         return result;
     }
     attention_prefill(out.p, dq.p, kc.p, vc.p, pos.p, n, c.n_heads, kv, tensor_cores, nullptr);
+    if (kv_type_quantized(vt)) kv_rotate_rows(out.p, rows, c.head_dim, nullptr);
     return out.get();
 }
 

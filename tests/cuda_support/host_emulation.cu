@@ -364,31 +364,50 @@ std::vector<float> dequantize_rows(GgmlType type, const uint8_t* bytes, int64_t 
     return f;
 }
 
-std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
+std::vector<uint8_t> store_kv_bytes(const Config& c, const std::vector<float>& k, const std::vector<float>& v, int n,
+                                    int n_ctx, KvType kt, KvType vt) {
+    const KvLayout kv = KvLayout::of(c, n_ctx, kt, vt);
+    std::vector<uint8_t> kc(kv.k_bytes() / size_t(kv.n_layers), 0xee), vc(kv.v_bytes() / size_t(kv.n_layers), 0xee);
+    const int pos0 = 0;
+    for (int64_t g = 0; g < int64_t(n) * c.n_kv_heads * 2; ++g)
+        store_kv_row_item(g, k.data(), v.data(), nullptr, nullptr, &pos0, kv, 0, kc.data(), vc.data());
+    kc.insert(kc.end(), vc.begin(), vc.end());
+    return kc;
+}
+
+std::vector<float> attention(const Config& c, const std::vector<float>& q_in, const std::vector<float>& k,
                              const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold,
-                             bool tensor_cores) {
+                             bool tensor_cores, KvType kt, KvType vt) {
     const int hd = c.head_dim, n_pos = pos0 + n, n_rep = c.n_heads / c.n_kv_heads;
-    // One layer's f16 cache, as store_kv writes it (no rotation here).
-    const KvLayout kv = KvLayout::of(c, n_ctx, KvType::F16);
-    std::vector<__half> kc(size_t(kv.layer_elems()), __float2half(0.0f)), vc(kc);
-    for (int t = 0; t < n_pos; ++t)
-        for (int h = 0; h < c.n_kv_heads; ++h)
-            for (int j = 0; j < hd; ++j) {
-                const size_t src = (size_t(t) * c.n_kv_heads + h) * hd + j;
-                kc[size_t(kv.row(h, t) + j)] = __float2half_rn(k[src]);
-                vc[size_t(kv.row(h, t) + j)] = __float2half_rn(v[src]);
-            }
+    // One layer's cache, as store_kv writes it (no RoPE here): its row items, in the cache's types.
+    const KvLayout kv = KvLayout::of(c, n_ctx, kt, vt);
+    std::vector<uint8_t> kc(kv.k_bytes() / size_t(kv.n_layers), 0), vc(kv.v_bytes() / size_t(kv.n_layers), 0);
+    for (int64_t g = 0; g < int64_t(n_pos) * c.n_kv_heads * 2; ++g) {
+        const int zero = 0;
+        store_kv_row_item(g, k.data(), v.data(), nullptr, nullptr, &zero, kv, 0, kc.data(), vc.data());
+    }
+    // the query turned to a quantized K's basis, as CudaOps::attention does (kv_rotate_rows_kernel's body)
+    std::vector<float> q = q_in;
+    if (kv_type_quantized(kt))
+        for (size_t r = 0; r < q.size() / size_t(hd); ++r) kv_rotate_scaled(q.data() + r * size_t(hd), hd, hd);
     const float scale = 1.0f / std::sqrt(float(hd));
     std::vector<float> out(q.size(), NAN);
-    if (n > 1 && tensor_cores && dispatch_flash(n_rep, hd, [&](auto hdc, auto nq) {
+    auto unrotate = [&] {
+        if (kv_type_quantized(vt))
+            for (size_t r = 0; r < out.size() / size_t(hd); ++r)
+                kv_rotate_scaled(out.data() + r * size_t(hd), hd, hd);
+    };
+    if (n > 1 && (tensor_cores || kv.quantized()) && dispatch_flash(n_rep, hd, [&](auto hdc, auto nq) {
             constexpr int HD = decltype(hdc)::value, NQ = decltype(nq)::value;
             const int gy = (n + kFaRows / NQ - 1) / (kFaRows / NQ);
             run_grid(c.n_heads / NQ, gy, kFaThreads, size_t(kFaShared<HD>), [&](const HostThread& t) {
                 flash_prefill_body<HD, NQ>(t, q.data(), kc.data(), vc.data(), &pos0, n, c.n_heads, n_rep, kv, scale,
                                            out.data());
             });
-        }))
+        })) {
+        unrotate();
         return out;
+    }
     const bool ok = dispatch_attention(n_rep, hd, [&](auto nq, auto e) {
         constexpr int NQ = decltype(nq)::value, E = decltype(e)::value;
         const int groups = c.n_heads / NQ;
@@ -396,8 +415,13 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
             std::vector<float> partials(size_t(c.n_heads) * splits * (hd + 2), NAN);
             std::vector<int> counters(size_t(groups), 0);
             run_grid(groups, splits, kAttnThreads, size_t(kAttnDecodeShared<NQ, E>), [&](const HostThread& t) {
-                attention_decode_body<NQ, E>(t, q.data(), kc.data(), vc.data(), &pos0, n_rep, kv, splits, scale,
-                                             partials.data(), fold ? counters.data() : nullptr, out.data());
+                int* cnt = fold ? counters.data() : nullptr;
+                if (!kv.quantized())
+                    attention_decode_body<NQ, E, true>(t, q.data(), kc.data(), vc.data(), &pos0, n_rep, kv, splits,
+                                                       scale, partials.data(), cnt, out.data());
+                else
+                    attention_decode_body<NQ, E, false>(t, q.data(), kc.data(), vc.data(), &pos0, n_rep, kv, splits,
+                                                        scale, partials.data(), cnt, out.data());
             });
             if (fold) {
                 for (int cnt : counters)
@@ -419,6 +443,7 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
         for (int64_t g = 0; g < int64_t(n) * c.n_heads; ++g)
             attention_generic_item(g, q.data(), kc.data(), vc.data(), &pos0, c.n_heads, n_rep, kv, scale, out.data());
     }
+    unrotate();
     return out;
 }
 
@@ -478,6 +503,18 @@ std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos
     std::vector<__half> kc(size_t(kv.layer_elems()), __float2half(NAN)), vc(kc);
     for (int64_t g = 0; g < int64_t(n) * c.n_kv_heads * (c.head_dim / 2); ++g)
         store_kv_item(g, k.data(), k.data(), cs.data(), sn.data(), &pos0, kv, c.rope_dim / 2, kc.data(), vc.data());
+    // the per-row kernel of a quantized cache, run with f16 halves, writes the same values
+    std::vector<__half> kr(kc.size(), __float2half(NAN)), vr(kr);
+    for (int64_t g = 0; g < int64_t(n) * c.n_kv_heads * 2; ++g)
+        store_kv_row_item(g, k.data(), k.data(), cs.data(), sn.data(), &pos0, kv, c.rope_dim / 2,
+                          reinterpret_cast<uint8_t*>(kr.data()), reinterpret_cast<uint8_t*>(vr.data()));
+    for (int i = 0; i < n; ++i)
+        for (int h = 0; h < c.n_kv_heads; ++h)
+            for (int j = 0; j < c.head_dim; ++j) {
+                const size_t at = size_t(kv.row(h, pos0 + i) + j);
+                if (__half2float(kr[at]) != __half2float(kc[at]))
+                    throw Error("store_kv: the per-row kernel's f16 row differs from the per-pair kernel's");
+            }
     std::vector<float> out(size_t(n) * c.n_kv_heads * c.head_dim);
     for (int i = 0; i < n; ++i)
         for (int h = 0; h < c.n_kv_heads; ++h)

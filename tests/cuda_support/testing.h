@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/kv_layout.h"
 #include "model/config.h"
 #include "gguf/ggml_types.h"
 
@@ -48,10 +49,15 @@ std::vector<float> rope(const std::vector<float>& x, int n, int n_heads, int pos
 // Attention of n queries q [n][n_heads][head_dim] at positions pos0 .. over K/V [pos0 + n][n_kv_heads][head_dim]
 // (f32, stored to an f16 cache of n_ctx positions by store_kv without rotation). n == 1 uses the flash-decoding
 // kernel with `splits` splits (fold: the combine folded into it, as the backend runs it), n > 1 the prefill kernel:
-// flash attention on the tensor cores where head_dim has it and tensor_cores is set, else a warp per query.
+// flash attention on the tensor cores where head_dim has it and tensor_cores is set, else a warp per query. The
+// cache's K and V types kt, vt (a quantized one: the query rotated before, the output after, as the backend does).
 std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
                              const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold = false,
-                             bool tensor_cores = true);
+                             bool tensor_cores = true, KvType kt = KvType::F16, KvType vt = KvType::F16);
+// The bytes store_kv writes for n positions of K and V ([n][n_kv_heads][head_dim] each, no RoPE) into one layer's
+// cache of n_ctx positions in types kt, vt: the K rows, then the V rows (unwritten bytes 0xee).
+std::vector<uint8_t> store_kv_bytes(const Config& c, const std::vector<float>& k, const std::vector<float>& v, int n,
+                                    int n_ctx, KvType kt, KvType vt);
 // K rotated and stored by store_kv for positions pos0 .. pos0 + n, read back from the f16 cache as floats:
 // [n][n_kv_heads][head_dim].
 std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos0, int n, int n_ctx);
@@ -96,6 +102,8 @@ std::vector<float> dequantize_rows(GgmlType type, const uint8_t* bytes, int64_t 
 // cuda::testing::attention.
 std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
                              const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold = false,
-                             bool tensor_cores = true);
+                             bool tensor_cores = true, KvType kt = KvType::F16, KvType vt = KvType::F16);
+std::vector<uint8_t> store_kv_bytes(const Config& c, const std::vector<float>& k, const std::vector<float>& v, int n,
+                                    int n_ctx, KvType kt, KvType vt);
 
 }  // namespace kvgen::cuda::host

@@ -1,0 +1,176 @@
+#pragma once
+// The CUDA KV cache in any of its types (KvLayout: f16, or ggml's Q8_0 / Q4_0 blocks of 32 per row, stored in the
+// rotated basis of engine/kv_rotation.h): reading E consecutive values of a cached row, and writing a row. The
+// decoded values are the CPU's (kv_decode_row before its rotation back: d * q in f32), and a written row is the CPU's
+// bytes (kv_encode_row: H x per piece, then quantize_row_q8_0 / q4_0's arithmetic, kept from fused multiply-adds),
+// so a cache written by either backend reads the same on the other (a prompt-cache file moves between them).
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "common/hd.h"
+#include "engine/kv_layout.h"
+#include "engine/kv_rotation.h"
+
+namespace kvgen::cuda {
+
+// The head_dims a quantized cache runs for on the GPU: those of the tensor-core prefill attention (the only prefill
+// kernel that reads one), whose rows also split evenly over a decode warp's lanes within blocks.
+KVGEN_HD bool kv_quantized_head_dim(int hd) {
+    return hd == 64 || hd == 128;
+}
+
+KVGEN_HD float kv_half_at(const uint8_t* p) {
+    __half h;
+    memcpy(&h, p, sizeof(h));
+    return __half2float(h);
+}
+
+template <int E>
+KVGEN_HD void load_halves(const __half* p, float (&out)[E]) {
+    if constexpr (E % 4 == 0) {
+#pragma unroll
+        for (int e = 0; e < E; e += 4) {
+            const uint2 u = *reinterpret_cast<const uint2*>(p + e);
+            const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+            const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+            out[e] = a.x;
+            out[e + 1] = a.y;
+            out[e + 2] = b.x;
+            out[e + 3] = b.y;
+        }
+    } else if constexpr (E % 2 == 0) {
+#pragma unroll
+        for (int e = 0; e < E; e += 2) {
+            const float2 a = __half22float2(*reinterpret_cast<const __half2*>(p + e));
+            out[e] = a.x;
+            out[e + 1] = a.y;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < E; ++e) out[e] = __half2float(p[e]);
+    }
+}
+
+// out[e] = value j0 + e of a cached row of type t (E values, in the stored basis).
+template <int E>
+KVGEN_HD void kv_load(KvType t, const uint8_t* row, int j0, float (&out)[E]) {
+    if (t == KvType::F16) {
+        load_halves<E>(reinterpret_cast<const __half*>(row) + j0, out);
+        return;
+    }
+    if (t == KvType::Q8_0) {
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            const int j = j0 + e;
+            const uint8_t* b = row + (j / 32) * 34;
+            out[e] = kv_half_at(b) * float(int8_t(b[2 + j % 32]));
+        }
+        return;
+    }
+    if (t == KvType::Q4_0) {
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            const int j = j0 + e, jj = j % 32;
+            const uint8_t* b = row + (j / 32) * 18;
+            const int byte = b[2 + jj % 16];
+            out[e] = kv_half_at(b) * float((jj < 16 ? byte & 0x0f : byte >> 4) - 8);
+        }
+        return;
+    }
+#pragma unroll
+    for (int e = 0; e < E; ++e) out[e] = reinterpret_cast<const float*>(row)[j0 + e];  // F32 (not on the GPU)
+}
+
+// x * y and x * y + z rounded as the CPU rounds them: one product, then one sum (never a fused multiply-add).
+KVGEN_HD float kv_mul(float x, float y) {
+#if defined(__CUDA_ARCH__)
+    return __fmul_rn(x, y);
+#else
+    return x * y;
+#endif
+}
+KVGEN_HD float kv_add(float x, float y) {
+#if defined(__CUDA_ARCH__)
+    return __fadd_rn(x, y);
+#else
+    return x + y;
+#endif
+}
+
+// One row of head_dim values x (changed: rotated when t is quantized) stored as type t at dst: quantize_row_q8_0 /
+// quantize_row_q4_0 of H x per piece, or f16 (F32 too, for completeness).
+KVGEN_HD void kv_store_row(KvType t, float* x, uint8_t* dst, int hd) {
+    if (t == KvType::F16) {
+        for (int j = 0; j < hd; j += 2) {
+            const __half2 h = __floats2half2_rn(x[j], x[j + 1]);
+            memcpy(dst + 2 * j, &h, sizeof(h));
+        }
+        return;
+    }
+    if (t == KvType::F32) {
+        memcpy(dst, x, size_t(hd) * 4);
+        return;
+    }
+    kv_rotate(x, hd);
+    for (int b = 0; b < hd / 32; ++b) {
+        const float* xb = x + 32 * b;
+        if (t == KvType::Q8_0) {
+            uint8_t* y = dst + 34 * b;
+            float amax = 0.0f;
+            for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(xb[j]));
+            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            const __half dh = __float2half_rn(d);
+            memcpy(y, &dh, sizeof(dh));
+            for (int j = 0; j < 32; ++j) y[2 + j] = uint8_t(int8_t(roundf(kv_mul(xb[j], id))));
+        } else {  // Q4_0: the scale takes the sign of the value of largest magnitude, which maps to -8
+            uint8_t* y = dst + 18 * b;
+            float amax = 0.0f, m = 0.0f;
+            for (int j = 0; j < 32; ++j)
+                if (fabsf(xb[j]) > amax) {
+                    amax = fabsf(xb[j]);
+                    m = xb[j];
+                }
+            const float d = m / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            const __half dh = __float2half_rn(d);
+            memcpy(y, &dh, sizeof(dh));
+            for (int j = 0; j < 16; ++j) {
+                const int lo0 = int(int8_t(kv_add(kv_mul(xb[j], id), 8.5f)));
+                const int hi0 = int(int8_t(kv_add(kv_mul(xb[j + 16], id), 8.5f)));
+                const int lo = lo0 < 15 ? lo0 : 15, hi = hi0 < 15 ? hi0 : 15;
+                y[2 + j] = uint8_t(lo | (hi << 4));
+            }
+        }
+    }
+}
+
+// Item g = (token i, KV head h, half c: 0 K, 1 V) of n x n_kv_heads x 2: that row of k or v ([n][n_kv_heads][hd]),
+// K rotated by RoPE like store_kv_item (cos_t null: as given), stored at position *d_pos0 + i of one layer's cache
+// (kc / vc: the layer's first row). For caches with a quantized half.
+KVGEN_HD void store_kv_row_item(int64_t g, const float* __restrict__ k, const float* __restrict__ v,
+                                const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+                                const int* __restrict__ d_pos0, const KvLayout& kv, int half_rope,
+                                uint8_t* __restrict__ kc, uint8_t* __restrict__ vc) {
+    constexpr int kMaxHd = 256;
+    const int c = int(g % 2);
+    const int64_t ih = g / 2;  // token * n_kv_heads + head
+    const int i = int(ih / kv.n_kv_heads), h = int(ih % kv.n_kv_heads), hd = kv.head_dim;
+    const float* src = (c == 0 ? k : v) + ih * hd;
+    float x[kMaxHd];
+    for (int j = 0; j < hd; ++j) x[j] = src[j];
+    if (c == 0 && cos_t)
+        for (int j = 0; j < half_rope; ++j) {
+            const float cs = cos_t[int64_t(i) * half_rope + j], sn = sin_t[int64_t(i) * half_rope + j];
+            const float a = x[2 * j], b = x[2 * j + 1];
+            x[2 * j] = a * cs - b * sn;
+            x[2 * j + 1] = a * sn + b * cs;
+        }
+    const KvType t = c == 0 ? kv.k_type : kv.v_type;
+    const int64_t rb = KvLayout::row_bytes(t, hd);
+    kv_store_row(t, x, (c == 0 ? kc : vc) + (int64_t(h) * kv.n_ctx + *d_pos0 + i) * rb, hd);
+}
+
+}  // namespace kvgen::cuda
