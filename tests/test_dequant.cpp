@@ -2,6 +2,7 @@
 // data/make_dequant_golden.py) for every supported type, and on hand-built blocks whose values follow from the
 // layouts written out weight by weight.
 #include <cmath>
+#include <random>
 #include <cstring>
 
 #include "common/error.h"
@@ -115,6 +116,21 @@ TEST_CASE("k-quant scale packing round-trips", "[dequant]") {
     q3k_pack_scales(s16, p12);
     q3k_scales(p12, back);
     for (int j = 0; j < 16; ++j) CHECK(back[j] == s16[j]);
+}
+
+TEST_CASE("k4_scales_mins gives every sub-block's k4_scale_min, for any scale bytes", "[dequant]") {
+    std::mt19937 rng(17);
+    for (int trial = 0; trial < 2000; ++trial) {
+        uint8_t q[12], sc[8], m[8];
+        for (uint8_t& b : q) b = uint8_t(rng());
+        k4_scales_mins(q, sc, m);
+        for (int j = 0; j < 8; ++j) {
+            uint8_t a, b;
+            k4_scale_min(j, q, &a, &b);
+            REQUIRE(sc[j] == a);
+            REQUIRE(m[j] == b);
+        }
+    }
 }
 
 TEST_CASE("Q4_K and Q6_K hand-built blocks follow the per-weight layout", "[dequant]") {

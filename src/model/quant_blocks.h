@@ -2,6 +2,7 @@
 // ggml quantization block layouts, byte for byte as stored in GGUF files. Scales are IEEE half (uint16_t).
 // Legacy types hold 32 weights per block; k-quants hold 256 in a super-block of 16 or 8 sub-blocks.
 #include <cstdint>
+#include <cstring>
 
 namespace kvgen {
 
@@ -81,6 +82,23 @@ inline void k4_scale_min(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
         *sc = uint8_t((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4));
         *m = uint8_t((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
     }
+}
+
+// All eight scales and mins at once (k4_scale_min for j = 0..7), four bytes to a 32-bit word: sc[0..3] and m[0..3]
+// are the low 6 bits of bytes 0..3 and 4..7; sc[4..7] the low nibbles of bytes 8..11 under the top two bits of bytes
+// 0..3, m[4..7] the high nibbles of bytes 8..11 under the top two bits of bytes 4..7.
+inline void k4_scales_mins(const uint8_t* q, uint8_t sc[8], uint8_t m[8]) {
+    uint32_t w0, w1, w2;
+    std::memcpy(&w0, q, 4);
+    std::memcpy(&w1, q + 4, 4);
+    std::memcpy(&w2, q + 8, 4);
+    const uint32_t s03 = w0 & 0x3f3f3f3fu, m03 = w1 & 0x3f3f3f3fu;
+    const uint32_t s47 = (w2 & 0x0f0f0f0fu) | ((w0 >> 2) & 0x30303030u);
+    const uint32_t m47 = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 2) & 0x30303030u);
+    std::memcpy(sc, &s03, 4);
+    std::memcpy(sc + 4, &s47, 4);
+    std::memcpy(m, &m03, 4);
+    std::memcpy(m + 4, &m47, 4);
 }
 
 // The 16 6-bit scales of Q3_K (0..63, to be offset by -32): low 4 bits in bytes 0..7 (two per byte: scales j and
