@@ -305,7 +305,7 @@ int main(int argc, char** argv) {
             return 0;
         }
         if (inspect) {
-            kvgen::run_inspect(model, json_path, verbose);
+            kvgen::run_inspect(model, json_path, verbose, gen.run.kv_type_k, gen.run.kv_type_v);
             return 0;
         }
 

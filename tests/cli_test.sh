@@ -22,6 +22,11 @@ if [[ -f $default ]]; then
     expect_ok "inspect default model" "KV cache (f16): 22.5 KiB per token, 180 MiB for 8192 tokens" \
         "$kvgen" -m "$default" --inspect
     expect_ok "inspect default model: tied" "tied to token_embd" "$kvgen" -m "$default" --inspect
+    expect_ok "inspect default model: the chosen KV types first" \
+        "KV cache (q8_0/q4_0): 9.14 KiB per token, 73.1 MiB for 8192 tokens" "$kvgen" -m "$default" --inspect \
+        --kv-type q8_0/q4_0
+    expect_ok "inspect default model: the chosen KV types in JSON" '"type": "q4_0",' "$kvgen" -m "$default" --inspect \
+        -ctk q4_0 -ctv q4_0 --json -
     expect_ok "inspect default model: JSON" '"n_kv_heads": 3' "$kvgen" -m "$default" --inspect --json -
     # -v --json holds every metadata string whole (the chat template is 368 bytes) and numbers as numbers.
     if "$kvgen" -m "$default" --inspect -v --json - | python3 -c 'import json,sys; m=json.load(sys.stdin)["metadata"]; t=m["tokenizer.chat_template"]; assert len(t) == 368 and t.endswith("{% endif %}") and m["llama.block_count"] == 30, t'; then

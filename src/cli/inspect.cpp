@@ -43,7 +43,7 @@ nlohmann::ordered_json json_value(const GgufValue& v) {
 
 }  // namespace
 
-void run_inspect(const std::string& model_path, const std::string& json_path, bool verbose) {
+void run_inspect(const std::string& model_path, const std::string& json_path, bool verbose, KvType kt, KvType vt) {
     GgufFile file = GgufFile::open(model_path);
     const bool vocab_only = file.tensors().empty();
     const std::string arch = gguf_architecture(file);
@@ -67,7 +67,10 @@ void run_inspect(const std::string& model_path, const std::string& json_path, bo
     const std::string tok_model = meta_string(file, "tokenizer.ggml.model");
     const std::string tok_pre = meta_string(file, "tokenizer.ggml.pre");
     const GgufValue* tokens = file.find("tokenizer.ggml.tokens");
-    const int64_t kv_per_token = has_config ? KvLayout::of(cfg, 1, KvType::F16).bytes_per_token() : 0;
+    // note: a quantized type on a head_dim it cannot hold is refused when a cache is made; here the f16 figure stands.
+    const bool chosen_fits = !has_config || cfg.head_dim % 32 == 0 || (!kv_type_quantized(kt) && !kv_type_quantized(vt));
+    if (!chosen_fits) kt = vt = KvType::F16;
+    const int64_t kv_per_token = has_config ? KvLayout::of(cfg, 1, kt, vt).bytes_per_token() : 0;
     const int64_t kv_total = kv_per_token * (has_config ? cfg.n_ctx_train : 0);
 
     if (!json_path.empty()) {
@@ -104,7 +107,7 @@ void run_inspect(const std::string& model_path, const std::string& json_path, bo
                 if (!weights.tied_output) per_token -= weights.token_embd.tensor->nbytes;
                 j["weight_bytes_per_token"] = per_token;
             }
-            j["kv_cache"] = {{"type", kv_type_name(KvType::F16)},
+            j["kv_cache"] = {{"type", kv_types_name(kt, vt)},
                              {"bytes_per_token", kv_per_token},
                              {"n_ctx", cfg.n_ctx_train},
                              {"bytes", kv_total}};
@@ -176,11 +179,11 @@ void run_inspect(const std::string& model_path, const std::string& json_path, bo
     }
     if (has_config)
     {
-        out += fmt::format("KV cache (f16): {} per token, {} for {} tokens\n", human_bytes(double(kv_per_token)),
-                           human_bytes(double(kv_total)), cfg.n_ctx_train);
+        out += fmt::format("KV cache ({}): {} per token, {} for {} tokens\n", kv_types_name(kt, vt),
+                           human_bytes(double(kv_per_token)), human_bytes(double(kv_total)), cfg.n_ctx_train);
         std::string others;
-        for (KvType t : {KvType::F32, KvType::Q8_0, KvType::Q4_0}) {
-            if (kv_type_quantized(t) && cfg.head_dim % 32 != 0) continue;
+        for (KvType t : {KvType::F16, KvType::F32, KvType::Q8_0, KvType::Q4_0}) {
+            if ((kv_type_quantized(t) && cfg.head_dim % 32 != 0) || (t == kt && t == vt)) continue;
             const KvLayout kv = KvLayout::of(cfg, cfg.n_ctx_train, t);
             others += fmt::format("{}{} {} per token, {}", others.empty() ? "" : "; ", kv_type_name(t),
                                   human_bytes(double(kv.bytes_per_token())), human_bytes(double(kv.bytes())));
