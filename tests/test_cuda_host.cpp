@@ -17,6 +17,7 @@
 #include "model/dequant.h"
 #include "model/weights.h"
 #include "synth/synth.h"
+#include "attention_case.h"
 #include "cuda_test_util.h"
 #include "testing.h"
 
@@ -270,7 +271,6 @@ TEST_CASE("the CUDA attention kernels' bodies, run on the host, match cpu::atten
     };
     cpu::ThreadPool pool(1);
     uint32_t seed = 21;
-    auto randn = [&](size_t count, float sigma) { return test::randn(count, seed++, sigma); };
     for (const Shape s :
          {Shape{4, 2, 64}, Shape{3, 1, 128}, Shape{6, 2, 96}, Shape{2, 2, 256}, Shape{8, 1, 32}, Shape{5, 5, 64},
           Shape{2, 2, 4}, Shape{4, 2, 80}, Shape{6, 3, 48}}) {  // the last three: the one-thread-per-query fallback
@@ -278,14 +278,7 @@ TEST_CASE("the CUDA attention kernels' bodies, run on the host, match cpu::atten
         const int n_ctx = 80;
         for (const auto& [pos0, n] :
              {std::pair{0, 1}, std::pair{1, 1}, std::pair{37, 1}, std::pair{0, 6}, std::pair{9, 11}}) {
-            const int n_pos = pos0 + n;
-            const size_t kvd = size_t(s.n_kv) * s.hd;
-            const std::vector<float> k = randn(size_t(n_pos) * kvd, 1.0f), v = randn(size_t(n_pos) * kvd, 1.0f);
-            const std::vector<float> q = randn(size_t(n) * s.n_heads * s.hd, 2.0f);
-            KvCache kv(c, n_ctx, KvType::F16);
-            kv.write(0, 0, n_pos, k.data(), v.data());
-            std::vector<float> want(q.size()), scratch(size_t(cpu::attention_scratch(c, n_ctx)));
-            cpu::attention(want.data(), q.data(), kv, 0, pos0, n, c, scratch.data(), pool);
+            const auto [q, k, v, want] = test::attention_case(c, n_ctx, pos0, n, seed += 3, pool);
             const float scale = test::max_abs(want);
             for (int splits : n == 1 ? std::vector<int>{1, 3, 16} : std::vector<int>{0}) {
                 INFO("heads " << s.n_heads << "/" << s.n_kv << " hd " << s.hd << " pos0 " << pos0 << " n " << n
@@ -310,7 +303,6 @@ TEST_CASE("flash attention on the tensor cores, its mma fragments run on the hos
     };
     cpu::ThreadPool pool(1);
     uint32_t seed = 51;
-    auto randn = [&](size_t count, float sigma) { return test::randn(count, seed++, sigma); };
     // heads per block 1, 2, 4, 8 and an n_rep of 3 (one head per block); queries spanning two blocks, the diagonal
     // inside a tile and across tiles, rows past n in the last block
     for (const Shape s : {Shape{2, 2, 128}, Shape{4, 2, 64}, Shape{8, 2, 128}, Shape{8, 1, 64}, Shape{6, 2, 64}}) {
@@ -318,14 +310,7 @@ TEST_CASE("flash attention on the tensor cores, its mma fragments run on the hos
         const int n_ctx = 160;
         for (const auto& [pos0, n] : {std::pair{0, 2}, std::pair{0, 70}, std::pair{61, 9}, std::pair{130, 21}}) {
             if (s.n_heads >= 8 && n == 70) continue;  // many fibers, nothing new
-            const int n_pos = pos0 + n;
-            const size_t kvd = size_t(s.n_kv) * s.hd;
-            const std::vector<float> k = randn(size_t(n_pos) * kvd, 1.0f), v = randn(size_t(n_pos) * kvd, 1.0f);
-            const std::vector<float> q = randn(size_t(n) * s.n_heads * s.hd, 2.0f);
-            KvCache kv(c, n_ctx, KvType::F16);
-            kv.write(0, 0, n_pos, k.data(), v.data());
-            std::vector<float> want(q.size()), scratch(size_t(cpu::attention_scratch(c, n_ctx)));
-            cpu::attention(want.data(), q.data(), kv, 0, pos0, n, c, scratch.data(), pool);
+            const auto [q, k, v, want] = test::attention_case(c, n_ctx, pos0, n, seed += 3, pool);
             INFO("heads " << s.n_heads << "/" << s.n_kv << " hd " << s.hd << " pos0 " << pos0 << " n " << n);
             const std::vector<float> got = cuda::host::attention(c, q, k, v, pos0, n, n_ctx, 0, false, true);
             // P is rounded to f16 for P V (2^-12 relative per weight); the scores keep f32 precision (Q in two parts)
@@ -384,14 +369,7 @@ TEST_CASE("a quantized CUDA cache: store_kv writes the CPU cache's bytes, attent
             }
             // attention: decode (folded combine) and flash attention (which every quantized prefill takes)
             for (const auto& [pos0, n] : {std::pair{40, 1}, std::pair{0, 9}, std::pair{70, 66}}) {
-                const int n_pos = pos0 + n;
-                const std::vector<float> k = randn(size_t(n_pos) * n_kv * hd, 1.0f);
-                const std::vector<float> v = randn(size_t(n_pos) * n_kv * hd, 1.0f);
-                const std::vector<float> q = randn(size_t(n) * n_heads * hd, 2.0f);
-                KvCache cpu_kv(c, n_ctx, ty.k, ty.v);
-                cpu_kv.write(0, 0, n_pos, k.data(), v.data());
-                std::vector<float> want(q.size()), scratch(size_t(cpu::attention_scratch(c, n_ctx)));
-                cpu::attention(want.data(), q.data(), cpu_kv, 0, pos0, n, c, scratch.data(), pool);
+                const auto [q, k, v, want] = test::attention_case(c, n_ctx, pos0, n, seed += 3, pool, ty.k, ty.v);
                 const float scale = test::max_abs(want);
                 INFO("pos0 " << pos0 << " n " << n);
                 if (n == 1) {

@@ -12,6 +12,7 @@
 #include "engine/kv_cache.h"
 #include "model/dequant.h"
 #include "synth/synth.h"
+#include "attention_case.h"
 #include "cuda_test_util.h"
 #include "testing.h"
 
@@ -250,11 +251,9 @@ TEST_CASE("a quantized cache on the GPU: the CPU's bytes, and attention over the
             INFO(kv_types_name(ty.k, ty.v) << " heads " << n_heads << "/" << n_kv << " hd " << hd);
             for (const auto& [pos0, n] : {std::pair{0, 9}, std::pair{300, 1}, std::pair{1000, 150}}) {
                 const int n_pos = pos0 + n;
-                std::vector<float> k = randn(size_t(n_pos) * n_kv * hd, 83 + uint32_t(pos0));
-                const std::vector<float> v = randn(size_t(n_pos) * n_kv * hd, 89 + uint32_t(n));
-                const std::vector<float> q = randn(size_t(n) * n_heads * hd, 97, 2.0f);
-                k[5] = 30.0f;  // an outlier channel
-                KvCache kv(c, n_ctx, ty.k, ty.v);
+                const auto [q, k, v, want] =
+                    test::attention_case(c, n_ctx, pos0, n, 83 + uint32_t(pos0 + n), pool, ty.k, ty.v, 30.0f);
+                KvCache kv(c, n_ctx, ty.k, ty.v);  // the same cache, for its bytes
                 kv.write(0, 0, n_pos, k.data(), v.data());
                 INFO("pos0 " << pos0 << " n " << n);
                 // store_kv's bytes are the CPU cache's
@@ -274,8 +273,6 @@ TEST_CASE("a quantized cache on the GPU: the CPU's bytes, and attention over the
                             ++bad;
                     }
                 CHECK(bad == 0);
-                std::vector<float> want(q.size()), scratch(size_t(2 * cpu::attention_scratch(c, n_ctx)));
-                cpu::attention(want.data(), q.data(), kv, 0, pos0, n, c, scratch.data(), pool);
                 if (n == 1) {
                     require_close(ct::attention(c, q, k, v, pos0, n, n_ctx, 16, true, true, ty.k, ty.v), want,
                                   2e-5 * max_abs(want));
@@ -356,15 +353,7 @@ TEST_CASE("flash-decoding and prefill attention match cpu::attention", "[cuda][k
         for (int pos0 : {0, 1, 37, 1100}) {
             for (int n : {1, 7, 40}) {
                 if (pos0 + n > n_ctx) continue;
-                const int n_pos = pos0 + n;
-                const size_t kvd = size_t(s.n_kv) * s.hd;
-                const std::vector<float> k = randn(size_t(n_pos) * kvd, 53 + uint32_t(pos0));
-                const std::vector<float> v = randn(size_t(n_pos) * kvd, 59 + uint32_t(n));
-                const std::vector<float> q = randn(size_t(n) * s.n_heads * s.hd, 61, 2.0f);
-                KvCache kv(c, n_ctx, KvType::F16);
-                kv.write(0, 0, n_pos, k.data(), v.data());
-                std::vector<float> want(q.size()), scratch(size_t(2 * cpu::attention_scratch(c, n_ctx)));
-                cpu::attention(want.data(), q.data(), kv, 0, pos0, n, c, scratch.data(), pool);
+                const auto [q, k, v, want] = test::attention_case(c, n_ctx, pos0, n, 53 + uint32_t(pos0 + n), pool);
                 for (int splits : n == 1 ? std::vector<int>{1, 3, 64} : std::vector<int>{0}) {
                     INFO("heads " << s.n_heads << "/" << s.n_kv << " hd " << s.hd << " pos0 " << pos0 << " n " << n
                                   << " splits " << splits);
@@ -388,15 +377,7 @@ TEST_CASE("flash attention on the tensor cores matches cpu::attention", "[cuda][
         const Config c = test::attention_config(s.n_heads, s.n_kv, s.hd);
         const int n_ctx = 1400;
         for (const auto& [pos0, n] : {std::pair{0, 2}, std::pair{0, 300}, std::pair{37, 64}, std::pair{1100, 130}}) {
-            const int n_pos = pos0 + n;
-            const size_t kvd = size_t(s.n_kv) * s.hd;
-            const std::vector<float> k = randn(size_t(n_pos) * kvd, 71 + uint32_t(pos0));
-            const std::vector<float> v = randn(size_t(n_pos) * kvd, 73 + uint32_t(n));
-            const std::vector<float> q = randn(size_t(n) * s.n_heads * s.hd, 79, 2.0f);
-            KvCache kv(c, n_ctx, KvType::F16);
-            kv.write(0, 0, n_pos, k.data(), v.data());
-            std::vector<float> want(q.size()), scratch(size_t(2 * cpu::attention_scratch(c, n_ctx)));
-            cpu::attention(want.data(), q.data(), kv, 0, pos0, n, c, scratch.data(), pool);
+            const auto [q, k, v, want] = test::attention_case(c, n_ctx, pos0, n, 71 + uint32_t(pos0 + n), pool);
             INFO("heads " << s.n_heads << "/" << s.n_kv << " hd " << s.hd << " pos0 " << pos0 << " n " << n);
             // P is rounded to f16 for P V: within 2^-12 of itself per weight (the host test measures about 1e-4
             // relative RMS error over the output)
