@@ -12,10 +12,11 @@ namespace kvgen::cpu {
 // 32 activations, for the legacy 32-weight blocks (and Q2_K, Q3_K).
 struct BlockA32 {
     float d;
+    float ds;        // d * (sum[0] + sum[1]): the block's sum in real units, for the weights' offsets and mins
     int32_t sum[2];  // sums of q over elements 0..15 and 16..31
     int16_t q[32];
 };
-static_assert(sizeof(BlockA32) == 76, "BlockA32");
+static_assert(sizeof(BlockA32) == 80, "BlockA32");
 
 // 256 activations, for Q4_K, Q5_K and Q6_K: one scale per super-block, so sub-block scales stay integers.
 struct BlockA256 {

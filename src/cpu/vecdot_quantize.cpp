@@ -31,6 +31,7 @@ void quantize_a32(const float* x, BlockA32* y, int64_t n) {
         for (int j = 0; j < 32; ++j) s[j / 16] += y[b].q[j] = quant(x[j], id);
         y[b].sum[0] = s[0];
         y[b].sum[1] = s[1];
+        y[b].ds = y[b].d * float(s[0] + s[1]);
     }
 }
 
