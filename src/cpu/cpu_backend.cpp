@@ -85,9 +85,9 @@ void CpuOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int n
     rmsnorm(xn, x, attn_norm_[size_t(l)].data(), n, c_.n_embd, c_.rms_eps);
     // note: one Activations for the three products, so the input is quantized once.
     Activations a(xn, n, c_.n_embd, a32_.data(), a256_.data(), prefill_);
-    cpu::matmul(q, a, L.wq, mm_scratch_.data(), pool_);
-    cpu::matmul(k, a, L.wk, mm_scratch_.data(), pool_);
-    cpu::matmul(v, a, L.wv, mm_scratch_.data(), pool_);
+    float* const ys[] = {q, k, v};
+    const WeightView* const ws[] = {&L.wq, &L.wk, &L.wv};
+    cpu::matmul_many(ys, a, ws, 3, mm_scratch_.data(), pool_);
 }
 
 void CpuOps::rope_store_kv(float* q, float* k, const float* v, int l, int n) {
@@ -109,8 +109,9 @@ void CpuOps::norm_swiglu(float* h, const float* x, int l, int n) {
     float* xn = xn_.data();
     rmsnorm(xn, x, ffn_norm_[size_t(l)].data(), n, c_.n_embd, c_.rms_eps);
     Activations a(xn, n, c_.n_embd, a32_.data(), a256_.data(), prefill_);  // shared by gate and up
-    cpu::matmul(h, a, L.w_gate, mm_scratch_.data(), pool_);
-    cpu::matmul(up_.data(), a, L.w_up, mm_scratch_.data(), pool_);
+    float* const ys[] = {h, up_.data()};
+    const WeightView* const ws[] = {&L.w_gate, &L.w_up};
+    cpu::matmul_many(ys, a, ws, 2, mm_scratch_.data(), pool_);
     swiglu(h, up_.data(), int64_t(n) * c_.n_ff);
 }
 

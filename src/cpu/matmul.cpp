@@ -58,6 +58,33 @@ void matmul(float* y, Activations& x, const WeightView& w, float* scratch, Threa
     });
 }
 
+void matmul_many(float* const* ys, Activations& x, const WeightView* const* ws, int count, float* scratch,
+                 ThreadPool& pool) {
+    constexpr int kMax = 4;
+    KVGEN_ASSERT(count >= 1 && count <= kMax);
+    const void* xq[kMax];
+    int64_t stride[kMax] = {}, total = 0;
+    for (int i = 0; i < count; ++i) {
+        const WeightView& w = *ws[i];
+        KVGEN_ASSERT(w.tensor != nullptr && w.cols == x.cols());
+        const ActFormat f = act_format(w.type);
+        xq[i] = (f == ActFormat::None || x.f32()) ? nullptr : x.quantized(f, pool, &stride[i]);  // before the region
+        total += w.rows;
+    }
+    const int n = x.n();
+    pool.parallel_for(total, [&](int64_t r0, int64_t r1, int t) {
+        int64_t base = 0;  // the first row of weight i in the joint numbering
+        for (int i = 0; i < count; ++i) {
+            const WeightView& w = *ws[i];
+            const int64_t lo = (r0 > base ? r0 : base) - base, hi = (r1 < base + w.rows ? r1 : base + w.rows) - base;
+            if (lo < hi)
+                kRows(ys[i], x.x(), x.f32(), xq[i], stride[i], w, n, lo, hi,
+                      scratch + int64_t(t) * matmul_scratch(w.cols));
+            base += w.rows;
+        }
+    });
+}
+
 void get_rows(float* out, const WeightView& w, const int32_t* rows, int n) {
     for (int i = 0; i < n; ++i) dequantize_row(w.type, w.row(rows[i]), out + int64_t(i) * w.cols, w.cols);
 }

@@ -45,6 +45,11 @@ inline int64_t matmul_scratch(int64_t cols) { return cols * 4; }
 // y: [n][w.rows]. scratch: threads x matmul_scratch(w.cols) floats.
 void matmul(float* y, Activations& x, const WeightView& w, float* scratch, ThreadPool& pool);
 
+// ys[i] = x ws[i]^T for count (at most 4) weights of the same input, in one parallel region over all their rows (Q,
+// K and V; gate and up): one wait for the threads instead of count. Each row's result is matmul's.
+void matmul_many(float* const* ys, Activations& x, const WeightView* const* ws, int count, float* scratch,
+                 ThreadPool& pool);
+
 // Rows `rows` of an embedding-like weight, decoded: out [n][w.cols].
 void get_rows(float* out, const WeightView& w, const int32_t* rows, int n);
 
