@@ -535,7 +535,8 @@ void check_cublas(cublasStatus_t st, const char* what) {
 }
 
 namespace {
-// out[n][ldo] columns [0, rows) = x[n][cols] . W^T for W = w[rows][cols] (f16, row-major).
+// out[n][ldo] columns [0, rows) = x[n][cols] . W^T for W = w[rows][cols] (f16, row-major; += when accumulate): f16
+// operands, f32 accumulation on the tensor cores (cuBLAS, on the handle's stream).
 void gemm_f16_rows(cublasHandle_t h, float* out, int64_t ldo, const __half* w, const __half* x, int64_t rows, int n,
                    int64_t cols, bool accumulate) {
     // Column-major, cuBLAS sees W as a cols x rows matrix to transpose and x as cols x n; out is rows x n, ldo apart.
@@ -546,11 +547,6 @@ void gemm_f16_rows(cublasHandle_t h, float* out, int64_t ldo, const __half* w, c
                  "cublasGemmEx");
 }
 }  // namespace
-
-void gemm_f16(cublasHandle_t h, float* out, const __half* w, const __half* x, int rows, int n, int cols,
-              bool accumulate) {
-    gemm_f16_rows(h, out, rows, w, x, rows, n, cols, accumulate);
-}
 
 void dequantize_rows_f16(__half* out, const DevWeight& w, int64_t r0, int64_t n_rows, cudaStream_t s) {
     KVGEN_ASSERT(w.cols % 32 == 0 && r0 >= 0 && r0 + n_rows <= w.rows);

@@ -85,10 +85,6 @@ void kv_rotate_rows(float* x, int64_t rows, int head_dim, cudaStream_t s);
 void swiglu(float* gate, const float* up, int64_t count, cudaStream_t s);
 void to_f16(__half* y, const float* x, int64_t count, cudaStream_t s);
 
-// out[n][rows] = x[n][cols] . W[rows][cols]^T (+= when accumulate): f16 operands, f32 accumulation on the tensor
-// cores (cuBLAS, on the handle's stream). Twin: the same product of the f16-rounded operands in double.
-void gemm_f16(cublasHandle_t h, float* out, const __half* w, const __half* x, int rows, int n, int cols,
-              bool accumulate);
 // Rows [r0, r0 + n_rows) of w (cols a multiple of 32) decoded to f16, row-major, into out (16-byte aligned). Twin:
 // dequantize_row of those rows, rounded to f16.
 void dequantize_rows_f16(__half* out, const DevWeight& w, int64_t r0, int64_t n_rows, cudaStream_t s);
