@@ -47,17 +47,6 @@ const void* Activations::quantized(ActFormat f, ThreadPool& pool, int64_t* strid
     return a32_;
 }
 
-void matmul(float* y, Activations& x, const WeightView& w, float* scratch, ThreadPool& pool) {
-    KVGEN_ASSERT(w.tensor != nullptr && w.cols == x.cols());
-    const ActFormat f = act_format(w.type);
-    int64_t stride = 0;
-    const int n = x.n();
-    const void* xq = (f == ActFormat::None || x.f32()) ? nullptr : x.quantized(f, pool, &stride);
-    pool.parallel_for(w.rows, [&](int64_t r0, int64_t r1, int t) {
-        kRows(y, x.x(), x.f32(), xq, stride, w, n, r0, r1, scratch + int64_t(t) * matmul_scratch(w.cols));
-    });
-}
-
 void matmul_many(float* const* ys, Activations& x, const WeightView* const* ws, int count, float* scratch,
                  ThreadPool& pool) {
     constexpr int kMax = 4;
@@ -83,6 +72,11 @@ void matmul_many(float* const* ys, Activations& x, const WeightView* const* ws, 
             base += w.rows;
         }
     });
+}
+
+void matmul(float* y, Activations& x, const WeightView& w, float* scratch, ThreadPool& pool) {
+    const WeightView* const ws[] = {&w};
+    matmul_many(&y, x, ws, 1, scratch, pool);
 }
 
 void get_rows(float* out, const WeightView& w, const int32_t* rows, int n) {
