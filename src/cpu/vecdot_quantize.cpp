@@ -2,6 +2,10 @@
 // it runs once per token and row while the dot products run once per weight.
 #include <cmath>
 
+#if defined(__x86_64__) || defined(__SSE2__)
+#include <immintrin.h>
+#endif
+
 #include "cpu/vecdot.h"
 
 namespace kvgen::cpu {
@@ -9,14 +13,28 @@ namespace kvgen::cpu {
 namespace {
 constexpr float kQMax = 32512.0f;
 
+// v rounded to the nearest integer, ties to even (std::nearbyint in the default rounding mode). note: on x86 one
+// conversion instruction; std::nearbyint and std::fmax are library calls there without SSE4.1 and -ffast-math, which
+// made this loop a visible share of a decode step.
+inline int round_even(float v) {
+#if defined(__x86_64__) || defined(__SSE2__)
+    return _mm_cvtss_si32(_mm_set_ss(v));
+#else
+    return int(std::nearbyint(v));
+#endif
+}
+
 inline int16_t quant(float v, float id) {
-    int q = int(std::nearbyint(v * id));
+    const int q = round_even(v * id);
     return int16_t(q > 32512 ? 32512 : q < -32512 ? -32512 : q);
 }
 
 inline float block_scale(const float* x, int n, float* id) {
     float amax = 0;
-    for (int j = 0; j < n; ++j) amax = std::fmax(amax, std::fabs(x[j]));
+    for (int j = 0; j < n; ++j) {
+        const float a = std::fabs(x[j]);
+        amax = a > amax ? a : amax;  // activations are finite
+    }
     const float d = amax / kQMax;
     *id = d > 0 ? 1.0f / d : 0.0f;
     return d;
