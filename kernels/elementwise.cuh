@@ -82,6 +82,13 @@ KVGEN_HD void rope_tables_item(int g, const int* __restrict__ d_pos0, int half, 
 }
 
 // Item g = (token, head, pair j < half) of x [n][n_heads][head_dim].
+// One RoPE pair (a, b) turned by the angle whose cosine and sine are c and sn.
+KVGEN_HD void rope_pair(float& a, float& b, float c, float sn) {
+    const float ra = a * c - b * sn, rb = a * sn + b * c;
+    a = ra;
+    b = rb;
+}
+
 KVGEN_HD void rope_item(int64_t g, float* __restrict__ x, const float* __restrict__ cos_t,
                         const float* __restrict__ sin_t, int n_heads, int head_dim, int half) {
     const int j = int(g % half);
@@ -89,9 +96,7 @@ KVGEN_HD void rope_item(int64_t g, float* __restrict__ x, const float* __restric
     const int i = int(ih / n_heads);
     float* v = x + ih * head_dim;
     const float c = cos_t[int64_t(i) * half + j], sn = sin_t[int64_t(i) * half + j];
-    const float a = v[2 * j], b = v[2 * j + 1];
-    v[2 * j] = a * c - b * sn;
-    v[2 * j + 1] = a * sn + b * c;
+    rope_pair(v[2 * j], v[2 * j + 1], c, sn);
 }
 
 // Item g = (token i, KV head h, pair j of head_dim / 2): K rotated (pairs below half_rope; cos_t null: none) and V,
@@ -109,9 +114,7 @@ KVGEN_HD void store_kv_item(int64_t g, const float* __restrict__ k, const float*
     float a = kr[2 * j], b = kr[2 * j + 1];
     if (cos_t && j < half_rope) {
         const float c = cos_t[int64_t(i) * half_rope + j], sn = sin_t[int64_t(i) * half_rope + j];
-        const float ra = a * c - b * sn, rb = a * sn + b * c;
-        a = ra;
-        b = rb;
+        rope_pair(a, b, c, sn);
     }
     const int64_t dst = kv.row(h, *d_pos0 + i) + 2 * j;
     *reinterpret_cast<__half2*>(kc + dst) = __floats2half2_rn(a, b);

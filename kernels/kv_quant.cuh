@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "common/hd.h"
+#include "elementwise.cuh"
 #include "engine/kv_layout.h"
 #include "engine/kv_rotation.h"
 
@@ -162,12 +163,8 @@ KVGEN_HD void store_kv_row_item(int64_t g, const float* __restrict__ k, const fl
     float x[kMaxHd];
     for (int j = 0; j < hd; ++j) x[j] = src[j];
     if (c == 0 && cos_t)
-        for (int j = 0; j < half_rope; ++j) {
-            const float cs = cos_t[int64_t(i) * half_rope + j], sn = sin_t[int64_t(i) * half_rope + j];
-            const float a = x[2 * j], b = x[2 * j + 1];
-            x[2 * j] = a * cs - b * sn;
-            x[2 * j + 1] = a * sn + b * cs;
-        }
+        for (int j = 0; j < half_rope; ++j)
+            rope_pair(x[2 * j], x[2 * j + 1], cos_t[int64_t(i) * half_rope + j], sin_t[int64_t(i) * half_rope + j]);
     const KvType t = c == 0 ? kv.k_type : kv.v_type;
     const int64_t rb = KvLayout::row_bytes(t, hd);
     kv_store_row(t, x, (c == 0 ? kc : vc) + (int64_t(h) * kv.n_ctx + *d_pos0 + i) * rb, hd);
