@@ -2,8 +2,8 @@
 // The CUDA KV cache in any of its types (KvLayout: f16, or ggml's Q8_0 / Q4_0 blocks of 32 per row, stored in the
 // rotated basis of engine/kv_rotation.h): reading E consecutive values of a cached row, and writing a row. The
 // decoded values are the CPU's (kv_decode_row before its rotation back: d * q in f32), and a written row is the CPU's
-// bytes (kv_encode_row: H x per piece, then quantize_row_q8_0 / q4_0's arithmetic, kept from fused multiply-adds),
-// so a cache written by either backend reads the same on the other (a prompt-cache file moves between them).
+// bytes (kv_encode_row: H x per piece, then quantize_row_q8_0's arithmetic or kv_q4_0_levels, kept from fused
+// multiply-adds), so a cache written by either backend reads the same on the other (a prompt-cache file moves between them).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -13,6 +13,7 @@
 
 #include "common/hd.h"
 #include "elementwise.cuh"
+#include "engine/kv_blocks.h"
 #include "engine/kv_layout.h"
 #include "engine/kv_rotation.h"
 
@@ -86,24 +87,8 @@ KVGEN_HD void kv_load(KvType t, const uint8_t* row, int j0, float (&out)[E]) {
     for (int e = 0; e < E; ++e) out[e] = reinterpret_cast<const float*>(row)[j0 + e];  // F32 (not on the GPU)
 }
 
-// x * y and x * y + z rounded as the CPU rounds them: one product, then one sum (never a fused multiply-add).
-KVGEN_HD float kv_mul(float x, float y) {
-#if defined(__CUDA_ARCH__)
-    return __fmul_rn(x, y);
-#else
-    return x * y;
-#endif
-}
-KVGEN_HD float kv_add(float x, float y) {
-#if defined(__CUDA_ARCH__)
-    return __fadd_rn(x, y);
-#else
-    return x + y;
-#endif
-}
-
 // One row of head_dim values x (changed: rotated when t is quantized) stored as type t at dst: quantize_row_q8_0 /
-// quantize_row_q4_0 of H x per piece, or f16 (F32 too, for completeness).
+// kv_q4_0_levels of H x per piece, or f16 (F32 too, for completeness).
 KVGEN_HD void kv_store_row(KvType t, float* x, uint8_t* dst, int hd) {
     if (t == KvType::F16) {
         for (int j = 0; j < hd; j += 2) {
@@ -127,23 +112,12 @@ KVGEN_HD void kv_store_row(KvType t, float* x, uint8_t* dst, int hd) {
             const __half dh = __float2half_rn(d);
             memcpy(y, &dh, sizeof(dh));
             for (int j = 0; j < 32; ++j) y[2 + j] = uint8_t(int8_t(roundf(kv_mul(xb[j], id))));
-        } else {  // Q4_0: the scale takes the sign of the value of largest magnitude, which maps to -8
+        } else {  // Q4_0: the levels and scale of kv_q4_0_levels
             uint8_t* y = dst + 18 * b;
-            float amax = 0.0f, m = 0.0f;
-            for (int j = 0; j < 32; ++j)
-                if (fabsf(xb[j]) > amax) {
-                    amax = fabsf(xb[j]);
-                    m = xb[j];
-                }
-            const float d = m / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-            const __half dh = __float2half_rn(d);
+            int8_t l[32];
+            const __half dh = __float2half_rn(kv_q4_0_levels(xb, l));
             memcpy(y, &dh, sizeof(dh));
-            for (int j = 0; j < 16; ++j) {
-                const int lo0 = int(int8_t(kv_add(kv_mul(xb[j], id), 8.5f)));
-                const int hi0 = int(int8_t(kv_add(kv_mul(xb[j + 16], id), 8.5f)));
-                const int lo = lo0 < 15 ? lo0 : 15, hi = hi0 < 15 ? hi0 : 15;
-                y[2 + j] = uint8_t(lo | (hi << 4));
-            }
+            kv_q4_0_pack(l, y + 2);
         }
     }
 }

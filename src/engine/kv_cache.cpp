@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "common/half.h"
+#include "engine/kv_blocks.h"
 #include "engine/kv_rotation.h"
 #include "model/dequant.h"
 #include "model/quantize.h"
@@ -47,7 +48,13 @@ void kv_encode_row(KvType t, const float* x, void* dst, int head_dim, float* tmp
             if (t == KvType::Q8_0)
                 quantize_row_q8_0(tmp, dst, head_dim);
             else
-                quantize_row_q4_0(tmp, dst, head_dim);
+                for (int b = 0; b < head_dim / 32; ++b) {
+                    auto* y = static_cast<uint8_t*>(dst) + 18 * b;
+                    int8_t l[32];
+                    const uint16_t d = fp32_to_fp16(kv_q4_0_levels(tmp + 32 * b, l));
+                    std::memcpy(y, &d, 2);
+                    kv_q4_0_pack(l, y + 2);
+                }
             return;
     }
 }
