@@ -60,7 +60,8 @@ void add(float* x, const float* y, int64_t count) {
 }
 
 int64_t attention_scratch(const Config& c, int n_ctx) {
-    return c.head_dim + int64_t(c.n_rep()) * n_ctx + int64_t(c.n_rep()) * c.head_dim;
+    // a tile's decoded K or V rows, the scores, the rotated query
+    return kAttentionRowTile * int64_t(c.head_dim) + int64_t(c.n_rep()) * n_ctx + int64_t(c.n_rep()) * c.head_dim;
 }
 
 void attention(float* out, const float* q, const KvCache& kv, int l, int pos0, int n, const Config& c,

@@ -26,6 +26,8 @@ void add(float* x, const float* y, int64_t count);
 void attention(float* out, const float* q, const KvCache& kv, int l, int pos0, int n, const Config& c,
                float* scratch, ThreadPool& pool);
 int64_t attention_scratch(const Config& c, int n_ctx);
+// The positions whose K or V rows attention decodes at a time (into its scratch).
+constexpr int kAttentionRowTile = 32;
 
 namespace kernels {
 // One (token, KV head) pair per work item, for items [w0, w1) of n_items = n_tokens * n_kv_heads.
