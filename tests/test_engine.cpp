@@ -369,6 +369,42 @@ TEST_CASE("attention over a quantized cache is attention over its decoded values
     }
 }
 
+TEST_CASE("CPU attention gives the same bits on 1, 2 or 3 threads, whole items or split across the threads",
+          "[engine][kv][invariant]") {
+    // note: with fewer than two (token, KV head) items per thread and a long context, attention splits each item's
+    // positions, query heads and columns across the threads; every element must still be computed as one thread
+    // computes it
+    struct Shape {
+        int n_heads, n_kv, hd;
+        KvType kt, vt;
+    };
+    for (const Shape sh : {Shape{9, 3, 64, KvType::F16, KvType::F16}, Shape{9, 3, 64, KvType::Q8_0, KvType::Q8_0},
+                           Shape{9, 3, 64, KvType::Q4_0, KvType::Q4_0}, Shape{4, 1, 128, KvType::Q4_0, KvType::F16},
+                           Shape{6, 2, 40, KvType::F16, KvType::F32}, Shape{6, 2, 96, KvType::F16, KvType::Q8_0}}) {
+        const Config c = test::attention_config(sh.n_heads, sh.n_kv, sh.hd);
+        const int n_ctx = 1100;
+        for (const auto& [pos0, n] : {std::pair{700, 1}, std::pair{1020, 2}, std::pair{300, 1}}) {
+            INFO(kv_types_name(sh.kt, sh.vt) << " heads " << sh.n_heads << "/" << sh.n_kv << " hd " << sh.hd << " pos0 "
+                                             << pos0 << " n " << n);
+            const std::vector<float> q = test::randn(size_t(n) * size_t(c.n_heads) * size_t(c.head_dim), 3, 2.0f);
+            const std::vector<float> k = test::randn(size_t(pos0 + n) * size_t(sh.n_kv) * size_t(sh.hd), 4, 1.0f);
+            const std::vector<float> v = test::randn(size_t(pos0 + n) * size_t(sh.n_kv) * size_t(sh.hd), 5, 1.0f);
+            KvCache kv(c, n_ctx, sh.kt, sh.vt);
+            kv.write(0, 0, pos0 + n, k.data(), v.data());
+            std::vector<std::vector<float>> outs;
+            for (int threads : {1, 2, 3}) {
+                cpu::ThreadPool pool(threads);
+                std::vector<float> scratch(size_t(threads * cpu::attention_scratch(c, n_ctx)));
+                std::vector<float> out(q.size(), -1.0f);
+                cpu::attention(out.data(), q.data(), kv, 0, pos0, n, c, scratch.data(), pool);
+                outs.push_back(std::move(out));
+            }
+            CHECK(outs[0] == outs[1]);
+            CHECK(outs[0] == outs[2]);
+        }
+    }
+}
+
 TEST_CASE("cached and --no-kv-cache greedy runs with a q8_0 and a q4_0 cache: logits closer than the cache type "
           "moves them, parting only at a near-tie",
           "[engine][kv][invariant]") {

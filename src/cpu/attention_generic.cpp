@@ -1,3 +1,5 @@
 #include "cpu/ops.h"
 #define KVGEN_ATTENTION_ITEMS attention_items_generic
+#define KVGEN_ATTENTION_SCORES attention_scores_generic
+#define KVGEN_ATTENTION_VALUES attention_values_generic
 #include "cpu/attention_kernels.inc"

@@ -1,15 +1,27 @@
 #include "cpu/ops.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "cpu/cpu_features.h"
+#include "engine/kv_rotation.h"
 
 namespace kvgen::cpu {
 
 namespace {
-using ItemsFn = void (*)(float*, const float*, const KvCache&, int, int, const Config&, int64_t, int64_t, int64_t,
-                        float*);
-const ItemsFn kItems = has_avx2() ? kernels::attention_items_avx2 : kernels::attention_items_generic;
+struct AttentionKernels {
+    decltype(&kernels::attention_items_generic) items;
+    decltype(&kernels::attention_scores_generic) scores;
+    decltype(&kernels::attention_values_generic) values;
+};
+const AttentionKernels kAttention =
+    has_avx2() ? AttentionKernels{kernels::attention_items_avx2, kernels::attention_scores_avx2,
+                                  kernels::attention_values_avx2}
+               : AttentionKernels{kernels::attention_items_generic, kernels::attention_scores_generic,
+                                  kernels::attention_values_generic};
+// Positions per work item of a split item's scores (a multiple of the kernels' tiles).
+constexpr int kSplitPositions = 256;
 }  // namespace
 
 void rmsnorm(float* out, const float* x, const float* w, int n, int dim, float eps) {
@@ -60,17 +72,94 @@ void add(float* x, const float* y, int64_t count) {
 }
 
 int64_t attention_scratch(const Config& c, int n_ctx) {
-    // a tile's decoded K or V rows, the scores, the rotated query
-    return kAttentionRowTile * int64_t(c.head_dim) + int64_t(c.n_rep()) * n_ctx + int64_t(c.n_rep()) * c.head_dim;
+    // a tile's decoded K or V rows; the scores and the rotated query of two items (one when items run whole)
+    return kAttentionRowTile * int64_t(c.head_dim) + 2 * (int64_t(c.n_rep()) * n_ctx + int64_t(c.n_rep()) * c.head_dim);
 }
+
+namespace kernels {
+
+const float* attention_query(float* q_rot, const float* q, const KvCache& kv, int i, int g, const Config& c) {
+    const int hd = c.head_dim, n_rep = c.n_rep();
+    const float* qg = q + (int64_t(i) * c.n_heads + int64_t(g) * n_rep) * hd;
+    if (!kv_type_quantized(kv.k_type())) return qg;
+    for (int j = 0; j < n_rep * hd; ++j) q_rot[j] = qg[j];
+    kv_rotate_scaled(q_rot, n_rep * hd, hd);
+    return q_rot;
+}
+
+void attention_softmax(float* s, int n_pos, float* o, int hd) {
+    // note: scores stay f32 although K/V may be f16; exp() needs the range.
+    float mx = s[0];
+    for (int t = 1; t < n_pos; ++t) mx = s[t] > mx ? s[t] : mx;
+    float sum = 0.0f;
+    for (int t = 0; t < n_pos; ++t) {
+        s[t] = std::exp(s[t] - mx);
+        sum += s[t];
+    }
+    const float inv = 1.0f / sum;
+    for (int t = 0; t < n_pos; ++t) s[t] *= inv;
+    for (int j = 0; j < hd; ++j) o[j] = 0.0f;
+}
+
+}  // namespace kernels
 
 void attention(float* out, const float* q, const KvCache& kv, int l, int pos0, int n, const Config& c,
                float* scratch, ThreadPool& pool) {
     const int64_t per_thread = attention_scratch(c, kv.n_ctx());
     const int64_t n_items = int64_t(n) * c.n_kv_heads;
-    pool.parallel_for(n_items, [&](int64_t w0, int64_t w1, int t) {
-        kItems(out, q, kv, l, pos0, c, n_items, w0, w1, scratch + per_thread * t);
+    const int threads = pool.size(), hd = c.head_dim, n_rep = c.n_rep();
+    // note: an item is one (token, KV head) pair. With fewer than two per thread and a long context (one generated
+    // token of a model with few KV heads), the threads would idle while one finishes, so each item is split: its
+    // scores by ranges of positions, its softmax by query head, its values by ranges of 32 columns. Every element
+    // is computed by the same kernels in the same order either way, so the results do not depend on the split.
+    if (threads == 1 || n_items >= 2 * threads || pos0 + n < 2 * kSplitPositions) {
+        pool.parallel_for(n_items, [&](int64_t w0, int64_t w1, int t) {
+            kAttention.items(out, q, kv, l, pos0, c, n_items, w0, w1, scratch + per_thread * t);
+        });
+        return;
+    }
+    const int64_t stride = kv.n_ctx();
+    const int64_t rows_size = kAttentionRowTile * int64_t(hd), scores_size = int64_t(n_rep) * stride;
+    // item w's scores and rotated query: slot w % 2 of thread w / 2's scratch (n_items < 2 * threads)
+    auto item_scores = [&](int64_t w) { return scratch + per_thread * (w / 2) + rows_size + (w % 2) * scores_size; };
+    auto item_query = [&](int64_t w) {
+        return scratch + per_thread * (w / 2) + rows_size + 2 * scores_size + (w % 2) * int64_t(n_rep) * hd;
+    };
+    auto item_pos = [&](int64_t w) { return pos0 + int(w / c.n_kv_heads) + 1; };
+    std::vector<const float*> qg(static_cast<size_t>(n_items));
+    for (int64_t w = 0; w < n_items; ++w)
+        qg[size_t(w)] = kernels::attention_query(item_query(w), q, kv, int(w / c.n_kv_heads),
+                                                 int(w % c.n_kv_heads), c);
+    const int64_t chunks = (pos0 + n + kSplitPositions - 1) / kSplitPositions;
+    pool.parallel_for(n_items * chunks, [&](int64_t u0, int64_t u1, int t) {
+        for (int64_t u = u0; u < u1; ++u) {
+            const int64_t w = u / chunks;
+            const int t0 = int(u % chunks) * kSplitPositions, t1 = std::min(item_pos(w), t0 + kSplitPositions);
+            if (t0 < t1)
+                kAttention.scores(item_scores(w), stride, qg[size_t(w)], kv, l, int(w % c.n_kv_heads), t0, t1, c,
+                                  scratch + per_thread * t);
+        }
     });
+    auto item_out = [&](int64_t w) {
+        return out + (int64_t(w / c.n_kv_heads) * c.n_heads + int64_t(w % c.n_kv_heads) * n_rep) * hd;
+    };
+    pool.parallel_for(n_items * n_rep, [&](int64_t u0, int64_t u1, int) {
+        for (int64_t u = u0; u < u1; ++u) {
+            const int64_t w = u / n_rep;
+            const int r = int(u % n_rep);
+            kernels::attention_softmax(item_scores(w) + r * stride, item_pos(w), item_out(w) + r * hd, hd);
+        }
+    });
+    const int col = hd % 32 == 0 ? 32 : hd, cols = hd / col;
+    pool.parallel_for(n_items * cols, [&](int64_t u0, int64_t u1, int t) {
+        for (int64_t u = u0; u < u1; ++u) {
+            const int64_t w = u / cols;
+            kAttention.values(item_out(w), item_scores(w), stride, kv, l, int(w % c.n_kv_heads), item_pos(w),
+                              int(u % cols) * col, col, c, scratch + per_thread * t);
+        }
+    });
+    if (kv_type_quantized(kv.v_type()))
+        for (int64_t w = 0; w < n_items; ++w) kv_rotate_scaled(item_out(w), n_rep * hd, hd);
 }
 
 }  // namespace kvgen::cpu

@@ -30,11 +30,30 @@ int64_t attention_scratch(const Config& c, int n_ctx);
 constexpr int kAttentionRowTile = 32;
 
 namespace kernels {
-// One (token, KV head) pair per work item, for items [w0, w1) of n_items = n_tokens * n_kv_heads.
+// One (token, KV head) pair per work item, for items [w0, w1) of n_items = n_tokens * n_kv_heads: the scores, their
+// softmax and the weighted values of the group's n_rep query heads. scratch: attention_scratch floats.
 void attention_items_avx2(float* out, const float* q, const KvCache& kv, int l, int pos0, const Config& c,
                           int64_t n_items, int64_t w0, int64_t w1, float* scratch);
 void attention_items_generic(float* out, const float* q, const KvCache& kv, int l, int pos0, const Config& c,
                              int64_t n_items, int64_t w0, int64_t w1, float* scratch);
+// The parts of one item, for splitting an item's positions or columns across threads (each element is computed as
+// the items function computes it). scores: [n_rep] rows `stride` apart, positions [t0, t1) of KV head g, from qg
+// (attention_query's); rows: kAttentionRowTile * head_dim floats.
+void attention_scores_avx2(float* scores, int64_t stride, const float* qg, const KvCache& kv, int l, int g, int t0,
+                           int t1, const Config& c, float* rows);
+void attention_scores_generic(float* scores, int64_t stride, const float* qg, const KvCache& kv, int l, int g, int t0,
+                              int t1, const Config& c, float* rows);
+// og[r][j0, j0 + width) (after attention_softmax zeroed it) += the softmaxed scores' weighted V columns over
+// positions 0 .. n_pos; j0 and width multiples of 32 where V is quantized.
+void attention_values_avx2(float* og, const float* scores, int64_t stride, const KvCache& kv, int l, int g, int n_pos,
+                           int j0, int width, const Config& c, float* rows);
+void attention_values_generic(float* og, const float* scores, int64_t stride, const KvCache& kv, int l, int g,
+                              int n_pos, int j0, int width, const Config& c, float* rows);
+// The query heads of token i's group g as attention reads them: q itself, or turned into q_rot ([n_rep][head_dim])
+// where K is quantized (the rotated basis of kv_rotation.h).
+const float* attention_query(float* q_rot, const float* q, const KvCache& kv, int i, int g, const Config& c);
+// s[0..n_pos) <- softmax(s), and o[0..hd) <- 0.
+void attention_softmax(float* s, int n_pos, float* o, int hd);
 }  // namespace kernels
 
 }  // namespace kvgen::cpu
