@@ -3,7 +3,8 @@
 // rotated basis of engine/kv_rotation.h): reading E consecutive values of a cached row, and writing a row. The
 // decoded values are the CPU's (kv_decode_row before its rotation back: d * q in f32), and a written row is the CPU's
 // bytes (kv_encode_row: H x per piece, then quantize_row_q8_0's arithmetic or kv_q4_0_levels, kept from fused
-// multiply-adds), so a cache written by either backend reads the same on the other (a prompt-cache file moves between them).
+// multiply-adds), so a cache written by either backend reads the same on the other (a prompt-cache file moves
+// between them).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 

@@ -1,15 +1,19 @@
 // CPU kernels: every quantized type's integer dot product (AVX2 and portable builds) against dequantize-then-dot
-// in f64, for 1 to 4 tokens at once; the activation quantizers' round trip; the thread pool.
+// in f64, for 1 to 4 tokens at once; the activation quantizers' round trip; the thread pool; the portable attention
+// build against the AVX2 one.
 #include <atomic>
 #include <cmath>
 #include <random>
 
 #include "cpu/cpu_features.h"
 #include "cpu/matmul.h"
+#include "cpu/ops.h"
 #include "cpu/thread_pool.h"
 #include "cpu/vecdot.h"
+#include "engine/kv_rotation.h"
 #include "model/dequant.h"
 #include "synth/synth.h"
+#include "cuda_test_util.h"
 #include "test_util.h"
 
 using namespace kvgen;
@@ -98,4 +102,49 @@ TEST_CASE("the thread pool covers every index once, for any thread count", "[cpu
         }
     }
     CHECK(ThreadPool::physical_cores() >= 1);
+}
+
+TEST_CASE("the portable attention build: whole items equal its split parts bit for bit, and the AVX2 build within "
+          "rounding",
+          "[cpu][attention]") {
+    const Config c = test::attention_config(9, 3, 64);
+    const int n_ctx = 300, pos0 = 290, n = 2;
+    const std::vector<float> q = test::randn(size_t(n) * 9 * 64, 7, 2.0f);
+    const std::vector<float> k = test::randn(size_t(pos0 + n) * 3 * 64, 8, 1.0f);
+    const std::vector<float> v = test::randn(size_t(pos0 + n) * 3 * 64, 9, 1.0f);
+    for (KvType t : {KvType::F16, KvType::Q8_0, KvType::Q4_0}) {
+        INFO(kv_type_name(t));
+        KvCache kv(c, n_ctx, t, t);
+        kv.write(0, 0, pos0 + n, k.data(), v.data());
+        std::vector<float> scratch(size_t(attention_scratch(c, n_ctx)));
+        const int64_t n_items = int64_t(n) * 3;
+        std::vector<float> whole(q.size()), parts(q.size());
+        kernels::attention_items_generic(whole.data(), q.data(), kv, 0, pos0, c, n_items, 0, n_items, scratch.data());
+        // the same items from their parts, positions and columns in uneven pieces
+        std::vector<float> scores(size_t(3 * n_ctx)), q_rot(3 * 64), rows(size_t(kAttentionRowTile * 64));
+        for (int i = 0; i < n; ++i)
+            for (int g = 0; g < 3; ++g) {
+                const int n_pos = pos0 + i + 1;
+                const float* qg = kernels::attention_query(q_rot.data(), q.data(), kv, i, g, c);
+                kernels::attention_scores_generic(scores.data(), n_ctx, qg, kv, 0, g, 0, 104, c, rows.data());
+                kernels::attention_scores_generic(scores.data(), n_ctx, qg, kv, 0, g, 104, n_pos, c, rows.data());
+                float* og = parts.data() + (size_t(i) * 9 + size_t(g) * 3) * 64;
+                for (int r = 0; r < 3; ++r)
+                    kernels::attention_softmax(scores.data() + r * n_ctx, n_pos, og + r * 64, 64);
+                kernels::attention_values_generic(og, scores.data(), n_ctx, kv, 0, g, n_pos, 0, 32, c, rows.data());
+                kernels::attention_values_generic(og, scores.data(), n_ctx, kv, 0, g, n_pos, 32, 32, c, rows.data());
+                if (t != KvType::F16) kv_rotate_scaled(og, 3 * 64, 64);
+            }
+        CHECK(whole == parts);
+        if (has_avx2()) {
+            std::vector<float> avx2(q.size());
+            kernels::attention_items_avx2(avx2.data(), q.data(), kv, 0, pos0, c, n_items, 0, n_items, scratch.data());
+            float worst = 0, scale = 0;
+            for (size_t j = 0; j < q.size(); ++j) {
+                worst = std::max(worst, std::fabs(avx2[j] - whole[j]));
+                scale = std::max(scale, std::fabs(whole[j]));
+            }
+            CHECK(worst <= 1e-5f * scale);
+        }
+    }
 }
