@@ -10,7 +10,6 @@
 #include "cpu/ops.h"
 #include "cpu/thread_pool.h"
 #include "cpu/vecdot.h"
-#include "engine/kv_rotation.h"
 #include "model/dequant.h"
 #include "synth/synth.h"
 #include "cuda_test_util.h"
@@ -133,7 +132,7 @@ TEST_CASE("the portable attention build: whole items equal its split parts bit f
                     kernels::attention_softmax(scores.data() + r * n_ctx, n_pos, og + r * 64, 64);
                 kernels::attention_values_generic(og, scores.data(), n_ctx, kv, 0, g, n_pos, 0, 32, c, rows.data());
                 kernels::attention_values_generic(og, scores.data(), n_ctx, kv, 0, g, n_pos, 32, 32, c, rows.data());
-                if (t != KvType::F16) kv_rotate_scaled(og, 3 * 64, 64);
+                kernels::attention_output(og, kv, c);
             }
         CHECK(whole == parts);
         if (has_avx2()) {

@@ -87,6 +87,10 @@ const float* attention_query(float* q_rot, const float* q, const KvCache& kv, in
     return q_rot;
 }
 
+void attention_output(float* og, const KvCache& kv, const Config& c) {
+    if (kv_type_quantized(kv.v_type())) kv_rotate_scaled(og, c.n_rep() * c.head_dim, c.head_dim);
+}
+
 void attention_softmax(float* s, int n_pos, float* o, int hd) {
     // note: scores stay f32 although K/V may be f16; exp() needs the range.
     float mx = s[0];
@@ -158,8 +162,7 @@ void attention(float* out, const float* q, const KvCache& kv, int l, int pos0, i
                               int(u % cols) * col, col, c, scratch + per_thread * t);
         }
     });
-    if (kv_type_quantized(kv.v_type()))
-        for (int64_t w = 0; w < n_items; ++w) kv_rotate_scaled(item_out(w), n_rep * hd, hd);
+    for (int64_t w = 0; w < n_items; ++w) kernels::attention_output(item_out(w), kv, c);
 }
 
 }  // namespace kvgen::cpu

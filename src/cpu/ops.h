@@ -52,6 +52,9 @@ void attention_values_generic(float* og, const float* scores, int64_t stride, co
 // The query heads of token i's group g as attention reads them: q itself, or turned into q_rot ([n_rep][head_dim])
 // where K is quantized (the rotated basis of kv_rotation.h).
 const float* attention_query(float* q_rot, const float* q, const KvCache& kv, int i, int g, const Config& c);
+// A group's output rows og ([n_rep][head_dim]) as attention returns them: turned back from the rotated basis where V
+// is quantized.
+void attention_output(float* og, const KvCache& kv, const Config& c);
 // s[0..n_pos) <- softmax(s), and o[0..hd) <- 0.
 void attention_softmax(float* s, int n_pos, float* o, int hd);
 }  // namespace kernels
