@@ -87,15 +87,22 @@ struct DeviceThread {
 // flight per warp (a long cache is a stream of small rows), then folded into the softmax in order. kb and vb point
 // at one KV head's rows, which follow each other kv.k_row_bytes() (v_row_bytes()) apart, in the cache's types.
 // F16: the cache is f16 in K and V, read without a type switch (a loop with one costs about a third more registers).
+// koff (not F16; null: none): the head's key offset, added back to the K rows from kKvOffsetPositions on, which hold
+// k - offset (engine/kv_offset.h).
 #pragma nv_exec_check_disable
 template <int NQ, int E, bool F16, class Ctx>
 KVGEN_HD void warp_attend_typed(const Ctx& ctx, const float (&q)[NQ][E], const uint8_t* kb, const uint8_t* vb,
-                                const KvLayout& kv, int t0, int t1, int step, float (&m)[NQ], float (&l)[NQ],
-                                float (&o)[NQ][E]) {
+                                const float* koff, const KvLayout& kv, int t0, int t1, int step, float (&m)[NQ],
+                                float (&l)[NQ], float (&o)[NQ][E]) {
     constexpr int P = E <= 4 ? 4 : 2;  // positions per batch (registers: 2 P E floats)
     const int lane = ctx.thread() % 32;
     const KvType kt = kv.k_type, vt = kv.v_type;
     const int64_t krb = F16 ? 64 * E : kv.k_row_bytes(), vrb = F16 ? 64 * E : kv.v_row_bytes();  // f16: 2 hd bytes
+    float kc[F16 ? 1 : E];  // the lane's columns of koff (zeros without)
+    if constexpr (!F16) {
+#pragma unroll
+        for (int e = 0; e < E; ++e) kc[e] = koff ? koff[lane * E + e] : 0.0f;
+    }
     for (int t = t0; t < t1; t += P * step) {
         float kr[P][E], vv[P][E];
 #pragma unroll
@@ -108,6 +115,9 @@ KVGEN_HD void warp_attend_typed(const Ctx& ctx, const float (&q)[NQ][E], const u
                 } else {
                     kv_load<E>(kt, kb + int64_t(tp) * krb, lane * E, kr[p]);
                     kv_load<E>(vt, vb + int64_t(tp) * vrb, lane * E, vv[p]);
+                    if (tp >= kKvOffsetPositions)
+#pragma unroll
+                        for (int e = 0; e < E; ++e) kr[p][e] += kc[e];
                 }
             } else {
 #pragma unroll
@@ -198,13 +208,15 @@ constexpr int kAttnDecodeShared = kAttnWarps* NQ*(32 * E + 2);
 // With counters ([n_heads / NQ] ints, zero between launches), the combine is folded in: each block counts itself
 // done on its head group's counter after a fence, and the group's last block combines the splits into out and sets
 // the counter back to zero; without, attention_combine_body runs as a kernel of its own. F16: an f16 cache (else any
-// type kv says, E 2 or 4), so each kernel holds one loop and only its registers.
+// type kv says, E 2 or 4), so each kernel holds one loop and only its registers. k_offsets: the layer's key offsets
+// [n_kv_heads][hd] where K carries them (KvLayout::k_offsets), else null.
 #pragma nv_exec_check_disable
 template <int NQ, int E, bool F16, class Ctx>
 KVGEN_HD void attention_decode_body(const Ctx& ctx, const float* __restrict__ q, const uint8_t* __restrict__ kc,
-                                    const uint8_t* __restrict__ vc, const int* __restrict__ d_pos0, int n_rep,
-                                    const KvLayout& kv, int splits, float scale, float* __restrict__ partials,
-                                    int* __restrict__ counters, float* __restrict__ out) {
+                                    const uint8_t* __restrict__ vc, const float* __restrict__ k_offsets,
+                                    const int* __restrict__ d_pos0, int n_rep, const KvLayout& kv, int splits,
+                                    float scale, float* __restrict__ partials, int* __restrict__ counters,
+                                    float* __restrict__ out) {
     constexpr int hd = 32 * E;
     const int h0 = ctx.block_x() * NQ, g = h0 / n_rep, sp = ctx.block_y();
     const int warp = ctx.thread() / 32, lane = ctx.thread() % 32;
@@ -216,8 +228,9 @@ KVGEN_HD void attention_decode_body(const Ctx& ctx, const float* __restrict__ q,
     float qr[NQ][E], m[NQ], l[NQ], o[NQ][E];
     load_query<NQ, E>(ctx, q + int64_t(h0) * hd, scale, qr, m, l, o);
     const int64_t base = kv.row_index(0, g, 0);
-    warp_attend_typed<NQ, E, F16>(ctx, qr, kc + base * kv.k_row_bytes(), vc + base * kv.v_row_bytes(), kv, t0 + warp,
-                                  t1, kAttnWarps, m, l, o);
+    const float* koff = k_offsets ? k_offsets + int64_t(g) * hd : nullptr;
+    warp_attend_typed<NQ, E, F16>(ctx, qr, kc + base * kv.k_row_bytes(), vc + base * kv.v_row_bytes(), koff, kv,
+                                  t0 + warp, t1, kAttnWarps, m, l, o);
 
     // combine the block's warps through shared memory [warp][NQ][hd + 2]
     float* sm = ctx.shared();
@@ -284,8 +297,8 @@ KVGEN_HD void attention_prefill_body(const Ctx& ctx, const float* __restrict__ q
     const int64_t base = kv.row_index(0, g, 0);
     // note: f16 only (a quantized cache prefills through flash_attention.cuh): the type switch in this unrolled loop
     // costs the kernel every register and spills.
-    warp_attend_typed<NQ, E, true>(ctx, qr, kc + base * kv.k_row_bytes(), vc + base * kv.v_row_bytes(), kv, 0,
-                                   *d_pos0 + i + 1, 1, m, l, o);
+    warp_attend_typed<NQ, E, true>(ctx, qr, kc + base * kv.k_row_bytes(), vc + base * kv.v_row_bytes(), nullptr, kv,
+                                   0, *d_pos0 + i + 1, 1, m, l, o);
 #pragma unroll
     for (int r = 0; r < NQ; ++r) {
         const float inv = 1.0f / l[r];
@@ -296,7 +309,8 @@ KVGEN_HD void attention_prefill_body(const Ctx& ctx, const float* __restrict__ q
 
 // Any even head_dim up to kAttnGenericMaxHd, for shapes the warp kernels above are not built for (a tiny model's 4):
 // item g = (query i, head h) of n x n_heads, one thread walking positions 0 ..= *d_pos0 + i with an online softmax.
-// Slow, and only used where nothing else runs.
+// Slow, and only used where nothing else runs. note: never over a quantized cache (kv_quantized_head_dim's head_dims
+// have warp kernels), so it knows no key offsets.
 constexpr int kAttnGenericMaxHd = 256;
 
 KVGEN_HD void attention_generic_item(int64_t g, const float* __restrict__ q, const uint8_t* __restrict__ kc,

@@ -15,6 +15,7 @@
 #include "cuda_backend.h"
 #include "cuda_common.cuh"
 #include "device.h"
+#include "engine/kv_offset.h"
 #include "memory_plan.h"
 #include "matvec_int.cuh"
 #include "ops.cuh"
@@ -83,6 +84,10 @@ private:
     // Layer l's first K (V) row in the cache.
     uint8_t* layer_k(int l) const { return k_cache_ + kv_.row_index(l, 0, 0) * kv_.k_row_bytes(); }
     uint8_t* layer_v(int l) const { return v_cache_ + kv_.row_index(l, 0, 0) * kv_.v_row_bytes(); }
+    // Layer l's key offsets [n_kv_heads][head_dim], or null where K carries none.
+    float* layer_offsets(int l) const {
+        return k_offsets_ ? k_offsets_ + int64_t(l) * kv_.n_kv_heads * kv_.head_dim : nullptr;
+    }
     // Positions [0, n) of every layer's K and V between the cache and host memory (Ops::kv_read / kv_write).
     void kv_copy(void* k_host, void* v_host, int n, bool to_host);
     void release();  // frees everything taken so far; safe to call twice
@@ -94,6 +99,10 @@ private:
     bool graphs_;
     bool int_matvec_;  // Settings::cuda_int_matvec
     bool flash_;       // Settings::cuda_flash_attention
+    // The step begin() announced: its first position, and whether it writes the last of the first kKvOffsetPositions
+    // rows of a K with offsets and so sets them (engine/kv_offset.h).
+    int pos0_ = 0;
+    bool sets_offsets_ = false;
     cudaStream_t stream_ = nullptr;
     cublasHandle_t cublas_ = nullptr;
     cudaGraphExec_t graph_ = nullptr;
@@ -106,6 +115,7 @@ private:
     float *x_, *q_, *k_, *v_, *att_, *ffn_, *up_, *logits_, *xn_, *partials_, *cos_, *sin_;
     __half *xh_, *wh_;
     uint8_t *k_cache_, *v_cache_;  // every layer's K rows, then V rows (KvLayout, in kv_'s types)
+    float* k_offsets_;             // [n_layers][n_kv_heads][head_dim] key offsets, or null (KvLayout::k_offsets)
     int* d_step_;
     ActBlock* xq_;
     int* counters_;
@@ -134,6 +144,7 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
         w_ = upload_model(model, p, base_, device_, s.progress, stream_);
         KVGEN_CUDA_CHECK(cudaMemsetAsync(base_ + p.k_cache.offset, 0, p.k_cache.bytes, stream_));
         KVGEN_CUDA_CHECK(cudaMemsetAsync(base_ + p.v_cache.offset, 0, p.v_cache.bytes, stream_));
+        KVGEN_CUDA_CHECK(cudaMemsetAsync(base_ + p.k_offsets.offset, 0, p.k_offsets.bytes, stream_));
         KVGEN_CUDA_CHECK(cudaMemsetAsync(base_ + p.counters.offset, 0, p.counters.bytes, stream_));
         KVGEN_CUDA_CHECK(cudaStreamSynchronize(stream_));
     } catch (...) {
@@ -156,6 +167,7 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
     wh_ = at<__half>(p.wh);
     k_cache_ = at<uint8_t>(p.k_cache);
     v_cache_ = at<uint8_t>(p.v_cache);
+    k_offsets_ = at<float>(p.k_offsets);
     d_step_ = at<int>(p.step);
     xq_ = at<ActBlock>(p.xq);
     counters_ = at<int>(p.counters);
@@ -178,6 +190,8 @@ void CudaOps::release() {
 
 // note: the GPU chooses its kernels by the batch size alone (one token, 2 to 16, more); Pass does not change them.
 void CudaOps::begin(const int32_t* tokens, int n, int pos0, Pass) {
+    pos0_ = pos0;
+    sets_offsets_ = kv_.k_offsets() && pos0 < kKvOffsetPositions && pos0 + n >= kKvOffsetPositions;
     h_step_[0] = pos0;
     h_step_[1] = n;
     std::memcpy(h_step_ + 2, tokens, size_t(n) * 4);
@@ -206,7 +220,9 @@ void CudaOps::capture(const std::function<void()>& step) {
 }
 
 const float* CudaOps::run(int n, int n_out, const std::function<void()>& step) {
-    if (n == 1 && graphs_) {
+    // note: the graph is captured once and replayed at every later position, so the one decode step that sets the
+    // key offsets (kv_offsets between its rows in rope_store_kv) runs launch by launch, neither captured nor replayed.
+    if (n == 1 && graphs_ && !sets_offsets_) {
         if (!graph_) {
             try {
                 capture(step);
@@ -280,9 +296,16 @@ void CudaOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int 
 
 void CudaOps::rope_store_kv(float* q, float* k, const float* v, int l, int n) {
     rope(q, cos_, sin_, n, c_.n_heads, c_.head_dim, c_.rope_dim, stream_);
-    // K is rotated on its way into the cache.
-    store_kv(layer_k(l), layer_v(l), k, v, cos_, sin_, d_step_, n, kv_,
-             c_.rope_dim, stream_);
+    // K is rotated on its way into the cache. The key offsets follow from the first kKvOffsetPositions rows as stored
+    // and are taken from every row past them: a step that writes the last of those rows stores the rows before it,
+    // sets the layer's offsets, then stores the rest.
+    const int split = sets_offsets_ ? kKvOffsetPositions - pos0_ : 0;
+    if (split > 0) {
+        store_kv(layer_k(l), layer_v(l), k, v, cos_, sin_, layer_offsets(l), d_step_, 0, split, kv_, c_.rope_dim,
+                 stream_);
+        kv_offsets(layer_offsets(l), layer_k(l), 1, kv_, stream_);
+    }
+    store_kv(layer_k(l), layer_v(l), k, v, cos_, sin_, layer_offsets(l), d_step_, split, n, kv_, c_.rope_dim, stream_);
 }
 
 void CudaOps::attention(float* out, const float* q, int l, int n) {
@@ -291,10 +314,11 @@ void CudaOps::attention(float* out, const float* q, int l, int n) {
     const int64_t rows = int64_t(n) * c_.n_heads;
     if (kv_type_quantized(kv_.k_type)) kv_rotate_rows(const_cast<float*>(q), rows, c_.head_dim, stream_);
     if (n == 1)
-        attention_decode(out, partials_, counters_, q, layer_k(l), layer_v(l), d_step_, c_.n_heads, kv_, splits_,
-                         stream_);
+        attention_decode(out, partials_, counters_, q, layer_k(l), layer_v(l), layer_offsets(l), d_step_, c_.n_heads,
+                         kv_, splits_, stream_);
     else
-        attention_prefill(out, q, layer_k(l), layer_v(l), d_step_, n, c_.n_heads, kv_, flash_, stream_);
+        attention_prefill(out, q, layer_k(l), layer_v(l), layer_offsets(l), d_step_, n, c_.n_heads, kv_, flash_,
+                          stream_);
     if (kv_type_quantized(kv_.v_type)) kv_rotate_rows(out, rows, c_.head_dim, stream_);
 }
 
@@ -337,7 +361,8 @@ void CudaOps::head(float* logits, const float* x, int n) {
     matvec(logits, w_.output, xn_, false, stream_);
 }
 
-// One layer-and-head's rows [0, n) per row of a 2-D copy: n_ctx rows apart in the cache, n apart on the host.
+// One layer-and-head's rows [0, n) per row of a 2-D copy: n_ctx rows apart in the cache, n apart on the host. Rows
+// written that hold the first kKvOffsetPositions set every layer's key offsets again, as KvCache::write_rows does.
 void CudaOps::kv_copy(void* k_host, void* v_host, int n, bool to_host) {
     if (n == 0) return;
     const size_t heads = size_t(kv_.n_layers) * size_t(kv_.n_kv_heads), ctx = size_t(kv_.n_ctx), w = size_t(n);
@@ -352,6 +377,7 @@ void CudaOps::kv_copy(void* k_host, void* v_host, int n, bool to_host) {
             KVGEN_CUDA_CHECK(cudaMemcpy2DAsync(caches[i], ctx * rb, host, w * rb, w * rb, heads, cudaMemcpyHostToDevice,
                                                stream_));
     }
+    if (!to_host && k_offsets_ && n >= kKvOffsetPositions) kv_offsets(k_offsets_, k_cache_, kv_.n_layers, kv_, stream_);
     KVGEN_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 

@@ -5,10 +5,11 @@
 // mma.sync m16n8k16 products (f16 operands, f32 accumulation), the softmax is online (running max m, sum l) in
 // registers, and tiles past a warp's last query are skipped.
 //
-// Exactness: K and V are the cache's f16 values as they are (a quantized cache's values rounded to f16). The query, scaled by 1/sqrt(head_dim) log2(e) in f32, is
-// split into an f16 high part and an f16 low part (q = hi + lo to about 2^-22), and S is both parts' products summed
-// in f32, so the scores keep f32 precision. P is rounded to f16 for P V (each weight within 2^-11 of itself; l, the
-// normalizer, sums the unrounded values).
+// Exactness: K and V are the cache's f16 values as they are (a quantized cache's values rounded to f16, a K row's key
+// offset added back first). The query, scaled by 1/sqrt(head_dim) log2(e) in f32, is split into an f16 high part and
+// an f16 low part (q = hi + lo to about 2^-22), and S is both parts' products summed in f32, so the scores keep f32
+// precision. P is rounded to f16 for P V (each weight within 2^-11 of itself; l, the normalizer, sums the unrounded
+// values).
 //
 // Written against a thread context, like attention.cuh: on the GPU, DeviceThread::mma is the mma.sync instruction;
 // on the host (tests/cuda_support/host_emulation.cu) the warp's fragments are gathered and multiplied as the PTX ISA
@@ -68,11 +69,14 @@ KVGEN_HD uint32_t load_u32(const __half* p) {
 }
 
 // Values d .. d + 7 of a cached row as eight f16 (a quantized row's d * q rounded to f16: within 2^-12 of itself,
-// as an f16 cache holds K and V).
-KVGEN_HD uint4 kv_load8_f16(KvType t, const uint8_t* row, int d) {
+// as an f16 cache holds K and V). add (a quantized row only; null: none): eight values added before the rounding.
+KVGEN_HD uint4 kv_load8_f16(KvType t, const uint8_t* row, int d, const float* add = nullptr) {
     if (t == KvType::F16) return *reinterpret_cast<const uint4*>(row + 2 * d);
     float f[8];
     kv_load<8>(t, row, d, f);
+    if (add)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) f[e] += add[e];
     const uint32_t w[4] = {pack_halves(f[0], f[1]), pack_halves(f[2], f[3]), pack_halves(f[4], f[5]),
                            pack_halves(f[6], f[7])};
     uint4 u;
@@ -82,12 +86,15 @@ KVGEN_HD uint4 kv_load8_f16(KvType t, const uint8_t* row, int d) {
 
 // grid (n_heads / NQ, ceil(n / (kFaRows / NQ))), kFaThreads threads, kFaShared<HD> floats of shared memory. Queries i
 // at positions *d_pos0 + i, each over cache positions 0 ..= its own; q, out [n][n_heads][HD]; scale = 1 / sqrt(HD).
-// Row rho of the block is query i0 + rho / NQ of head h0 + rho % NQ.
+// Row rho of the block is query i0 + rho / NQ of head h0 + rho % NQ. k_offsets: the layer's key offsets
+// [n_kv_heads][HD] where K carries them (KvLayout::k_offsets), else null: added back to the K rows from
+// kKvOffsetPositions on (engine/kv_offset.h) before they are rounded to f16, so every row of the tile holds k.
 #pragma nv_exec_check_disable
 template <int HD, int NQ, class Ctx>
 KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, const uint8_t* __restrict__ kc,
-                                 const uint8_t* __restrict__ vc, const int* __restrict__ d_pos0, int n, int n_heads,
-                                 int n_rep, const KvLayout& kv, float scale, float* __restrict__ out) {
+                                 const uint8_t* __restrict__ vc, const float* __restrict__ k_offsets,
+                                 const int* __restrict__ d_pos0, int n, int n_heads, int n_rep, const KvLayout& kv,
+                                 float scale, float* __restrict__ out) {
     constexpr int KS = kFaKStride<HD>, VS = kFaVStride;
     constexpr int DK = HD / 16;       // k-steps of Q K^T
     constexpr int DN = HD / 8;        // n-tiles of O
@@ -146,6 +153,7 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
     const int64_t krb = kv.k_row_bytes(), vrb = kv.v_row_bytes();
     const uint8_t* kg = kc + kv.row_index(0, g, 0) * krb;
     const uint8_t* vg = vc + kv.row_index(0, g, 0) * vrb;
+    const float* koff = k_offsets ? k_offsets + int64_t(g) * HD : nullptr;
     for (int t0 = 0; t0 <= block_last; t0 += kFaTile) {
         // The tile: K as [position][d], V transposed to [d][position] (B fragments of both are then one 32-bit load);
         // positions past block_last as zeros, so that masked weights multiply zeros.
@@ -153,7 +161,8 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
             const int p = u / (HD / 8), d = (u % (HD / 8)) * 8;
             uint4 k4 = make_uint4(0, 0, 0, 0), v4 = make_uint4(0, 0, 0, 0);
             if (t0 + p <= block_last) {
-                k4 = kv_load8_f16(kv.k_type, kg + int64_t(t0 + p) * krb, d);
+                k4 = kv_load8_f16(kv.k_type, kg + int64_t(t0 + p) * krb, d,
+                                  koff && t0 + p >= kKvOffsetPositions ? koff + d : nullptr);
                 v4 = kv_load8_f16(kv.v_type, vg + int64_t(t0 + p) * vrb, d);
             }
             *reinterpret_cast<uint4*>(ks + p * KS + d) = k4;

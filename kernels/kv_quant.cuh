@@ -16,6 +16,7 @@
 #include "elementwise.cuh"
 #include "engine/kv_blocks.h"
 #include "engine/kv_layout.h"
+#include "engine/kv_offset.h"
 #include "engine/kv_rotation.h"
 
 namespace kvgen::cuda {
@@ -89,8 +90,9 @@ KVGEN_HD void kv_load(KvType t, const uint8_t* row, int j0, float (&out)[E]) {
 }
 
 // One row of head_dim values x (changed: rotated when t is quantized) stored as type t at dst: quantize_row_q8_0 /
-// kv_q4_0_levels of H x per piece, or f16 (F32 too, for completeness).
-KVGEN_HD void kv_store_row(KvType t, float* x, uint8_t* dst, int hd) {
+// kv_q4_0_levels of H x per piece, less offset (null: none; a key offset in the rotated basis, engine/kv_offset.h) when
+// given, as kv_encode_row does; or f16 (F32 too, for completeness).
+KVGEN_HD void kv_store_row(KvType t, float* x, uint8_t* dst, int hd, const float* offset = nullptr) {
     if (t == KvType::F16) {
         for (int j = 0; j < hd; j += 2) {
             const __half2 h = __floats2half2_rn(x[j], x[j + 1]);
@@ -103,6 +105,8 @@ KVGEN_HD void kv_store_row(KvType t, float* x, uint8_t* dst, int hd) {
         return;
     }
     kv_rotate(x, hd);
+    if (offset)
+        for (int j = 0; j < hd; ++j) x[j] -= offset[j];
     for (int b = 0; b < hd / 32; ++b) {
         const float* xb = x + 32 * b;
         if (t == KvType::Q8_0) {
@@ -123,17 +127,20 @@ KVGEN_HD void kv_store_row(KvType t, float* x, uint8_t* dst, int hd) {
     }
 }
 
-// Item g = (token i, KV head h, half c: 0 K, 1 V) of n x n_kv_heads x 2: that row of k or v ([n][n_kv_heads][hd]),
-// K rotated by RoPE like store_kv_item (cos_t null: as given), stored at position *d_pos0 + i of one layer's cache
-// (kc / vc: the layer's first row). For caches with a quantized half.
+// Item g = (token i0 + g / (2 n_kv_heads), KV head h, half c: 0 K, 1 V) of (i1 - i0) x n_kv_heads x 2 for a step's
+// tokens [i0, i1): that row of k or v ([n][n_kv_heads][hd]), K rotated by RoPE like store_kv_item (cos_t null: as
+// given), stored at position *d_pos0 + i of one layer's cache (kc / vc: the layer's first row). For caches with a
+// quantized half. k_offsets: the layer's key offsets [n_kv_heads][hd] (null where K carries none), taken from the K
+// rows at positions from kKvOffsetPositions on; they must be set before such a row is stored.
 KVGEN_HD void store_kv_row_item(int64_t g, const float* __restrict__ k, const float* __restrict__ v,
                                 const float* __restrict__ cos_t, const float* __restrict__ sin_t,
-                                const int* __restrict__ d_pos0, const KvLayout& kv, int half_rope,
-                                uint8_t* __restrict__ kc, uint8_t* __restrict__ vc) {
+                                const float* __restrict__ k_offsets, const int* __restrict__ d_pos0, int i0,
+                                const KvLayout& kv, int half_rope, uint8_t* __restrict__ kc, uint8_t* __restrict__ vc) {
     constexpr int kMaxHd = 256;
     const int c = int(g % 2);
-    const int64_t ih = g / 2;  // token * n_kv_heads + head
+    const int64_t ih = int64_t(i0) * kv.n_kv_heads + g / 2;  // token * n_kv_heads + head
     const int i = int(ih / kv.n_kv_heads), h = int(ih % kv.n_kv_heads), hd = kv.head_dim;
+    const int pos = *d_pos0 + i;
     const float* src = (c == 0 ? k : v) + ih * hd;
     float x[kMaxHd];
     for (int j = 0; j < hd; ++j) x[j] = src[j];
@@ -142,7 +149,30 @@ KVGEN_HD void store_kv_row_item(int64_t g, const float* __restrict__ k, const fl
             rope_pair(x[2 * j], x[2 * j + 1], cos_t[int64_t(i) * half_rope + j], sin_t[int64_t(i) * half_rope + j]);
     const KvType t = c == 0 ? kv.k_type : kv.v_type;
     const int64_t rb = KvLayout::row_bytes(t, hd);
-    kv_store_row(t, x, (c == 0 ? kc : vc) + (int64_t(h) * kv.n_ctx + *d_pos0 + i) * rb, hd);
+    const float* offset = c == 0 && k_offsets && pos >= kKvOffsetPositions ? k_offsets + int64_t(h) * hd : nullptr;
+    kv_store_row(t, x, (c == 0 ? kc : vc) + (int64_t(h) * kv.n_ctx + pos) * rb, hd, offset);
+}
+
+// Item g of n_layers x n_kv_heads (g = l n_kv_heads + h; one layer: kc and k_offsets at that layer's first row and
+// offsets): the key offset of that head from its first kKvOffsetPositions rows in the quantized K cache kc, into
+// k_offsets [g][head_dim]. Twin: kv_offset_of_rows, bit for bit: each value is the decoded rows' d * q (exact in f32)
+// summed in position order, then kv_offset_from_sum.
+KVGEN_HD void kv_offset_item(int64_t g, const uint8_t* __restrict__ kc, const KvLayout& kv,
+                             float* __restrict__ k_offsets) {
+    const int hd = kv.head_dim;
+    const int64_t rb = kv.k_row_bytes();
+    const uint8_t* rows = kc + g * kv.n_ctx * rb;  // row_index(0, g, 0): layers follow each other
+    float* s = k_offsets + g * hd;
+    for (int j = 0; j < hd; ++j) {
+        float sum = 0.0f;
+        for (int p = 0; p < kKvOffsetPositions; ++p) {
+            float x[1];
+            kv_load<1>(kv.k_type, rows + p * rb, j, x);
+            sum = kv_add(sum, x[0]);
+        }
+        s[j] = sum;
+    }
+    kv_offset_from_sum(s, hd, kv.k_offset_dim0 < hd ? kv.k_offset_dim0 : hd);
 }
 
 }  // namespace kvgen::cuda

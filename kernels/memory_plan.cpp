@@ -61,6 +61,7 @@ MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int n_lo
     KVGEN_ASSERT(kv.k_type != KvType::F32 && kv.v_type != KvType::F32);
     p.k_cache = place(int64_t(kv.k_bytes()), 1);
     p.v_cache = place(int64_t(kv.v_bytes()), 1);
+    p.k_offsets = place(kv.k_offsets() ? int64_t(kv.n_layers) * kv.n_kv_heads * kv.head_dim : 0, 4);
     p.kv_cache = align_up(end) - p.weights;
 
     const int64_t nb = n_batch, e = c.n_embd, qd = int64_t(c.n_heads) * c.head_dim;

@@ -43,8 +43,9 @@ struct MemoryPlan {
     Region norms;                 // f32 [2 n_layers + 1][n_embd]: attn_norm, ffn_norm of each layer, output_norm
     Region rope_inv_freq;         // f64 [rope_dim / 2]
     Region rope_factors;          // f64 [rope_dim / 2], empty without a rope_freqs tensor
-    // The KV cache: KvLayout's rows in its K and V types (f16, q8_0 or q4_0), every layer.
-    Region k_cache, v_cache;
+    // The KV cache: KvLayout's rows in its K and V types (f16, q8_0 or q4_0), every layer; and f32
+    // [n_layers][n_kv_heads][head_dim], the key offsets of a K that carries them (KvLayout::k_offsets; else empty).
+    Region k_cache, v_cache, k_offsets;
     // Activations for n_batch tokens (engine/ops.h Buffers, then the backend's own), f32 unless noted.
     Region x;          // [n_batch][n_embd]
     Region q, k, v;    // [n_batch][n_heads | n_kv_heads][head_dim]

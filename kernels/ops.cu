@@ -258,11 +258,19 @@ __global__ void store_kv_kernel(const float* __restrict__ k, const float* __rest
 }
 
 __global__ void store_kv_rows_kernel(const float* __restrict__ k, const float* __restrict__ v,
-                                     const float* __restrict__ cos_t, const float* __restrict__ sin_t, int n,
-                                     const int* __restrict__ d_pos0, KvLayout kv, int half_rope,
-                                     uint8_t* __restrict__ kc, uint8_t* __restrict__ vc) {
+                                     const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+                                     const float* __restrict__ k_offsets, const int* __restrict__ d_pos0, int i0,
+                                     int n, KvLayout kv, int half_rope, uint8_t* __restrict__ kc,
+                                     uint8_t* __restrict__ vc) {
     const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (g < int64_t(n) * kv.n_kv_heads * 2) store_kv_row_item(g, k, v, cos_t, sin_t, d_pos0, kv, half_rope, kc, vc);
+    if (g < int64_t(n) * kv.n_kv_heads * 2)
+        store_kv_row_item(g, k, v, cos_t, sin_t, k_offsets, d_pos0, i0, kv, half_rope, kc, vc);
+}
+
+__global__ void kv_offsets_kernel(const uint8_t* __restrict__ kc, int64_t heads, KvLayout kv,
+                                  float* __restrict__ k_offsets) {
+    const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (g < heads) kv_offset_item(g, kc, kv, k_offsets);
 }
 
 __global__ void kv_rotate_rows_kernel(float* __restrict__ x, int64_t rows, int hd) {
@@ -285,11 +293,12 @@ __global__ void to_f16_kernel(const float* __restrict__ x, __half* __restrict__ 
 template <int NQ, int E, bool F16>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_decode_kernel(const float* __restrict__ q, const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc,
-                            const int* __restrict__ d_pos0, int n_rep, KvLayout kv, int splits, float scale,
-                            float* __restrict__ partials, int* __restrict__ counters, float* __restrict__ out) {
+                            const float* __restrict__ k_offsets, const int* __restrict__ d_pos0, int n_rep,
+                            KvLayout kv, int splits, float scale, float* __restrict__ partials,
+                            int* __restrict__ counters, float* __restrict__ out) {
     __shared__ float sm[kAttnDecodeShared<NQ, E>];
-    attention_decode_body<NQ, E, F16>(DeviceThread{sm}, q, kc, vc, d_pos0, n_rep, kv, splits, scale, partials,
-                                      counters, out);
+    attention_decode_body<NQ, E, F16>(DeviceThread{sm}, q, kc, vc, k_offsets, d_pos0, n_rep, kv, splits, scale,
+                                      partials, counters, out);
 }
 
 __global__ void attention_generic_kernel(const float* __restrict__ q, const uint8_t* __restrict__ kc,
@@ -304,6 +313,7 @@ void attention_generic(float* out, const float* q, const uint8_t* k_cache, const
                        int n, int n_heads, const KvLayout& kv, cudaStream_t s) {
     if (!attention_head_dim_supported(kv.head_dim))
         throw Error(fmt::format("CUDA: head_dim {} has no attention kernel", kv.head_dim));
+    KVGEN_ASSERT(!kv.k_offsets());  // a quantized cache's head_dims have warp kernels
     const float scale = 1.0f / std::sqrt(float(kv.head_dim));
     attention_generic_kernel<<<grid_for(int64_t(n) * n_heads, 64), 64, 0, s>>>(
         q, k_cache, v_cache, d_pos0, n, n_heads, n_heads / kv.n_kv_heads, kv, scale, out);
@@ -326,10 +336,10 @@ __global__ void __launch_bounds__(kAttnThreads)
 template <int HD, int NQ>
 __global__ void __launch_bounds__(kFaThreads)
     flash_prefill_kernel(const float* __restrict__ q, const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc,
-                         const int* __restrict__ d_pos0, int n, int n_heads, int n_rep, KvLayout kv, float scale,
-                         float* __restrict__ out) {
+                         const float* __restrict__ k_offsets, const int* __restrict__ d_pos0, int n, int n_heads,
+                         int n_rep, KvLayout kv, float scale, float* __restrict__ out) {
     __shared__ __align__(16) float sm[kFaShared<HD>];
-    flash_prefill_body<HD, NQ>(DeviceThread{sm}, q, kc, vc, d_pos0, n, n_heads, n_rep, kv, scale, out);
+    flash_prefill_body<HD, NQ>(DeviceThread{sm}, q, kc, vc, k_offsets, d_pos0, n, n_heads, n_rep, kv, scale, out);
 }
 
 }  // namespace
@@ -498,20 +508,32 @@ bool kv_cache_supported(const KvLayout& kv) {
 }
 
 void store_kv(uint8_t* k_cache, uint8_t* v_cache, const float* k, const float* v, const float* cos_t,
-              const float* sin_t, const int* d_pos0, int n, const KvLayout& kv, int rope_dim, cudaStream_t s) {
-    KVGEN_ASSERT(kv_cache_supported(kv));
-    if (kv.quantized()) {  // a thread per row: RoPE, the rotation of kv_rotation.h, the blocks
+              const float* sin_t, const float* k_offsets, const int* d_pos0, int i0, int i1, const KvLayout& kv,
+              int rope_dim, cudaStream_t s) {
+    KVGEN_ASSERT(kv_cache_supported(kv) && 0 <= i0 && i0 <= i1);
+    KVGEN_ASSERT((k_offsets != nullptr) == kv.k_offsets());
+    const int n = i1 - i0;
+    if (n == 0) return;
+    if (kv.quantized()) {  // a thread per row: RoPE, the rotation of kv_rotation.h, the key offset, the blocks
         const int64_t items = int64_t(n) * kv.n_kv_heads * 2;
-        store_kv_rows_kernel<<<grid_for(items, 64), 64, 0, s>>>(k, v, cos_t, sin_t, n, d_pos0, kv, rope_dim / 2,
-                                                                  k_cache, v_cache);
+        store_kv_rows_kernel<<<grid_for(items, 64), 64, 0, s>>>(k, v, cos_t, sin_t, k_offsets, d_pos0, i0, n, kv,
+                                                                  rope_dim / 2, k_cache, v_cache);
         KVGEN_CUDA_LAUNCHED("store_kv_rows");
         return;
     }
+    KVGEN_ASSERT(i0 == 0);  // only a step over K with offsets is stored in parts
     const int64_t items = int64_t(n) * kv.n_kv_heads * (kv.head_dim / 2);
     store_kv_kernel<<<grid_for(items, 256), 256, 0, s>>>(k, v, cos_t, sin_t, n, d_pos0, kv, rope_dim / 2,
                                                          reinterpret_cast<__half*>(k_cache),
                                                          reinterpret_cast<__half*>(v_cache));
     KVGEN_CUDA_LAUNCHED("store_kv");
+}
+
+void kv_offsets(float* k_offsets, const uint8_t* k_cache, int n_layers, const KvLayout& kv, cudaStream_t s) {
+    KVGEN_ASSERT(kv.k_offsets());
+    const int64_t heads = int64_t(n_layers) * kv.n_kv_heads;
+    kv_offsets_kernel<<<grid_for(heads, 64), 64, 0, s>>>(k_cache, heads, kv, k_offsets);
+    KVGEN_CUDA_LAUNCHED("kv_offsets");
 }
 
 void kv_rotate_rows(float* x, int64_t rows, int head_dim, cudaStream_t s) {
@@ -602,21 +624,21 @@ int attention_counters(int n_heads, const KvLayout& kv) {
 }
 
 void attention_decode(float* out, float* partials, int* counters, const float* q, const uint8_t* k_cache,
-                      const uint8_t* v_cache, const int* d_pos0, int n_heads, const KvLayout& kv, int splits,
-                      cudaStream_t s) {
+                      const uint8_t* v_cache, const float* k_offsets, const int* d_pos0, int n_heads,
+                      const KvLayout& kv, int splits, cudaStream_t s) {
     KVGEN_ASSERT(kv_cache_supported(kv));
+    KVGEN_ASSERT((k_offsets != nullptr) == kv.k_offsets());
     const int n_rep = n_heads / kv.n_kv_heads;
     const float scale = 1.0f / std::sqrt(float(kv.head_dim));
     const bool ok = dispatch_attention(n_rep, kv.head_dim, [&](auto nq, auto e) {
         constexpr int NQ = decltype(nq)::value, E = decltype(e)::value;
         const dim3 grid(unsigned(n_heads / NQ), unsigned(splits));
         if (!kv.quantized())
-            attention_decode_kernel<NQ, E, true><<<grid, kAttnThreads, 0, s>>>(q, k_cache, v_cache, d_pos0, n_rep, kv,
-                                                                                splits, scale, partials, counters, out);
+            attention_decode_kernel<NQ, E, true><<<grid, kAttnThreads, 0, s>>>(
+                q, k_cache, v_cache, nullptr, d_pos0, n_rep, kv, splits, scale, partials, counters, out);
         else if constexpr (E == 2 || E == 4)  // head_dim 64, 128: kv_quantized_head_dim
-            attention_decode_kernel<NQ, E, false><<<grid, kAttnThreads, 0, s>>>(q, k_cache, v_cache, d_pos0, n_rep, kv,
-                                                                                 splits, scale, partials, counters,
-                                                                                 out);
+            attention_decode_kernel<NQ, E, false><<<grid, kAttnThreads, 0, s>>>(
+                q, k_cache, v_cache, k_offsets, d_pos0, n_rep, kv, splits, scale, partials, counters, out);
     });
     if (!ok) return attention_generic(out, q, k_cache, v_cache, d_pos0, 1, n_heads, kv, s);
     KVGEN_CUDA_LAUNCHED("attention_decode");
@@ -625,17 +647,19 @@ void attention_decode(float* out, float* partials, int* counters, const float* q
     KVGEN_CUDA_LAUNCHED("attention_combine");
 }
 
-void attention_prefill(float* out, const float* q, const uint8_t* k_cache, const uint8_t* v_cache, const int* d_pos0,
-                       int n, int n_heads, const KvLayout& kv, bool tensor_cores, cudaStream_t s) {
+void attention_prefill(float* out, const float* q, const uint8_t* k_cache, const uint8_t* v_cache,
+                       const float* k_offsets, const int* d_pos0, int n, int n_heads, const KvLayout& kv,
+                       bool tensor_cores, cudaStream_t s) {
     KVGEN_ASSERT(kv_cache_supported(kv));
+    KVGEN_ASSERT((k_offsets != nullptr) == kv.k_offsets());
     const int n_rep = n_heads / kv.n_kv_heads;
     const float scale = 1.0f / std::sqrt(float(kv.head_dim));
     // note: a quantized cache is read by flash attention alone (kv_quantized_head_dim: its head_dims).
     if ((tensor_cores || kv.quantized()) && dispatch_flash(n_rep, kv.head_dim, [&](auto hd, auto nq) {
             constexpr int HD = decltype(hd)::value, NQ = decltype(nq)::value;
             const dim3 grid(unsigned(n_heads / NQ), unsigned((n + kFaRows / NQ - 1) / (kFaRows / NQ)));
-            flash_prefill_kernel<HD, NQ>
-                <<<grid, kFaThreads, 0, s>>>(q, k_cache, v_cache, d_pos0, n, n_heads, n_rep, kv, scale, out);
+            flash_prefill_kernel<HD, NQ><<<grid, kFaThreads, 0, s>>>(q, k_cache, v_cache, k_offsets, d_pos0, n, n_heads,
+                                                                     n_rep, kv, scale, out);
         })) {
         KVGEN_CUDA_LAUNCHED("flash_prefill");
         return;

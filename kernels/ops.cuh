@@ -71,12 +71,20 @@ void rope(float* x, const float* cos_t, const float* sin_t, int n, int n_heads, 
           cudaStream_t s);
 // Whether the GPU keeps a cache of kv's types: K and V each f16, or q8_0 / q4_0 for head_dim 64 or 128.
 bool kv_cache_supported(const KvLayout& kv);
-// Writes n positions of K (rotated like rope(); cos_t == nullptr: as given) and V, each [n][n_kv_heads][head_dim]
-// f32, into one layer's cache (k_cache, v_cache: the layer's first row, kv_cache_supported types) at positions
-// *d_pos0 .. ; a quantized half in the rotated basis of kv_rotation.h (kv_quant.cuh). Twin: cpu::rope +
-// KvCache::write (the same bytes).
+// Writes the step's tokens [i0, i1) of K (rotated like rope(); cos_t == nullptr: as given) and V, each
+// [n][n_kv_heads][head_dim] f32, into one layer's cache (k_cache, v_cache: the layer's first row, kv_cache_supported
+// types) at positions *d_pos0 + i; a quantized half in the rotated basis of kv_rotation.h (kv_quant.cuh). k_offsets:
+// the layer's key offsets [n_kv_heads][head_dim] where K carries them (KvLayout::k_offsets; null otherwise), taken
+// from the K rows at positions from kKvOffsetPositions on, so they must be set (kv_offsets) before any such row is
+// stored: a step that crosses that position is stored in two parts with kv_offsets between. i0 > 0 only then (a
+// quantized K). Twin: cpu::rope + KvCache::write (the same bytes).
 void store_kv(uint8_t* k_cache, uint8_t* v_cache, const float* k, const float* v, const float* cos_t,
-              const float* sin_t, const int* d_pos0, int n, const KvLayout& kv, int rope_dim, cudaStream_t s);
+              const float* sin_t, const float* k_offsets, const int* d_pos0, int i0, int i1, const KvLayout& kv,
+              int rope_dim, cudaStream_t s);
+// The key offsets (engine/kv_offset.h) of n_layers layers of a K cache that carries them (k_cache: the first layer's
+// first row), each head's from its first kKvOffsetPositions rows as stored, into k_offsets
+// [n_layers][n_kv_heads][head_dim]. Twin: kv_offset_of_rows (KvCache::k_offset), bit for bit.
+void kv_offsets(float* k_offsets, const uint8_t* k_cache, int n_layers, const KvLayout& kv, cudaStream_t s);
 // rows rows of head_dim values <- H x / w per piece (kv_rotate_scaled): a query before attention over a quantized K,
 // an attention output after a quantized V. Twin: kv_rotate_scaled.
 void kv_rotate_rows(float* x, int64_t rows, int head_dim, cudaStream_t s);
@@ -98,7 +106,9 @@ void check_cublas(cublasStatus_t st, const char* what);
 
 // Attention reads one layer's cache (k_cache, v_cache: that layer's first K and V rows, laid out and typed as kv
 // says); query head h of n_heads reads KV head h / (n_heads / kv.n_kv_heads). Over a quantized K the query must come
-// rotated (kv_rotate_rows), and over a quantized V the output comes rotated.
+// rotated (kv_rotate_rows), and over a quantized V the output comes rotated. k_offsets: the layer's key offsets
+// [n_kv_heads][head_dim] where K carries them (KvLayout::k_offsets; null otherwise), added back to the K rows past
+// the first kKvOffsetPositions.
 // head_dim values attention runs for: every even one up to 256 (32, 64, 96, 128 and 256 by warp kernels, the rest by
 // a one-thread-per-query fallback).
 bool attention_head_dim_supported(int head_dim);
@@ -113,13 +123,14 @@ int64_t attention_partials(int n_heads, int head_dim, int splits);
 // kernel. q, out: [n_heads][head_dim]. Twin: cpu::attention with n = 1.
 int attention_counters(int n_heads, const KvLayout& kv);
 void attention_decode(float* out, float* partials, int* counters, const float* q, const uint8_t* k_cache,
-                      const uint8_t* v_cache, const int* d_pos0, int n_heads, const KvLayout& kv, int splits,
-                      cudaStream_t s);
+                      const uint8_t* v_cache, const float* k_offsets, const int* d_pos0, int n_heads,
+                      const KvLayout& kv, int splits, cudaStream_t s);
 // n queries at positions *d_pos0 + i, each over cache positions 0 ..= its own (causal). With tensor_cores, head_dim
 // 64 and 128 run flash attention on the tensor cores (flash_attention.cuh); other head_dims, or without, a warp per
 // query on the CUDA cores (attention_prefill_body, an f16 cache only: a quantized one always takes flash attention).
 // Twin: cpu::attention.
-void attention_prefill(float* out, const float* q, const uint8_t* k_cache, const uint8_t* v_cache, const int* d_pos0,
-                       int n, int n_heads, const KvLayout& kv, bool tensor_cores, cudaStream_t s);
+void attention_prefill(float* out, const float* q, const uint8_t* k_cache, const uint8_t* v_cache,
+                       const float* k_offsets, const int* d_pos0, int n, int n_heads, const KvLayout& kv,
+                       bool tensor_cores, cudaStream_t s);
 
 }  // namespace kvgen::cuda

@@ -125,8 +125,8 @@ TEST_CASE("the portable attention build: whole items equal its split parts bit f
             for (int g = 0; g < 3; ++g) {
                 const int n_pos = pos0 + i + 1;
                 const float* qg = kernels::attention_query(q_rot.data(), q.data(), kv, i, g, c);
-                kernels::attention_scores_generic(scores.data(), n_ctx, qg, kv, 0, g, 0, 104, c, rows.data());
-                kernels::attention_scores_generic(scores.data(), n_ctx, qg, kv, 0, g, 104, n_pos, c, rows.data());
+                kernels::attention_scores_generic(scores.data(), n_ctx, qg, kv, 0, g, 0, 104, n_pos, c, rows.data());
+                kernels::attention_scores_generic(scores.data(), n_ctx, qg, kv, 0, g, 104, n_pos, n_pos, c, rows.data());
                 float* og = parts.data() + (size_t(i) * 9 + size_t(g) * 3) * 64;
                 for (int r = 0; r < 3; ++r)
                     kernels::attention_softmax(scores.data() + r * n_ctx, n_pos, og + r * 64, 64);

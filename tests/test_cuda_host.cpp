@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <tuple>
 
@@ -14,6 +15,7 @@
 #include "cuda_backend.h"
 #include "memory_plan.h"
 #include "engine/kv_cache.h"
+#include "engine/kv_offset.h"
 #include "model/dequant.h"
 #include "model/weights.h"
 #include "synth/synth.h"
@@ -135,6 +137,21 @@ TEST_CASE("the CUDA memory plan counts weights, the f16 KV cache and buffers", "
     CHECK(batch.buffers > one.buffers);  // activations for 512 tokens and the f16 GEMM scratch
     CHECK(batch.weights == one.weights);
     CHECK(batch.kv_cache == one.kv_cache);
+    // A quantized K keeps its key offsets beside the cache: f32 [n_layers][n_kv_heads][head_dim].
+    s.kv_type_k = KvType::Q4_0;
+    s.kv_type_v = KvType::Q8_0;
+    const KvLayout q = KvLayout::of(c, 1000, KvType::Q4_0, KvType::Q8_0);
+    REQUIRE(q.k_offsets());
+    const size_t offsets = size_t(c.n_layers) * size_t(c.n_kv_heads) * size_t(c.head_dim) * 4;
+    const cuda::CudaMemoryPlan quantized = cuda::plan_memory(m, s);
+    CHECK(quantized.kv_cache >= q.bytes() + offsets);
+    CHECK(quantized.kv_cache <= q.bytes() + offsets + 3 * 256);  // alignment padding only
+    CHECK(quantized.weights == batch.weights);
+    CHECK(quantized.buffers == batch.buffers);
+    s.kv_type_k = KvType::F16;  // offsets belong to a quantized K alone
+    const cuda::CudaMemoryPlan v_only = cuda::plan_memory(m, s);
+    CHECK(v_only.kv_cache >= KvLayout::of(c, 1000, KvType::F16, KvType::Q8_0).bytes());
+    CHECK(v_only.kv_cache < KvLayout::of(c, 1000, KvType::F16, KvType::Q8_0).bytes() + 3 * 256);
 }
 
 TEST_CASE("the CUDA memory plan places every region inside one allocation, none overlapping", "[cuda-host]") {
@@ -142,13 +159,16 @@ TEST_CASE("the CUDA memory plan places every region inside one allocation, none 
         INFO(f);
         const Model m = Model::load(std::string(KVGEN_SHARED_DIR) + "/testdata/" + f);
         const Config& c = m.config;
-        for (int n_batch : {1, 64}) {
-            const KvLayout kv = KvLayout::of(c, 300, KvType::F16);
+        for (const auto& [n_batch, kt] : {std::pair{1, KvType::F16}, std::pair{64, KvType::F16},
+                                          std::pair{1, KvType::Q8_0}, std::pair{64, KvType::Q4_0}}) {
+            if (kv_type_quantized(kt) && c.head_dim % 32 != 0) continue;
+            INFO("n_batch " << n_batch << " K " << kv_type_name(kt));
+            const KvLayout kv = KvLayout::of(c, 300, kt, KvType::F16);
             const cuda::MemoryPlan p = cuda::plan_memory(m, kv, n_batch, n_batch, 1234);
             std::vector<cuda::Region> all = p.matrices;
-            for (const cuda::Region& r : {p.norms, p.rope_inv_freq, p.rope_factors, p.k_cache, p.v_cache, p.x, p.q, p.k,
-                                          p.v, p.att, p.ffn, p.up, p.logits, p.xn, p.partials, p.cos, p.sin, p.xh, p.wh,
-                                          p.step, p.xq, p.counters})
+            for (const cuda::Region& r :
+                 {p.norms, p.rope_inv_freq, p.rope_factors, p.k_cache, p.v_cache, p.k_offsets, p.x, p.q, p.k, p.v,
+                  p.att, p.ffn, p.up, p.logits, p.xn, p.partials, p.cos, p.sin, p.xh, p.wh, p.step, p.xq, p.counters})
                 all.push_back(r);
             std::sort(all.begin(), all.end(), [](const cuda::Region& a, const cuda::Region& b) {
                 return a.offset < b.offset || (a.offset == b.offset && a.bytes < b.bytes);
@@ -156,7 +176,11 @@ TEST_CASE("the CUDA memory plan places every region inside one allocation, none 
             for (size_t i = 0; i + 1 < all.size(); ++i) CHECK(all[i].offset + all[i].bytes <= all[i + 1].offset);
             CHECK(all.back().offset + all.back().bytes <= p.total);
             CHECK(p.total == p.weights + p.kv_cache + p.buffers);
-            CHECK(p.k_cache.bytes == size_t(kv.elems()) * 2);
+            CHECK(p.k_cache.bytes == kv.k_bytes());
+            CHECK(p.v_cache.bytes == size_t(kv.elems()) * 2);
+            CHECK(p.k_offsets.bytes == (kv.k_offsets() ? size_t(c.n_layers) * c.n_kv_heads * c.head_dim * 4 : 0));
+            CHECK(p.k_offsets.offset >= p.weights);  // the cache's part of the allocation
+            CHECK(p.k_offsets.offset + p.k_offsets.bytes <= p.weights + p.kv_cache);
             CHECK(p.x.bytes == size_t(n_batch) * size_t(c.n_embd) * 4);
             CHECK(p.partials.bytes == 1234 * 4);
             CHECK(p.step.bytes == size_t(2 + n_batch) * 4);
@@ -328,6 +352,36 @@ TEST_CASE("flash attention on the tensor cores, its mma fragments run on the hos
     }
 }
 
+namespace {
+// Rows [0, n) of layer l, K and V, that differ between a KvCache and the device's cache; the key offsets of the
+// layer's heads that are not the CPU's bit for bit.
+int kv_rows_differing(const KvCache& cpu_kv, const cuda::host::KvBytes& gpu, int l, int n) {
+    const KvLayout& kv = cpu_kv.layout();
+    const size_t krb = size_t(kv.k_row_bytes()), vrb = size_t(kv.v_row_bytes());
+    int bad = 0;
+    for (int h = 0; h < kv.n_kv_heads; ++h)
+        for (int t = 0; t < n; ++t) {
+            const auto* ck = static_cast<const uint8_t*>(cpu_kv.k(l, h)) + size_t(t) * krb;
+            const auto* cv = static_cast<const uint8_t*>(cpu_kv.v(l, h)) + size_t(t) * vrb;
+            const size_t row = size_t(kv.row_index(l, h, t));
+            if (!std::equal(ck, ck + krb, gpu.k.begin() + std::ptrdiff_t(row * krb))) ++bad;
+            if (!std::equal(cv, cv + vrb, gpu.v.begin() + std::ptrdiff_t(row * vrb))) ++bad;
+        }
+    return bad;
+}
+int offsets_differing(const KvCache& cpu_kv, const cuda::host::KvBytes& gpu, int l) {
+    const KvLayout& kv = cpu_kv.layout();
+    if (!kv.k_offsets()) return gpu.k_offsets.empty() ? 0 : 1;
+    int bad = 0;
+    for (int h = 0; h < kv.n_kv_heads; ++h) {
+        const float* want = cpu_kv.k_offset(l, h);
+        const float* got = gpu.k_offsets.data() + (size_t(l) * size_t(kv.n_kv_heads) + size_t(h)) * size_t(kv.head_dim);
+        if (std::memcmp(want, got, size_t(kv.head_dim) * 4) != 0) ++bad;
+    }
+    return bad;
+}
+}  // namespace
+
 TEST_CASE("a quantized CUDA cache: store_kv writes the CPU cache's bytes, attention reads them like cpu::attention",
           "[cuda-host]") {
     struct Types {
@@ -342,33 +396,69 @@ TEST_CASE("a quantized CUDA cache: store_kv writes the CPU cache's bytes, attent
         for (const auto& [n_heads, n_kv, hd] : {std::tuple{4, 2, 64}, std::tuple{2, 1, 128}, std::tuple{8, 1, 64}}) {
             const Config c = test::attention_config(n_heads, n_kv, hd);
             const int n_ctx = 150;
+            const size_t row = size_t(n_kv) * size_t(hd);
             INFO(kv_types_name(ty.k, ty.v) << " heads " << n_heads << "/" << n_kv << " hd " << hd);
-            // the bytes: equal to KvCache::write's, the rotation and the rounding included
-            {
-                const int n = 7;
-                std::vector<float> k = randn(size_t(n) * n_kv * hd, 1.0f), v = randn(size_t(n) * n_kv * hd, 1.0f);
+            REQUIRE(KvLayout::of(c, n_ctx, ty.k, ty.v).k_offsets() == kv_type_quantized(ty.k));
+            // the bytes and the key offsets: equal to KvCache::write's, the rotation and the rounding included, the
+            // positions written in steps as the backend's batches come (crossing kKvOffsetPositions inside a step, at
+            // its first or its last row, or not at all)
+            for (const std::vector<int>& steps :
+                 std::vector<std::vector<int>>{{7}, {30}, {10, 20}, {15, 1, 4}, {16, 3}, {3, 13, 2}, {12, 4, 1}}) {
+                int n = 0;
+                for (int m : steps) n += m;
+                std::vector<float> k = randn(size_t(n) * row, 1.0f), v = randn(size_t(n) * row, 1.0f);
                 k[3] = 40.0f;  // an outlier channel, as keys have
+                for (size_t j = 0; j < k.size(); ++j) k[j] += 0.5f * float(int(j % size_t(hd)) % 5 - 2);  // a bias
                 KvCache cpu_kv(c, n_ctx, ty.k, ty.v);
-                cpu_kv.write(0, 0, n, k.data(), v.data());
-                const KvLayout& kv = cpu_kv.layout();
-                const size_t kb = size_t(kv.n_kv_heads) * size_t(n_ctx) * size_t(kv.k_row_bytes());
-                const size_t vb = size_t(kv.n_kv_heads) * size_t(n_ctx) * size_t(kv.v_row_bytes());
-                const std::vector<uint8_t> got = cuda::host::store_kv_bytes(c, k, v, n, n_ctx, ty.k, ty.v);
-                REQUIRE(got.size() == kb + vb);
-                size_t bad = 0;
-                for (int h = 0; h < n_kv; ++h)
-                    for (int t = 0; t < n; ++t) {
-                        const size_t krb = size_t(kv.k_row_bytes()), vrb = size_t(kv.v_row_bytes());
-                        const auto* ck = static_cast<const uint8_t*>(cpu_kv.k(0, h)) + size_t(t) * krb;
-                        const auto* cv = static_cast<const uint8_t*>(cpu_kv.v(0, h)) + size_t(t) * vrb;
-                        const size_t row = size_t(h) * size_t(n_ctx) + size_t(t);
-                        if (!std::equal(ck, ck + krb, got.begin() + std::ptrdiff_t(row * krb))) ++bad;
-                        if (!std::equal(cv, cv + vrb, got.begin() + std::ptrdiff_t(kb + row * vrb))) ++bad;
-                    }
-                CHECK(bad == 0);
+                cuda::host::KvBytes gpu(cpu_kv.layout());
+                int pos = 0;
+                for (int m : steps) {
+                    cpu_kv.write(0, pos, m, k.data() + size_t(pos) * row, v.data() + size_t(pos) * row);
+                    cuda::host::store_step(gpu, 0, k.data() + size_t(pos) * row, v.data() + size_t(pos) * row, pos, m);
+                    pos += m;
+                }
+                INFO("positions " << n << " in " << steps.size() << " steps");
+                CHECK(kv_rows_differing(cpu_kv, gpu, 0, n) == 0);
+                CHECK(offsets_differing(cpu_kv, gpu, 0) == 0);
+                if (cpu_kv.layout().k_offsets() && n >= kKvOffsetPositions)
+                    CHECK(test::max_abs(gpu.k_offsets) > 0.0f);  // set, so the rows past them are stored less them
             }
-            // attention: decode (folded combine) and flash attention (which every quantized prefill takes)
-            for (const auto& [pos0, n] : {std::pair{40, 1}, std::pair{0, 9}, std::pair{70, 66}}) {
+            // the kv_write path (a prompt-cache file, a context shift): two layers' rows copied in, their key offsets
+            // set again from the rows, then a step stored past them
+            for (const int n_loaded : {20, 16, 12}) {
+                Config c2 = c;
+                c2.n_layers = 2;
+                INFO("kv_write of " << n_loaded << " positions");
+                KvCache src(c2, n_ctx, ty.k, ty.v);
+                for (int l = 0; l < 2; ++l) {
+                    const std::vector<float> k = randn(size_t(n_loaded) * row, 2.0f);
+                    const std::vector<float> v = randn(size_t(n_loaded) * row, 1.0f);
+                    src.write(l, 0, n_loaded, k.data(), v.data());
+                }
+                const KvLayout& kv = src.layout();
+                std::vector<uint8_t> kb(size_t(2 * n_kv * n_loaded) * size_t(kv.k_row_bytes()));
+                std::vector<uint8_t> vb(size_t(2 * n_kv * n_loaded) * size_t(kv.v_row_bytes()));
+                src.read(kb.data(), vb.data(), n_loaded);
+                KvCache cpu_kv(c2, n_ctx, ty.k, ty.v);
+                cpu_kv.write_rows(kb.data(), vb.data(), n_loaded);
+                cuda::host::KvBytes gpu(kv);
+                cuda::host::kv_write(gpu, kb.data(), vb.data(), n_loaded);
+                for (int l = 0; l < 2; ++l) {
+                    CHECK(kv_rows_differing(cpu_kv, gpu, l, n_loaded) == 0);
+                    CHECK(offsets_differing(cpu_kv, gpu, l) == 0);
+                    if (kv.k_offsets() && n_loaded >= kKvOffsetPositions) CHECK(offsets_differing(src, gpu, l) == 0);
+                }
+                const int m = 6;
+                const std::vector<float> k = randn(size_t(m) * row, 2.0f), v = randn(size_t(m) * row, 1.0f);
+                cpu_kv.write(1, n_loaded, m, k.data(), v.data());
+                cuda::host::store_step(gpu, 1, k.data(), v.data(), n_loaded, m);
+                CHECK(kv_rows_differing(cpu_kv, gpu, 1, n_loaded + m) == 0);
+                CHECK(offsets_differing(cpu_kv, gpu, 1) == 0);
+            }
+            // attention: decode (folded combine) and flash attention (which every quantized prefill takes), over rows
+            // stored as two steps (the positions before the queries', then theirs) and the key offsets they set
+            for (const auto& [pos0, n] :
+                 {std::pair{40, 1}, std::pair{16, 1}, std::pair{0, 9}, std::pair{10, 20}, std::pair{70, 66}}) {
                 const auto [q, k, v, want] = test::attention_case(c, n_ctx, pos0, n, seed += 3, pool, ty.k, ty.v);
                 const float scale = test::max_abs(want);
                 INFO("pos0 " << pos0 << " n " << n);

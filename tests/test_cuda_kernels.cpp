@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <tuple>
 
@@ -238,6 +239,36 @@ TEST_CASE("the prefill GEMM of a weight larger than one decoded chunk covers eve
     }
 }
 
+namespace {
+// Rows [0, n) of layer l, K and V, that differ between a KvCache and the device's cache; the key offsets of the
+// layer's heads that are not the CPU's bit for bit.
+int kv_rows_differing(const KvCache& cpu_kv, const ct::KvBytes& gpu, int l, int n) {
+    const KvLayout& kv = cpu_kv.layout();
+    const size_t krb = size_t(kv.k_row_bytes()), vrb = size_t(kv.v_row_bytes());
+    int bad = 0;
+    for (int h = 0; h < kv.n_kv_heads; ++h)
+        for (int t = 0; t < n; ++t) {
+            const auto* ck = static_cast<const uint8_t*>(cpu_kv.k(l, h)) + size_t(t) * krb;
+            const auto* cv = static_cast<const uint8_t*>(cpu_kv.v(l, h)) + size_t(t) * vrb;
+            const size_t row = size_t(kv.row_index(l, h, t));
+            if (!std::equal(ck, ck + krb, gpu.k.begin() + std::ptrdiff_t(row * krb))) ++bad;
+            if (!std::equal(cv, cv + vrb, gpu.v.begin() + std::ptrdiff_t(row * vrb))) ++bad;
+        }
+    return bad;
+}
+int offsets_differing(const KvCache& cpu_kv, const ct::KvBytes& gpu, int l) {
+    const KvLayout& kv = cpu_kv.layout();
+    if (!kv.k_offsets()) return gpu.k_offsets.empty() ? 0 : 1;
+    int bad = 0;
+    for (int h = 0; h < kv.n_kv_heads; ++h) {
+        const float* want = cpu_kv.k_offset(l, h);
+        const float* got = gpu.k_offsets.data() + (size_t(l) * size_t(kv.n_kv_heads) + size_t(h)) * size_t(kv.head_dim);
+        if (std::memcmp(want, got, size_t(kv.head_dim) * 4) != 0) ++bad;
+    }
+    return bad;
+}
+}  // namespace
+
 TEST_CASE("a quantized cache on the GPU: the CPU's bytes, and attention over them", "[cuda][kernels]") {
     struct Types {
         KvType k, v;
@@ -249,30 +280,23 @@ TEST_CASE("a quantized cache on the GPU: the CPU's bytes, and attention over the
             const Config c = test::attention_config(n_heads, n_kv, hd);
             const int n_ctx = 1200;
             INFO(kv_types_name(ty.k, ty.v) << " heads " << n_heads << "/" << n_kv << " hd " << hd);
-            for (const auto& [pos0, n] : {std::pair{0, 9}, std::pair{300, 1}, std::pair{1000, 150}}) {
+            for (const auto& [pos0, n] :
+                 {std::pair{0, 9}, std::pair{300, 1}, std::pair{1000, 150}, std::pair{16, 1}, std::pair{10, 20}}) {
                 const int n_pos = pos0 + n;
                 const auto [q, k, v, want] =
                     test::attention_case(c, n_ctx, pos0, n, 83 + uint32_t(pos0 + n), pool, ty.k, ty.v, 30.0f);
-                KvCache kv(c, n_ctx, ty.k, ty.v);  // the same cache, for its bytes
-                kv.write(0, 0, n_pos, k.data(), v.data());
                 INFO("pos0 " << pos0 << " n " << n);
-                // store_kv's bytes are the CPU cache's
-                const std::vector<uint8_t> got = ct::store_kv_bytes(c, k, v, n_pos, n_ctx, ty.k, ty.v);
-                const size_t kb = size_t(n_kv) * n_ctx * size_t(kv.layout().k_row_bytes());
-                const auto* ck = static_cast<const uint8_t*>(kv.k(0, 0));
-                const auto* cv = static_cast<const uint8_t*>(kv.v(0, 0));
-                size_t bad = 0;
-                for (int h = 0; h < n_kv; ++h)
-                    for (int t = 0; t < n_pos; ++t) {
-                        const size_t krb = size_t(kv.layout().k_row_bytes()), vrb = size_t(kv.layout().v_row_bytes());
-                        const size_t row = size_t(h) * n_ctx + size_t(t);
-                        if (!std::equal(ck + row * krb, ck + (row + 1) * krb, got.begin() + std::ptrdiff_t(row * krb)))
-                            ++bad;
-                        if (!std::equal(cv + row * vrb, cv + (row + 1) * vrb,
-                                        got.begin() + std::ptrdiff_t(kb + row * vrb)))
-                            ++bad;
-                    }
-                CHECK(bad == 0);
+                // store_kv's bytes and kv_offsets' key offsets are the CPU cache's, the positions before the queries'
+                // stored as one step and theirs as the next, as the backend's batches come
+                KvCache kv(c, n_ctx, ty.k, ty.v);
+                ct::KvBytes got(kv.layout());
+                const size_t row = size_t(n_kv) * size_t(hd);
+                for (const auto& [p0, m] : {std::pair{0, pos0}, std::pair{pos0, n}}) {
+                    kv.write(0, p0, m, k.data() + size_t(p0) * row, v.data() + size_t(p0) * row);
+                    ct::store_step(got, 0, k.data() + size_t(p0) * row, v.data() + size_t(p0) * row, p0, m);
+                }
+                CHECK(kv_rows_differing(kv, got, 0, n_pos) == 0);
+                CHECK(offsets_differing(kv, got, 0) == 0);
                 if (n == 1) {
                     require_close(ct::attention(c, q, k, v, pos0, n, n_ctx, 16, true, true, ty.k, ty.v), want,
                                   2e-5 * max_abs(want));
@@ -281,6 +305,65 @@ TEST_CASE("a quantized cache on the GPU: the CPU's bytes, and attention over the
                 require_close(ct::attention(c, q, k, v, pos0, n, n_ctx, 0, false, true, ty.k, ty.v), want,
                               2e-3 * max_abs(want));
             }
+        }
+    }
+}
+
+TEST_CASE("a quantized K on the GPU: the key offsets and the bytes whatever the steps, and after kv_write",
+          "[cuda][kernels]") {
+    for (const KvType kt : {KvType::Q8_0, KvType::Q4_0}) {
+        Config c = test::attention_config(8, 2, 128);
+        c.n_layers = 3;
+        const int n_ctx = 600;
+        const size_t row = size_t(c.n_kv_heads) * size_t(c.head_dim);
+        INFO(kv_type_name(kt));
+        // positions crossing kKvOffsetPositions inside a step, at its first or last row, or a decode step at a time
+        for (const std::vector<int>& steps :
+             std::vector<std::vector<int>>{{40}, {10, 20}, {15, 1, 1, 3}, {16, 200}, {5, 11, 1}}) {
+            int n = 0;
+            for (int m : steps) n += m;
+            std::vector<float> k = randn(size_t(n) * row, 61 + uint32_t(n), 2.0f), v = randn(size_t(n) * row, 67);
+            for (size_t j = 0; j < k.size(); ++j) k[j] += 0.5f * float(int(j % 128) % 5 - 2);  // a bias
+            KvCache kv(c, n_ctx, kt, KvType::Q4_0);
+            ct::KvBytes got(kv.layout());
+            int pos = 0;
+            for (int m : steps) {
+                kv.write(2, pos, m, k.data() + size_t(pos) * row, v.data() + size_t(pos) * row);
+                ct::store_step(got, 2, k.data() + size_t(pos) * row, v.data() + size_t(pos) * row, pos, m);
+                pos += m;
+            }
+            INFO(n << " positions in " << steps.size() << " steps");
+            CHECK(kv_rows_differing(kv, got, 2, n) == 0);
+            CHECK(offsets_differing(kv, got, 2) == 0);
+        }
+        // kv_write (a prompt-cache file, a context shift) sets every layer's offsets again; a step continues past it
+        for (const int n_loaded : {12, 16, 100}) {
+            INFO("kv_write of " << n_loaded << " positions");
+            KvCache src(c, n_ctx, kt, KvType::Q4_0);
+            for (int l = 0; l < c.n_layers; ++l) {
+                const std::vector<float> k = randn(size_t(n_loaded) * row, 71 + uint32_t(l), 2.0f);
+                const std::vector<float> v = randn(size_t(n_loaded) * row, 81 + uint32_t(l));
+                src.write(l, 0, n_loaded, k.data(), v.data());
+            }
+            const KvLayout& kv = src.layout();
+            const size_t heads = size_t(c.n_layers) * size_t(c.n_kv_heads);
+            std::vector<uint8_t> kb(heads * size_t(n_loaded) * size_t(kv.k_row_bytes()));
+            std::vector<uint8_t> vb(heads * size_t(n_loaded) * size_t(kv.v_row_bytes()));
+            src.read(kb.data(), vb.data(), n_loaded);
+            KvCache cpu_kv(c, n_ctx, kt, KvType::Q4_0);
+            cpu_kv.write_rows(kb.data(), vb.data(), n_loaded);
+            ct::KvBytes got(kv);
+            ct::kv_write(got, kb.data(), vb.data(), n_loaded);
+            for (int l = 0; l < c.n_layers; ++l) {
+                CHECK(kv_rows_differing(cpu_kv, got, l, n_loaded) == 0);
+                CHECK(offsets_differing(cpu_kv, got, l) == 0);
+            }
+            const int m = 9;
+            const std::vector<float> k = randn(size_t(m) * row, 91, 2.0f), v = randn(size_t(m) * row, 92);
+            cpu_kv.write(1, n_loaded, m, k.data(), v.data());
+            ct::store_step(got, 1, k.data(), v.data(), n_loaded, m);
+            CHECK(kv_rows_differing(cpu_kv, got, 1, n_loaded + m) == 0);
+            CHECK(offsets_differing(cpu_kv, got, 1) == 0);
         }
     }
 }

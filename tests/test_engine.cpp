@@ -16,6 +16,7 @@
 #include "engine/generator.h"
 #include "engine/kv_blocks.h"
 #include "engine/kv_cache.h"
+#include "engine/kv_offset.h"
 #include "engine/kv_rotation.h"
 #include "model/weights.h"
 #include "cuda_test_util.h"
@@ -328,7 +329,8 @@ TEST_CASE("the quantized cache's rotation: its own inverse up to w, and it tames
 TEST_CASE("attention over a quantized cache is attention over its decoded values, exactly", "[engine][kv]") {
     const Config c = test::attention_config(8, 2, 64);
     cpu::ThreadPool pool(2);
-    const int n_ctx = 40, n_pos = 23;
+    // note: within the first kKvOffsetPositions no key offset applies (the next test takes them on)
+    const int n_ctx = 40, n_pos = kKvOffsetPositions;
     const std::vector<float> k = test::randn(size_t(n_pos) * 2 * 64, 41, 1.0f), v = test::randn(k.size(), 43, 1.0f);
     const std::vector<float> q = test::randn(size_t(3) * 8 * 64, 47, 2.0f);
     // one cached row decoded to floats, as stored
@@ -366,6 +368,89 @@ TEST_CASE("attention over a quantized cache is attention over its decoded values
         cpu::attention(b.data(), q_in.data(), exact, 0, n_pos - 3, 3, c, scratch.data(), pool);
         if (kv_type_quantized(vt)) kv_rotate_scaled(b.data(), int(b.size()), 64);
         CHECK(a == b);
+    }
+}
+
+TEST_CASE("a quantized K past its first positions is stored less the key offset, whatever the batches, and "
+          "attention adds it back",
+          "[engine][kv]") {
+    const Config c = test::attention_config(8, 2, 64);
+    cpu::ThreadPool pool(2);
+    const int n_ctx = 48, n_pos = 48, hd = 64;
+    // keys with a bias: the same large value on every dimension for every position, as slowly turning RoPE pairs
+    // carry it
+    std::vector<float> k = test::randn(size_t(n_pos) * 2 * hd, 61, 1.0f), v = test::randn(k.size(), 67, 1.0f);
+    for (size_t e = 0; e < k.size(); ++e) k[e] += 3.0f + 0.05f * float(e % hd);
+    const std::vector<float> q = test::randn(size_t(3) * 8 * hd, 71, 2.0f);
+    for (KvType kt : {KvType::Q8_0, KvType::Q4_0}) {
+        INFO(kv_type_name(kt));
+        KvCache one(c, n_ctx, kt, KvType::F16), parts(c, n_ctx, kt, KvType::F16);
+        const KvLayout& kv = one.layout();
+        REQUIRE(kv.k_offsets());
+        // RoPE base 10000 over 48 positions: pairs 14 .. 31 turn by at most a radian (48 * 10000^(-28/64) = 0.86)
+        CHECK(kv.k_offset_dim0 == 28);
+        one.write(0, 0, n_pos, k.data(), v.data());
+        const int cut[] = {0, 10, 15, 16, 17, n_pos};
+        for (int b = 0; b + 1 < 6; ++b)
+            parts.write(0, cut[b], cut[b + 1] - cut[b], k.data() + size_t(cut[b]) * 2 * hd,
+                        v.data() + size_t(cut[b]) * 2 * hd);
+        const int64_t kb = kv.k_row_bytes();
+        std::vector<float> off(static_cast<size_t>(hd)), model_basis(static_cast<size_t>(hd));
+        for (int h = 0; h < 2; ++h) {
+            INFO("head " << h);
+            CHECK(std::memcmp(one.k(0, h), parts.k(0, h), size_t(n_pos * kb)) == 0);
+            CHECK(std::memcmp(one.k_offset(0, h), parts.k_offset(0, h), size_t(hd) * 4) == 0);
+            kv_offset_of_rows(kt, one.k(0, h), kb, hd, kv.k_offset_dim0, off.data());
+            CHECK(std::memcmp(one.k_offset(0, h), off.data(), size_t(hd) * 4) == 0);
+            // in the model's basis: zero below dim0, the mean of the first keys (as rounded) from there on
+            model_basis = off;
+            kv_rotate_scaled(model_basis.data(), hd, hd);
+            double err = 0, norm = 0;
+            for (int j = 0; j < hd; ++j) {
+                double mean = 0;
+                for (int t = 0; t < kKvOffsetPositions; ++t) mean += k[(size_t(t) * 2 + size_t(h)) * hd + size_t(j)];
+                mean /= kKvOffsetPositions;
+                if (j < kv.k_offset_dim0) {
+                    CHECK(std::fabs(model_basis[size_t(j)]) < 1e-5f);
+                } else {
+                    err += (model_basis[size_t(j)] - mean) * (model_basis[size_t(j)] - mean);
+                    norm += mean * mean;
+                }
+            }
+            CHECK(std::sqrt(err / norm) < (kt == KvType::Q8_0 ? 0.01 : 0.1));
+            // rows past the first decode (the offset added back) to the keys, closer than without the offset
+            double err_off = 0, err_plain = 0;
+            std::vector<float> row(static_cast<size_t>(hd)), tmp(static_cast<size_t>(hd));
+            std::vector<uint8_t> plain(static_cast<size_t>(kb));
+            for (int t = kKvOffsetPositions; t < n_pos; ++t) {
+                const float* x = k.data() + (size_t(t) * 2 + size_t(h)) * hd;
+                kv_decode_row(kt, static_cast<const uint8_t*>(one.k(0, h)) + t * kb, row.data(), hd, off.data());
+                for (int j = 0; j < hd; ++j) err_off += double(row[size_t(j)] - x[j]) * (row[size_t(j)] - x[j]);
+                kv_encode_row(kt, x, plain.data(), hd, tmp.data());
+                kv_decode_row(kt, plain.data(), row.data(), hd);
+                for (int j = 0; j < hd; ++j) err_plain += double(row[size_t(j)] - x[j]) * (row[size_t(j)] - x[j]);
+            }
+            INFO("squared error of the later keys: with the offset " << err_off << ", without " << err_plain);
+            CHECK(err_off < 0.8 * err_plain);
+        }
+        // attention over the cache is attention over its decoded keys (each with its offset back), up to rounding
+        KvCache exact(c, n_ctx, KvType::F32);
+        std::vector<float> kd(k.size());
+        for (int t = 0; t < n_pos; ++t)
+            for (int h = 0; h < 2; ++h)
+                kv_decode_row(kt, static_cast<const uint8_t*>(one.k(0, h)) + t * kb,
+                              kd.data() + (size_t(t) * 2 + size_t(h)) * hd, hd,
+                              t >= kKvOffsetPositions ? one.k_offset(0, h) : nullptr);
+        std::vector<float> vd(v.size());
+        for (size_t e = 0; e < v.size(); ++e) vd[e] = fp16_to_fp32(fp32_to_fp16(v[e]));
+        exact.write(0, 0, n_pos, kd.data(), vd.data());
+        std::vector<float> a(q.size()), b(q.size()), scratch(size_t(2 * cpu::attention_scratch(c, n_ctx)));
+        for (int pos0 : {n_pos - 3, kKvOffsetPositions - 2}) {
+            INFO("queries at " << pos0 << " ..");
+            cpu::attention(a.data(), q.data(), one, 0, pos0, 3, c, scratch.data(), pool);
+            cpu::attention(b.data(), q.data(), exact, 0, pos0, 3, c, scratch.data(), pool);
+            CHECK(test::worst_diff(a, b) <= 1e-4f);
+        }
     }
 }
 

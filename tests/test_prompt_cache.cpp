@@ -9,6 +9,7 @@
 #include "cli/prompt_cache.h"
 #include "cpu/cpu_backend.h"
 #include "engine/generator.h"
+#include "engine/kv_offset.h"
 #include "model/weights.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
@@ -23,9 +24,9 @@ struct Run {
     int n_reused = 0;
 };
 
-std::unique_ptr<Backend> backend_for(const Model& model, KvType kv = KvType::F16) {
+std::unique_ptr<Backend> backend_for(const Model& model, KvType kv = KvType::F16, int n_ctx = 160) {
     Settings s;
-    s.n_ctx = 160;
+    s.n_ctx = n_ctx;
     s.n_threads = 2;
     s.n_batch = 16;  // several batches per prompt, so that a hit and a cold run split the prompt differently
     s.kv_type_k = s.kv_type_v = kv;
@@ -75,22 +76,30 @@ TEST_CASE("a prompt-cache hit gives exactly the tokens and logits of a cold run"
     std::vector<int32_t> parted(stored.begin(), stored.begin() + int(stored.size()) / 2);
     const auto tail = tok.encode(" and then something else entirely follows in this one.", false);
     parted.insert(parted.end(), tail.begin(), tail.end());
+    std::vector<int32_t> parted_early(stored.begin(), stored.begin() + kKvOffsetPositions / 2);
+    parted_early.insert(parted_early.end(), tail.begin(), tail.end());
     const Case cases[] = {{"the same prompt", stored},
                           {"the stored prompt a prefix of the new one", longer},
                           {"the new prompt a prefix of the stored one", shorter},
-                          {"prompts that part in the middle", parted}};
+                          {"prompts that part in the middle", parted},
+                          {"prompts that part before the key offsets' positions end", parted_early}};
+    // note: a quantized K's rows past the first kKvOffsetPositions carry key offsets that follow from those first
+    // rows; prompts that part early share fewer than kKvOffsetPositions tokens, so there the offsets are set after
+    // loading
+    REQUIRE(int(stored.size()) > kKvOffsetPositions);
+    for (KvType kv : {KvType::F16, KvType::Q4_0})
     for (float temp : {0.0f, 0.8f}) {
         for (const Case& c : cases) {
-            INFO(c.what << (temp == 0 ? ", greedy" : ", sampled"));
+            INFO(c.what << (temp == 0 ? ", greedy" : ", sampled") << ", KV " << kv_type_name(kv));
             std::remove(path.c_str());
             {  // the stored run writes the file
-                auto b = backend_for(model);
+                auto b = backend_for(model, kv);
                 const Run first = generate(model, *b, stored, 0, temp);
                 save_prompt_cache(path, *b, fp, stored, 1.0);
             }
-            auto cold_backend = backend_for(model);
+            auto cold_backend = backend_for(model, kv);
             const Run cold = generate(model, *cold_backend, c.prompt, 0, temp);
-            auto hit_backend = backend_for(model);
+            auto hit_backend = backend_for(model, kv);
             const PromptCacheLoad pc = load_prompt_cache(path, *hit_backend, fp, c.prompt);
             CHECK(pc.problem.empty());
             CHECK(pc.n_file == int(stored.size()));
@@ -137,6 +146,17 @@ TEST_CASE("a prompt-cache file that does not belong is refused with its reason, 
     CHECK(problem(model, fp, KvType::F16).empty());
     CHECK(problem(other, model_fingerprint(other), KvType::F16) == "written for another model");
     CHECK(problem(model, fp, KvType::Q8_0).find("its KV cache type is f16 (this run: q8_0)") != std::string::npos);
+    {  // a quantized K's offsets cover the dimensions that turn slowly over the context: another -c, others
+        auto b = backend_for(model, KvType::Q4_0);
+        generate(model, *b, prompt, 0, 0.0f);
+        save_prompt_cache(path, *b, fp, prompt, 1.0);
+        REQUIRE(b->kv_layout().k_offset_dim0 != backend_for(model, KvType::Q4_0, 8000)->kv_layout().k_offset_dim0);
+        auto other_ctx = backend_for(model, KvType::Q4_0, 8000);
+        const PromptCacheLoad pc = load_prompt_cache(path, *other_ctx, fp, prompt);
+        CHECK(pc.problem.find("another --ctx-size") != std::string::npos);
+        CHECK(other_ctx->n_past() == 0);
+        write(good);
+    }
     write(good.substr(0, good.size() - 100));
     CHECK(problem(model, fp, KvType::F16).find("truncated") != std::string::npos);
     std::string flipped = good;

@@ -20,7 +20,8 @@ namespace kvgen {
 namespace {
 
 constexpr char kMagic[8] = {'K', 'V', 'G', 'P', 'C', 'A', 'C', 'H'};
-constexpr uint32_t kVersion = 1;
+// 2: K rows of a quantized cache past the first kKvOffsetPositions carry key offsets (engine/kv_offset.h).
+constexpr uint32_t kVersion = 2;
 
 struct Header {
     char magic[8];
@@ -28,7 +29,7 @@ struct Header {
     uint32_t k_type, v_type;  // KvType
     uint32_t n_layers, n_kv_heads, head_dim;
     uint32_t n_tokens;
-    uint32_t pad;
+    uint32_t k_offset_dim0;  // the first dimension of the key offsets (head_dim: none)
     uint64_t model;     // model_fingerprint
     double compute_ms;  // what computing the rows took
 };
@@ -139,6 +140,9 @@ PromptCacheLoad load_prompt_cache(const std::string& path, Backend& backend, uin
     } else if (h.n_layers != uint32_t(kv.n_layers) || h.n_kv_heads != uint32_t(kv.n_kv_heads) ||
                h.head_dim != uint32_t(kv.head_dim)) {
         r.problem = "another head layout";
+    } else if (h.k_offset_dim0 != uint32_t(std::min(kv.k_offset_dim0, kv.head_dim))) {
+        // note: which dimensions carry key offsets follows from the context size (KvLayout::of)
+        r.problem = "its quantized keys' offsets cover other dimensions (written with another --ctx-size)";
     } else if (bytes.size() != file_bytes(kv, h.n_tokens)) {
         r.problem = "truncated or damaged (its size does not match its header)";
     } else if (checksum(bytes.data(), bytes.size() - 8) != sum) {
@@ -187,6 +191,7 @@ void save_prompt_cache(const std::string& path, Backend& backend, uint64_t model
     h.n_kv_heads = uint32_t(kv.n_kv_heads);
     h.head_dim = uint32_t(kv.head_dim);
     h.n_tokens = uint32_t(n);
+    h.k_offset_dim0 = uint32_t(std::min(kv.k_offset_dim0, kv.head_dim));
     h.model = model;
     h.compute_ms = compute_ms;
     std::string bytes(size_t(file_bytes(kv, uint64_t(n))), '\0');

@@ -140,8 +140,8 @@ void attention(float* out, const float* q, const KvCache& kv, int l, int pos0, i
             const int64_t w = u / chunks;
             const int t0 = int(u % chunks) * kSplitPositions, t1 = std::min(item_pos(w), t0 + kSplitPositions);
             if (t0 < t1)
-                kAttention.scores(item_scores(w), stride, qg[size_t(w)], kv, l, int(w % c.n_kv_heads), t0, t1, c,
-                                  scratch + per_thread * t);
+                kAttention.scores(item_scores(w), stride, qg[size_t(w)], kv, l, int(w % c.n_kv_heads), t0, t1,
+                                  item_pos(w), c, scratch + per_thread * t);
         }
     });
     auto item_out = [&](int64_t w) {

@@ -37,12 +37,14 @@ void attention_items_avx2(float* out, const float* q, const KvCache& kv, int l, 
 void attention_items_generic(float* out, const float* q, const KvCache& kv, int l, int pos0, const Config& c,
                              int64_t n_items, int64_t w0, int64_t w1, float* scratch);
 // The parts of one item, for splitting an item's positions or columns across threads (each element is computed as
-// the items function computes it). scores: [n_rep] rows `stride` apart, positions [t0, t1) of KV head g, from qg
-// (attention_query's); rows: kAttentionRowTile * head_dim floats.
+// the items function computes it). scores: [n_rep] rows `stride` apart, positions [t0, t1) of KV head g for a query
+// that sees n_pos positions, from qg (attention_query's); rows: kAttentionRowTile * head_dim floats. Where K carries
+// offsets and the query sees rows past the first kKvOffsetPositions, the scores of those first rows have q . offset
+// taken off (engine/kv_offset.h), so that every score is of the same k - offset.
 void attention_scores_avx2(float* scores, int64_t stride, const float* qg, const KvCache& kv, int l, int g, int t0,
-                           int t1, const Config& c, float* rows);
+                           int t1, int n_pos, const Config& c, float* rows);
 void attention_scores_generic(float* scores, int64_t stride, const float* qg, const KvCache& kv, int l, int g, int t0,
-                              int t1, const Config& c, float* rows);
+                              int t1, int n_pos, const Config& c, float* rows);
 // og[r][j0, j0 + width) (after attention_softmax zeroed it) += the softmaxed scores' weighted V columns over
 // positions 0 .. n_pos; j0 and width multiples of 32 where V is quantized.
 void attention_values_avx2(float* og, const float* scores, int64_t stride, const KvCache& kv, int l, int g, int n_pos,

@@ -13,9 +13,13 @@ namespace kvgen {
 
 // One cached row of head_dim values in type t: encoded from floats as KvCache::write stores it (a quantized row in
 // the rotated basis of kv_rotation.h; tmp: head_dim floats of scratch), and decoded back to floats in the model's
-// basis (a quantized row dequantized and rotated back).
-void kv_encode_row(KvType t, const float* x, void* dst, int head_dim, float* tmp);
-void kv_decode_row(KvType t, const void* src, float* out, int head_dim);
+// basis (a quantized row dequantized and rotated back). offset: null, or a key offset in the rotated basis
+// (engine/kv_offset.h), taken from the rotated row before it is quantized and added back after it is decoded.
+void kv_encode_row(KvType t, const float* x, void* dst, int head_dim, float* tmp, const float* offset = nullptr);
+void kv_decode_row(KvType t, const void* src, float* out, int head_dim, const float* offset = nullptr);
+// The key offset (rotated basis, head_dim values) of one head whose first kKvOffsetPositions K rows of quantized
+// type t are rows[0 ..), row_bytes apart: kv_offset_from_sum of their decoded sum (zeros for dim0 >= head_dim).
+void kv_offset_of_rows(KvType t, const void* rows, int64_t row_bytes, int head_dim, int dim0, float* offset);
 
 class KvCache {
 public:
@@ -38,6 +42,14 @@ public:
         return static_cast<const char*>(v_.get()) + layout_.row_index(l, h, 0) * layout_.v_row_bytes();
     }
 
+    // The key offset of layer l, KV head h (rotated basis, head_dim values), or null when K carries none
+    // (KvLayout::k_offsets). Set once the layer's first kKvOffsetPositions positions are written; the K rows from
+    // there on are stored less it.
+    const float* k_offset(int l, int h) const {
+        return layout_.k_offsets() ? k_offset_.data() + (int64_t(l) * layout_.n_kv_heads + h) * layout_.head_dim
+                                   : nullptr;
+    }
+
     // Stores n positions starting at pos0 for layer l (rounded to the cache's type; a quantized type stores each row
     // in the rotated basis of kv_rotation.h); k and v are [n][n_kv_heads * head_dim].
     void write(int l, int pos0, int n, const float* k, const float* v);
@@ -53,7 +65,11 @@ private:
         void operator()(void* p) const;
     };
     std::unique_ptr<void, Free> k_, v_;
-    std::vector<float> rotated_;  // [head_dim]: a row on its way into a quantized cache
+    // The key offsets of layer l from its first kKvOffsetPositions stored rows.
+    void set_k_offsets(int l);
+
+    std::vector<float> rotated_;   // [head_dim]: a row on its way into a quantized cache
+    std::vector<float> k_offset_;  // [n_layers][n_kv_heads][head_dim] when K carries offsets
 };
 
 }  // namespace kvgen

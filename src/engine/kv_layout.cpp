@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "engine/rope.h"
 #include "model/config.h"
 
 namespace kvgen {
@@ -45,7 +46,15 @@ void kv_types_from_name(const std::string& name, const char* option, KvType* k, 
 }
 
 KvLayout KvLayout::of(const Config& c, int n_ctx, KvType k_type, KvType v_type) {
-    return KvLayout{c.n_layers, c.n_kv_heads, n_ctx, c.head_dim, k_type, v_type};
+    KvLayout kv{c.n_layers, c.n_kv_heads, n_ctx, c.head_dim, k_type, v_type, c.head_dim};
+    if (!kv_type_quantized(k_type)) return kv;
+    // note: inv_freq falls with j, so the pairs that turn slowly enough are the last ones; dimensions past rope_dim
+    // do not turn at all.
+    const RopeFreqs r = RopeFreqs::of(c, {});
+    int j = c.rope_dim / 2;
+    while (j > 0 && rope_theta(n_ctx, j - 1, r.inv_freq.data(), nullptr, r.pos_div) <= 1.0) --j;
+    kv.k_offset_dim0 = 2 * j;
+    return kv;
 }
 
 }  // namespace kvgen

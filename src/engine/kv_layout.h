@@ -38,7 +38,12 @@ struct KvLayout {
     int head_dim = 0;
     KvType k_type = KvType::F16;
     KvType v_type = KvType::F16;
+    // A quantized K stores rows past the first kKvOffsetPositions less an offset on dimensions [k_offset_dim0,
+    // head_dim) (engine/kv_offset.h); head_dim or more (the default), or any other K type, means none.
+    int k_offset_dim0 = 1 << 30;
 
+    // With the key offsets of a quantized K: the dimensions whose RoPE pair turns by at most one radian over n_ctx
+    // positions (the model's frequencies without any rope_freqs factors, which only slow them down).
     static KvLayout of(const Config& c, int n_ctx, KvType k_type, KvType v_type);
     static KvLayout of(const Config& c, int n_ctx, KvType type) { return of(c, n_ctx, type, type); }
 
@@ -51,6 +56,9 @@ struct KvLayout {
     // The same place counted in rows, for any type: its bytes start at row_index(l, h, t) * k_row_bytes() in K,
     // * v_row_bytes() in V.
     KVGEN_HD int64_t row_index(int l, int h, int t) const { return (int64_t(l) * n_kv_heads + h) * n_ctx + t; }
+
+    // Whether K rows past the first kKvOffsetPositions carry an offset.
+    KVGEN_HD bool k_offsets() const { return kv_type_quantized(k_type) && k_offset_dim0 < head_dim; }
 
     // Bytes of one cached row of head_dim values in type t; in K, in V.
     KVGEN_HD static int64_t row_bytes(KvType t, int head_dim) {

@@ -10,6 +10,7 @@
 #include "cuda_common.cuh"
 #include "elementwise.cuh"
 #include "matvec.cuh"
+#include "engine/kv_offset.h"
 #include "engine/rope.h"
 #include "memory_plan.h"
 #include "ops.cuh"
@@ -229,7 +230,7 @@ std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos
     Dev<float> dk(k);
     Dev<__half> kc(size_t(kv.layer_elems())), vc(size_t(kv.layer_elems()));
     store_kv(reinterpret_cast<uint8_t*>(kc.p), reinterpret_cast<uint8_t*>(vc.p), dk.p, dk.p, r.cos_t.p, r.sin_t.p,
-             r.pos.p, n, kv, c.rope_dim, nullptr);
+             nullptr, r.pos.p, 0, n, kv, c.rope_dim, nullptr);
     const std::vector<float> all = halves_to_floats(kc.get());
     std::vector<float> out(size_t(n) * c.n_kv_heads * c.head_dim);
     for (int i = 0; i < n; ++i)
@@ -239,28 +240,69 @@ std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos
     return out;
 }
 
-std::vector<uint8_t> store_kv_bytes(const Config& c, const std::vector<float>& k, const std::vector<float>& v, int n,
-                                    int n_ctx, KvType kt, KvType vt) {
-    const KvLayout kv = KvLayout::of(c, n_ctx, kt, vt);
-    Dev<float> dk(k), dv(v);
-    Dev<uint8_t> kc(std::vector<uint8_t>(kv.k_bytes() / size_t(kv.n_layers), 0xee));
-    Dev<uint8_t> vc(std::vector<uint8_t>(kv.v_bytes() / size_t(kv.n_layers), 0xee));
-    Dev<int> zero(std::vector<int>{0});
-    store_kv(kc.p, vc.p, dk.p, dv.p, nullptr, nullptr, zero.p, n, kv, c.rope_dim, nullptr);
-    std::vector<uint8_t> out = kc.get(), vb = vc.get();
-    out.insert(out.end(), vb.begin(), vb.end());
-    return out;
+namespace {
+// A KvBytes on the device; get() copies it back.
+struct DevCache {
+    KvBytes& c;
+    Dev<uint8_t> k, v;
+    Dev<float> off;
+    explicit DevCache(KvBytes& cache) : c(cache), k(cache.k), v(cache.v), off(cache.k_offsets) {}
+    uint8_t* layer_k(int l) const { return k.p + c.kv.row_index(l, 0, 0) * c.kv.k_row_bytes(); }
+    uint8_t* layer_v(int l) const { return v.p + c.kv.row_index(l, 0, 0) * c.kv.v_row_bytes(); }
+    float* layer_offsets(int l) const {
+        return c.kv.k_offsets() ? off.p + int64_t(l) * c.kv.n_kv_heads * c.kv.head_dim : nullptr;
+    }
+    void get() {
+        c.k = k.get();
+        c.v = v.get();
+        c.k_offsets = off.get();
+    }
+};
+}  // namespace
+
+void store_step(KvBytes& cache, int l, const float* k, const float* v, int pos0, int n) {
+    const KvLayout& kv = cache.kv;
+    const size_t elems = size_t(n) * size_t(kv.n_kv_heads) * size_t(kv.head_dim);
+    Dev<float> dk(std::vector<float>(k, k + elems)), dv(std::vector<float>(v, v + elems));
+    Dev<int> pos(std::vector<int>{pos0});
+    DevCache d(cache);
+    const bool sets = kv.k_offsets() && pos0 < kKvOffsetPositions && pos0 + n >= kKvOffsetPositions;
+    const int split = sets ? kKvOffsetPositions - pos0 : 0;
+    if (split > 0) {
+        store_kv(d.layer_k(l), d.layer_v(l), dk.p, dv.p, nullptr, nullptr, d.layer_offsets(l), pos.p, 0, split, kv, 0,
+                 nullptr);
+        kv_offsets(d.layer_offsets(l), d.layer_k(l), 1, kv, nullptr);
+    }
+    store_kv(d.layer_k(l), d.layer_v(l), dk.p, dv.p, nullptr, nullptr, d.layer_offsets(l), pos.p, split, n, kv, 0,
+             nullptr);
+    d.get();
+}
+
+void kv_write(KvBytes& cache, const void* k, const void* v, int n) {
+    const KvLayout& kv = cache.kv;
+    DevCache d(cache);
+    const size_t heads = size_t(kv.n_layers) * size_t(kv.n_kv_heads), ctx = size_t(kv.n_ctx), w = size_t(n);
+    const size_t krb = size_t(kv.k_row_bytes()), vrb = size_t(kv.v_row_bytes());
+    KVGEN_CUDA_CHECK(cudaMemcpy2D(d.k.p, ctx * krb, k, w * krb, w * krb, heads, cudaMemcpyHostToDevice));
+    KVGEN_CUDA_CHECK(cudaMemcpy2D(d.v.p, ctx * vrb, v, w * vrb, w * vrb, heads, cudaMemcpyHostToDevice));
+    if (kv.k_offsets() && n >= kKvOffsetPositions) kv_offsets(d.off.p, d.k.p, kv.n_layers, kv, nullptr);
+    d.get();
 }
 
 std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
                              const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold,
                              bool tensor_cores, KvType kt, KvType vt) {
-    const int n_pos = pos0 + n;
     const KvLayout kv = KvLayout::of(c, n_ctx, kt, vt);
-    Dev<float> dk(k), dv(v), dq(q), out(q.size());
-    Dev<uint8_t> kc(kv.k_bytes() / size_t(kv.n_layers)), vc(kv.v_bytes() / size_t(kv.n_layers));
-    Dev<int> zero(std::vector<int>{0}), pos(std::vector<int>{pos0});
-    store_kv(kc.p, vc.p, dk.p, dv.p, nullptr, nullptr, zero.p, n_pos, kv, c.rope_dim, nullptr);
+    // the positions before the queries' as one step, theirs as the next
+    KvBytes cache(kv);
+    const size_t row = size_t(c.n_kv_heads) * size_t(c.head_dim);
+    testing::store_step(cache, 0, k.data(), v.data(), 0, pos0);
+    testing::store_step(cache, 0, k.data() + size_t(pos0) * row, v.data() + size_t(pos0) * row, pos0, n);
+    Dev<float> dq(q), out(q.size());
+    Dev<uint8_t> kc(cache.k), vc(cache.v);
+    Dev<float> off(cache.k_offsets);
+    const float* koff = kv.k_offsets() ? off.p : nullptr;
+    Dev<int> pos(std::vector<int>{pos0});
     poison(out);
     const int64_t rows = int64_t(n) * c.n_heads;
     if (kv_type_quantized(kt)) kv_rotate_rows(dq.p, rows, c.head_dim, nullptr);  // as CudaOps::attention does
@@ -268,7 +310,7 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
         Dev<float> partials(size_t(attention_partials(c.n_heads, c.head_dim, splits)));
         Dev<int> counters(std::vector<int>(size_t(attention_counters(c.n_heads, kv)), 0));
         poison(partials);
-        attention_decode(out.p, partials.p, fold ? counters.p : nullptr, dq.p, kc.p, vc.p, pos.p, c.n_heads, kv,
+        attention_decode(out.p, partials.p, fold ? counters.p : nullptr, dq.p, kc.p, vc.p, koff, pos.p, c.n_heads, kv,
                          splits, nullptr);
         if (kv_type_quantized(vt)) kv_rotate_rows(out.p, rows, c.head_dim, nullptr);
         const std::vector<float> result = out.get();
@@ -276,7 +318,7 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
             if (cnt != 0) throw Error("attention_decode: a head group's counter was not reset");
         return result;
     }
-    attention_prefill(out.p, dq.p, kc.p, vc.p, pos.p, n, c.n_heads, kv, tensor_cores, nullptr);
+    attention_prefill(out.p, dq.p, kc.p, vc.p, koff, pos.p, n, c.n_heads, kv, tensor_cores, nullptr);
     if (kv_type_quantized(vt)) kv_rotate_rows(out.p, rows, c.head_dim, nullptr);
     return out.get();
 }

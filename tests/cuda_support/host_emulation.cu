@@ -364,28 +364,69 @@ std::vector<float> dequantize_rows(GgmlType type, const uint8_t* bytes, int64_t 
     return f;
 }
 
-std::vector<uint8_t> store_kv_bytes(const Config& c, const std::vector<float>& k, const std::vector<float>& v, int n,
-                                    int n_ctx, KvType kt, KvType vt) {
-    const KvLayout kv = KvLayout::of(c, n_ctx, kt, vt);
-    std::vector<uint8_t> kc(kv.k_bytes() / size_t(kv.n_layers), 0xee), vc(kv.v_bytes() / size_t(kv.n_layers), 0xee);
-    const int pos0 = 0;
-    for (int64_t g = 0; g < int64_t(n) * c.n_kv_heads * 2; ++g)
-        store_kv_row_item(g, k.data(), v.data(), nullptr, nullptr, &pos0, kv, 0, kc.data(), vc.data());
-    kc.insert(kc.end(), vc.begin(), vc.end());
-    return kc;
+namespace {
+// kv_offsets_kernel: items [0, heads) of kv_offset_item from layer l on.
+void host_kv_offsets(KvBytes& cache, int l, int n_layers) {
+    const KvLayout& kv = cache.kv;
+    if (!kv.k_offsets()) throw Error("kv_offsets: K carries no key offsets");
+    const uint8_t* kc = cache.k.data() + kv.row_index(l, 0, 0) * kv.k_row_bytes();
+    float* off = cache.k_offsets.data() + int64_t(l) * kv.n_kv_heads * kv.head_dim;
+    for (int64_t g = 0; g < int64_t(n_layers) * kv.n_kv_heads; ++g) kv_offset_item(g, kc, kv, off);
+}
+}  // namespace
+
+void store_step(KvBytes& cache, int l, const float* k, const float* v, int pos0, int n) {
+    const KvLayout& kv = cache.kv;
+    if (!kv.quantized()) {  // store_kv_kernel's items: f16 pairs
+        __half* kc = reinterpret_cast<__half*>(cache.k.data()) + kv.offset(l, 0, 0);
+        __half* vc = reinterpret_cast<__half*>(cache.v.data()) + kv.offset(l, 0, 0);
+        for (int64_t g = 0; g < int64_t(n) * kv.n_kv_heads * (kv.head_dim / 2); ++g)
+            store_kv_item(g, k, v, nullptr, nullptr, &pos0, kv, 0, kc, vc);
+        return;
+    }
+    uint8_t* kc = cache.k.data() + kv.row_index(l, 0, 0) * kv.k_row_bytes();
+    uint8_t* vc = cache.v.data() + kv.row_index(l, 0, 0) * kv.v_row_bytes();
+    const float* off = kv.k_offsets() ? cache.k_offsets.data() + int64_t(l) * kv.n_kv_heads * kv.head_dim : nullptr;
+    auto rows = [&](int i0, int i1) {  // store_kv_rows_kernel over tokens [i0, i1)
+        for (int64_t g = 0; g < int64_t(i1 - i0) * kv.n_kv_heads * 2; ++g)
+            store_kv_row_item(g, k, v, nullptr, nullptr, off, &pos0, i0, kv, 0, kc, vc);
+    };
+    const bool sets = kv.k_offsets() && pos0 < kKvOffsetPositions && pos0 + n >= kKvOffsetPositions;
+    const int split = sets ? kKvOffsetPositions - pos0 : 0;
+    if (split > 0) {
+        rows(0, split);
+        host_kv_offsets(cache, l, 1);
+    }
+    rows(split, n);
+}
+
+void kv_write(KvBytes& cache, const void* k, const void* v, int n) {
+    const KvLayout& kv = cache.kv;
+    const int64_t heads = int64_t(kv.n_layers) * kv.n_kv_heads, krb = kv.k_row_bytes(), vrb = kv.v_row_bytes();
+    for (int64_t lh = 0; lh < heads; ++lh) {  // cudaMemcpy2DAsync's rows
+        std::memcpy(cache.k.data() + lh * kv.n_ctx * krb, static_cast<const uint8_t*>(k) + lh * n * krb,
+                    size_t(n * krb));
+        std::memcpy(cache.v.data() + lh * kv.n_ctx * vrb, static_cast<const uint8_t*>(v) + lh * n * vrb,
+                    size_t(n * vrb));
+    }
+    if (kv.k_offsets() && n >= kKvOffsetPositions) host_kv_offsets(cache, 0, kv.n_layers);
 }
 
 std::vector<float> attention(const Config& c, const std::vector<float>& q_in, const std::vector<float>& k,
                              const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold,
                              bool tensor_cores, KvType kt, KvType vt) {
-    const int hd = c.head_dim, n_pos = pos0 + n, n_rep = c.n_heads / c.n_kv_heads;
-    // One layer's cache, as store_kv writes it (no RoPE here): its row items, in the cache's types.
+    const int hd = c.head_dim, n_rep = c.n_heads / c.n_kv_heads;
+    // One layer's cache as store_kv writes it (no RoPE here): the positions before the queries' as one step, theirs
+    // as the next.
     const KvLayout kv = KvLayout::of(c, n_ctx, kt, vt);
-    std::vector<uint8_t> kc(kv.k_bytes() / size_t(kv.n_layers), 0), vc(kv.v_bytes() / size_t(kv.n_layers), 0);
-    for (int64_t g = 0; g < int64_t(n_pos) * c.n_kv_heads * 2; ++g) {
-        const int zero = 0;
-        store_kv_row_item(g, k.data(), v.data(), nullptr, nullptr, &zero, kv, 0, kc.data(), vc.data());
-    }
+    KvBytes cache(kv);
+    std::fill(cache.k.begin(), cache.k.end(), 0);
+    std::fill(cache.v.begin(), cache.v.end(), 0);
+    const size_t row = size_t(c.n_kv_heads) * size_t(hd);
+    host::store_step(cache, 0, k.data(), v.data(), 0, pos0);
+    host::store_step(cache, 0, k.data() + size_t(pos0) * row, v.data() + size_t(pos0) * row, pos0, n);
+    const uint8_t *kc = cache.k.data(), *vc = cache.v.data();
+    const float* koff = kv.k_offsets() ? cache.k_offsets.data() : nullptr;
     // the query turned to a quantized K's basis, as CudaOps::attention does (kv_rotate_rows_kernel's body)
     std::vector<float> q = q_in;
     if (kv_type_quantized(kt))
@@ -401,7 +442,7 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q_in, co
             constexpr int HD = decltype(hdc)::value, NQ = decltype(nq)::value;
             const int gy = (n + kFaRows / NQ - 1) / (kFaRows / NQ);
             run_grid(c.n_heads / NQ, gy, kFaThreads, size_t(kFaShared<HD>), [&](const HostThread& t) {
-                flash_prefill_body<HD, NQ>(t, q.data(), kc.data(), vc.data(), &pos0, n, c.n_heads, n_rep, kv, scale,
+                flash_prefill_body<HD, NQ>(t, q.data(), kc, vc, koff, &pos0, n, c.n_heads, n_rep, kv, scale,
                                            out.data());
             });
         })) {
@@ -417,11 +458,11 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q_in, co
             run_grid(groups, splits, kAttnThreads, size_t(kAttnDecodeShared<NQ, E>), [&](const HostThread& t) {
                 int* cnt = fold ? counters.data() : nullptr;
                 if (!kv.quantized())
-                    attention_decode_body<NQ, E, true>(t, q.data(), kc.data(), vc.data(), &pos0, n_rep, kv, splits,
-                                                       scale, partials.data(), cnt, out.data());
+                    attention_decode_body<NQ, E, true>(t, q.data(), kc, vc, nullptr, &pos0, n_rep, kv, splits, scale,
+                                                       partials.data(), cnt, out.data());
                 else
-                    attention_decode_body<NQ, E, false>(t, q.data(), kc.data(), vc.data(), &pos0, n_rep, kv, splits,
-                                                        scale, partials.data(), cnt, out.data());
+                    attention_decode_body<NQ, E, false>(t, q.data(), kc, vc, koff, &pos0, n_rep, kv, splits, scale,
+                                                        partials.data(), cnt, out.data());
             });
             if (fold) {
                 for (int cnt : counters)
@@ -433,15 +474,14 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q_in, co
             }
         } else {
             run_grid(groups, (n + kAttnWarps - 1) / kAttnWarps, kAttnThreads, 0, [&](const HostThread& t) {
-                attention_prefill_body<NQ, E>(t, q.data(), kc.data(), vc.data(), &pos0, n, c.n_heads, n_rep, kv, scale,
-                                              out.data());
+                attention_prefill_body<NQ, E>(t, q.data(), kc, vc, &pos0, n, c.n_heads, n_rep, kv, scale, out.data());
             });
         }
     });
     if (!ok) {  // attention_generic_kernel: one thread per (query, head)
         if (!attention_head_dim_supported(hd)) throw Error(fmt::format("no attention kernel for head_dim {}", hd));
         for (int64_t g = 0; g < int64_t(n) * c.n_heads; ++g)
-            attention_generic_item(g, q.data(), kc.data(), vc.data(), &pos0, c.n_heads, n_rep, kv, scale, out.data());
+            attention_generic_item(g, q.data(), kc, vc, &pos0, c.n_heads, n_rep, kv, scale, out.data());
     }
     unrotate();
     return out;
@@ -506,7 +546,7 @@ std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos
     // the per-row kernel of a quantized cache, run with f16 halves, writes the same values
     std::vector<__half> kr(kc.size(), __float2half(NAN)), vr(kr);
     for (int64_t g = 0; g < int64_t(n) * c.n_kv_heads * 2; ++g)
-        store_kv_row_item(g, k.data(), k.data(), cs.data(), sn.data(), &pos0, kv, c.rope_dim / 2,
+        store_kv_row_item(g, k.data(), k.data(), cs.data(), sn.data(), nullptr, &pos0, 0, kv, c.rope_dim / 2,
                           reinterpret_cast<uint8_t*>(kr.data()), reinterpret_cast<uint8_t*>(vr.data()));
     for (int i = 0; i < n; ++i)
         for (int h = 0; h < c.n_kv_heads; ++h)

@@ -11,6 +11,22 @@
 
 namespace kvgen::cuda::testing {
 
+// A KV cache as the device holds it, copied to the host: every layer's K rows, then V rows, each
+// [n_layers][n_kv_heads][n_ctx][row bytes] (0xee where never written), and the key offsets, f32
+// [n_layers][n_kv_heads][head_dim] (empty where K carries none, KvLayout::k_offsets; zeros until set).
+struct KvBytes {
+    KvLayout kv;
+    std::vector<uint8_t> k, v;
+    std::vector<float> k_offsets;
+    explicit KvBytes(const KvLayout& layout)
+        : kv(layout),
+          k(layout.k_bytes(), 0xee),
+          v(layout.v_bytes(), 0xee),
+          k_offsets(
+              layout.k_offsets() ? size_t(layout.n_layers) * size_t(layout.n_kv_heads) * size_t(layout.head_dim) : 0,
+              0.0f) {}
+};
+
 // rows x cols weights of `type` given as their GGUF bytes.
 struct HostWeight {
     GgmlType type;
@@ -47,17 +63,21 @@ std::vector<float> rope(const std::vector<float>& x, int n, int n_heads, int pos
                         const std::vector<float>& freq_factors);
 
 // Attention of n queries q [n][n_heads][head_dim] at positions pos0 .. over K/V [pos0 + n][n_kv_heads][head_dim]
-// (f32, stored to an f16 cache of n_ctx positions by store_kv without rotation). n == 1 uses the flash-decoding
-// kernel with `splits` splits (fold: the combine folded into it, as the backend runs it), n > 1 the prefill kernel:
-// flash attention on the tensor cores where head_dim has it and tensor_cores is set, else a warp per query. The
-// cache's K and V types kt, vt (a quantized one: the query rotated before, the output after, as the backend does).
+// (f32, stored without rotation into a one-layer cache of n_ctx positions by store_step: positions [0, pos0), then
+// the queries' own). n == 1 uses the flash-decoding kernel with `splits` splits (fold: the combine folded into it, as
+// the backend runs it), n > 1 the prefill kernel: flash attention on the tensor cores where head_dim has it and
+// tensor_cores is set, else a warp per query. The cache's K and V types kt, vt (a quantized one: the query rotated
+// before, the output after, as the backend does; a K with offsets: the layer's offsets passed to the kernel).
 std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
                              const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold = false,
                              bool tensor_cores = true, KvType kt = KvType::F16, KvType vt = KvType::F16);
-// The bytes store_kv writes for n positions of K and V ([n][n_kv_heads][head_dim] each, no RoPE) into one layer's
-// cache of n_ctx positions in types kt, vt: the K rows, then the V rows (unwritten bytes 0xee).
-std::vector<uint8_t> store_kv_bytes(const Config& c, const std::vector<float>& k, const std::vector<float>& v, int n,
-                                    int n_ctx, KvType kt, KvType vt);
+// One step of n positions pos0 .. of K and V ([n][n_kv_heads][head_dim] each, no RoPE) stored into layer l as
+// CudaOps::rope_store_kv stores it: store_kv; and where the step writes the last of the first kKvOffsetPositions rows
+// of a K with offsets, store_kv of the rows before it, kv_offsets of the layer, store_kv of the rest.
+void store_step(KvBytes& cache, int l, const float* k, const float* v, int pos0, int n);
+// Positions [0, n) of every layer loaded as CudaOps::kv_write loads them (k, v packed as KvCache::read gives them),
+// the key offsets set again by kv_offsets when the rows hold the first kKvOffsetPositions.
+void kv_write(KvBytes& cache, const void* k, const void* v, int n);
 // K rotated and stored by store_kv for positions pos0 .. pos0 + n, read back from the f16 cache as floats:
 // [n][n_kv_heads][head_dim].
 std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos0, int n, int n_ctx);
@@ -103,7 +123,9 @@ std::vector<float> dequantize_rows(GgmlType type, const uint8_t* bytes, int64_t 
 std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
                              const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold = false,
                              bool tensor_cores = true, KvType kt = KvType::F16, KvType vt = KvType::F16);
-std::vector<uint8_t> store_kv_bytes(const Config& c, const std::vector<float>& k, const std::vector<float>& v, int n,
-                                    int n_ctx, KvType kt, KvType vt);
+using testing::KvBytes;
+// store_step and kv_write with the kernels' items run on the host (store_kv_item, store_kv_row_item, kv_offset_item).
+void store_step(KvBytes& cache, int l, const float* k, const float* v, int pos0, int n);
+void kv_write(KvBytes& cache, const void* k, const void* v, int n);
 
 }  // namespace kvgen::cuda::host
