@@ -3,6 +3,7 @@
 // belong (another model, another KV type, damaged, truncated, not a cache at all) is refused with its reason and
 // leaves an empty cache.
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 
@@ -155,6 +156,14 @@ TEST_CASE("a prompt-cache file that does not belong is refused with its reason, 
         const PromptCacheLoad pc = load_prompt_cache(path, *other_ctx, fp, prompt);
         CHECK(pc.problem.find("another --ctx-size") != std::string::npos);
         CHECK(other_ctx->n_past() == 0);
+        write(good);
+    }
+    {  // a file of the format before key offsets (version 1) is refused: its later quantized keys carry none
+        std::string old = good;
+        const uint32_t v1 = 1;
+        std::memcpy(old.data() + 8, &v1, 4);  // after the 8-byte magic
+        write(old);
+        CHECK(problem(model, fp, KvType::F16) == "format version 1 (this kvgen reads 2)");
         write(good);
     }
     write(good.substr(0, good.size() - 100));
