@@ -3,6 +3,7 @@
 // build against the AVX2 one.
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "cpu/cpu_features.h"
@@ -144,6 +145,72 @@ TEST_CASE("the portable attention build: whole items equal its split parts bit f
                 scale = std::max(scale, std::fabs(whole[j]));
             }
             CHECK(worst <= 1e-5f * scale);
+        }
+    }
+}
+
+TEST_CASE("a prompt's integer products (16 tokens per vector) match dequantize-then-dot, whatever the batch",
+          "[cpu][matmul]") {
+    if (!has_avx512_vnni()) {
+        WARN("no AVX-512 VNNI here: prompts multiply in f32 tiles, nothing to check");
+        return;
+    }
+    const int64_t cols = 96, rows = 21;  // three blocks; rows not a multiple of the tile's 8
+    const int n = 37;                    // two whole groups of 16 tokens and a partial one
+    std::mt19937 rng(11);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(size_t(n * cols));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = normal(rng) * (i % 53 == 0 ? 10.0f : 1.0f);
+    ThreadPool pool(2);
+    std::vector<float> scratch(size_t(pool.size() * matmul_scratch(cols)));
+    // y = x W^T for tokens [i0, i0 + m) in a batch of their own: f32 (the f32 tiles) or the integer products
+    auto product = [&](const WeightView& w, int i0, int m, bool integer) {
+        std::vector<BlockA32> a32(size_t(m * cols / 32));
+        std::vector<BlockA256> a256(1);
+        std::vector<BlockT16> t16(size_t((m + 15) / 16 * cols / 32));
+        Activations a(x.data() + i0 * cols, m, cols, a32.data(), a256.data(), true, integer ? t16.data() : nullptr);
+        std::vector<float> y(size_t(m * rows));
+        matmul(y.data(), a, w, scratch.data(), pool);
+        return y;
+    };
+    for (const char* name : {"Q8_0", "Q4_0", "Q4_1"}) {
+        INFO(name);
+        GgmlType t;
+        REQUIRE(ggml_type_from_name(name, &t));
+        REQUIRE(prompt_integer(t));
+        const GgmlTypeInfo* info = ggml_type_info(t);
+        const int64_t row_bytes = cols / info->block_size * int64_t(info->type_size);
+        std::vector<uint8_t> data(size_t(rows * row_bytes));
+        synth_random_rows(t, data.data(), rows, cols, 0.05f, 23);
+        GgufTensor tensor;
+        const WeightView w{&tensor, t, cols, rows, row_bytes, data.data()};
+        std::vector<float> wf(size_t(rows * cols));
+        for (int64_t r = 0; r < rows; ++r) dequantize_row(t, w.row(r), wf.data() + r * cols, cols);
+
+        const std::vector<float> y = product(w, 0, n, true), f32 = product(w, 0, n, false);
+        std::vector<BlockA32> xq(size_t(n * cols / 32));
+        for (int i = 0; i < n; ++i) quantize_a32(x.data() + i * cols, xq.data() + i * cols / 32, cols);
+        for (int i = 0; i < n; ++i)
+            for (int64_t r = 0; r < rows; ++r) {
+                // the exact product of the weights and the 16-bit activations (d * q), and its magnitude
+                double ref = 0, mag = 0;
+                for (int64_t j = 0; j < cols; ++j) {
+                    const BlockA32& b = xq[size_t(i * cols / 32 + j / 32)];
+                    const double p = double(wf[size_t(r * cols + j)]) * double(b.d) * double(b.q[j % 32]);
+                    ref += p;
+                    mag += std::fabs(p);
+                }
+                INFO("token " << i << " row " << r);
+                const float got = y[size_t(i * rows + r)];
+                CHECK(std::fabs(got - ref) <= 1e-5 * mag + 1e-30);
+                // and the f32 tiles' product within the activations' rounding
+                CHECK(std::fabs(got - f32[size_t(i * rows + r)]) <= 1e-4 * mag + 1e-30);
+            }
+        // each token's result is the same bits alone, or in another lane of another batch
+        for (const auto& [i0, m] : {std::pair{0, 1}, std::pair{5, 1}, std::pair{20, 17}, std::pair{3, 30}}) {
+            INFO("tokens " << i0 << " .. " << i0 + m - 1 << " as a batch");
+            const std::vector<float> part = product(w, i0, m, true);
+            CHECK(std::memcmp(part.data(), y.data() + i0 * rows, part.size() * sizeof(float)) == 0);
         }
     }
 }

@@ -29,6 +29,8 @@ void each_row(int n, ThreadPool& pool, Fn&& fn) {
 
 }  // namespace
 
+bool prompt_integer(GgmlType t) { return t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q4_1; }
+
 const char* matmul_isa() { return kAvx512 ? "avx512-vnni" : kAvx2 ? "avx2" : "generic"; }
 
 const void* Activations::quantized(ActFormat f, ThreadPool& pool, int64_t* stride) {
@@ -47,6 +49,17 @@ const void* Activations::quantized(ActFormat f, ThreadPool& pool, int64_t* strid
     return a32_;
 }
 
+const BlockT16* Activations::tokens16(ThreadPool& pool) {
+    if (!t16_) return nullptr;
+    if (!have_t16_) {
+        int64_t stride = 0;
+        quantized(ActFormat::A32, pool, &stride);
+        tokens16_from_a32(a32_, n_, cols_ / 32, t16_);
+        have_t16_ = true;
+    }
+    return t16_;
+}
+
 void matmul_many(float* const* ys, Activations& x, const WeightView* const* ws, int count, float* scratch,
                  ThreadPool& pool) {
     constexpr int kMax = 4;
@@ -57,7 +70,10 @@ void matmul_many(float* const* ys, Activations& x, const WeightView* const* ws, 
         const WeightView& w = *ws[i];
         KVGEN_ASSERT(w.tensor != nullptr && w.cols == x.cols());
         const ActFormat f = act_format(w.type);
-        xq[i] = (f == ActFormat::None || x.f32()) ? nullptr : x.quantized(f, pool, &stride[i]);  // before the region
+        if (x.f32())  // a prompt: f32 tiles, or tokens side by side in integer products where the ISA has them
+            xq[i] = kAvx512 && prompt_integer(w.type) ? x.tokens16(pool) : nullptr;
+        else
+            xq[i] = f == ActFormat::None ? nullptr : x.quantized(f, pool, &stride[i]);  // before the region
         total += w.rows;
     }
     const int n = x.n();

@@ -38,6 +38,19 @@ inline ActFormat act_format(GgmlType t) {
     }
 }
 
+// A32 activations of 16 tokens side by side, for prompt products that put tokens in vector lanes: per block of 32
+// columns, pair j (values 2j, 2j + 1) of the 16 tokens as 16 int32 words, then the 16 tokens' d and ds. Tokens past
+// the batch's end are zeros.
+struct BlockT16 {
+    int32_t pairs[16][16];  // [pair][token]: two int16, value 2j low
+    float d[16];
+    float ds[16];
+};
+static_assert(sizeof(BlockT16) == 1152, "BlockT16");
+
+// The A32 blocks of n tokens (nb blocks each) as ceil(n / 16) groups of nb BlockT16.
+void tokens16_from_a32(const BlockA32* x, int n, int64_t nb, BlockT16* y);
+
 // n: a multiple of 32 (of 256 for the A256 form).
 void quantize_a32(const float* x, BlockA32* y, int64_t n);
 void quantize_a256(const float* x, BlockA256* y, int64_t n);

@@ -65,4 +65,25 @@ void quantize_a256(const float* x, BlockA256* y, int64_t n) {
     }
 }
 
+void tokens16_from_a32(const BlockA32* x, int n, int64_t nb, BlockT16* y) {
+    const int groups = (n + 15) / 16;
+    for (int g = 0; g < groups; ++g)
+        for (int64_t b = 0; b < nb; ++b) {
+            BlockT16& o = y[int64_t(g) * nb + b];
+            for (int t = 0; t < 16; ++t) {
+                const int i = 16 * g + t;
+                if (i < n) {
+                    const BlockA32& a = x[int64_t(i) * nb + b];
+                    for (int j = 0; j < 16; ++j)
+                        o.pairs[j][t] = int32_t(uint32_t(uint16_t(a.q[2 * j])) | (uint32_t(uint16_t(a.q[2 * j + 1])) << 16));
+                    o.d[t] = a.d;
+                    o.ds[t] = a.ds;
+                } else {
+                    for (int j = 0; j < 16; ++j) o.pairs[j][t] = 0;
+                    o.d[t] = o.ds[t] = 0.0f;
+                }
+            }
+        }
+}
+
 }  // namespace kvgen::cpu
