@@ -155,7 +155,7 @@ TEST_CASE("a prompt's integer products (16 tokens per vector) match dequantize-t
         WARN("no AVX-512 VNNI here: prompts multiply in f32 tiles, nothing to check");
         return;
     }
-    const int64_t cols = 96, rows = 21;  // three blocks; rows not a multiple of the tile's 8
+    const int64_t cols = 512, rows = 21;  // 16 blocks or 2 super-blocks; rows not a multiple of the tile's 8
     const int n = 37;                    // two whole groups of 16 tokens and a partial one
     std::mt19937 rng(11);
     std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -166,18 +166,21 @@ TEST_CASE("a prompt's integer products (16 tokens per vector) match dequantize-t
     // y = x W^T for tokens [i0, i0 + m) in a batch of their own: f32 (the f32 tiles) or the integer products
     auto product = [&](const WeightView& w, int i0, int m, bool integer) {
         std::vector<BlockA32> a32(size_t(m * cols / 32));
-        std::vector<BlockA256> a256(1);
+        std::vector<BlockA256> a256(size_t(m * cols / 256));
         std::vector<BlockT16> t16(size_t((m + 15) / 16 * cols / 32));
-        Activations a(x.data() + i0 * cols, m, cols, a32.data(), a256.data(), true, integer ? t16.data() : nullptr);
+        std::vector<BlockT256> t256(size_t((m + 15) / 16 * cols / 256));
+        Activations a(x.data() + i0 * cols, m, cols, a32.data(), a256.data(), true, integer ? t16.data() : nullptr,
+                      integer ? t256.data() : nullptr);
         std::vector<float> y(size_t(m * rows));
         matmul(y.data(), a, w, scratch.data(), pool);
         return y;
     };
-    for (const char* name : {"Q8_0", "Q4_0", "Q4_1"}) {
+    for (const char* name : {"Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"}) {
         INFO(name);
         GgmlType t;
         REQUIRE(ggml_type_from_name(name, &t));
         REQUIRE(prompt_integer(t));
+        const bool k = act_format(t) == ActFormat::A256;
         const GgmlTypeInfo* info = ggml_type_info(t);
         const int64_t row_bytes = cols / info->block_size * int64_t(info->type_size);
         std::vector<uint8_t> data(size_t(rows * row_bytes));
@@ -188,15 +191,23 @@ TEST_CASE("a prompt's integer products (16 tokens per vector) match dequantize-t
         for (int64_t r = 0; r < rows; ++r) dequantize_row(t, w.row(r), wf.data() + r * cols, cols);
 
         const std::vector<float> y = product(w, 0, n, true), f32 = product(w, 0, n, false);
-        std::vector<BlockA32> xq(size_t(n * cols / 32));
-        for (int i = 0; i < n; ++i) quantize_a32(x.data() + i * cols, xq.data() + i * cols / 32, cols);
+        // each token's 16-bit activations as the products see them (d * q)
+        std::vector<double> xd(x.size());
+        for (int i = 0; i < n; ++i) {
+            std::vector<BlockA32> a32(size_t(cols / 32));
+            std::vector<BlockA256> a256(size_t(cols / 256));
+            quantize_a32(x.data() + i * cols, a32.data(), cols);
+            quantize_a256(x.data() + i * cols, a256.data(), cols);
+            for (int64_t j = 0; j < cols; ++j)
+                xd[size_t(i * cols + j)] = k ? double(a256[size_t(j / 256)].d) * a256[size_t(j / 256)].q[j % 256]
+                                             : double(a32[size_t(j / 32)].d) * a32[size_t(j / 32)].q[j % 32];
+        }
         for (int i = 0; i < n; ++i)
             for (int64_t r = 0; r < rows; ++r) {
                 // the exact product of the weights and the 16-bit activations (d * q), and its magnitude
                 double ref = 0, mag = 0;
                 for (int64_t j = 0; j < cols; ++j) {
-                    const BlockA32& b = xq[size_t(i * cols / 32 + j / 32)];
-                    const double p = double(wf[size_t(r * cols + j)]) * double(b.d) * double(b.q[j % 32]);
+                    const double p = double(wf[size_t(r * cols + j)]) * xd[size_t(i * cols + j)];
                     ref += p;
                     mag += std::fabs(p);
                 }

@@ -49,6 +49,7 @@ CpuOps::CpuOps(const Model& model, const Settings& s)
     a32_.resize(nb * (max_cols / 32 + 1));
     a256_.resize(nb * (max_cols / 256 + 1));
     t16_.resize((nb + 15) / 16 * (max_cols / 32 + 1));
+    t256_.resize((nb + 15) / 16 * (max_cols / 256 + 1));
     att_scratch_.resize(size_t(pool_.size()) * size_t(attention_scratch(c_, kv_.n_ctx())));
 }
 
@@ -69,7 +70,7 @@ const float* CpuOps::run(int, int, const std::function<void()>& step) {
 }
 
 void CpuOps::matmul(float* y, const float* x, int64_t cols, const WeightView& w, int n) {
-    Activations a(x, n, cols, a32_.data(), a256_.data(), prefill_, t16_.data());
+    Activations a(x, n, cols, a32_.data(), a256_.data(), prefill_, t16_.data(), t256_.data());
     cpu::matmul(y, a, w, mm_scratch_.data(), pool_);
 }
 
@@ -85,7 +86,7 @@ void CpuOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int n
     float* xn = xn_.data();
     rmsnorm(xn, x, attn_norm_[size_t(l)].data(), n, c_.n_embd, c_.rms_eps);
     // note: one Activations for the three products, so the input is quantized once.
-    Activations a(xn, n, c_.n_embd, a32_.data(), a256_.data(), prefill_, t16_.data());
+    Activations a(xn, n, c_.n_embd, a32_.data(), a256_.data(), prefill_, t16_.data(), t256_.data());
     float* const ys[] = {q, k, v};
     const WeightView* const ws[] = {&L.wq, &L.wk, &L.wv};
     cpu::matmul_many(ys, a, ws, 3, mm_scratch_.data(), pool_);
@@ -109,7 +110,7 @@ void CpuOps::norm_swiglu(float* h, const float* x, int l, int n) {
     const LayerWeights& L = model_.weights.layers[size_t(l)];
     float* xn = xn_.data();
     rmsnorm(xn, x, ffn_norm_[size_t(l)].data(), n, c_.n_embd, c_.rms_eps);
-    Activations a(xn, n, c_.n_embd, a32_.data(), a256_.data(), prefill_, t16_.data());  // shared by gate and up
+    Activations a(xn, n, c_.n_embd, a32_.data(), a256_.data(), prefill_, t16_.data(), t256_.data());  // shared by gate and up
     float* const ys[] = {h, up_.data()};
     const WeightView* const ws[] = {&L.w_gate, &L.w_up};
     cpu::matmul_many(ys, a, ws, 2, mm_scratch_.data(), pool_);

@@ -68,6 +68,7 @@ private:
     std::vector<BlockA32> a32_;    // the integer forms of a matmul input: [n_batch][cols / 32]
     std::vector<BlockA256> a256_;  // and [n_batch][cols / 256] for k-quant weights
     std::vector<BlockT16> t16_;    // a prompt's A32 form, 16 tokens side by side: [n_batch / 16][cols / 32]
+    std::vector<BlockT256> t256_;  // and its A256 form: [n_batch / 16][cols / 256]
 };
 
 // The forward pass on the CPU ops. Throws kvgen::Error when the KV cache does not fit in memory.

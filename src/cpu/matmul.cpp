@@ -29,7 +29,13 @@ void each_row(int n, ThreadPool& pool, Fn&& fn) {
 
 }  // namespace
 
-bool prompt_integer(GgmlType t) { return t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q4_1; }
+bool prompt_integer(GgmlType t) {
+    switch (t) {
+        case GgmlType::Q8_0: case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q4_K: case GgmlType::Q5_K:
+        case GgmlType::Q6_K: return true;
+        default: return false;
+    }
+}
 
 const char* matmul_isa() { return kAvx512 ? "avx512-vnni" : kAvx2 ? "avx2" : "generic"; }
 
@@ -49,10 +55,19 @@ const void* Activations::quantized(ActFormat f, ThreadPool& pool, int64_t* strid
     return a32_;
 }
 
-const BlockT16* Activations::tokens16(ThreadPool& pool) {
+const void* Activations::tokens16(ActFormat f, ThreadPool& pool) {
+    int64_t stride = 0;
+    if (f == ActFormat::A256) {
+        if (!t256_ || cols_ % 256 != 0) return nullptr;
+        if (!have_t256_) {
+            quantized(ActFormat::A256, pool, &stride);
+            tokens16_from_a256(a256_, n_, cols_ / 256, t256_);
+            have_t256_ = true;
+        }
+        return t256_;
+    }
     if (!t16_) return nullptr;
     if (!have_t16_) {
-        int64_t stride = 0;
         quantized(ActFormat::A32, pool, &stride);
         tokens16_from_a32(a32_, n_, cols_ / 32, t16_);
         have_t16_ = true;
@@ -71,7 +86,7 @@ void matmul_many(float* const* ys, Activations& x, const WeightView* const* ws, 
         KVGEN_ASSERT(w.tensor != nullptr && w.cols == x.cols());
         const ActFormat f = act_format(w.type);
         if (x.f32())  // a prompt: f32 tiles, or tokens side by side in integer products where the ISA has them
-            xq[i] = kAvx512 && prompt_integer(w.type) ? x.tokens16(pool) : nullptr;
+            xq[i] = kAvx512 && prompt_integer(w.type) ? x.tokens16(f, pool) : nullptr;
         else
             xq[i] = f == ActFormat::None ? nullptr : x.quantized(f, pool, &stride[i]);  // before the region
         total += w.rows;

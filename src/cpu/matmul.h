@@ -1,6 +1,7 @@
 #pragma once
 // y = x W^T for a weight in its GGUF type: y[i][r] = dot(W row r, x[i]) for n tokens. A prompt's tokens
-// (Pass::Prefill): on AVX-512 VNNI, Q8_0 / Q4_0 / Q4_1 weights widened to int16 meet the tokens' 16-bit activations
+// (Pass::Prefill): on AVX-512 VNNI, Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K weights widened to int16 (k-quants with
+// their sub-block scales) meet the tokens' 16-bit activations
 // sixteen tokens to a vector (prompt_integer); other types and CPUs decode tiles of rows to f32 once and multiply them
 // with the exact f32 activations in a register-blocked GEMM. Either way, for any number of tokens, a token's result
 // does not depend on the batch it came in.
@@ -21,9 +22,11 @@ class Activations {
 public:
     // Buffers: a32 [n][cols / 32], a256 [n][cols / 256] (may be null when cols is not a multiple of 256). f32: the
     // products use the f32 values (a prompt's tokens), never an integer form.
-    // t16: [ceil(n / 16)][cols / 32] (may be null: prompt products then stay in f32 everywhere).
-    Activations(const float* x, int n, int64_t cols, BlockA32* a32, BlockA256* a256, bool f32, BlockT16* t16 = nullptr)
-        : x_(x), a32_(a32), a256_(a256), t16_(t16), n_(n), cols_(cols), f32_(f32) {}
+    // t16: [ceil(n / 16)][cols / 32], t256: [ceil(n / 16)][cols / 256] (may be null: prompt products then stay in
+    // f32 for the types that would take them).
+    Activations(const float* x, int n, int64_t cols, BlockA32* a32, BlockA256* a256, bool f32, BlockT16* t16 = nullptr,
+                BlockT256* t256 = nullptr)
+        : x_(x), a32_(a32), a256_(a256), t16_(t16), t256_(t256), n_(n), cols_(cols), f32_(f32) {}
     const float* x() const { return x_; }
     bool f32() const { return f32_; }
     int n() const { return n_; }
@@ -31,18 +34,19 @@ public:
     // The activations in the given integer form (quantized on first request), and the bytes from one token's to
     // the next's.
     const void* quantized(ActFormat f, ThreadPool& pool, int64_t* stride);
-    // The A32 form as groups of 16 tokens (BlockT16), or null without a buffer for it.
-    const BlockT16* tokens16(ThreadPool& pool);
+    // The A32 (A256) form as groups of 16 tokens, BlockT16 (BlockT256), or null without a buffer for it.
+    const void* tokens16(ActFormat f, ThreadPool& pool);
 
 private:
     const float* x_;
     BlockA32* a32_;
     BlockA256* a256_;
     BlockT16* t16_;
+    BlockT256* t256_;
     int n_;
     int64_t cols_;
     bool f32_;
-    bool have_a32_ = false, have_a256_ = false, have_t16_ = false;
+    bool have_a32_ = false, have_a256_ = false, have_t16_ = false, have_t256_ = false;
 };
 
 // Scratch floats each thread needs for a weight of `cols` columns.
@@ -61,7 +65,7 @@ void matmul_many(float* const* ys, Activations& x, const WeightView* const* ws, 
 void get_rows(float* out, const WeightView& w, const int32_t* rows, int n);
 
 // Weight types whose prompt products take 16 tokens per vector in integers (Activations::tokens16) where the CPU has
-// AVX-512 VNNI; the other types (and other CPUs) multiply prompts in f32 tiles.
+// AVX-512 VNNI: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K; the other types (and other CPUs) multiply prompts in f32 tiles.
 bool prompt_integer(GgmlType t);
 
 // The instruction set the kernels were dispatched to ("avx512-vnni", "avx2" or "generic").

@@ -48,8 +48,18 @@ struct BlockT16 {
 };
 static_assert(sizeof(BlockT16) == 1152, "BlockT16");
 
-// The A32 blocks of n tokens (nb blocks each) as ceil(n / 16) groups of nb BlockT16.
+// The A256 form likewise, per super-block of 256 columns: the 16 tokens' pairs, d, and sums of q over each 32 columns.
+struct BlockT256 {
+    int32_t pairs[128][16];
+    float d[16];
+    int32_t sum32[8][16];
+};
+static_assert(sizeof(BlockT256) == 8768, "BlockT256");
+
+// The A32 blocks of n tokens (nb blocks each) as ceil(n / 16) groups of nb BlockT16; the A256 blocks (nsb each) as
+// groups of nsb BlockT256.
 void tokens16_from_a32(const BlockA32* x, int n, int64_t nb, BlockT16* y);
+void tokens16_from_a256(const BlockA256* x, int n, int64_t nsb, BlockT256* y);
 
 // n: a multiple of 32 (of 256 for the A256 form).
 void quantize_a32(const float* x, BlockA32* y, int64_t n);

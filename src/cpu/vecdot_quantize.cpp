@@ -86,4 +86,21 @@ void tokens16_from_a32(const BlockA32* x, int n, int64_t nb, BlockT16* y) {
         }
 }
 
+void tokens16_from_a256(const BlockA256* x, int n, int64_t nsb, BlockT256* y) {
+    const int groups = (n + 15) / 16;
+    for (int g = 0; g < groups; ++g)
+        for (int64_t b = 0; b < nsb; ++b) {
+            BlockT256& o = y[int64_t(g) * nsb + b];
+            for (int t = 0; t < 16; ++t) {
+                const int i = 16 * g + t;
+                const BlockA256* a = i < n ? &x[int64_t(i) * nsb + b] : nullptr;
+                for (int j = 0; j < 128; ++j)
+                    o.pairs[j][t] = a ? int32_t(uint32_t(uint16_t(a->q[2 * j])) | (uint32_t(uint16_t(a->q[2 * j + 1])) << 16))
+                                      : 0;
+                o.d[t] = a ? a->d : 0.0f;
+                for (int s = 0; s < 8; ++s) o.sum32[s][t] = a ? a->bsums[2 * s] + a->bsums[2 * s + 1] : 0;
+            }
+        }
+}
+
 }  // namespace kvgen::cpu
