@@ -48,11 +48,14 @@ struct BlockT16 {
 };
 static_assert(sizeof(BlockT16) == 1152, "BlockT16");
 
-// The A256 form likewise, per super-block of 256 columns: the 16 tokens' pairs, d, and sums of q over each 32 columns.
+// The A256 form likewise, per super-block of 256 columns: the 16 tokens' pairs, d, and the sums of q over each 32
+// columns, s = 2048 hi + lo (|s| < 2^20, lo in 0 .. 2047), as pairs of int16 like q: lo[j] holds (lo of columns 64 j ..,
+// lo of columns 64 j + 32 ..), hi[j] likewise.
 struct BlockT256 {
     int32_t pairs[128][16];
     float d[16];
-    int32_t sum32[8][16];
+    int32_t lo[4][16];
+    int32_t hi[4][16];
 };
 static_assert(sizeof(BlockT256) == 8768, "BlockT256");
 

@@ -98,7 +98,16 @@ void tokens16_from_a256(const BlockA256* x, int n, int64_t nsb, BlockT256* y) {
                     o.pairs[j][t] = a ? int32_t(uint32_t(uint16_t(a->q[2 * j])) | (uint32_t(uint16_t(a->q[2 * j + 1])) << 16))
                                       : 0;
                 o.d[t] = a ? a->d : 0.0f;
-                for (int s = 0; s < 8; ++s) o.sum32[s][t] = a ? a->bsums[2 * s] + a->bsums[2 * s + 1] : 0;
+                int32_t lo[8], hi[8];
+                for (int s = 0; s < 8; ++s) {
+                    const int32_t sum = a ? a->bsums[2 * s] + a->bsums[2 * s + 1] : 0;
+                    lo[s] = sum & 2047;
+                    hi[s] = (sum - lo[s]) / 2048;
+                }
+                for (int j = 0; j < 4; ++j) {
+                    o.lo[j][t] = int32_t(uint32_t(uint16_t(lo[2 * j])) | (uint32_t(uint16_t(lo[2 * j + 1])) << 16));
+                    o.hi[j][t] = int32_t(uint32_t(uint16_t(hi[2 * j])) | (uint32_t(uint16_t(hi[2 * j + 1])) << 16));
+                }
             }
         }
 }
