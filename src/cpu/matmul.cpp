@@ -57,19 +57,25 @@ const void* Activations::quantized(ActFormat f, ThreadPool& pool, int64_t* strid
 
 const void* Activations::tokens16(ActFormat f, ThreadPool& pool) {
     int64_t stride = 0;
+    const int groups = (n_ + 15) / 16;
+    auto group_size = [&](int64_t g) { return int(n_ - 16 * g < 16 ? n_ - 16 * g : 16); };
     if (f == ActFormat::A256) {
         if (!t256_ || cols_ % 256 != 0) return nullptr;
         if (!have_t256_) {
-            quantized(ActFormat::A256, pool, &stride);
-            tokens16_from_a256(a256_, n_, cols_ / 256, t256_);
+            const auto* a = static_cast<const BlockA256*>(quantized(ActFormat::A256, pool, &stride));
+            const int64_t nsb = cols_ / 256;
+            each_row(groups, pool,
+                     [&](int64_t g) { tokens16_from_a256(a + 16 * g * nsb, group_size(g), nsb, t256_ + g * nsb); });
             have_t256_ = true;
         }
         return t256_;
     }
     if (!t16_) return nullptr;
     if (!have_t16_) {
-        quantized(ActFormat::A32, pool, &stride);
-        tokens16_from_a32(a32_, n_, cols_ / 32, t16_);
+        const auto* a = static_cast<const BlockA32*>(quantized(ActFormat::A32, pool, &stride));
+        const int64_t nb = cols_ / 32;
+        each_row(groups, pool,
+                 [&](int64_t g) { tokens16_from_a32(a + 16 * g * nb, group_size(g), nb, t16_ + g * nb); });
         have_t16_ = true;
     }
     return t16_;

@@ -49,8 +49,8 @@ struct BlockT16 {
 static_assert(sizeof(BlockT16) == 1152, "BlockT16");
 
 // The A256 form likewise, per super-block of 256 columns: the 16 tokens' pairs, d, and the sums of q over each 32
-// columns, s = 2048 hi + lo (|s| < 2^20, lo in 0 .. 2047), as pairs of int16 like q: lo[j] holds (lo of columns 64 j ..,
-// lo of columns 64 j + 32 ..), hi[j] likewise.
+// columns, s = 2048 hi + lo (|s| < 2^20, lo in 0 .. 2047), as pairs of int16 like q: lo[j] holds (lo of columns
+// 64 j .., lo of columns 64 j + 32 ..), hi[j] likewise.
 struct BlockT256 {
     int32_t pairs[128][16];
     float d[16];
@@ -59,10 +59,10 @@ struct BlockT256 {
 };
 static_assert(sizeof(BlockT256) == 8768, "BlockT256");
 
-// The A32 blocks of n tokens (nb blocks each) as ceil(n / 16) groups of nb BlockT16; the A256 blocks (nsb each) as
-// groups of nsb BlockT256.
-void tokens16_from_a32(const BlockA32* x, int n, int64_t nb, BlockT16* y);
-void tokens16_from_a256(const BlockA256* x, int n, int64_t nsb, BlockT256* y);
+// One group of 16 tokens: the A32 blocks of m <= 16 tokens (nb blocks each) as nb BlockT16, or their A256 blocks (nsb
+// each) as nsb BlockT256; tokens past m are zeros.
+void tokens16_from_a32(const BlockA32* x, int m, int64_t nb, BlockT16* y);
+void tokens16_from_a256(const BlockA256* x, int m, int64_t nsb, BlockT256* y);
 
 // n: a multiple of 32 (of 256 for the A256 form).
 void quantize_a32(const float* x, BlockA32* y, int64_t n);

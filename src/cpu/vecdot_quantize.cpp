@@ -65,51 +65,44 @@ void quantize_a256(const float* x, BlockA256* y, int64_t n) {
     }
 }
 
-void tokens16_from_a32(const BlockA32* x, int n, int64_t nb, BlockT16* y) {
-    const int groups = (n + 15) / 16;
-    for (int g = 0; g < groups; ++g)
-        for (int64_t b = 0; b < nb; ++b) {
-            BlockT16& o = y[int64_t(g) * nb + b];
-            for (int t = 0; t < 16; ++t) {
-                const int i = 16 * g + t;
-                if (i < n) {
-                    const BlockA32& a = x[int64_t(i) * nb + b];
-                    for (int j = 0; j < 16; ++j)
-                        o.pairs[j][t] = int32_t(uint32_t(uint16_t(a.q[2 * j])) | (uint32_t(uint16_t(a.q[2 * j + 1])) << 16));
-                    o.d[t] = a.d;
-                    o.ds[t] = a.ds;
-                } else {
-                    for (int j = 0; j < 16; ++j) o.pairs[j][t] = 0;
-                    o.d[t] = o.ds[t] = 0.0f;
-                }
-            }
+namespace {
+// Two int16 as one int32 word, a in the low half (the order vpdpwssd multiplies pairs in).
+inline int32_t pair16(int a, int b) { return int32_t(uint32_t(uint16_t(a)) | (uint32_t(uint16_t(b)) << 16)); }
+}  // namespace
+
+void tokens16_from_a32(const BlockA32* x, int m, int64_t nb, BlockT16* y) {
+    for (int64_t b = 0; b < nb; ++b) {
+        BlockT16& o = y[b];
+        for (int t = 0; t < 16; ++t) {
+            static const BlockA32 kZero{};
+            const BlockA32& a = t < m ? x[int64_t(t) * nb + b] : kZero;
+            for (int j = 0; j < 16; ++j) o.pairs[j][t] = pair16(a.q[2 * j], a.q[2 * j + 1]);
+            o.d[t] = a.d;
+            o.ds[t] = a.ds;
         }
+    }
 }
 
-void tokens16_from_a256(const BlockA256* x, int n, int64_t nsb, BlockT256* y) {
-    const int groups = (n + 15) / 16;
-    for (int g = 0; g < groups; ++g)
-        for (int64_t b = 0; b < nsb; ++b) {
-            BlockT256& o = y[int64_t(g) * nsb + b];
-            for (int t = 0; t < 16; ++t) {
-                const int i = 16 * g + t;
-                const BlockA256* a = i < n ? &x[int64_t(i) * nsb + b] : nullptr;
-                for (int j = 0; j < 128; ++j)
-                    o.pairs[j][t] = a ? int32_t(uint32_t(uint16_t(a->q[2 * j])) | (uint32_t(uint16_t(a->q[2 * j + 1])) << 16))
-                                      : 0;
-                o.d[t] = a ? a->d : 0.0f;
-                int32_t lo[8], hi[8];
-                for (int s = 0; s < 8; ++s) {
-                    const int32_t sum = a ? a->bsums[2 * s] + a->bsums[2 * s + 1] : 0;
-                    lo[s] = sum & 2047;
-                    hi[s] = (sum - lo[s]) / 2048;
-                }
-                for (int j = 0; j < 4; ++j) {
-                    o.lo[j][t] = int32_t(uint32_t(uint16_t(lo[2 * j])) | (uint32_t(uint16_t(lo[2 * j + 1])) << 16));
-                    o.hi[j][t] = int32_t(uint32_t(uint16_t(hi[2 * j])) | (uint32_t(uint16_t(hi[2 * j + 1])) << 16));
-                }
+void tokens16_from_a256(const BlockA256* x, int m, int64_t nsb, BlockT256* y) {
+    for (int64_t b = 0; b < nsb; ++b) {
+        BlockT256& o = y[b];
+        for (int t = 0; t < 16; ++t) {
+            static const BlockA256 kZero{};
+            const BlockA256& a = t < m ? x[int64_t(t) * nsb + b] : kZero;
+            for (int j = 0; j < 128; ++j) o.pairs[j][t] = pair16(a.q[2 * j], a.q[2 * j + 1]);
+            o.d[t] = a.d;
+            int32_t lo[8], hi[8];
+            for (int s = 0; s < 8; ++s) {
+                const int32_t sum = a.bsums[2 * s] + a.bsums[2 * s + 1];
+                lo[s] = sum & 2047;
+                hi[s] = (sum - lo[s]) / 2048;
+            }
+            for (int j = 0; j < 4; ++j) {
+                o.lo[j][t] = pair16(lo[2 * j], lo[2 * j + 1]);
+                o.hi[j][t] = pair16(hi[2 * j], hi[2 * j + 1]);
             }
         }
+    }
 }
 
 }  // namespace kvgen::cpu
