@@ -1,10 +1,9 @@
 #pragma once
 // y = x W^T for a weight in its GGUF type: y[i][r] = dot(W row r, x[i]) for n tokens. A prompt's tokens
 // (Pass::Prefill): on AVX-512 VNNI, Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K weights widened to int16 (k-quants with
-// their sub-block scales) meet the tokens' 16-bit activations
-// sixteen tokens to a vector (prompt_integer); other types and CPUs decode tiles of rows to f32 once and multiply them
-// with the exact f32 activations in a register-blocked GEMM. Either way, for any number of tokens, a token's result
-// does not depend on the batch it came in.
+// their sub-block scales) meet the tokens' 16-bit activations sixteen tokens to a vector (prompt_integer); other types
+// and CPUs decode tiles of rows to f32 once and multiply them with the exact f32 activations in a register-blocked
+// GEMM. Either way, for any number of tokens, a token's result does not depend on the batch it came in.
 // Generated tokens (Pass::Decode): quantized weights meet 16-bit integer activations in integer dot products
 // (vecdot.h), read straight from the mapped file, and float weights are dotted in f32. Rows are split across
 // threads; each row's sum runs in a fixed order, so results do not depend on the thread count either.
@@ -20,8 +19,8 @@ namespace kvgen::cpu {
 // and then reused (Q, K and V share one input; so do gate and up).
 class Activations {
 public:
-    // Buffers: a32 [n][cols / 32], a256 [n][cols / 256] (may be null when cols is not a multiple of 256). f32: the
-    // products use the f32 values (a prompt's tokens), never an integer form.
+    // Buffers: a32 [n][cols / 32], a256 [n][cols / 256] (may be null when cols is not a multiple of 256). f32: a
+    // prompt's tokens, multiplied in f32 tiles or, where prompt_integer allows, through tokens16.
     // t16: [ceil(n / 16)][cols / 32], t256: [ceil(n / 16)][cols / 256] (may be null: prompt products then stay in
     // f32 for the types that would take them).
     Activations(const float* x, int n, int64_t cols, BlockA32* a32, BlockA256* a256, bool f32, BlockT16* t16 = nullptr,
