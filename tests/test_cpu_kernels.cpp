@@ -1,6 +1,7 @@
 // CPU kernels: every quantized type's integer dot product (AVX2 and portable builds) against dequantize-then-dot
 // in f64, for 1 to 4 tokens at once; the activation quantizers' round trip; the thread pool; the portable attention
-// build against the AVX2 one.
+// build against the AVX2 one; a prompt's products against the exact math; every path to a product (instruction
+// sets, prompt or generated tokens, batches) against the scalar reference, bit for bit.
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -152,7 +153,7 @@ TEST_CASE("the portable attention build: whole items equal its split parts bit f
 TEST_CASE("a prompt's integer products (16 tokens per vector) match dequantize-then-dot, whatever the batch",
           "[cpu][matmul]") {
     if (!has_avx512_vnni()) {
-        WARN("no AVX-512 VNNI here: prompts multiply in f32 tiles, nothing to check");
+        WARN("no AVX-512 VNNI here: prompts take the generated tokens' kernels (checked by the next test case)");
         return;
     }
     const int64_t cols = 512, rows = 21;  // 16 blocks or 2 super-blocks; rows not a multiple of the tile's 8
@@ -163,7 +164,8 @@ TEST_CASE("a prompt's integer products (16 tokens per vector) match dequantize-t
     for (size_t i = 0; i < x.size(); ++i) x[i] = normal(rng) * (i % 53 == 0 ? 10.0f : 1.0f);
     ThreadPool pool(2);
     std::vector<float> scratch(size_t(pool.size() * matmul_scratch(cols)));
-    // y = x W^T for tokens [i0, i0 + m) in a batch of their own: f32 (the f32 tiles) or the integer products
+    // y = x W^T for tokens [i0, i0 + m) in a batch of their own: the integer products of 16-token groups, or
+    // without the buffers for the groups the generated tokens' kernels
     auto product = [&](const WeightView& w, int i0, int m, bool integer) {
         std::vector<BlockA32> a32(size_t(m * cols / 32));
         std::vector<BlockA256> a256(size_t(m * cols / 256));
@@ -190,7 +192,7 @@ TEST_CASE("a prompt's integer products (16 tokens per vector) match dequantize-t
         std::vector<float> wf(size_t(rows * cols));
         for (int64_t r = 0; r < rows; ++r) dequantize_row(t, w.row(r), wf.data() + r * cols, cols);
 
-        const std::vector<float> y = product(w, 0, n, true), f32 = product(w, 0, n, false);
+        const std::vector<float> y = product(w, 0, n, true), by_rows = product(w, 0, n, false);
         // each token's 16-bit activations as the products see them (d * q)
         std::vector<double> xd(x.size());
         for (int i = 0; i < n; ++i) {
@@ -214,14 +216,121 @@ TEST_CASE("a prompt's integer products (16 tokens per vector) match dequantize-t
                 INFO("token " << i << " row " << r);
                 const float got = y[size_t(i * rows + r)];
                 CHECK(std::fabs(got - ref) <= 1e-5 * mag + 1e-30);
-                // and the f32 tiles' product within the activations' rounding
-                CHECK(std::fabs(got - f32[size_t(i * rows + r)]) <= 1e-4 * mag + 1e-30);
+                // and the generated tokens' kernels give the same bits
+                CHECK(got == by_rows[size_t(i * rows + r)]);
             }
         // each token's result is the same bits alone, or in another lane of another batch
         for (const auto& [i0, m] : {std::pair{0, 1}, std::pair{5, 1}, std::pair{20, 17}, std::pair{3, 30}}) {
             INFO("tokens " << i0 << " .. " << i0 + m - 1 << " as a batch");
             const std::vector<float> part = product(w, i0, m, true);
             CHECK(std::memcmp(part.data(), y.data() + i0 * rows, part.size() * sizeof(float)) == 0);
+        }
+    }
+}
+
+TEST_CASE("a token's products are the same bits on every path: the scalar reference, the AVX2 and AVX-512 rows, "
+          "a prompt's integer groups or f32 tiles, any batch",
+          "[cpu][matmul]") {
+    const int64_t rows = 37;  // groups of 16 (AVX2: 8) rows and a partial one
+    const int n = 21;         // a prompt group of 16 tokens and a partial one; decode tokens in fours and a rest
+    ThreadPool pool(2);
+    for (const char* name : {"Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "F16", "F32"}) {
+        INFO(name);
+        GgmlType t;
+        REQUIRE(ggml_type_from_name(name, &t));
+        REQUIRE(prompt_matches_decode(t));
+        const ActFormat f = act_format(t);
+        // 18 blocks (not a multiple of 16), 3 super-blocks, or a float row with 8 columns past its last 16
+        const int64_t cols = f == ActFormat::A256 ? 768 : f == ActFormat::A32 ? 576 : 584;
+        const GgmlTypeInfo* info = ggml_type_info(t);
+        const int64_t row_bytes = cols / info->block_size * int64_t(info->type_size);
+        std::vector<uint8_t> data(size_t(rows * row_bytes));
+        synth_random_rows(t, data.data(), rows, cols, 0.05f, 31);
+        GgufTensor tensor;
+        const WeightView w{&tensor, t, cols, rows, row_bytes, data.data()};
+        const std::vector<float> x = test::randn(size_t(n * cols), 12, 1.0f);
+
+        // the reference: each token's activations quantized alone, each row by the scalar kernel; float rows in
+        // the documented order (16 lanes of fused multiply-adds, then (p0 + p2) + (p1 + p3) per four lanes, and
+        // (g0 + g1) + (g2 + g3))
+        std::vector<BlockA32> a32(size_t(n * cols / 32));
+        std::vector<BlockA256> a256(size_t(n * (cols / 256)));
+        for (int i = 0; i < n; ++i) {
+            if (f == ActFormat::A32) quantize_a32(x.data() + i * cols, a32.data() + i * cols / 32, cols);
+            if (f == ActFormat::A256) quantize_a256(x.data() + i * cols, a256.data() + i * (cols / 256), cols);
+        }
+        const void* xq = f == ActFormat::A256 ? static_cast<const void*>(a256.data()) : a32.data();
+        const int64_t stride = f == ActFormat::A256 ? cols / 256 * int64_t(sizeof(BlockA256))
+                                                    : cols / 32 * int64_t(sizeof(BlockA32));
+        std::vector<float> ref(size_t(n * rows));
+        std::vector<float> wf(static_cast<size_t>(cols));
+        for (int64_t r = 0; r < rows; ++r) {
+            dequantize_row(t, w.row(r), wf.data(), cols);
+            for (int i = 0; i < n; ++i) {
+                float& out = ref[size_t(i * rows + r)];
+                if (f != ActFormat::None) {
+                    kernels::vec_dot_generic(t, w.row(r), static_cast<const char*>(xq) + i * stride, stride, 1, &out,
+                                             cols);
+                    continue;
+                }
+                float p[16] = {};
+                for (int64_t j = 0; j < cols; ++j) p[j % 16] = std::fma(wf[size_t(j)], x[size_t(i * cols + j)], p[j % 16]);
+                float g[4];
+                for (int k = 0; k < 4; ++k) g[k] = (p[4 * k] + p[4 * k + 2]) + (p[4 * k + 1] + p[4 * k + 3]);
+                out = (g[0] + g[1]) + (g[2] + g[3]);
+            }
+        }
+        auto same = [&](const std::vector<float>& y, const char* path) {
+            INFO(path);
+            CHECK(std::memcmp(y.data(), ref.data(), ref.size() * sizeof(float)) == 0);
+        };
+        // the rows kernels of each instruction set, tokens in fours
+        if (f != ActFormat::None) {
+            using RowsFn = void (*)(GgmlType, const void*, int64_t, int, const void*, int64_t, int, float*, int64_t,
+                                    int64_t);
+            std::vector<std::pair<const char*, RowsFn>> isas = {{"generic rows", kernels::vec_dot_rows_generic}};
+            if (has_avx2()) isas.emplace_back("AVX2 rows", kernels::vec_dot_rows_avx2);
+            if (has_avx512_vnni()) isas.emplace_back("AVX-512 rows", kernels::vec_dot_rows_avx512);
+            for (const auto& [isa, fn] : isas) {
+                std::vector<float> y(ref.size());
+                for (int i = 0; i < n; i += 4)
+                    fn(t, w.data, row_bytes, int(rows), static_cast<const char*>(xq) + i * stride, stride,
+                       std::min(4, n - i), y.data() + i * rows, rows, cols);
+                same(y, isa);
+            }
+        }
+        // this machine's matmul, as generated tokens and as a prompt (whole, and in batches of other sizes)
+        std::vector<float> scratch(size_t(pool.size() * matmul_scratch(cols)));
+        auto product = [&](int i0, int m, bool prompt) {
+            std::vector<BlockA32> b32(size_t(m * cols / 32 + 1));
+            std::vector<BlockA256> b256(size_t(m * (cols / 256) + 1));
+            std::vector<BlockT16> t16(size_t((m + 15) / 16 * (cols / 32) + 1));
+            std::vector<BlockT256> t256(size_t((m + 15) / 16 * (cols / 256) + 1));
+            Activations a(x.data() + i0 * cols, m, cols, b32.data(), b256.data(), prompt, t16.data(), t256.data());
+            std::vector<float> y(size_t(m * rows));
+            matmul(y.data(), a, w, scratch.data(), pool);
+            return y;
+        };
+        same(product(0, n, false), "matmul, generated tokens");
+        same(product(0, n, true), "matmul, a prompt");
+        std::vector<float> parts;
+        for (const auto& [i0, m] : {std::pair{0, 3}, std::pair{3, 17}, std::pair{20, 1}}) {
+            const std::vector<float> y = product(i0, m, true);
+            parts.insert(parts.end(), y.begin(), y.end());
+        }
+        same(parts, "matmul, a prompt in batches of 3, 17 and 1");
+        // the f32 tiles of each instruction set, for float weights
+        if (f == ActFormat::None) {
+            using TilesFn = void (*)(float*, const float*, bool, const void*, int64_t, const WeightView&, int, int64_t,
+                                     int64_t, float*);
+            std::vector<std::pair<const char*, TilesFn>> isas = {{"generic tiles", kernels::matmul_rows_generic}};
+            if (has_avx2()) isas.emplace_back("AVX2 tiles", kernels::matmul_rows_avx2);
+            if (has_avx512_vnni()) isas.emplace_back("AVX-512 tiles", kernels::matmul_rows_avx512);
+            for (const auto& [isa, fn] : isas) {
+                std::vector<float> y(ref.size());
+                fn(y.data(), x.data(), true, nullptr, 0, w, n, 0, rows, scratch.data());
+                same(y, isa);
+            }
         }
     }
 }

@@ -28,7 +28,10 @@ CpuOps::CpuOps(const Model& model, const Settings& s)
     for (const LayerWeights& L : w.layers) {
         attn_norm_.push_back(decode_vector(L.attn_norm));
         ffn_norm_.push_back(decode_vector(L.ffn_norm));
+        for (const WeightView* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+            same_bits_ = same_bits_ && prompt_matches_decode(m->type);
     }
+    same_bits_ = same_bits_ && prompt_matches_decode(w.output.type);
     output_norm_ = decode_vector(w.output_norm);
 
     const size_t nb = size_t(n_batch_);

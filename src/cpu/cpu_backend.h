@@ -24,6 +24,9 @@ public:
     const KvLayout& kv_layout() const override { return kv_.layout(); }
     int n_batch() const override { return n_batch_; }
     int n_logits() const override { return n_logits_; }
+    // True when every product's weight type gives a prompt's token and a generated one the same bits (matmul.h);
+    // attention and the other steps compute a token the same way in either pass.
+    bool decode_matches_prompt() const override { return same_bits_; }
     int n_threads() const { return pool_.size(); }
     void kv_read(void* k, void* v, int n) override { kv_.read(k, v, n); }
     void kv_write(const void* k, const void* v, int n) override { kv_.write_rows(k, v, n); }
@@ -58,6 +61,7 @@ private:
     // The step: its tokens, first position and kind.
     const int32_t* tokens_ = nullptr;
     int pos0_ = 0;
+    bool same_bits_ = true;
     bool prefill_ = false;  // Pass::Prefill: products on f32 activations (matmul.h)
     // Activations, sized once for n_batch (see Buffers for the shared ones).
     std::vector<float> x_, q_, k_, v_, att_, ffn_, logits_;

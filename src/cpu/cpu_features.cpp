@@ -1,9 +1,20 @@
 #include "cpu/cpu_features.h"
 
+#include <cstdlib>
+#include <cstring>
+
 namespace kvgen::cpu {
 
 namespace {
+// KVGEN_ISA: the highest kernel build to use ("avx512", "avx2" or "generic"; unset: the best this CPU runs).
+int isa_cap() {
+    const char* v = std::getenv("KVGEN_ISA");
+    if (!v || !*v) return 2;
+    return std::strcmp(v, "generic") == 0 ? 0 : std::strcmp(v, "avx2") == 0 ? 1 : 2;
+}
+
 bool detect_avx2() {
+    if (isa_cap() < 1) return false;
 #if defined(__x86_64__)
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
@@ -13,6 +24,7 @@ bool detect_avx2() {
 }
 
 bool detect_avx512_vnni() {
+    if (isa_cap() < 2) return false;
 #if defined(__x86_64__)
     __builtin_cpu_init();
     return detect_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

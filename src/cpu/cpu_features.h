@@ -1,5 +1,7 @@
 #pragma once
-// Which kernel builds this CPU can run (checked once; the answer does not change while the process runs).
+// Which kernel builds this CPU can run (checked once; the answer does not change while the process runs). The
+// environment variable KVGEN_ISA=avx2 or KVGEN_ISA=generic holds the kernels to that build or below, to measure or
+// test the paths another CPU would take.
 
 namespace kvgen::cpu {
 

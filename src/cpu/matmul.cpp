@@ -37,6 +37,8 @@ bool prompt_integer(GgmlType t) {
     }
 }
 
+bool prompt_matches_decode(GgmlType t) { return prompt_integer(t) || act_format(t) == ActFormat::None; }
+
 const char* matmul_isa() { return kAvx512 ? "avx512-vnni" : kAvx2 ? "avx2" : "generic"; }
 
 const void* Activations::quantized(ActFormat f, ThreadPool& pool, int64_t* stride) {
@@ -87,14 +89,20 @@ void matmul_many(float* const* ys, Activations& x, const WeightView* const* ws, 
     KVGEN_ASSERT(count >= 1 && count <= kMax);
     const void* xq[kMax];
     int64_t stride[kMax] = {}, total = 0;
+    bool gemm[kMax];
     for (int i = 0; i < count; ++i) {
         const WeightView& w = *ws[i];
         KVGEN_ASSERT(w.tensor != nullptr && w.cols == x.cols());
         const ActFormat f = act_format(w.type);
-        if (x.f32())  // a prompt: f32 tiles, or tokens side by side in integer products where the ISA has them
-            xq[i] = kAvx512 && prompt_integer(w.type) ? x.tokens16(f, pool) : nullptr;
+        // A prompt: tokens side by side in integer products (AVX-512 VNNI), or for the same types elsewhere (or
+        // without the buffers for them) the generated tokens' kernels: the same bits either way. f32 tiles for the
+        // other types. Quantized before the region.
+        const void* t16 = x.f32() && kAvx512 && prompt_integer(w.type) ? x.tokens16(f, pool) : nullptr;
+        gemm[i] = x.f32() && (t16 != nullptr || !prompt_integer(w.type));
+        if (gemm[i])
+            xq[i] = t16;
         else
-            xq[i] = f == ActFormat::None ? nullptr : x.quantized(f, pool, &stride[i]);  // before the region
+            xq[i] = f == ActFormat::None ? nullptr : x.quantized(f, pool, &stride[i]);
         total += w.rows;
     }
     const int n = x.n();
@@ -104,7 +112,7 @@ void matmul_many(float* const* ys, Activations& x, const WeightView* const* ws, 
             const WeightView& w = *ws[i];
             const int64_t lo = (r0 > base ? r0 : base) - base, hi = (r1 < base + w.rows ? r1 : base + w.rows) - base;
             if (lo < hi)
-                kRows(ys[i], x.x(), x.f32(), xq[i], stride[i], w, n, lo, hi,
+                kRows(ys[i], x.x(), gemm[i], xq[i], stride[i], w, n, lo, hi,
                       scratch + int64_t(t) * matmul_scratch(w.cols));
             base += w.rows;
         }

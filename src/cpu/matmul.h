@@ -1,12 +1,16 @@
 #pragma once
-// y = x W^T for a weight in its GGUF type: y[i][r] = dot(W row r, x[i]) for n tokens. A prompt's tokens
-// (Pass::Prefill): on AVX-512 VNNI, Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K weights widened to int16 (k-quants with
-// their sub-block scales) meet the tokens' 16-bit activations sixteen tokens to a vector (prompt_integer); other types
-// and CPUs decode tiles of rows to f32 once and multiply them with the exact f32 activations in a register-blocked
-// GEMM. Either way, for any number of tokens, a token's result does not depend on the batch it came in.
+// y = x W^T for a weight in its GGUF type: y[i][r] = dot(W row r, x[i]) for n tokens.
 // Generated tokens (Pass::Decode): quantized weights meet 16-bit integer activations in integer dot products
-// (vecdot.h), read straight from the mapped file, and float weights are dotted in f32. Rows are split across
-// threads; each row's sum runs in a fixed order, so results do not depend on the thread count either.
+// (vecdot.h), read straight from the mapped file, 16 rows side by side; float weights are dotted in f32.
+// A prompt's tokens (Pass::Prefill): on AVX-512 VNNI, Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K weights widened to
+// int16 (k-quants with their sub-block scales) meet the tokens' 16-bit activations sixteen tokens to a vector
+// (prompt_integer); on other CPUs those types take the generated tokens' kernels, four tokens at a time; float
+// weights and the remaining types decode tiles of rows to f32 once and multiply them with the exact f32 activations
+// in a register-blocked GEMM.
+// For the types prompt_matches_decode names, every path computes the same sequence of roundings for a row and a token
+// (vecdot_kernels.inc; fold16 in matmul_kernels.inc): a token's result is the same bits in a prompt of any length or
+// as a generated token, on every instruction set. Rows are split across threads; each row's sum runs in a fixed
+// order, so results do not depend on the thread count either.
 #include <cstdint>
 
 #include "cpu/thread_pool.h"
@@ -21,8 +25,8 @@ class Activations {
 public:
     // Buffers: a32 [n][cols / 32], a256 [n][cols / 256] (may be null when cols is not a multiple of 256). f32: a
     // prompt's tokens, multiplied in f32 tiles or, where prompt_integer allows, through tokens16.
-    // t16: [ceil(n / 16)][cols / 32], t256: [ceil(n / 16)][cols / 256] (may be null: prompt products then stay in
-    // f32 for the types that would take them).
+    // t16: [ceil(n / 16)][cols / 32], t256: [ceil(n / 16)][cols / 256] (may be null: prompt products then take the
+    // generated tokens' kernels, four tokens at a time, for the types that would use them).
     Activations(const float* x, int n, int64_t cols, BlockA32* a32, BlockA256* a256, bool f32, BlockT16* t16 = nullptr,
                 BlockT256* t256 = nullptr)
         : x_(x), a32_(a32), a256_(a256), t16_(t16), t256_(t256), n_(n), cols_(cols), f32_(f32) {}
@@ -64,8 +68,13 @@ void matmul_many(float* const* ys, Activations& x, const WeightView* const* ws, 
 void get_rows(float* out, const WeightView& w, const int32_t* rows, int n);
 
 // Weight types whose prompt products take 16 tokens per vector in integers (Activations::tokens16) where the CPU has
-// AVX-512 VNNI: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K; the other types (and other CPUs) multiply prompts in f32 tiles.
+// AVX-512 VNNI: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K (other CPUs: the generated tokens' integer kernels); the other
+// types multiply prompts in f32 tiles.
 bool prompt_integer(GgmlType t);
+
+// Types whose products are the same bits for a prompt's token and a generated one: the integer types above and the
+// float types (Q5_0, Q5_1, Q2_K and Q3_K multiply prompts in f32 and generated tokens in integers).
+bool prompt_matches_decode(GgmlType t);
 
 // The instruction set the kernels were dispatched to ("avx512-vnni", "avx2" or "generic").
 const char* matmul_isa();

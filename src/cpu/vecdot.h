@@ -69,9 +69,17 @@ void quantize_a32(const float* x, BlockA32* y, int64_t n);
 void quantize_a256(const float* x, BlockA256* y, int64_t n);
 
 namespace kernels {
-// out[t] = dot(weight row w, activations x_t) for t < nt (1 to 4), x_t at x + t * x_stride bytes, in the form
-// act_format(type) names. The weight row's blocks are unpacked once for all nt tokens. One implementation per
-// instruction set; vec_dot_generic is the reference.
+// out[t * out_stride + r] = dot(weight row r, activations x_t) for rows r < nr (row_bytes apart from w) and tokens
+// t < nt (1 to 4), x_t at x + t * x_stride bytes, in the form act_format(type) names. Q8_0, Q4_0, Q4_1, Q4_K, Q5_K
+// and Q6_K give the same bits on every instruction set (the canonical order in vecdot_kernels.inc), and the same bits
+// as a prompt's products (matmul.h); the other types are scalar everywhere. One implementation per instruction set.
+void vec_dot_rows_avx512(GgmlType type, const void* w, int64_t row_bytes, int nr, const void* x, int64_t x_stride,
+                         int nt, float* out, int64_t out_stride, int64_t n);
+void vec_dot_rows_avx2(GgmlType type, const void* w, int64_t row_bytes, int nr, const void* x, int64_t x_stride,
+                       int nt, float* out, int64_t out_stride, int64_t n);
+void vec_dot_rows_generic(GgmlType type, const void* w, int64_t row_bytes, int nr, const void* x, int64_t x_stride,
+                          int nt, float* out, int64_t out_stride, int64_t n);
+// One row: out[t] = dot(w, x_t) (vec_dot_rows with nr = 1). vec_dot_generic is the reference.
 void vec_dot_avx512(GgmlType type, const void* w, const void* x, int64_t x_stride, int nt, float* out, int64_t n);
 void vec_dot_avx2(GgmlType type, const void* w, const void* x, int64_t x_stride, int nt, float* out, int64_t n);
 void vec_dot_generic(GgmlType type, const void* w, const void* x, int64_t x_stride, int nt, float* out, int64_t n);

@@ -38,6 +38,7 @@ public:
         n_past_ = n;
     }
     std::string name() const { return ops_->name(); }
+    bool decode_matches_prompt() const { return ops_->decode_matches_prompt(); }  // Ops::decode_matches_prompt
 
 private:
     void layers(int n, int n_out);  // enqueues one step's ops; logits for the last n_out positions

@@ -41,6 +41,10 @@ public:
     virtual const KvLayout& kv_layout() const = 0;
     virtual int n_batch() const = 0;
     virtual int n_logits() const = 0;  // rows of Buffers::logits
+    // Whether a generated token (Pass::Decode) gets the same bits as the same token at the same position in a
+    // prompt (Pass::Prefill): then cache rows written by decode steps are exactly a prompt's, and can be reused as
+    // one.
+    virtual bool decode_matches_prompt() const { return false; }
 
     // Positions [0, n) of every layer's cache copied out (kv_read) or in (kv_write), K and V apart: k is
     // [n_layers][n_kv_heads][n][k_row_bytes] in host memory, v likewise (the rows as kv_layout() stores them).
