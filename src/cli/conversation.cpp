@@ -58,8 +58,10 @@ TurnResult Conversation::answer(const std::string& message, const std::function<
     r.n_reused = st.n_reused;
     r.n_prefilled = st.n_prompt - st.n_reused;
     r.n_added = int(added.size());
-    // A shift moved the rows (their keys rotated): they match no single run any more, and are all reused.
-    prompt_rows_ = st.n_shifts == 0 ? st.n_prompt : backend_.n_past();
+    // The answer's rows are a prompt's where the backend computes both passes alike (the CPU, for the common weight
+    // types); otherwise they are evaluated again as prompt tokens next turn. A shift moved the rows (their keys
+    // rotated): they match no single run any more, and are all reused.
+    prompt_rows_ = st.n_shifts == 0 && !backend_.decode_matches_prompt() ? st.n_prompt : backend_.n_past();
     r.prefill_ms = st.prefill_ms;
     r.decode_ms = st.decode_ms;
     r.n_shifts += st.n_shifts;

@@ -1,10 +1,11 @@
 #pragma once
 // Conversation mode (-cnv, --conversation, -i): user turns in the model's chat format, one KV cache kept across
-// them. Each turn prefills what came since the previous turn's prompt: the previous answer (its K/V were written one
-// token at a time by decode steps, whose 16-bit activations differ in the last bits from a prompt's f32 ones; they
-// are evaluated again as prompt tokens, in one batch, so that the conversation's cache is exactly a single run's
-// over the same transcript) and the new message with the format's text around it. Everything before comes from the
-// cache.
+// them. Each turn prefills what the cache does not hold yet: the previous answer's last token and end-of-turn text,
+// and the new message with the format's text around it. The answer's other tokens were written to the cache by
+// decode steps; where the backend gives a generated token the same bits as a prompt token
+// (Backend::decode_matches_prompt: the CPU backend, for the usual weight types) they are reused as they are, and
+// elsewhere they are evaluated again as prompt tokens, in one batch. Either way the conversation's cache is exactly
+// a single run's over the same transcript.
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -21,7 +22,7 @@ namespace kvgen {
 struct TurnResult {
     std::vector<int32_t> tokens;  // the answer's ids, as sampled (an end-of-turn token included)
     int n_reused = 0;             // conversation tokens whose K/V came from the cache
-    int n_prefilled = 0;          // tokens evaluated before answering: the previous answer's and this turn's
+    int n_prefilled = 0;          // tokens evaluated before answering: of the previous answer and this turn's
     int n_added = 0;              // of them, this turn's message and the format's text
     double prefill_ms = 0, decode_ms = 0;
     int n_shifts = 0;             // context shifts during this turn
@@ -50,7 +51,7 @@ private:
     bool add_bos_;
     int turns_ = 0;
     std::vector<int32_t> tokens_;
-    int prompt_rows_ = 0;  // leading cache rows evaluated as prompt tokens (the rest: the last answer's)
+    int prompt_rows_ = 0;  // leading cache rows a prompt would have (the rest: decode rows to evaluate again)
 };
 
 // The terminal front end: reads a line per turn (from the terminal, or stdin when it is not one), prints each answer
