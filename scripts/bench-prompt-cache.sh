@@ -98,7 +98,7 @@ L = [f"- command: `{invocation}`", f"- model: {model}; device: {device}; date: {
 c = json.load(open(f"{out}/cnv.json"))["turns"]
 cold = [float(x) for x in open(f"{out}/cold.txt").read().split()]
 L += ["", "A conversation with the same text as its system message (`-cnv -sysf`, `-n 32`):", "",
-      "| turn | conversation tokens | from the cache | computed (previous answer + new) | prompt ms | "
+      "| turn | conversation tokens | from the cache | computed (previous answer's end + new) | prompt ms | "
       "a cold prefill of the whole transcript, ms | saved |",
       "|---:|---:|---:|---:|---:|---:|---:|"]
 for i, (t, cms) in enumerate(zip(c, cold)):
