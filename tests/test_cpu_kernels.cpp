@@ -131,7 +131,7 @@ TEST_CASE("the portable attention build: whole items equal its split parts bit f
                 kernels::attention_scores_generic(scores.data(), n_ctx, qg, kv, 0, g, 104, n_pos, n_pos, c, rows.data());
                 float* og = parts.data() + (size_t(i) * 9 + size_t(g) * 3) * 64;
                 for (int r = 0; r < 3; ++r)
-                    kernels::attention_softmax(scores.data() + r * n_ctx, n_pos, og + r * 64, 64);
+                    kernels::attention_softmax_generic(scores.data() + r * n_ctx, n_pos, og + r * 64, 64);
                 kernels::attention_values_generic(og, scores.data(), n_ctx, kv, 0, g, n_pos, 0, 32, c, rows.data());
                 kernels::attention_values_generic(og, scores.data(), n_ctx, kv, 0, g, n_pos, 32, 32, c, rows.data());
                 kernels::attention_output(og, kv, c);
@@ -332,5 +332,32 @@ TEST_CASE("a token's products are the same bits on every path: the scalar refere
                 same(y, isa);
             }
         }
+    }
+}
+
+TEST_CASE("attention's softmax: the AVX2 and portable builds give the same bits, within a few ulp of the exact one",
+          "[cpu][attention]") {
+    for (int n : {1, 7, 8, 9, 100, 4099}) {
+        INFO(n << " positions");
+        std::vector<float> s = test::randn(size_t(n), uint32_t(40 + n), 6.0f);
+        s[size_t(n / 2)] = -200.0f;  // far below the rest: clamped, its weight 0 to f32 precision
+        std::vector<float> a = s, b = s, oa(8), ob(8);
+        kernels::attention_softmax_generic(a.data(), n, oa.data(), 8);
+        if (has_avx2()) {
+            kernels::attention_softmax_avx2(b.data(), n, ob.data(), 8);
+            CHECK(a == b);
+        }
+        // each weight over the largest one is e^(s - max) of the shifted score as f32 holds it, to a few ulp (exp,
+        // then the two normalizing roundings); the weights add up to 1 within the f32 sum's rounding
+        const size_t top = size_t(std::max_element(s.begin(), s.end()) - s.begin());
+        double total = 0;
+        for (int t = 0; t < n; ++t) {
+            const double want = std::exp(double(s[size_t(t)] - s[top]));
+            if (want < 1e-30) continue;  // clamped at e^-87
+            CHECK(std::fabs(double(a[size_t(t)]) / a[top] - want) <= 5e-7 * want);
+            total += a[size_t(t)];
+        }
+        CHECK(std::fabs(total - 1.0) <= 1.2e-7 * n);
+        CHECK(oa == std::vector<float>(8, 0.0f));
     }
 }

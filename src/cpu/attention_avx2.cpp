@@ -3,4 +3,5 @@
 #define KVGEN_ATTENTION_ITEMS attention_items_avx2
 #define KVGEN_ATTENTION_SCORES attention_scores_avx2
 #define KVGEN_ATTENTION_VALUES attention_values_avx2
+#define KVGEN_ATTENTION_SOFTMAX attention_softmax_avx2
 #include "cpu/attention_kernels.inc"

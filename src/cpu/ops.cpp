@@ -14,12 +14,13 @@ struct AttentionKernels {
     decltype(&kernels::attention_items_generic) items;
     decltype(&kernels::attention_scores_generic) scores;
     decltype(&kernels::attention_values_generic) values;
+    decltype(&kernels::attention_softmax_generic) softmax;
 };
 const AttentionKernels kAttention =
     has_avx2() ? AttentionKernels{kernels::attention_items_avx2, kernels::attention_scores_avx2,
-                                  kernels::attention_values_avx2}
+                                  kernels::attention_values_avx2, kernels::attention_softmax_avx2}
                : AttentionKernels{kernels::attention_items_generic, kernels::attention_scores_generic,
-                                  kernels::attention_values_generic};
+                                  kernels::attention_values_generic, kernels::attention_softmax_generic};
 // Positions per work item of a split item's scores (a multiple of the kernels' tiles).
 constexpr int kSplitPositions = 256;
 }  // namespace
@@ -91,20 +92,6 @@ void attention_output(float* og, const KvCache& kv, const Config& c) {
     if (kv_type_quantized(kv.v_type())) kv_rotate_scaled(og, c.n_rep() * c.head_dim, c.head_dim);
 }
 
-void attention_softmax(float* s, int n_pos, float* o, int hd) {
-    // note: scores stay f32 although K/V may be f16; exp() needs the range.
-    float mx = s[0];
-    for (int t = 1; t < n_pos; ++t) mx = s[t] > mx ? s[t] : mx;
-    float sum = 0.0f;
-    for (int t = 0; t < n_pos; ++t) {
-        s[t] = std::exp(s[t] - mx);
-        sum += s[t];
-    }
-    const float inv = 1.0f / sum;
-    for (int t = 0; t < n_pos; ++t) s[t] *= inv;
-    for (int j = 0; j < hd; ++j) o[j] = 0.0f;
-}
-
 }  // namespace kernels
 
 void attention(float* out, const float* q, const KvCache& kv, int l, int pos0, int n, const Config& c,
@@ -151,7 +138,7 @@ void attention(float* out, const float* q, const KvCache& kv, int l, int pos0, i
         for (int64_t u = u0; u < u1; ++u) {
             const int64_t w = u / n_rep;
             const int r = int(u % n_rep);
-            kernels::attention_softmax(item_scores(w) + r * stride, item_pos(w), item_out(w) + r * hd, hd);
+            kAttention.softmax(item_scores(w) + r * stride, item_pos(w), item_out(w) + r * hd, hd);
         }
     });
     const int col = hd % 32 == 0 ? 32 : hd, cols = hd / col;

@@ -57,8 +57,9 @@ const float* attention_query(float* q_rot, const float* q, const KvCache& kv, in
 // A group's output rows og ([n_rep][head_dim]) as attention returns them: turned back from the rotated basis where V
 // is quantized.
 void attention_output(float* og, const KvCache& kv, const Config& c);
-// s[0..n_pos) <- softmax(s), and o[0..hd) <- 0.
-void attention_softmax(float* s, int n_pos, float* o, int hd);
+// s[0..n_pos) <- softmax(s), and o[0..hd) <- 0; the two builds give the same bits.
+void attention_softmax_avx2(float* s, int n_pos, float* o, int hd);
+void attention_softmax_generic(float* s, int n_pos, float* o, int hd);
 }  // namespace kernels
 
 }  // namespace kvgen::cpu
