@@ -22,6 +22,22 @@ using namespace kvgen::cpu;
 
 namespace {
 
+// rows x cols random weights of one type (synth_random_rows) and a view of them, as a model's tensor would give.
+struct RandomWeight {
+    std::vector<uint8_t> data;
+    GgufTensor tensor;
+    WeightView w;
+    RandomWeight(GgmlType t, int64_t rows, int64_t cols, uint64_t seed) {
+        const GgmlTypeInfo* info = ggml_type_info(t);
+        const int64_t row_bytes = cols / info->block_size * int64_t(info->type_size);
+        data.resize(size_t(rows * row_bytes));
+        synth_random_rows(t, data.data(), rows, cols, 0.05f, seed);
+        w = WeightView{&tensor, t, cols, rows, row_bytes, data.data()};
+    }
+    RandomWeight(const RandomWeight&) = delete;
+    RandomWeight& operator=(const RandomWeight&) = delete;
+};
+
 }  // namespace
 
 TEST_CASE("integer dot products match dequantize-then-dot for every quantized type", "[cpu][vecdot]") {
@@ -183,12 +199,8 @@ TEST_CASE("a prompt's integer products (16 tokens per vector) match dequantize-t
         REQUIRE(ggml_type_from_name(name, &t));
         REQUIRE(prompt_integer(t));
         const bool k = act_format(t) == ActFormat::A256;
-        const GgmlTypeInfo* info = ggml_type_info(t);
-        const int64_t row_bytes = cols / info->block_size * int64_t(info->type_size);
-        std::vector<uint8_t> data(size_t(rows * row_bytes));
-        synth_random_rows(t, data.data(), rows, cols, 0.05f, 23);
-        GgufTensor tensor;
-        const WeightView w{&tensor, t, cols, rows, row_bytes, data.data()};
+        const RandomWeight weight(t, rows, cols, 23);
+        const WeightView& w = weight.w;
         std::vector<float> wf(size_t(rows * cols));
         for (int64_t r = 0; r < rows; ++r) dequantize_row(t, w.row(r), wf.data() + r * cols, cols);
 
@@ -242,12 +254,9 @@ TEST_CASE("a token's products are the same bits on every path: the scalar refere
         const ActFormat f = act_format(t);
         // 18 blocks (not a multiple of 16), 3 super-blocks, or a float row with 8 columns past its last 16
         const int64_t cols = f == ActFormat::A256 ? 768 : f == ActFormat::A32 ? 576 : 584;
-        const GgmlTypeInfo* info = ggml_type_info(t);
-        const int64_t row_bytes = cols / info->block_size * int64_t(info->type_size);
-        std::vector<uint8_t> data(size_t(rows * row_bytes));
-        synth_random_rows(t, data.data(), rows, cols, 0.05f, 31);
-        GgufTensor tensor;
-        const WeightView w{&tensor, t, cols, rows, row_bytes, data.data()};
+        const RandomWeight weight(t, rows, cols, 31);
+        const WeightView& w = weight.w;
+        const int64_t row_bytes = w.row_bytes;
         const std::vector<float> x = test::randn(size_t(n * cols), 12, 1.0f);
 
         // the reference: each token's activations quantized alone, each row by the scalar kernel; float rows in
