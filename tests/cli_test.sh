@@ -163,7 +163,8 @@ fi
 expect_error "--keep -2" "keep" "$kvgen" -m "$ref" -p hi --keep -2
 
 # Conversation mode through a real terminal (a pty): three turns typed at the "> " prompt, then /exit. Turns 2 and 3
-# take the conversation so far from the cache and prefill only the previous answer and their own message.
+# take the conversation so far from the cache, the previous answer included, and prefill only that answer's last
+# token and end-of-turn text (at most 3 tokens on the default model) and their own message.
 if python3 - "$kvgen" "$default" >"$tmp/cnv.log" 2>&1 <<'PY'; then
 import os, pty, re, select, sys, time
 kvgen, model = sys.argv[1:3]
@@ -194,8 +195,10 @@ turns = re.findall(r"turn (\d): (\d+) tokens from the cache, (\d+) prefilled \((
 assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
 assert [t[0] for t in turns] == ["1", "2", "3"], turns
 cached = [int(t[1]) for t in turns]
+answer = [int(t[3]) for t in turns]
 new = [int(t[4]) for t in turns]
 assert cached[0] == 0 and 0 < cached[1] < cached[2], cached
+assert all(0 < a <= 3 for a in answer[1:]), answer
 assert all(0 < n < 30 for n in new[1:]), new
 PY
     pass
