@@ -370,3 +370,42 @@ TEST_CASE("attention's softmax: the AVX2 and portable builds give the same bits,
         CHECK(oa == std::vector<float>(8, 0.0f));
     }
 }
+
+TEST_CASE("activation quantization: q = round-half-even(x / d) with d = max |x| / 32512, and the sums of q",
+          "[cpu][vecdot]") {
+    for (uint32_t seed : {1u, 2u, 3u}) {
+        std::vector<float> x = test::randn(512, seed, seed == 3 ? 1e-20f : 1.0f);
+        x[7] = 0.0f;
+        if (seed == 2) std::fill(x.begin() + 32, x.begin() + 64, 0.0f);  // a block of zeros: d = 0, q = 0
+        std::vector<BlockA32> a(16);
+        std::vector<BlockA256> k(2);
+        quantize_a32(x.data(), a.data(), 512);
+        quantize_a256(x.data(), k.data(), 512);
+        auto check = [&](int64_t b0, int len, float d, const int16_t* q) {
+            float amax = 0;
+            for (int j = 0; j < len; ++j) amax = std::max(amax, std::fabs(x[size_t(b0 + j)]));
+            const float want_d = amax / 32512.0f, id = want_d > 0 ? 1.0f / want_d : 0.0f;
+            CHECK(d == want_d);
+            for (int j = 0; j < len; ++j) {
+                const float r = std::nearbyint(x[size_t(b0 + j)] * id);
+                CHECK(q[j] == int16_t(std::clamp(r, -32512.0f, 32512.0f)));
+            }
+        };
+        for (int b = 0; b < 16; ++b) {
+            check(32 * b, 32, a[size_t(b)].d, a[size_t(b)].q);
+            int s0 = 0, s1 = 0;
+            for (int j = 0; j < 16; ++j) s0 += a[size_t(b)].q[j], s1 += a[size_t(b)].q[j + 16];
+            CHECK(a[size_t(b)].sum[0] == s0);
+            CHECK(a[size_t(b)].sum[1] == s1);
+            CHECK(a[size_t(b)].ds == a[size_t(b)].d * float(s0 + s1));
+        }
+        for (int b = 0; b < 2; ++b) {
+            check(256 * b, 256, k[size_t(b)].d, k[size_t(b)].q);
+            for (int g = 0; g < 16; ++g) {
+                int s = 0;
+                for (int j = 0; j < 16; ++j) s += k[size_t(b)].q[16 * g + j];
+                CHECK(k[size_t(b)].bsums[g] == s);
+            }
+        }
+    }
+}

@@ -31,7 +31,17 @@ inline int16_t quant(float v, float id) {
 
 inline float block_scale(const float* x, int n, float* id) {
     float amax = 0;
-    for (int j = 0; j < n; ++j) {
+    int j = 0;
+#if defined(__x86_64__) || defined(__SSE2__)
+    // note: four lanes of |x| maxima; max is exact, so the order does not matter
+    __m128 m = _mm_setzero_ps();
+    const __m128 sign = _mm_set1_ps(-0.0f);
+    for (; j + 4 <= n; j += 4) m = _mm_max_ps(m, _mm_andnot_ps(sign, _mm_loadu_ps(x + j)));
+    alignas(16) float l[4];
+    _mm_store_ps(l, m);
+    for (float v : l) amax = v > amax ? v : amax;
+#endif
+    for (; j < n; ++j) {
         const float a = std::fabs(x[j]);
         amax = a > amax ? a : amax;  // activations are finite
     }
@@ -39,17 +49,38 @@ inline float block_scale(const float* x, int n, float* id) {
     *id = d > 0 ? 1.0f / d : 0.0f;
     return d;
 }
+
+// q[0..16) = quant(x[j], id), and their sum. On x86 four at a time: the product clamped to +-32512 in floats first,
+// then rounded ties-to-even by the conversion (the same integer as rounding and then clamping).
+inline int32_t quant16(const float* x, float id, int16_t* q) {
+#if defined(__x86_64__) || defined(__SSE2__)
+    const __m128 v_id = _mm_set1_ps(id), hi = _mm_set1_ps(kQMax), lo = _mm_set1_ps(-kQMax);
+    __m128i sum = _mm_setzero_si128();
+    for (int j = 0; j < 16; j += 8) {
+        const __m128i a = _mm_cvtps_epi32(_mm_min_ps(_mm_max_ps(_mm_mul_ps(_mm_loadu_ps(x + j), v_id), lo), hi));
+        const __m128i b = _mm_cvtps_epi32(_mm_min_ps(_mm_max_ps(_mm_mul_ps(_mm_loadu_ps(x + j + 4), v_id), lo), hi));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + j), _mm_packs_epi32(a, b));
+        sum = _mm_add_epi32(sum, _mm_add_epi32(a, b));
+    }
+    sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0x4e));
+    sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0xb1));
+    return _mm_cvtsi128_si32(sum);
+#else
+    int32_t s = 0;
+    for (int j = 0; j < 16; ++j) s += q[j] = quant(x[j], id);
+    return s;
+#endif
+}
 }  // namespace
 
 void quantize_a32(const float* x, BlockA32* y, int64_t n) {
     for (int64_t b = 0; b < n / 32; ++b, x += 32) {
         float id;
         y[b].d = block_scale(x, 32, &id);
-        int s[2] = {0, 0};
-        for (int j = 0; j < 32; ++j) s[j / 16] += y[b].q[j] = quant(x[j], id);
-        y[b].sum[0] = s[0];
-        y[b].sum[1] = s[1];
-        y[b].ds = y[b].d * float(s[0] + s[1]);
+        const int32_t s0 = quant16(x, id, y[b].q), s1 = quant16(x + 16, id, y[b].q + 16);
+        y[b].sum[0] = s0;
+        y[b].sum[1] = s1;
+        y[b].ds = y[b].d * float(s0 + s1);
     }
 }
 
@@ -57,11 +88,7 @@ void quantize_a256(const float* x, BlockA256* y, int64_t n) {
     for (int64_t b = 0; b < n / 256; ++b, x += 256) {
         float id;
         y[b].d = block_scale(x, 256, &id);
-        for (int g = 0; g < 16; ++g) {
-            int s = 0;
-            for (int j = 16 * g; j < 16 * g + 16; ++j) s += y[b].q[j] = quant(x[j], id);
-            y[b].bsums[g] = s;
-        }
+        for (int g = 0; g < 16; ++g) y[b].bsums[g] = quant16(x + 16 * g, id, y[b].q + 16 * g);
     }
 }
 
