@@ -186,6 +186,11 @@ int main(int argc, char** argv) {
                    "CUDA prefill attention: mma (flash attention on the tensor cores for head_dim 64 and 128, the "
                    "default) or warp (a warp per query on the CUDA cores, to compare; an f16 cache only)")
         ->check(CLI::IsMember({"mma", "warp"}));
+    std::string math = "exact";
+    app.add_option("--math", math,
+                   "CPU products of quantized weights: exact (activations rounded to 16 bits, the default), fast "
+                   "(8 bits, as llama.cpp: faster, further from the exact math) or f32 (the exact math itself, slow)")
+        ->check(CLI::IsMember({"exact", "fast", "f32"}));
     app.add_flag("--chat", gen.chat, "wrap the prompt in the model's chat format");
     app.add_flag("--single-turn", gen.chat, "-st: llama.cpp's one-turn conversation, the same as --chat");
     app.add_option("--system-prompt", gen.system_prompt,
@@ -275,6 +280,7 @@ int main(int argc, char** argv) {
         gen.run.device = kvgen::normalize_device(gen.run.device);
         kvgen::kv_types_from_name(kv_type, "--kv-type", &gen.run.kv_type_k, &gen.run.kv_type_v);
         gen.run.cuda_int_matvec = cuda_matvec == "int16";
+        kvgen::math_mode_from_name(math, &gen.run.math);
         gen.run.cuda_flash_attention = cuda_attention == "mma";
         kvgen::apply_llama_settings(llama, gen.run, app.count("--kv-type") > 0);
         if (!llama.n_gpu_layers.empty() && gen.run.device != "cpu" && gen.run.device != "auto")

@@ -114,6 +114,10 @@ else
     fail "-n 0: $(cat "$tmp/n0.out" "$tmp/n0.err")"
 fi
 expect_error "generate: --kv-type q4" "kv-type" "$kvgen" -m "$ref" -p hi --kv-type q4
+expect_error "generate: --math approx" "--math: approx not in" "$kvgen" -m "$ref" -p hi --math approx
+# --math fast: the same text interface, its mode named in --bench's backend column
+expect_ok "generate: --math fast" "." "$kvgen" -m "$ref" -p "The KV cache" -n 4 --temp 0 -t 1 --math fast
+expect_ok "bench: --math fast" "CPU --math fast" "$kvgen" -m "$ref" --bench -p 8 -n 2 -r 1 -t 1 --math fast
 
 # --prompt-cache: the second run reuses the first's prompt and prints the same text; a damaged file is a warning
 # and a cold run; the file is never left half-written.

@@ -67,11 +67,12 @@ TEST_CASE("integer dot products match dequantize-then-dot for every quantized ty
         const void* xq = k ? static_cast<const void*>(a256.data()) : static_cast<const void*>(a32.data());
         const int64_t stride = k ? cols / 256 * int64_t(sizeof(BlockA256)) : cols / 32 * int64_t(sizeof(BlockA32));
 
+        const ActFormat xf = act_format(t);
         for (int nt = 1; nt <= 4; ++nt) {
             float generic[4], avx2[4], avx512[4];
-            kernels::vec_dot_generic(t, row.data(), xq, stride, nt, generic, cols);
-            if (has_avx2()) kernels::vec_dot_avx2(t, row.data(), xq, stride, nt, avx2, cols);
-            if (has_avx512_vnni()) kernels::vec_dot_avx512(t, row.data(), xq, stride, nt, avx512, cols);
+            kernels::vec_dot_generic(t, xf, row.data(), xq, stride, nt, generic, cols);
+            if (has_avx2()) kernels::vec_dot_avx2(t, xf, row.data(), xq, stride, nt, avx2, cols);
+            if (has_avx512_vnni()) kernels::vec_dot_avx512(t, xf, row.data(), xq, stride, nt, avx512, cols);
             for (int tkn = 0; tkn < nt; ++tkn) {
                 double ref = 0, mag = 0;
                 for (int64_t j = 0; j < cols; ++j) {
@@ -84,6 +85,41 @@ TEST_CASE("integer dot products match dequantize-then-dot for every quantized ty
                 if (has_avx2()) CHECK(std::fabs(avx2[tkn] - ref) <= 1e-4 * mag);
                 if (has_avx512_vnni()) CHECK(std::fabs(avx512[tkn] - ref) <= 1e-4 * mag);
             }
+        }
+        if (!fast_type(t)) continue;
+        // the 8-bit forms (--math fast): the exact product of the weights and the activations as rounded (d * q),
+        // to float rounding, on every instruction set
+        std::vector<BlockB32> b32(4 * cols / 32);
+        std::vector<BlockB256> b256(4 * cols / 256);
+        for (int tkn = 0; tkn < 4; ++tkn) {
+            quantize_b32(x.data() + tkn * cols, b32.data() + tkn * cols / 32, cols);
+            quantize_b256(x.data() + tkn * cols, b256.data() + tkn * cols / 256, cols);
+        }
+        const ActFormat bf = act_format(t, MathMode::Fast);
+        REQUIRE(act_8bit(bf));
+        const void* xb = k ? static_cast<const void*>(b256.data()) : static_cast<const void*>(b32.data());
+        const int64_t bstride = k ? cols / 256 * int64_t(sizeof(BlockB256)) : cols / 32 * int64_t(sizeof(BlockB32));
+        float generic[4], avx2[4], avx512[4];
+        kernels::vec_dot_generic(t, bf, row.data(), xb, bstride, 4, generic, cols);
+        if (has_avx2()) kernels::vec_dot_avx2(t, bf, row.data(), xb, bstride, 4, avx2, cols);
+        if (has_avx512_vnni()) kernels::vec_dot_avx512(t, bf, row.data(), xb, bstride, 4, avx512, cols);
+        for (int tkn = 0; tkn < 4; ++tkn) {
+            double ref = 0, mag = 0, raw = 0;
+            for (int64_t j = 0; j < cols; ++j) {
+                const double xj = k ? double(b256[size_t(tkn * cols / 256 + j / 256)].d) *
+                                          b256[size_t(tkn * cols / 256 + j / 256)].q[j % 256]
+                                    : double(b32[size_t(tkn * cols / 32 + j / 32)].d) *
+                                          b32[size_t(tkn * cols / 32 + j / 32)].q[j % 32];
+                ref += double(wf[size_t(j)]) * xj;
+                raw += double(wf[size_t(j)]) * x[size_t(tkn * cols + j)];
+                mag += std::fabs(double(wf[size_t(j)]) * x[size_t(tkn * cols + j)]);
+            }
+            INFO("8-bit, token " << tkn << " ref " << ref);
+            CHECK(std::fabs(generic[tkn] - ref) <= 1e-5 * mag);
+            if (has_avx2()) CHECK(std::fabs(avx2[tkn] - ref) <= 1e-5 * mag);
+            if (has_avx512_vnni()) CHECK(std::fabs(avx512[tkn] - ref) <= 1e-5 * mag);
+            // and 8 bits are llama.cpp's precision: within a percent of the sum of magnitudes of the f32 product
+            CHECK(std::fabs(generic[tkn] - raw) <= 1e-2 * mag);
         }
     }
 }
@@ -187,8 +223,10 @@ TEST_CASE("a prompt's integer products (16 tokens per vector) match dequantize-t
         std::vector<BlockA256> a256(size_t(m * cols / 256));
         std::vector<BlockT16> t16(size_t((m + 15) / 16 * cols / 32));
         std::vector<BlockT256> t256(size_t((m + 15) / 16 * cols / 256));
-        Activations a(x.data() + i0 * cols, m, cols, a32.data(), a256.data(), true, integer ? t16.data() : nullptr,
-                      integer ? t256.data() : nullptr);
+        ActBuffers buf;
+        buf.a32 = a32.data(), buf.a256 = a256.data();
+        if (integer) buf.t16 = t16.data(), buf.t256 = t256.data();
+        Activations a(x.data() + i0 * cols, m, cols, buf, true);
         std::vector<float> y(size_t(m * rows));
         matmul(y.data(), a, w, scratch.data(), pool);
         return y;
@@ -241,107 +279,126 @@ TEST_CASE("a prompt's integer products (16 tokens per vector) match dequantize-t
 }
 
 TEST_CASE("a token's products are the same bits on every path: the scalar reference, the AVX2 and AVX-512 rows, "
-          "a prompt's integer groups or f32 tiles, any batch",
+          "a prompt's integer groups or f32 tiles, any batch, in each --math mode",
           "[cpu][matmul]") {
     const int64_t rows = 37;  // groups of 16 (AVX2: 8) rows and a partial one
     const int n = 21;         // a prompt group of 16 tokens and a partial one; decode tokens in fours and a rest
     ThreadPool pool(2);
-    for (const char* name : {"Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "F16", "F32"}) {
-        INFO(name);
-        GgmlType t;
-        REQUIRE(ggml_type_from_name(name, &t));
-        REQUIRE(prompt_matches_decode(t));
-        const ActFormat f = act_format(t);
-        // 18 blocks (not a multiple of 16), 3 super-blocks, or a float row with 8 columns past its last 16
-        const int64_t cols = f == ActFormat::A256 ? 768 : f == ActFormat::A32 ? 576 : 584;
-        const RandomWeight weight(t, rows, cols, 31);
-        const WeightView& w = weight.w;
-        const int64_t row_bytes = w.row_bytes;
-        const std::vector<float> x = test::randn(size_t(n * cols), 12, 1.0f);
+    for (const char* name : {"Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K", "F16", "F32"})
+        for (MathMode mode : {MathMode::Exact, MathMode::Fast, MathMode::F32}) {
+            GgmlType t;
+            REQUIRE(ggml_type_from_name(name, &t));
+            if (mode != MathMode::Exact && !fast_type(t)) continue;  // float weights: one way in every mode
+            INFO(name << ", --math " << math_mode_name(mode));
+            REQUIRE(prompt_matches_decode(t));
+            const ActFormat f = mode == MathMode::F32 ? ActFormat::None : act_format(t, mode);
+            // 18 blocks (not a multiple of 16), 3 super-blocks, or a float row with 8 columns past its last 16
+            const ActFormat shape = act_format(t);
+            const int64_t cols = shape == ActFormat::A256 ? 768 : shape == ActFormat::A32 ? 576 : 584;
+            const RandomWeight weight(t, rows, cols, 31);
+            const WeightView& w = weight.w;
+            const int64_t row_bytes = w.row_bytes;
+            const std::vector<float> x = test::randn(size_t(n * cols), 12, 1.0f);
 
-        // the reference: each token's activations quantized alone, each row by the scalar kernel; float rows in
-        // the documented order (16 lanes of fused multiply-adds, then (p0 + p2) + (p1 + p3) per four lanes, and
-        // (g0 + g1) + (g2 + g3))
-        std::vector<BlockA32> a32(size_t(n * cols / 32));
-        std::vector<BlockA256> a256(size_t(n * (cols / 256)));
-        for (int i = 0; i < n; ++i) {
-            if (f == ActFormat::A32) quantize_a32(x.data() + i * cols, a32.data() + i * cols / 32, cols);
-            if (f == ActFormat::A256) quantize_a256(x.data() + i * cols, a256.data() + i * (cols / 256), cols);
-        }
-        const void* xq = f == ActFormat::A256 ? static_cast<const void*>(a256.data()) : a32.data();
-        const int64_t stride = f == ActFormat::A256 ? cols / 256 * int64_t(sizeof(BlockA256))
-                                                    : cols / 32 * int64_t(sizeof(BlockA32));
-        std::vector<float> ref(size_t(n * rows));
-        std::vector<float> wf(static_cast<size_t>(cols));
-        for (int64_t r = 0; r < rows; ++r) {
-            dequantize_row(t, w.row(r), wf.data(), cols);
+            // the reference: each token's activations quantized alone, each row by the scalar kernel; float rows
+            // (and every row with --math f32, decoded) in the documented order (16 lanes of fused multiply-adds, then
+            // (p0 + p2) + (p1 + p3) per four lanes, and (g0 + g1) + (g2 + g3))
+            std::vector<BlockA32> a32(size_t(n * cols / 32));
+            std::vector<BlockA256> a256(size_t(n * (cols / 256)));
+            std::vector<BlockB32> b32(size_t(n * cols / 32));
+            std::vector<BlockB256> b256(size_t(n * (cols / 256)));
             for (int i = 0; i < n; ++i) {
-                float& out = ref[size_t(i * rows + r)];
-                if (f != ActFormat::None) {
-                    kernels::vec_dot_generic(t, w.row(r), static_cast<const char*>(xq) + i * stride, stride, 1, &out,
-                                             cols);
-                    continue;
+                if (f == ActFormat::A32) quantize_a32(x.data() + i * cols, a32.data() + i * cols / 32, cols);
+                if (f == ActFormat::A256) quantize_a256(x.data() + i * cols, a256.data() + i * (cols / 256), cols);
+                if (f == ActFormat::B32) quantize_b32(x.data() + i * cols, b32.data() + i * cols / 32, cols);
+                if (f == ActFormat::B256) quantize_b256(x.data() + i * cols, b256.data() + i * (cols / 256), cols);
+            }
+            const void* xq = f == ActFormat::A256   ? static_cast<const void*>(a256.data())
+                             : f == ActFormat::B32  ? static_cast<const void*>(b32.data())
+                             : f == ActFormat::B256 ? static_cast<const void*>(b256.data())
+                                                    : a32.data();
+            const int64_t stride = f == ActFormat::A256   ? cols / 256 * int64_t(sizeof(BlockA256))
+                                   : f == ActFormat::B32  ? cols / 32 * int64_t(sizeof(BlockB32))
+                                   : f == ActFormat::B256 ? cols / 256 * int64_t(sizeof(BlockB256))
+                                                          : cols / 32 * int64_t(sizeof(BlockA32));
+            std::vector<float> ref(size_t(n * rows));
+            std::vector<float> wf(static_cast<size_t>(cols));
+            for (int64_t r = 0; r < rows; ++r) {
+                dequantize_row(t, w.row(r), wf.data(), cols);
+                for (int i = 0; i < n; ++i) {
+                    float& out = ref[size_t(i * rows + r)];
+                    if (f != ActFormat::None) {
+                        kernels::vec_dot_generic(t, f, w.row(r), static_cast<const char*>(xq) + i * stride, stride, 1,
+                                                 &out, cols);
+                        continue;
+                    }
+                    float p[16] = {};
+                    for (int64_t j = 0; j < cols; ++j)
+                        p[j % 16] = std::fma(wf[size_t(j)], x[size_t(i * cols + j)], p[j % 16]);
+                    float g[4];
+                    for (int k = 0; k < 4; ++k) g[k] = (p[4 * k] + p[4 * k + 2]) + (p[4 * k + 1] + p[4 * k + 3]);
+                    out = (g[0] + g[1]) + (g[2] + g[3]);
                 }
-                float p[16] = {};
-                for (int64_t j = 0; j < cols; ++j) p[j % 16] = std::fma(wf[size_t(j)], x[size_t(i * cols + j)], p[j % 16]);
-                float g[4];
-                for (int k = 0; k < 4; ++k) g[k] = (p[4 * k] + p[4 * k + 2]) + (p[4 * k + 1] + p[4 * k + 3]);
-                out = (g[0] + g[1]) + (g[2] + g[3]);
+            }
+            auto same = [&](const std::vector<float>& y, const char* path) {
+                INFO(path);
+                CHECK(std::memcmp(y.data(), ref.data(), ref.size() * sizeof(float)) == 0);
+            };
+            // the rows kernels of each instruction set, tokens in fours
+            if (f != ActFormat::None) {
+                using RowsFn = void (*)(GgmlType, ActFormat, const void*, int64_t, int, const void*, int64_t, int,
+                                        float*, int64_t, int64_t);
+                std::vector<std::pair<const char*, RowsFn>> isas = {{"generic rows", kernels::vec_dot_rows_generic}};
+                if (has_avx2()) isas.emplace_back("AVX2 rows", kernels::vec_dot_rows_avx2);
+                if (has_avx512_vnni()) isas.emplace_back("AVX-512 rows", kernels::vec_dot_rows_avx512);
+                for (const auto& [isa, fn] : isas) {
+                    std::vector<float> y(ref.size());
+                    for (int i = 0; i < n; i += 4)
+                        fn(t, f, w.data, row_bytes, int(rows), static_cast<const char*>(xq) + i * stride, stride,
+                           std::min(4, n - i), y.data() + i * rows, rows, cols);
+                    same(y, isa);
+                }
+            }
+            // this machine's matmul, as generated tokens and as a prompt (whole, and in batches of other sizes)
+            std::vector<float> scratch(size_t(pool.size() * matmul_scratch(cols)));
+            auto product = [&](int i0, int m, bool prompt) {
+                std::vector<BlockA32> c32(size_t(m * cols / 32 + 1));
+                std::vector<BlockA256> c256(size_t(m * (cols / 256) + 1));
+                std::vector<BlockT16> t16(size_t((m + 15) / 16 * (cols / 32) + 1));
+                std::vector<BlockT256> t256(size_t((m + 15) / 16 * (cols / 256) + 1));
+                std::vector<BlockB32> d32(size_t(m * cols / 32 + 1));
+                std::vector<BlockB256> d256(size_t(m * (cols / 256) + 1));
+                std::vector<BlockU16> u16(size_t((m + 15) / 16 * (cols / 32) + 1));
+                std::vector<BlockU256> u256(size_t((m + 15) / 16 * (cols / 256) + 1));
+                const ActBuffers buf{c32.data(), c256.data(), t16.data(), t256.data(),
+                                     d32.data(), d256.data(), u16.data(), u256.data()};
+                Activations a(x.data() + i0 * cols, m, cols, buf, prompt, mode);
+                std::vector<float> y(size_t(m * rows));
+                matmul(y.data(), a, w, scratch.data(), pool);
+                return y;
+            };
+            same(product(0, n, false), "matmul, generated tokens");
+            same(product(0, n, true), "matmul, a prompt");
+            std::vector<float> parts;
+            for (const auto& [i0, m] : {std::pair{0, 3}, std::pair{3, 17}, std::pair{20, 1}}) {
+                const std::vector<float> y = product(i0, m, true);
+                parts.insert(parts.end(), y.begin(), y.end());
+            }
+            same(parts, "matmul, a prompt in batches of 3, 17 and 1");
+            // the f32 tiles of each instruction set, for float weights (and every weight with --math f32)
+            if (f == ActFormat::None) {
+                using TilesFn = void (*)(float*, const float*, bool, ActFormat, const void*, int64_t,
+                                         const WeightView&, int, int64_t, int64_t, float*);
+                std::vector<std::pair<const char*, TilesFn>> isas = {{"generic tiles", kernels::matmul_rows_generic}};
+                if (has_avx2()) isas.emplace_back("AVX2 tiles", kernels::matmul_rows_avx2);
+                if (has_avx512_vnni()) isas.emplace_back("AVX-512 tiles", kernels::matmul_rows_avx512);
+                for (const auto& [isa, fn] : isas) {
+                    std::vector<float> y(ref.size());
+                    fn(y.data(), x.data(), true, ActFormat::None, nullptr, 0, w, n, 0, rows, scratch.data());
+                    same(y, isa);
+                }
             }
         }
-        auto same = [&](const std::vector<float>& y, const char* path) {
-            INFO(path);
-            CHECK(std::memcmp(y.data(), ref.data(), ref.size() * sizeof(float)) == 0);
-        };
-        // the rows kernels of each instruction set, tokens in fours
-        if (f != ActFormat::None) {
-            using RowsFn = void (*)(GgmlType, const void*, int64_t, int, const void*, int64_t, int, float*, int64_t,
-                                    int64_t);
-            std::vector<std::pair<const char*, RowsFn>> isas = {{"generic rows", kernels::vec_dot_rows_generic}};
-            if (has_avx2()) isas.emplace_back("AVX2 rows", kernels::vec_dot_rows_avx2);
-            if (has_avx512_vnni()) isas.emplace_back("AVX-512 rows", kernels::vec_dot_rows_avx512);
-            for (const auto& [isa, fn] : isas) {
-                std::vector<float> y(ref.size());
-                for (int i = 0; i < n; i += 4)
-                    fn(t, w.data, row_bytes, int(rows), static_cast<const char*>(xq) + i * stride, stride,
-                       std::min(4, n - i), y.data() + i * rows, rows, cols);
-                same(y, isa);
-            }
-        }
-        // this machine's matmul, as generated tokens and as a prompt (whole, and in batches of other sizes)
-        std::vector<float> scratch(size_t(pool.size() * matmul_scratch(cols)));
-        auto product = [&](int i0, int m, bool prompt) {
-            std::vector<BlockA32> b32(size_t(m * cols / 32 + 1));
-            std::vector<BlockA256> b256(size_t(m * (cols / 256) + 1));
-            std::vector<BlockT16> t16(size_t((m + 15) / 16 * (cols / 32) + 1));
-            std::vector<BlockT256> t256(size_t((m + 15) / 16 * (cols / 256) + 1));
-            Activations a(x.data() + i0 * cols, m, cols, b32.data(), b256.data(), prompt, t16.data(), t256.data());
-            std::vector<float> y(size_t(m * rows));
-            matmul(y.data(), a, w, scratch.data(), pool);
-            return y;
-        };
-        same(product(0, n, false), "matmul, generated tokens");
-        same(product(0, n, true), "matmul, a prompt");
-        std::vector<float> parts;
-        for (const auto& [i0, m] : {std::pair{0, 3}, std::pair{3, 17}, std::pair{20, 1}}) {
-            const std::vector<float> y = product(i0, m, true);
-            parts.insert(parts.end(), y.begin(), y.end());
-        }
-        same(parts, "matmul, a prompt in batches of 3, 17 and 1");
-        // the f32 tiles of each instruction set, for float weights
-        if (f == ActFormat::None) {
-            using TilesFn = void (*)(float*, const float*, bool, const void*, int64_t, const WeightView&, int, int64_t,
-                                     int64_t, float*);
-            std::vector<std::pair<const char*, TilesFn>> isas = {{"generic tiles", kernels::matmul_rows_generic}};
-            if (has_avx2()) isas.emplace_back("AVX2 tiles", kernels::matmul_rows_avx2);
-            if (has_avx512_vnni()) isas.emplace_back("AVX-512 tiles", kernels::matmul_rows_avx512);
-            for (const auto& [isa, fn] : isas) {
-                std::vector<float> y(ref.size());
-                fn(y.data(), x.data(), true, nullptr, 0, w, n, 0, rows, scratch.data());
-                same(y, isa);
-            }
-        }
-    }
 }
 
 TEST_CASE("attention's softmax: the AVX2 and portable builds give the same bits, within a few ulp of the exact one",
@@ -371,24 +428,27 @@ TEST_CASE("attention's softmax: the AVX2 and portable builds give the same bits,
     }
 }
 
-TEST_CASE("activation quantization: q = round-half-even(x / d) with d = max |x| / 32512, and the sums of q",
-          "[cpu][vecdot]") {
+namespace {
+// The definition of an activation form: q = round-half-even(x / d) with d = max |x| / qmax per block (32 or 256
+// values), clamped to +-qmax, and the sums of q the blocks carry.
+template <typename B32, typename B256, typename Q32, typename Q256>
+void check_activation_definition(Q32 quantize32, Q256 quantize256, float qmax) {
     for (uint32_t seed : {1u, 2u, 3u}) {
         std::vector<float> x = test::randn(512, seed, seed == 3 ? 1e-20f : 1.0f);
         x[7] = 0.0f;
         if (seed == 2) std::fill(x.begin() + 32, x.begin() + 64, 0.0f);  // a block of zeros: d = 0, q = 0
-        std::vector<BlockA32> a(16);
-        std::vector<BlockA256> k(2);
-        quantize_a32(x.data(), a.data(), 512);
-        quantize_a256(x.data(), k.data(), 512);
-        auto check = [&](int64_t b0, int len, float d, const int16_t* q) {
+        std::vector<B32> a(16);
+        std::vector<B256> k(2);
+        quantize32(x.data(), a.data(), 512);
+        quantize256(x.data(), k.data(), 512);
+        auto check = [&](int64_t b0, int len, float d, const auto* q) {
             float amax = 0;
             for (int j = 0; j < len; ++j) amax = std::max(amax, std::fabs(x[size_t(b0 + j)]));
-            const float want_d = amax / 32512.0f, id = want_d > 0 ? 1.0f / want_d : 0.0f;
+            const float want_d = amax / qmax, id = want_d > 0 ? 1.0f / want_d : 0.0f;
             CHECK(d == want_d);
             for (int j = 0; j < len; ++j) {
                 const float r = std::nearbyint(x[size_t(b0 + j)] * id);
-                CHECK(q[j] == int16_t(std::clamp(r, -32512.0f, 32512.0f)));
+                CHECK(int(q[j]) == int(std::clamp(r, -qmax, qmax)));
             }
         };
         for (int b = 0; b < 16; ++b) {
@@ -407,5 +467,44 @@ TEST_CASE("activation quantization: q = round-half-even(x / d) with d = max |x| 
                 CHECK(k[size_t(b)].bsums[g] == s);
             }
         }
+    }
+}
+}  // namespace
+
+TEST_CASE("activation quantization: q = round-half-even(x / d) with d = max |x| / 32512, and the sums of q",
+          "[cpu][vecdot]") {
+    check_activation_definition<BlockA32, BlockA256>(quantize_a32, quantize_a256, 32512.0f);
+}
+
+TEST_CASE("8-bit activation quantization (--math fast): d = max |x| / 127, and the 16-token groups' quads and sums",
+          "[cpu][vecdot]") {
+    check_activation_definition<BlockB32, BlockB256>(quantize_b32, quantize_b256, 127.0f);
+    // tokens side by side: quad j of token t is its values 4j .. 4j + 3, low byte first; past m, zeros
+    const int m = 5;
+    const std::vector<float> x = test::randn(size_t(m * 256), 9, 1.0f);
+    std::vector<BlockB32> b32(size_t(m * 8));
+    std::vector<BlockB256> b256(static_cast<size_t>(m));
+    for (int t = 0; t < m; ++t) {
+        quantize_b32(x.data() + t * 256, b32.data() + t * 8, 256);
+        quantize_b256(x.data() + t * 256, b256.data() + t, 256);
+    }
+    std::vector<BlockU16> u16(8);
+    BlockU256 u256;
+    tokens16_from_b32(b32.data(), m, 8, u16.data());
+    tokens16_from_b256(b256.data(), m, 1, &u256);
+    auto byte = [](int32_t word, int i) { return int(int8_t(uint32_t(word) >> (8 * i))); };
+    auto half = [](int32_t word, int i) { return int(int16_t(uint32_t(word) >> (16 * i))); };
+    for (int t = 0; t < 16; ++t) {
+        for (int b = 0; b < 8; ++b) {
+            const BlockB32& a = b32[size_t(t < m ? t * 8 + b : 0)];
+            for (int j = 0; j < 32; ++j) CHECK(byte(u16[size_t(b)].quads[j / 4][t], j % 4) == (t < m ? a.q[j] : 0));
+            CHECK(u16[size_t(b)].sum[t] == (t < m ? a.sum[0] + a.sum[1] : 0));
+            CHECK(u16[size_t(b)].d[t] == (t < m ? a.d : 0.0f));
+        }
+        const BlockB256& k = b256[size_t(t < m ? t : 0)];
+        for (int j = 0; j < 256; ++j) CHECK(byte(u256.quads[j / 4][t], j % 4) == (t < m ? k.q[j] : 0));
+        for (int g = 0; g < 16; ++g) CHECK(half(u256.s16[g / 2][t], g % 2) == (t < m ? k.bsums[g] : 0));
+        for (int g = 0; g < 8; ++g)
+            CHECK(half(u256.s32[g / 2][t], g % 2) == (t < m ? k.bsums[2 * g] + k.bsums[2 * g + 1] : 0));
     }
 }

@@ -253,7 +253,8 @@ TEST_CASE("the integer decode product, run on the host: the CPU's activation rou
                 // Q4_0 and Q8_0 meet the same integer activations as the CPU's reference dot: the same block sums,
                 // added in another order.
                 float want = 0;
-                cpu::kernels::vec_dot_generic(t, b.data() + r * row_bytes, cpu_blocks.data(), 0, 1, &want, cols);
+                cpu::kernels::vec_dot_generic(t, cpu::act_format(t), b.data() + r * row_bytes, cpu_blocks.data(), 0,
+                                              1, &want, cols);
                 CHECK(std::fabs(y[size_t(r)] - want) <= 1e-6 * mag);
             }
         }

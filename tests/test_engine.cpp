@@ -30,23 +30,26 @@ using test::kRefStems;
 
 namespace {
 
-std::function<std::unique_ptr<Backend>(const Model&)> cpu_backend(KvType kv_type, int threads, int n_batch) {
+std::function<std::unique_ptr<Backend>(const Model&)> cpu_backend(KvType kv_type, int threads, int n_batch,
+                                                                   MathMode math = MathMode::Exact) {
     return [=](const Model& model) -> std::unique_ptr<Backend> {
         Settings s;
         s.n_ctx = 256;
         s.n_threads = threads;
         s.kv_type_k = s.kv_type_v = kv_type;
         s.n_batch = n_batch;
+        s.math = math;
         return cpu::make_backend(model, s);
     };
 }
 
 }  // namespace
 
-TEST_CASE("every reference case passes the fidelity rules (f16 cache)", "[engine][fidelity]") {
+TEST_CASE("every reference case passes the fidelity rules (f16 cache), within 0.5% of the exact math",
+          "[engine][fidelity]") {
     for (const char* stem : kRefStems) {
         INFO(stem);
-        check_reference(stem, cpu_backend(KvType::F16, 2, 512));
+        check_reference(stem, cpu_backend(KvType::F16, 2, 512), 0.005);
     }
 }
 
@@ -54,7 +57,19 @@ TEST_CASE("every reference case passes the fidelity rules (f32 cache, one thread
           "[engine][fidelity]") {
     for (const char* stem : kRefStems) {
         INFO(stem);
-        check_reference(stem, cpu_backend(KvType::F32, 1, 7));
+        check_reference(stem, cpu_backend(KvType::F32, 1, 7), 0.005);
+    }
+}
+
+TEST_CASE("the fidelity rules hold with --math fast (the peer's allowance), and --math f32 is the exact math to 0.01%",
+          "[engine][fidelity]") {
+    for (const char* stem : kRefStems) {
+        INFO(stem << ", --math fast");
+        check_reference(stem, cpu_backend(KvType::F16, 2, 512, MathMode::Fast));
+    }
+    for (const char* stem : kRefStems) {
+        INFO(stem << ", --math f32");
+        check_reference(stem, cpu_backend(KvType::F32, 2, 512, MathMode::F32), 1e-4);
     }
 }
 
@@ -64,12 +79,16 @@ TEST_CASE("one prefill of N tokens gives the logits of N single-token steps, as 
     const Model model = Model::load(test::shared("testdata/ref/open-gqa-Q4_K_M.gguf"));
     std::vector<int32_t> tokens;
     for (int i = 0; i < 40; ++i) tokens.push_back(int32_t(1 + (i * 97) % 4000));
-    for (KvType kv : {KvType::F32, KvType::F16, KvType::Q8_0, KvType::Q4_0}) {
-        INFO(kv_type_name(kv) << " cache");
+    for (const auto& [kv, math] : {std::pair{KvType::F32, MathMode::Exact}, std::pair{KvType::F16, MathMode::Exact},
+                                   std::pair{KvType::Q8_0, MathMode::Exact}, std::pair{KvType::Q4_0, MathMode::Exact},
+                                   std::pair{KvType::F16, MathMode::Fast}, std::pair{KvType::Q4_0, MathMode::Fast},
+                                   std::pair{KvType::F16, MathMode::F32}}) {
+        INFO(kv_type_name(kv) << " cache, --math " << math_mode_name(math));
         Settings opt;
         opt.n_ctx = 64;
         opt.n_threads = 2;
         opt.kv_type_k = opt.kv_type_v = kv;
+        opt.math = math;
         const std::unique_ptr<Backend> batched_backend = cpu::make_backend(model, opt);
         const std::unique_ptr<Backend> stepped_backend = cpu::make_backend(model, opt);
         Backend& batched = *batched_backend;
@@ -487,7 +506,8 @@ TEST_CASE("CPU attention gives the same bits on 1, 2 or 3 threads, whole items o
     }
 }
 
-TEST_CASE("cached and --no-kv-cache greedy runs give the same logits bit for bit, with every cache type",
+TEST_CASE("cached and --no-kv-cache greedy runs give the same logits bit for bit, with every cache type and "
+          "--math mode",
           "[engine][kv][invariant]") {
     // note: a generated token's products, attention and cache rows are a prompt token's (decode_matches_prompt), so
     // a run that recomputes the whole sequence every step writes the same K/V bytes as the cached run, quantized
@@ -496,11 +516,12 @@ TEST_CASE("cached and --no-kv-cache greedy runs give the same logits bit for bit
     const Tokenizer tok = Tokenizer::from_gguf(model.file);
     const auto prompt = tok.encode("The KV cache stores the keys and values of earlier tokens.", true);
     const int n_vocab = model.config.n_vocab, n_predict = 32;
-    auto run = [&](KvType t, bool cache, std::vector<float>& all) {
+    auto run = [&](KvType t, MathMode math, bool cache, std::vector<float>& all) {
         Settings s;
         s.n_ctx = 128;
         s.n_threads = 2;
         s.kv_type_k = s.kv_type_v = t;
+        s.math = math;
         const std::unique_ptr<Backend> backend = cpu::make_backend(model, s);
         REQUIRE(backend->decode_matches_prompt());
         GenerateOptions g;
@@ -516,11 +537,13 @@ TEST_CASE("cached and --no-kv-cache greedy runs give the same logits bit for bit
                  nullptr, n_vocab)
             .tokens;
     };
-    for (KvType t : {KvType::F16, KvType::Q8_0, KvType::Q4_0}) {
-        INFO(kv_type_name(t));
+    for (const auto& [t, math] : {std::pair{KvType::F16, MathMode::Exact}, std::pair{KvType::Q8_0, MathMode::Exact},
+                                  std::pair{KvType::Q4_0, MathMode::Exact}, std::pair{KvType::F16, MathMode::Fast},
+                                  std::pair{KvType::Q8_0, MathMode::Fast}}) {
+        INFO(kv_type_name(t) << ", --math " << math_mode_name(math));
         std::vector<float> cached_logits, recomputed_logits;
-        const std::vector<int32_t> cached = run(t, true, cached_logits);
-        const std::vector<int32_t> recomputed = run(t, false, recomputed_logits);
+        const std::vector<int32_t> cached = run(t, math, true, cached_logits);
+        const std::vector<int32_t> recomputed = run(t, math, false, recomputed_logits);
         CHECK(cached.size() == size_t(n_predict));
         CHECK(cached == recomputed);
         CHECK(cached_logits == recomputed_logits);

@@ -44,6 +44,9 @@ SelectedBackend make_backend(const Model& model, const Settings& s) {
     SelectedBackend out;
     out.device = resolve_device(s.device);  // throws for a device that is not there
     if (out.device == "cuda") {
+        if (s.math != MathMode::Exact)
+            throw Error(fmt::format("--math {}: the CUDA backend computes in the exact mode only (use --device cpu)",
+                                    math_mode_name(s.math)));
 #if defined(KVGEN_HAVE_CUDA)
         out.backend = cuda::make_backend(model, s);
         out.description = cuda::describe_device(cuda_device_index(s.device));
@@ -54,7 +57,8 @@ SelectedBackend make_backend(const Model& model, const Settings& s) {
     }
     auto ops = std::make_unique<cpu::CpuOps>(model, s);
     out.n_threads = ops->n_threads();
-    out.description = fmt::format("cpu ({} threads, {} kernels)", out.n_threads, cpu::matmul_isa());
+    out.description = fmt::format("cpu ({} threads, {} kernels{})", out.n_threads, cpu::matmul_isa(),
+                                  s.math == MathMode::Exact ? "" : fmt::format(", --math {}", math_mode_name(s.math)));
     out.backend = std::make_unique<Backend>(model.config, std::move(ops));
     return out;
 }

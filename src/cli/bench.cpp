@@ -141,7 +141,8 @@ void run_bench(const BenchOptions& opt) {
     uint64_t bytes = 0;
     const std::string label = model_label(model, &params, &bytes);
     const std::string backend_base = cuda ? "CUDA" : "CPU";
-    const std::string backend_name = opt.kv_cache ? backend_base : backend_base + " (no KV cache)";
+    std::string backend_name = opt.kv_cache ? backend_base : backend_base + " (no KV cache)";
+    if (run.math != MathMode::Exact) backend_name += fmt::format(" --math {}", math_mode_name(run.math));
     auto stats = [](const std::vector<double>& v, double* avg, double* sd) {
         *avg = 0;
         for (double x : v) *avg += x;
@@ -176,7 +177,8 @@ void run_bench(const BenchOptions& opt) {
             stats(t.tok_s, &avg, &sd);
             arr.push_back({{"model", label},         {"model_file", opt.model_path}, {"size", bytes},
                            {"params", params},       {"backend", backend_base},      {"threads", selected.n_threads},
-                           {"kv_cache", opt.kv_cache}, {"test", t.name},             {"n_prompt", t.n_prompt},
+                           {"kv_cache", opt.kv_cache}, {"math", math_mode_name(run.math)},
+                           {"test", t.name},             {"n_prompt", t.n_prompt},
                            {"n_gen", t.n_gen},       {"n_depth", t.depth},          {"avg_ts", avg},
                            {"stddev_ts", sd},        {"samples_ts", t.tok_s},      {"device", selected.description}});
         }

@@ -23,7 +23,8 @@ CpuOps::CpuOps(const Model& model, const Settings& s)
       n_logits_(s.logits_rows(s.context_size(model.config))),
       pool_(s.n_threads > 0 ? s.n_threads : ThreadPool::physical_cores()),
       kv_(model.config, s.context_size(model.config), s.kv_type_k, s.kv_type_v),
-      rope_(RopeFreqs::of(model)) {
+      rope_(RopeFreqs::of(model)),
+      math_(s.math) {
     const ModelWeights& w = model.weights;
     for (const LayerWeights& L : w.layers) {
         attn_norm_.push_back(decode_vector(L.attn_norm));
@@ -53,6 +54,15 @@ CpuOps::CpuOps(const Model& model, const Settings& s)
     a256_.resize(nb * (max_cols / 256 + 1));
     t16_.resize((nb + 15) / 16 * (max_cols / 32 + 1));
     t256_.resize((nb + 15) / 16 * (max_cols / 256 + 1));
+    if (math_ == MathMode::Fast) {
+        b32_.resize(nb * (max_cols / 32 + 1));
+        b256_.resize(nb * (max_cols / 256 + 1));
+        u16_.resize((nb + 15) / 16 * (max_cols / 32 + 1));
+        u256_.resize((nb + 15) / 16 * (max_cols / 256 + 1));
+    }
+    act_ = ActBuffers{a32_.data(), a256_.data(), t16_.data(), t256_.data(),
+                      b32_.empty() ? nullptr : b32_.data(), b256_.empty() ? nullptr : b256_.data(),
+                      u16_.empty() ? nullptr : u16_.data(), u256_.empty() ? nullptr : u256_.data()};
     att_scratch_.resize(size_t(pool_.size()) * size_t(attention_scratch(c_, kv_.n_ctx())));
 }
 
@@ -73,7 +83,7 @@ const float* CpuOps::run(int, int, const std::function<void()>& step) {
 }
 
 void CpuOps::matmul(float* y, const float* x, int64_t cols, const WeightView& w, int n) {
-    Activations a(x, n, cols, a32_.data(), a256_.data(), prefill_, t16_.data(), t256_.data());
+    Activations a(x, n, cols, act_, prefill_, math_);
     cpu::matmul(y, a, w, mm_scratch_.data(), pool_);
 }
 
@@ -89,7 +99,7 @@ void CpuOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int n
     float* xn = xn_.data();
     rmsnorm(xn, x, attn_norm_[size_t(l)].data(), n, c_.n_embd, c_.rms_eps);
     // note: one Activations for the three products, so the input is quantized once.
-    Activations a(xn, n, c_.n_embd, a32_.data(), a256_.data(), prefill_, t16_.data(), t256_.data());
+    Activations a(xn, n, c_.n_embd, act_, prefill_, math_);
     float* const ys[] = {q, k, v};
     const WeightView* const ws[] = {&L.wq, &L.wk, &L.wv};
     cpu::matmul_many(ys, a, ws, 3, mm_scratch_.data(), pool_);
@@ -113,7 +123,7 @@ void CpuOps::norm_swiglu(float* h, const float* x, int l, int n) {
     const LayerWeights& L = model_.weights.layers[size_t(l)];
     float* xn = xn_.data();
     rmsnorm(xn, x, ffn_norm_[size_t(l)].data(), n, c_.n_embd, c_.rms_eps);
-    Activations a(xn, n, c_.n_embd, a32_.data(), a256_.data(), prefill_, t16_.data(), t256_.data());  // shared by gate and up
+    Activations a(xn, n, c_.n_embd, act_, prefill_, math_);  // shared by gate and up
     float* const ys[] = {h, up_.data()};
     const WeightView* const ws[] = {&L.w_gate, &L.w_up};
     cpu::matmul_many(ys, a, ws, 2, mm_scratch_.data(), pool_);

@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "cpu/matmul.h"
 #include "cpu/thread_pool.h"
 #include "cpu/vecdot.h"
 #include "engine/backend.h"
@@ -69,10 +70,16 @@ private:
     std::vector<float> up_;                  // [n_batch][n_ff]
     std::vector<float> rope_cos_, rope_sin_;  // [n_batch][rope_dim / 2]
     std::vector<float> mm_scratch_, att_scratch_;
+    MathMode math_;
     std::vector<BlockA32> a32_;    // the integer forms of a matmul input: [n_batch][cols / 32]
     std::vector<BlockA256> a256_;  // and [n_batch][cols / 256] for k-quant weights
     std::vector<BlockT16> t16_;    // a prompt's A32 form, 16 tokens side by side: [n_batch / 16][cols / 32]
     std::vector<BlockT256> t256_;  // and its A256 form: [n_batch / 16][cols / 256]
+    std::vector<BlockB32> b32_;    // the 8-bit forms likewise (MathMode::Fast only)
+    std::vector<BlockB256> b256_;
+    std::vector<BlockU16> u16_;
+    std::vector<BlockU256> u256_;
+    ActBuffers act_;  // the buffers above
 };
 
 // The forward pass on the CPU ops. Throws kvgen::Error when the KV cache does not fit in memory.

@@ -8,8 +8,8 @@ namespace kvgen::cpu {
 
 namespace {
 
-using RowsFn = void (*)(float*, const float*, bool, const void*, int64_t, const WeightView&, int, int64_t, int64_t,
-                        float*);
+using RowsFn = void (*)(float*, const float*, bool, ActFormat, const void*, int64_t, const WeightView&, int, int64_t,
+                        int64_t, float*);
 
 const bool kAvx2 = has_avx2();
 const bool kAvx512 = has_avx512_vnni();
@@ -42,45 +42,63 @@ bool prompt_matches_decode(GgmlType t) { return prompt_integer(t) || act_format(
 const char* matmul_isa() { return kAvx512 ? "avx512-vnni" : kAvx2 ? "avx2" : "generic"; }
 
 const void* Activations::quantized(ActFormat f, ThreadPool& pool, int64_t* stride) {
-    if (f == ActFormat::A256) {
-        KVGEN_ASSERT(a256_ != nullptr && cols_ % 256 == 0);
-        const int64_t nb = cols_ / 256;
-        if (!have_a256_) each_row(n_, pool, [&](int64_t i) { quantize_a256(x_ + i * cols_, a256_ + i * nb, cols_); });
-        have_a256_ = true;
-        *stride = nb * int64_t(sizeof(BlockA256));
-        return a256_;
+    const int k = int(f);
+    const int64_t per = act_256(f) ? 256 : 32, nb = cols_ / per;
+    KVGEN_ASSERT(cols_ % per == 0);
+    void* out = nullptr;
+    switch (f) {
+        case ActFormat::A32: out = buf_.a32, *stride = nb * int64_t(sizeof(BlockA32)); break;
+        case ActFormat::A256: out = buf_.a256, *stride = nb * int64_t(sizeof(BlockA256)); break;
+        case ActFormat::B32: out = buf_.b32, *stride = nb * int64_t(sizeof(BlockB32)); break;
+        case ActFormat::B256: out = buf_.b256, *stride = nb * int64_t(sizeof(BlockB256)); break;
+        case ActFormat::None: KVGEN_ASSERT(false);
     }
-    const int64_t nb = cols_ / 32;
-    if (!have_a32_) each_row(n_, pool, [&](int64_t i) { quantize_a32(x_ + i * cols_, a32_ + i * nb, cols_); });
-    have_a32_ = true;
-    *stride = nb * int64_t(sizeof(BlockA32));
-    return a32_;
+    KVGEN_ASSERT(out != nullptr);
+    if (!have_[k]) {
+        each_row(n_, pool, [&](int64_t i) {
+            const float* xi = x_ + i * cols_;
+            switch (f) {
+                case ActFormat::A32: quantize_a32(xi, buf_.a32 + i * nb, cols_); break;
+                case ActFormat::A256: quantize_a256(xi, buf_.a256 + i * nb, cols_); break;
+                case ActFormat::B32: quantize_b32(xi, buf_.b32 + i * nb, cols_); break;
+                default: quantize_b256(xi, buf_.b256 + i * nb, cols_); break;
+            }
+        });
+        have_[k] = true;
+    }
+    return out;
 }
 
 const void* Activations::tokens16(ActFormat f, ThreadPool& pool) {
     int64_t stride = 0;
+    const int k = int(f);
     const int groups = (n_ + 15) / 16;
     auto group_size = [&](int64_t g) { return int(n_ - 16 * g < 16 ? n_ - 16 * g : 16); };
-    if (f == ActFormat::A256) {
-        if (!t256_ || cols_ % 256 != 0) return nullptr;
-        if (!have_t256_) {
-            const auto* a = static_cast<const BlockA256*>(quantized(ActFormat::A256, pool, &stride));
-            const int64_t nsb = cols_ / 256;
-            each_row(groups, pool,
-                     [&](int64_t g) { tokens16_from_a256(a + 16 * g * nsb, group_size(g), nsb, t256_ + g * nsb); });
-            have_t256_ = true;
-        }
-        return t256_;
+    const int64_t per = act_256(f) ? 256 : 32, nb = cols_ / per;
+    void* out = f == ActFormat::A32 ? static_cast<void*>(buf_.t16) : f == ActFormat::A256 ? static_cast<void*>(buf_.t256)
+              : f == ActFormat::B32 ? static_cast<void*>(buf_.u16) : static_cast<void*>(buf_.u256);
+    if (!out || cols_ % per != 0) return nullptr;
+    if (!have_t_[k]) {
+        const void* a = quantized(f, pool, &stride);
+        each_row(groups, pool, [&](int64_t g) {
+            const int m = group_size(g);
+            const int64_t at = 16 * g * nb;
+            switch (f) {
+                case ActFormat::A32:
+                    tokens16_from_a32(static_cast<const BlockA32*>(a) + at, m, nb, buf_.t16 + g * nb);
+                    break;
+                case ActFormat::A256:
+                    tokens16_from_a256(static_cast<const BlockA256*>(a) + at, m, nb, buf_.t256 + g * nb);
+                    break;
+                case ActFormat::B32:
+                    tokens16_from_b32(static_cast<const BlockB32*>(a) + at, m, nb, buf_.u16 + g * nb);
+                    break;
+                default: tokens16_from_b256(static_cast<const BlockB256*>(a) + at, m, nb, buf_.u256 + g * nb); break;
+            }
+        });
+        have_t_[k] = true;
     }
-    if (!t16_) return nullptr;
-    if (!have_t16_) {
-        const auto* a = static_cast<const BlockA32*>(quantized(ActFormat::A32, pool, &stride));
-        const int64_t nb = cols_ / 32;
-        each_row(groups, pool,
-                 [&](int64_t g) { tokens16_from_a32(a + 16 * g * nb, group_size(g), nb, t16_ + g * nb); });
-        have_t16_ = true;
-    }
-    return t16_;
+    return out;
 }
 
 void matmul_many(float* const* ys, Activations& x, const WeightView* const* ws, int count, float* scratch,
@@ -90,15 +108,19 @@ void matmul_many(float* const* ys, Activations& x, const WeightView* const* ws, 
     const void* xq[kMax];
     int64_t stride[kMax] = {}, total = 0;
     bool gemm[kMax];
+    ActFormat fs[kMax];
+    const bool f32_math = x.mode() == MathMode::F32;
     for (int i = 0; i < count; ++i) {
         const WeightView& w = *ws[i];
         KVGEN_ASSERT(w.tensor != nullptr && w.cols == x.cols());
-        const ActFormat f = act_format(w.type);
+        const ActFormat f = f32_math ? ActFormat::None : act_format(w.type, x.mode());
+        fs[i] = f;
         // A prompt: tokens side by side in integer products (AVX-512 VNNI), or for the same types elsewhere (or
         // without the buffers for them) the generated tokens' kernels: the same bits either way. f32 tiles for the
-        // other types. Quantized before the region.
-        const void* t16 = x.f32() && kAvx512 && prompt_integer(w.type) ? x.tokens16(f, pool) : nullptr;
-        gemm[i] = x.f32() && (t16 != nullptr || !prompt_integer(w.type));
+        // other types (and for everything with MathMode::F32). Quantized before the region.
+        const bool integer = prompt_integer(w.type) && !f32_math;
+        const void* t16 = x.f32() && kAvx512 && integer ? x.tokens16(f, pool) : nullptr;
+        gemm[i] = x.f32() && (t16 != nullptr || !integer);
         if (gemm[i])
             xq[i] = t16;
         else
@@ -112,7 +134,7 @@ void matmul_many(float* const* ys, Activations& x, const WeightView* const* ws, 
             const WeightView& w = *ws[i];
             const int64_t lo = (r0 > base ? r0 : base) - base, hi = (r1 < base + w.rows ? r1 : base + w.rows) - base;
             if (lo < hi)
-                kRows(ys[i], x.x(), gemm[i], xq[i], stride[i], w, n, lo, hi,
+                kRows(ys[i], x.x(), gemm[i], fs[i], xq[i], stride[i], w, n, lo, hi,
                       scratch + int64_t(t) * matmul_scratch(w.cols));
             base += w.rows;
         }

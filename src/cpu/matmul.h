@@ -19,44 +19,58 @@
 
 namespace kvgen::cpu {
 
+// Where an input's integer forms are built (any may be null where no weight asks for it): a32 [n][cols / 32], a256
+// [n][cols / 256] (null when cols is not a multiple of 256); t16: [ceil(n / 16)][cols / 32], t256: [ceil(n / 16)][cols
+// / 256] (null: prompt products then take the generated tokens' kernels, four tokens at a time, for the types that
+// would use them); and the 8-bit forms likewise for --math fast.
+struct ActBuffers {
+    BlockA32* a32 = nullptr;
+    BlockA256* a256 = nullptr;
+    BlockT16* t16 = nullptr;
+    BlockT256* t256 = nullptr;
+    BlockB32* b32 = nullptr;
+    BlockB256* b256 = nullptr;
+    BlockU16* u16 = nullptr;
+    BlockU256* u256 = nullptr;
+};
+
 // The input of one or more matmuls: n rows of cols floats, quantized (vecdot.h) on first use by a quantized weight
 // and then reused (Q, K and V share one input; so do gate and up).
 class Activations {
 public:
-    // Buffers: a32 [n][cols / 32], a256 [n][cols / 256] (may be null when cols is not a multiple of 256). f32: a
-    // prompt's tokens, multiplied in f32 tiles or, where prompt_integer allows, through tokens16.
-    // t16: [ceil(n / 16)][cols / 32], t256: [ceil(n / 16)][cols / 256] (may be null: prompt products then take the
-    // generated tokens' kernels, four tokens at a time, for the types that would use them).
-    Activations(const float* x, int n, int64_t cols, BlockA32* a32, BlockA256* a256, bool f32, BlockT16* t16 = nullptr,
-                BlockT256* t256 = nullptr)
-        : x_(x), a32_(a32), a256_(a256), t16_(t16), t256_(t256), n_(n), cols_(cols), f32_(f32) {}
+    // f32: a prompt's tokens, multiplied in f32 tiles or, where prompt_integer allows, through tokens16. mode: the
+    // activation forms the quantized weights meet (MathMode).
+    Activations(const float* x, int n, int64_t cols, const ActBuffers& buf, bool f32, MathMode mode = MathMode::Exact)
+        : x_(x), buf_(buf), n_(n), cols_(cols), f32_(f32), mode_(mode) {}
     const float* x() const { return x_; }
     bool f32() const { return f32_; }
+    MathMode mode() const { return mode_; }
     int n() const { return n_; }
     int64_t cols() const { return cols_; }
     // The activations in the given integer form (quantized on first request), and the bytes from one token's to
     // the next's.
     const void* quantized(ActFormat f, ThreadPool& pool, int64_t* stride);
-    // The A32 (A256) form as groups of 16 tokens, BlockT16 (BlockT256), or null without a buffer for it.
+    // The A32 (A256, B32, B256) form as groups of 16 tokens, BlockT16 (BlockT256, BlockU16, BlockU256), or null
+    // without a buffer for it.
     const void* tokens16(ActFormat f, ThreadPool& pool);
 
 private:
     const float* x_;
-    BlockA32* a32_;
-    BlockA256* a256_;
-    BlockT16* t16_;
-    BlockT256* t256_;
+    ActBuffers buf_;
     int n_;
     int64_t cols_;
     bool f32_;
-    bool have_a32_ = false, have_a256_ = false, have_t16_ = false, have_t256_ = false;
+    MathMode mode_;
+    // which forms are built: indexed by ActFormat, quantized and side by side
+    bool have_[5] = {}, have_t_[5] = {};
 };
 
 // Scratch floats each thread needs for a weight of `cols` columns.
 // (a decoded f32 tile of 4 rows; or 8 rows widened to int16 with their scales and mins)
 inline int64_t matmul_scratch(int64_t cols) { return cols * 5; }
 
-// y: [n][w.rows]. scratch: threads x matmul_scratch(w.cols) floats.
+// y: [n][w.rows]. scratch: threads x matmul_scratch(w.cols) floats. Quantized weights meet the activation form
+// act_format(w.type, x.mode()); with MathMode::F32, the f32 activations (prompt tiles, or a decoded row per token).
 void matmul(float* y, Activations& x, const WeightView& w, float* scratch, ThreadPool& pool);
 
 // ys[i] = x ws[i]^T for count (at most 4) weights of the same input, in one parallel region over all their rows (Q,
@@ -81,14 +95,14 @@ const char* matmul_isa();
 
 namespace kernels {
 // One implementation per instruction set (matmul_avx2.cpp, matmul_generic.cpp): rows [r0, r1).
-// gemm: the f32 tiles (x); else xq, the activations in act_format(w.type) with xq_stride bytes per token (null for
-// float weight types, which are then dotted with x in f32).
-void matmul_rows_avx512(float* y, const float* x, bool gemm, const void* xq, int64_t xq_stride, const WeightView& w,
-                        int n, int64_t r0, int64_t r1, float* buf);
-void matmul_rows_avx2(float* y, const float* x, bool gemm, const void* xq, int64_t xq_stride, const WeightView& w,
-                      int n, int64_t r0, int64_t r1, float* buf);
-void matmul_rows_generic(float* y, const float* x, bool gemm, const void* xq, int64_t xq_stride, const WeightView& w,
-                         int n, int64_t r0, int64_t r1, float* buf);
+// gemm: a prompt's tokens, side by side (xq: tokens16 of form xf; AVX-512 VNNI only) or null: the f32 tiles (x);
+// else xq, the activations in form xf with xq_stride bytes per token (null: x dotted in f32 with each row decoded).
+void matmul_rows_avx512(float* y, const float* x, bool gemm, ActFormat xf, const void* xq, int64_t xq_stride,
+                        const WeightView& w, int n, int64_t r0, int64_t r1, float* buf);
+void matmul_rows_avx2(float* y, const float* x, bool gemm, ActFormat xf, const void* xq, int64_t xq_stride,
+                      const WeightView& w, int n, int64_t r0, int64_t r1, float* buf);
+void matmul_rows_generic(float* y, const float* x, bool gemm, ActFormat xf, const void* xq, int64_t xq_stride,
+                         const WeightView& w, int n, int64_t r0, int64_t r1, float* buf);
 }  // namespace kernels
 
 }  // namespace kvgen::cpu

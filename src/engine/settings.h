@@ -12,6 +12,15 @@ struct Config;
 // The context a run gets when none is asked for: the model's trained context, at most this.
 constexpr int kDefaultCtx = 4096;
 
+// How a run multiplies quantized weights (--math). Exact: activations rounded to 16-bit integers per block (the
+// default: logits within a few parts in 10^4 of the exact math at integer speed). Fast: 8-bit activations, as
+// llama.cpp rounds them, for Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K (other types keep 16 bits; CPU only). F32: every
+// product on the f32 activations and exactly decoded weights: the exact math itself, slow, a reference to measure the
+// other two against.
+enum class MathMode { Exact, Fast, F32 };
+const char* math_mode_name(MathMode m);
+bool math_mode_from_name(const std::string& s, MathMode* m);
+
 struct Settings {
     std::string device = "auto";  // cpu, cuda (= cuda0), cudaN, or auto: cuda0 when this build has it and it is visible
     int n_ctx = 0;                // positions the KV cache holds; 0: min(model's trained context, kDefaultCtx)
@@ -24,6 +33,7 @@ struct Settings {
     bool cuda_flash_attention = true;  // CUDA: prefill attention on the tensor cores where head_dim has the kernel
     bool progress = true;         // CUDA: weight upload progress on stderr
     bool all_logits = false;      // logits for every position of a batch, not only the last (perplexity)
+    MathMode math = MathMode::Exact;  // --math
 
     // n_ctx with 0 resolved for the model.
     int context_size(const Config& c) const;
