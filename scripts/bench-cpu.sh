@@ -4,8 +4,11 @@
 #     chosen), the models and the prompts;
 #  1. the machine's memory read bandwidth (kvgen --bench-memory), the ceiling for decode;
 #  2. prefill (P tokens) and decode (N tokens) tokens/s per model from `kvgen --bench` (random token ids, 3 runs
-#     after a warm-up, avg ± stddev), with decode's weight bandwidth and its share of the measured ceiling;
-#  3. the cost of --no-kv-cache: total time to generate G tokens with and without the cache (first model).
+#     after a warm-up, avg ± stddev) in each --math mode (exact, the default, and fast: 8-bit activations), with
+#     decode's weight bandwidth and its share of the measured ceiling;
+#  3. how far each mode's logits are from the exact math (--math f32) on three fixed prompts: normalized RMS error of
+#     the prompt's next-token logits (rms(mode - f32) / rms(f32 - mean)), the worst of the three;
+#  4. the cost of --no-kv-cache: total time to generate G tokens with and without the cache (first model).
 # With no MODEL arguments it benchmarks the default model and TinyLlama-1.1B-shaped Q4_K_M and Q8_0 files made on
 # the spot with kvgen-synth (random weights, the default model's vocabulary).
 # LLAMA_BENCH=path/to/llama-bench adds llama.cpp's figures, measured right after kvgen's on each model with the same
@@ -55,34 +58,69 @@ if [[ -n $llama_bench && ! -x $llama_bench ]]; then
     exit 1
 fi
 
+fid_prompts=("The key-value cache of a transformer" "Once upon a time, in a small village by the sea, there lived"
+    "def fibonacci(n):")
+
 # The machine and the source.
 run_context "$root"
 
 echo "bench-cpu: memory bandwidth" >&2
 bw=$("$kvgen" --bench-memory -t "$threads" | sed -n 's/^memory read bandwidth: \([0-9.]*\) GB\/s.*/\1/p')
+modes=(exact fast)
 for m in "${models[@]}"; do
-    echo "bench-cpu: kvgen --bench $(basename "$m")" >&2
-    "$kvgen" --bench --device cpu -m "$m" -p "$prompt_len" -n "$gen" -r 3 -t "$threads" -o json >"$tmp/r.json" 2>"$tmp/err" ||
-        { cat "$tmp/err" >&2; exit 1; }
-    python3 - "$m" "$tmp/r.json" "$bw" "$tmp/device" >>"$tmp/rows.md" <<'PY'
+    for mode in "${modes[@]}"; do
+        echo "bench-cpu: kvgen --bench --math $mode $(basename "$m")" >&2
+        "$kvgen" --bench --device cpu -m "$m" -p "$prompt_len" -n "$gen" -r 3 -t "$threads" --math "$mode" -o json \
+            >"$tmp/r-$mode.json" 2>"$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
+        python3 - "$m" "$tmp/r-$mode.json" "$bw" "$tmp/device" "$mode" >>"$tmp/rows.md" <<'PY'
 import json, os, sys
 from subprocess import run
-m, tests, bw = sys.argv[1], json.load(open(sys.argv[2])), float(sys.argv[3])
+m, tests, bw, mode = sys.argv[1], json.load(open(sys.argv[2])), float(sys.argv[3]), sys.argv[5]
 pp = next(t for t in tests if t["n_prompt"] > 0)
 tg = next(t for t in tests if t["n_gen"] > 0)
-open(sys.argv[4], "w").write(tg["device"])
+open(sys.argv[4], "w").write(tg["device"].replace(", --math " + mode, ""))
 # Weight bytes read per decoded token (kvgen --inspect: all but an untied embedding table).
 info = json.loads(run([os.environ["KVGEN"], "-m", m, "--inspect", "--json", "-"], capture_output=True, check=True).stdout)
 size = info["weight_bytes_per_token"]
 gbs = size * tg["avg_ts"] / 1e9
-print(f"| {os.path.basename(m)} | {size / 1e6:.0f} MB | {pp['avg_ts']:.1f} ± {pp['stddev_ts']:.1f} "
+print(f"| {os.path.basename(m)} | {mode} | {size / 1e6:.0f} MB | {pp['avg_ts']:.1f} ± {pp['stddev_ts']:.1f} "
       f"| {tg['avg_ts']:.1f} ± {tg['stddev_ts']:.1f} | {gbs:.2f} | {100 * gbs / bw:.0f}% |")
+PY
+    done
+    # Distance from the exact math: each prompt's next-token logits in every mode against --math f32.
+    echo "bench-cpu: logits of each --math mode against --math f32 $(basename "$m")" >&2
+    for i in "${!fid_prompts[@]}"; do
+        for mode in f32 "${modes[@]}"; do
+            "$kvgen" --device cpu -m "$m" -p "${fid_prompts[$i]}" -n 1 --temp 0 -t "$threads" --math "$mode" \
+                --dump-logits "$tmp/logits-$i-$mode.f32" >/dev/null 2>"$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
+        done
+    done
+    python3 - "$m" "$tmp" "${#fid_prompts[@]}" "${modes[@]}" >>"$tmp/fidelity.md" <<'PY'
+import array, math, os, sys
+m, tmp, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def load(path):
+    a = array.array("f")
+    with open(path, "rb") as f:
+        a.frombytes(f.read())
+    return a
+cells = []
+for mode in sys.argv[4:]:
+    errs = []
+    for i in range(n):
+        ref, got = load(f"{tmp}/logits-{i}-f32.f32"), load(f"{tmp}/logits-{i}-{mode}.f32")
+        mean = sum(ref) / len(ref)
+        num = math.sqrt(sum((a - b) ** 2 for a, b in zip(got, ref)) / len(ref))
+        den = math.sqrt(sum((a - mean) ** 2 for a in ref) / len(ref))
+        errs.append(100 * num / den)
+    cells.append(f"{max(errs):.3f}% ({', '.join(f'{e:.3f}' for e in errs)})")
+print(f"| {os.path.basename(m)} | " + " | ".join(cells) + " |")
 PY
     [[ -n $llama_bench ]] || continue
     echo "bench-cpu: llama-bench $(basename "$m")" >&2
     "$llama_bench" -m "$m" -p "$prompt_len" -n "$gen" -r 3 -t "$threads" -o json >"$tmp/l.json" 2>"$tmp/lerr" ||
         { tail -n 5 "$tmp/lerr" >&2; exit 1; }
-    python3 - "$m" "$tmp/r.json" "$tmp/l.json" >>"$tmp/side.md" <<'PY'
+    for mode in "${modes[@]}"; do
+        python3 - "$m" "$tmp/r-$mode.json" "$tmp/l.json" "$mode" >>"$tmp/side.md" <<'PY'
 import json, os, sys
 k, l = json.load(open(sys.argv[2])), json.load(open(sys.argv[3]))
 def pick(tests, gen):
@@ -92,8 +130,9 @@ cells = []
 for gen in (False, True):
     (ka, ks), (la, ls) = pick(k, gen), pick(l, gen)
     cells += [f"{ka:.1f} ± {ks:.1f}", f"{la:.1f} ± {ls:.1f}", f"**{ka / la:.2f}x**"]
-print(f"| {os.path.basename(sys.argv[1])} | " + " | ".join(cells) + " |")
+print(f"| {os.path.basename(sys.argv[1])} | {sys.argv[4]} | " + " | ".join(cells) + " |")
 PY
+    done
 done
 
 m=${models[0]} names=""
@@ -111,16 +150,24 @@ echo "- prompts: \`kvgen --bench --device cpu -m MODEL -p $prompt_len -n $gen -r
 echo
 echo "Memory read bandwidth (\`kvgen --bench-memory -t $threads\`): **$bw GB/s**."
 echo
-echo "| model | weights read per token | prefill t/s (pp$prompt_len) | decode t/s (tg$gen) | decode weight GB/s | % of bandwidth |"
-echo "|---|---|---|---|---|---|"
+echo "| model | --math | weights read per token | prefill t/s (pp$prompt_len) | decode t/s (tg$gen) | decode weight GB/s | % of bandwidth |"
+echo "|---|---|---|---|---|---|---|"
 cat "$tmp/rows.md"
+echo
+echo "Distance from the exact math: normalized RMS error of the next-token logits against \`--math f32\` (f32" \
+    "activations, exactly decoded weights), worst of the prompts \"${fid_prompts[0]}\", \"${fid_prompts[1]}\" and" \
+    "\"${fid_prompts[2]}\" (each in parentheses):"
+echo
+echo "| model | --math exact | --math fast |"
+echo "|---|---|---|"
+cat "$tmp/fidelity.md"
 echo
 if [[ -n $llama_bench ]]; then
     echo "Side by side with llama.cpp (\`$llama_bench -m MODEL -p $prompt_len -n $gen -r 3 -t $threads\`, run right after kvgen" \
         "on each model; $("$llama_bench" --version 2>&1 | grep -m 1 -o 'version: .*' || echo 'version unknown')):"
     echo
-    echo "| model | kvgen pp$prompt_len | llama.cpp pp$prompt_len | ratio | kvgen tg$gen | llama.cpp tg$gen | ratio |"
-    echo "|---|---|---|---|---|---|---|"
+    echo "| model | kvgen --math | kvgen pp$prompt_len | llama.cpp pp$prompt_len | ratio | kvgen tg$gen | llama.cpp tg$gen | ratio |"
+    echo "|---|---|---|---|---|---|---|---|"
     cat "$tmp/side.md"
     echo
 fi
