@@ -10,7 +10,9 @@
 // For the types prompt_matches_decode names, every path computes the same sequence of roundings for a row and a token
 // (vecdot_kernels.inc; fold16 in matmul_kernels.inc): a token's result is the same bits in a prompt of any length or
 // as a generated token, on every instruction set. Rows are split across threads; each row's sum runs in a fixed
-// order, so results do not depend on the thread count either.
+// order, so results do not depend on the thread count either. Activations::mode() picks the activation forms
+// (MathMode): the 8-bit ones of --math fast take the same paths (8-bit prompt groups on AVX-512 VNNI) and the same
+// guarantees; --math f32 takes the f32 paths for every weight.
 #include <cstdint>
 
 #include "cpu/thread_pool.h"

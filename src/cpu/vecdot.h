@@ -2,7 +2,9 @@
 // Quantized dot products. Each token's activations are quantized once to 16-bit integers (x ~ d * q, |q| <= 32512
 // per block), each weight block is widened to 16 bits, and the two are multiplied in integers (AVX2 madd, AVX-512
 // VNNI dpwssd). The activation rounding (1 part in 32512 of a block's largest value) stays far below the 8-bit
-// rounding of llama.cpp's kernels, so logits land near the exact math at integer speed.
+// rounding of llama.cpp's kernels, so logits land near the exact math at integer speed. --math fast takes 8-bit forms
+// instead (BlockB32, BlockB256: llama.cpp's precision) through the same kernels, with 8-bit products where the CPU has
+// them (AVX-512 VNNI dpbusd, AVX2 maddubs).
 #include <cstdint>
 
 #include "engine/settings.h"

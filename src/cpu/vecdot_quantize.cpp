@@ -46,8 +46,9 @@ inline float block_scale(const float* x, int n, float* id, float qmax) {
     return d;
 }
 
-// q[0..16) = quant(x[j], id), and their sum. On x86 four at a time: the product clamped to +-32512 in floats first,
-// then rounded ties-to-even by the conversion (the same integer as rounding and then clamping).
+// q[0..16) = x[j] * id rounded to the nearest integer (ties to even) and clamped to +-qmax (32512 for int16 q, 127
+// for int8), and their sum. On x86 four at a time: the product clamped in floats first, then rounded by the
+// conversion (the same integer as rounding and then clamping).
 template <typename Q>
 inline int32_t quant16(const float* x, float id, Q* q) {
     constexpr bool k8 = sizeof(Q) == 1;
