@@ -58,7 +58,7 @@ KVGEN_HD void rmsnorm_body(const Ctx& ctx, int block_threads, const float* __res
         const float v = xi[j] * inv * w[j];
         oi[j] = v;
         if (qi) {
-            const float d = ctx.warp_max(fabsf(v)) / kActQMax;
+            const float d = act_scale(ctx.warp_max(fabsf(v)));
             const int q = act_quant(v, act_inverse_scale(d));
             const float s = ctx.warp_sum(float(q));  // note: exact: |sum| <= 32 * 32512 < 2^24
             ActBlock& a = qi[j / 32];

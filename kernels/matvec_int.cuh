@@ -21,8 +21,12 @@ static_assert(sizeof(ActBlock) == 80, "ActBlock");
 
 constexpr float kActQMax = 32512.0f;
 
-// As quantize_a32 does on the CPU: a block's scale d = amax / 32512 (id = 1 / d, 0 for an all-zero block), and each
-// value q = round-half-even(x * id).
+// As quantize_a32 does on the CPU: a block's scale d = amax / 32512 (0 where that is below the smallest normal float:
+// the block reads as zeros), id = 1 / d (0 for d = 0), and each value q = round-half-even(x * id).
+KVGEN_HD float act_scale(float amax) {
+    const float d = amax / kActQMax;
+    return d >= 1.17549435e-38f ? d : 0.0f;
+}
 KVGEN_HD float act_inverse_scale(float d) {
     return d > 0.0f ? 1.0f / d : 0.0f;
 }
@@ -36,7 +40,7 @@ KVGEN_HD void quantize_act_item(int64_t b, const float* __restrict__ x, ActBlock
     const float* xb = x + b * 32;
     float amax = 0.0f;
     for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(xb[j]));
-    const float d = amax / kActQMax, id = act_inverse_scale(d);
+    const float d = act_scale(amax), id = act_inverse_scale(d);
     int s = 0;
     for (int j = 0; j < 32; ++j) {
         const int q = act_quant(xb[j], id);

@@ -285,6 +285,12 @@ int main(int argc, char** argv) {
         kvgen::apply_llama_settings(llama, gen.run, app.count("--kv-type") > 0);
         if (!llama.n_gpu_layers.empty() && gen.run.device != "cpu" && gen.run.device != "auto")
             kvgen::resolve_device(gen.run.device, fmt::format("-ngl {}", llama.n_gpu_layers));
+        if (gen.run.math != kvgen::MathMode::Exact) {  // the CPU's modes: auto means the CPU, a GPU is refused
+            if (gen.run.device == "auto") gen.run.device = "cpu";
+            if (gen.run.device != "cpu")
+                throw kvgen::Error(fmt::format(
+                    "--math {}: the CUDA backend computes in the exact mode only (use --device cpu)", math));
+        }
 
         if (bench_memory) {
             kvgen::run_bench_memory(gen.run.n_threads > 0 ? gen.run.n_threads

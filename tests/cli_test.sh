@@ -115,6 +115,8 @@ else
 fi
 expect_error "generate: --kv-type q4" "kv-type" "$kvgen" -m "$ref" -p hi --kv-type q4
 expect_error "generate: --math approx" "--math: approx not in" "$kvgen" -m "$ref" -p hi --math approx
+expect_error "generate: --math fast on the GPU" "exact mode only" "$kvgen" -m "$ref" -p hi --math fast --device cuda
+expect_ok "generate: --math f32" "." "$kvgen" -m "$ref" -p "The KV cache" -n 4 --temp 0 -t 1 --math f32
 # --math fast: the same text interface, its mode named in --bench's backend column
 expect_ok "generate: --math fast" "." "$kvgen" -m "$ref" -p "The KV cache" -n 4 --temp 0 -t 1 --math fast
 expect_ok "bench: --math fast" "CPU --math fast" "$kvgen" -m "$ref" --bench -p 8 -n 2 -r 1 -t 1 --math fast

@@ -3,7 +3,9 @@
 // build against the AVX2 one; a prompt's products against the exact math; every path to a product (instruction
 // sets, prompt or generated tokens, batches) against the scalar reference, bit for bit.
 #include <atomic>
+#include <cfloat>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <random>
 
@@ -13,6 +15,7 @@
 #include "cpu/thread_pool.h"
 #include "cpu/vecdot.h"
 #include "model/dequant.h"
+#include "model/quant_blocks.h"
 #include "synth/synth.h"
 #include "cuda_test_util.h"
 #include "test_util.h"
@@ -401,6 +404,107 @@ TEST_CASE("a token's products are the same bits on every path: the scalar refere
         }
 }
 
+TEST_CASE("8-bit products at the extremes: saturated weights and activations give the reference's bits on every "
+          "path, the exact integer sums",
+          "[cpu][matmul]") {
+    // Weight bytes at their limits (every quant bit set, none set, Q8_0 at -128 and 127, Q6_K scales at -128 and
+    // 127, k-quant scales and mins at 63) with their f16 scales kept, against activations whose blocks are all
+    // +-127 after rounding: the largest integer sums and vpmaddubsw pairs the kernels can meet.
+    const int64_t rows = 19, cols = 768;  // 24 blocks or 3 super-blocks
+    const int n = 18;
+    ThreadPool pool(2);
+    for (const char* name : {"Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"}) {
+        INFO(name);
+        GgmlType t;
+        REQUIRE(ggml_type_from_name(name, &t));
+        RandomWeight weight(t, rows, cols, 41);
+        const GgmlTypeInfo* info = ggml_type_info(t);
+        const size_t bs = info->type_size;
+        // the f16 fields of a block: kept from the random weight so that the scales stay finite
+        std::vector<std::pair<size_t, size_t>> halves;
+        if (t == GgmlType::Q6_K) halves = {{offsetof(BlockQ6_K, d), 2}};
+        else if (t == GgmlType::Q4_1 || t == GgmlType::Q4_K || t == GgmlType::Q5_K) halves = {{0, 4}};
+        else halves = {{0, 2}};
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t b = 0; b < cols / info->block_size; ++b) {
+                uint8_t* blk = weight.data.data() + size_t(r) * size_t(weight.w.row_bytes) + size_t(b) * bs;
+                std::vector<uint8_t> keep(blk, blk + bs);
+                const int pattern = int((r + b) % 4);  // all bits set, none, 0x80 bytes (Q8_0 -128), random
+                if (pattern < 3) std::memset(blk, pattern == 0 ? 0xff : pattern == 1 ? 0x00 : 0x80, bs);
+                if (t == GgmlType::Q6_K && pattern == 0)  // scales at 127 (0xff is -1)
+                    std::memset(blk + offsetof(BlockQ6_K, scales), 0x7f, 16);
+                for (const auto& [off, len] : halves) std::memcpy(blk + off, keep.data() + off, len);
+            }
+        const WeightView& w = weight.w;
+        // activations: blocks of +-1 (q = +-127 everywhere), of one sign or alternating, and a random tail
+        std::vector<float> x = test::randn(size_t(n * cols), 43, 1.0f);
+        for (int i = 0; i < n; ++i)
+            for (int64_t j = 0; j < cols; ++j) {
+                float& v = x[size_t(i * cols + j)];
+                const int kind = int((i + j / 256) % 3);
+                if (kind == 0) v = 1.0f;
+                if (kind == 1) v = (j % 2 == 0) == (i % 2 == 0) ? 1.0f : -1.0f;
+            }
+        const ActFormat f = act_format(t, MathMode::Fast);
+        const bool k = f == ActFormat::B256;
+        std::vector<BlockB32> b32(size_t(n * cols / 32));
+        std::vector<BlockB256> b256(size_t(n * cols / 256));
+        for (int i = 0; i < n; ++i) {
+            quantize_b32(x.data() + i * cols, b32.data() + i * cols / 32, cols);
+            quantize_b256(x.data() + i * cols, b256.data() + i * cols / 256, cols);
+        }
+        const void* xq = k ? static_cast<const void*>(b256.data()) : b32.data();
+        const int64_t stride = k ? cols / 256 * int64_t(sizeof(BlockB256)) : cols / 32 * int64_t(sizeof(BlockB32));
+        std::vector<float> ref(size_t(n * rows)), wf(static_cast<size_t>(cols));
+        for (int64_t r = 0; r < rows; ++r) {
+            dequantize_row(t, w.row(r), wf.data(), cols);
+            for (int i = 0; i < n; ++i) {
+                const char* xi = static_cast<const char*>(xq) + i * stride;
+                float& out = ref[size_t(i * rows + r)];
+                kernels::vec_dot_generic(t, f, w.row(r), xi, stride, 1, &out, cols);
+                // the reference against the exact product of the decoded weights and the rounded activations
+                double exact = 0, mag = 0;
+                for (int64_t j = 0; j < cols; ++j) {
+                    const double xj = k ? double(b256[size_t(i * cols / 256 + j / 256)].d) *
+                                              b256[size_t(i * cols / 256 + j / 256)].q[j % 256]
+                                        : double(b32[size_t(i * cols / 32 + j / 32)].d) *
+                                              b32[size_t(i * cols / 32 + j / 32)].q[j % 32];
+                    exact += double(wf[size_t(j)]) * xj;
+                    mag += std::fabs(double(wf[size_t(j)]) * xj);
+                }
+                INFO("row " << r << " token " << i);
+                CHECK(std::fabs(double(out) - exact) <= 1e-5 * mag + 1e-30);
+            }
+        }
+        auto same = [&](const std::vector<float>& y, const char* path) {
+            INFO(path);
+            CHECK(std::memcmp(y.data(), ref.data(), ref.size() * sizeof(float)) == 0);
+        };
+        using RowsFn = void (*)(GgmlType, ActFormat, const void*, int64_t, int, const void*, int64_t, int, float*,
+                                int64_t, int64_t);
+        std::vector<std::pair<const char*, RowsFn>> isas;
+        if (has_avx2()) isas.emplace_back("AVX2 rows", kernels::vec_dot_rows_avx2);
+        if (has_avx512_vnni()) isas.emplace_back("AVX-512 rows", kernels::vec_dot_rows_avx512);
+        for (const auto& [isa, fn] : isas) {
+            std::vector<float> y(ref.size());
+            for (int i = 0; i < n; i += 4)
+                fn(t, f, w.data, w.row_bytes, int(rows), static_cast<const char*>(xq) + i * stride, stride,
+                   std::min(4, n - i), y.data() + i * rows, rows, cols);
+            same(y, isa);
+        }
+        std::vector<BlockB32> d32(size_t(n * cols / 32));
+        std::vector<BlockB256> d256(size_t(n * cols / 256));
+        std::vector<BlockU16> u16(size_t((n + 15) / 16 * cols / 32));
+        std::vector<BlockU256> u256(size_t((n + 15) / 16 * cols / 256));
+        ActBuffers buf;
+        buf.b32 = d32.data(), buf.b256 = d256.data(), buf.u16 = u16.data(), buf.u256 = u256.data();
+        Activations a(x.data(), n, cols, buf, true, MathMode::Fast);
+        std::vector<float> scratch(size_t(pool.size() * matmul_scratch(cols))), y(ref.size());
+        matmul(y.data(), a, w, scratch.data(), pool);
+        same(y, "matmul, a prompt");
+    }
+}
+
 TEST_CASE("attention's softmax: the AVX2 and portable builds give the same bits, within a few ulp of the exact one",
           "[cpu][attention]") {
     for (int n : {1, 7, 8, 9, 100, 4099}) {
@@ -433,10 +537,12 @@ namespace {
 // values), clamped to +-qmax, and the sums of q the blocks carry.
 template <typename B32, typename B256, typename Q32, typename Q256>
 void check_activation_definition(Q32 quantize32, Q256 quantize256, float qmax) {
-    for (uint32_t seed : {1u, 2u, 3u}) {
+    for (uint32_t seed : {1u, 2u, 3u, 4u}) {
         std::vector<float> x = test::randn(512, seed, seed == 3 ? 1e-20f : 1.0f);
         x[7] = 0.0f;
         if (seed == 2) std::fill(x.begin() + 32, x.begin() + 64, 0.0f);  // a block of zeros: d = 0, q = 0
+        if (seed == 4)  // blocks too small for a normal scale, the first of them with a zero among its values
+            for (size_t j = 0; j < 96; ++j) x[j] = j == 3 ? 0.0f : 1e-38f * float(int(j % 7) - 3);
         std::vector<B32> a(16);
         std::vector<B256> k(2);
         quantize32(x.data(), a.data(), 512);
@@ -444,7 +550,8 @@ void check_activation_definition(Q32 quantize32, Q256 quantize256, float qmax) {
         auto check = [&](int64_t b0, int len, float d, const auto* q) {
             float amax = 0;
             for (int j = 0; j < len; ++j) amax = std::max(amax, std::fabs(x[size_t(b0 + j)]));
-            const float want_d = amax / qmax, id = want_d > 0 ? 1.0f / want_d : 0.0f;
+            // a scale below the smallest normal float (no finite inverse): the block reads as zeros
+            const float want_d = amax / qmax >= FLT_MIN ? amax / qmax : 0.0f, id = want_d > 0 ? 1.0f / want_d : 0.0f;
             CHECK(d == want_d);
             for (int j = 0; j < len; ++j) {
                 const float r = std::nearbyint(x[size_t(b0 + j)] * id);

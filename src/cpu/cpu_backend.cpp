@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "cpu/cpu_features.h"
 #include "cpu/matmul.h"
 #include "cpu/ops.h"
 #include "model/dequant.h"
@@ -50,19 +51,24 @@ CpuOps::CpuOps(const Model& model, const Settings& s)
     rope_sin_.resize(nb * size_t(c_.rope_dim / 2));
     const size_t max_cols = size_t(std::max({c_.n_embd, c_.n_ff, int(q_dim)}));
     mm_scratch_.resize(size_t(pool_.size()) * size_t(matmul_scratch(int64_t(max_cols))));
-    a32_.resize(nb * (max_cols / 32 + 1));
-    a256_.resize(nb * (max_cols / 256 + 1));
-    t16_.resize((nb + 15) / 16 * (max_cols / 32 + 1));
-    t256_.resize((nb + 15) / 16 * (max_cols / 256 + 1));
-    if (math_ == MathMode::Fast) {
-        b32_.resize(nb * (max_cols / 32 + 1));
-        b256_.resize(nb * (max_cols / 256 + 1));
-        u16_.resize((nb + 15) / 16 * (max_cols / 32 + 1));
-        u256_.resize((nb + 15) / 16 * (max_cols / 256 + 1));
+    // The activation forms this mode's products take (matmul.cpp): 16-bit ones (--math fast still gives them to the
+    // types without 8-bit kernels), 8-bit ones for --math fast, and 16 tokens side by side only where the prompt
+    // kernels for them run (AVX-512 VNNI); --math f32 none.
+    const size_t blocks32 = nb * (max_cols / 32 + 1), blocks256 = nb * (max_cols / 256 + 1);
+    const size_t groups32 = (nb + 15) / 16 * (max_cols / 32 + 1), groups256 = (nb + 15) / 16 * (max_cols / 256 + 1);
+    const bool side_by_side = has_avx512_vnni();
+    if (math_ != MathMode::F32) a32_.resize(blocks32);
+    if (math_ == MathMode::Exact) {
+        a256_.resize(blocks256);
+        if (side_by_side) t16_.resize(groups32), t256_.resize(groups256);
     }
-    act_ = ActBuffers{a32_.data(), a256_.data(), t16_.data(), t256_.data(),
-                      b32_.empty() ? nullptr : b32_.data(), b256_.empty() ? nullptr : b256_.data(),
-                      u16_.empty() ? nullptr : u16_.data(), u256_.empty() ? nullptr : u256_.data()};
+    if (math_ == MathMode::Fast) {
+        b32_.resize(blocks32);
+        b256_.resize(blocks256);
+        if (side_by_side) u16_.resize(groups32), u256_.resize(groups256);
+    }
+    const auto at = [](auto& v) { return v.empty() ? nullptr : v.data(); };
+    act_ = ActBuffers{at(a32_), at(a256_), at(t16_), at(t256_), at(b32_), at(b256_), at(u16_), at(u256_)};
     att_scratch_.resize(size_t(pool_.size()) * size_t(attention_scratch(c_, kv_.n_ctx())));
 }
 

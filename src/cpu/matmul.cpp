@@ -75,8 +75,10 @@ const void* Activations::tokens16(ActFormat f, ThreadPool& pool) {
     const int groups = (n_ + 15) / 16;
     auto group_size = [&](int64_t g) { return int(n_ - 16 * g < 16 ? n_ - 16 * g : 16); };
     const int64_t per = act_256(f) ? 256 : 32, nb = cols_ / per;
-    void* out = f == ActFormat::A32 ? static_cast<void*>(buf_.t16) : f == ActFormat::A256 ? static_cast<void*>(buf_.t256)
-              : f == ActFormat::B32 ? static_cast<void*>(buf_.u16) : static_cast<void*>(buf_.u256);
+    void* out = f == ActFormat::A32    ? static_cast<void*>(buf_.t16)
+                : f == ActFormat::A256 ? static_cast<void*>(buf_.t256)
+                : f == ActFormat::B32  ? static_cast<void*>(buf_.u16)
+                                       : static_cast<void*>(buf_.u256);
     if (!out || cols_ % per != 0) return nullptr;
     if (!have_t_[k]) {
         const void* a = quantized(f, pool, &stride);

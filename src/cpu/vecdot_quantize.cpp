@@ -1,5 +1,6 @@
 // Activation quantization for the integer dot products (vecdot.h): one code path for every instruction set, since
 // it runs once per token and row while the dot products run once per weight.
+#include <cfloat>
 #include <cmath>
 
 #if defined(__x86_64__) || defined(__SSE2__)
@@ -41,8 +42,14 @@ inline float block_scale(const float* x, int n, float* id, float qmax) {
         const float a = std::fabs(x[j]);
         amax = a > amax ? a : amax;  // activations are finite
     }
+    // note: a scale below the smallest normal float has no finite inverse (x * id would be 0 * inf for zeros): such a
+    // block (|x| below about 1e-35) reads as zeros, d = 0
     const float d = amax / qmax;
-    *id = d > 0 ? 1.0f / d : 0.0f;
+    if (!(d >= FLT_MIN)) {
+        *id = 0.0f;
+        return 0.0f;
+    }
+    *id = 1.0f / d;
     return d;
 }
 
