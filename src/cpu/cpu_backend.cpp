@@ -65,7 +65,7 @@ CpuOps::CpuOps(const Model& model, const Settings& s)
     if (math_ == MathMode::Fast) {
         b32_.resize(blocks32);
         b256_.resize(blocks256);
-        if (side_by_side) u16_.resize(groups32), u256_.resize(groups256);
+        if (has_avx2()) u16_.resize(groups32), u256_.resize(groups256);  // 8-bit prompt groups: AVX2 kernels too
     }
     const auto at = [](auto& v) { return v.empty() ? nullptr : v.data(); };
     act_ = ActBuffers{at(a32_), at(a256_), at(t16_), at(t256_), at(b32_), at(b256_), at(u16_), at(u256_)};
