@@ -53,19 +53,20 @@ CpuOps::CpuOps(const Model& model, const Settings& s)
     mm_scratch_.resize(size_t(pool_.size()) * size_t(matmul_scratch(int64_t(max_cols))));
     // The activation forms this mode's products take (matmul.cpp): 16-bit ones (--math fast still gives them to the
     // types without 8-bit kernels), 8-bit ones for --math fast, and 16 tokens side by side only where the prompt
-    // kernels for them run (AVX-512 VNNI); --math f32 none.
+    // kernels for them run (AVX-512 VNNI; AVX2 for k-quants and the 8-bit forms); --math f32 none.
     const size_t blocks32 = nb * (max_cols / 32 + 1), blocks256 = nb * (max_cols / 256 + 1);
     const size_t groups32 = (nb + 15) / 16 * (max_cols / 32 + 1), groups256 = (nb + 15) / 16 * (max_cols / 256 + 1);
-    const bool side_by_side = has_avx512_vnni();
+    const bool side_by_side = has_avx2();  // the prompt kernels for tokens side by side (AVX2, AVX-512 VNNI)
     if (math_ != MathMode::F32) a32_.resize(blocks32);
     if (math_ == MathMode::Exact) {
         a256_.resize(blocks256);
-        if (side_by_side) t16_.resize(groups32), t256_.resize(groups256);
+        if (side_by_side) t256_.resize(groups256);
+        if (has_avx512_vnni()) t16_.resize(groups32);  // AVX2 keeps the decode kernels for 32-weight blocks
     }
     if (math_ == MathMode::Fast) {
         b32_.resize(blocks32);
         b256_.resize(blocks256);
-        if (has_avx2()) u16_.resize(groups32), u256_.resize(groups256);  // 8-bit prompt groups: AVX2 kernels too
+        if (side_by_side) u16_.resize(groups32), u256_.resize(groups256);
     }
     const auto at = [](auto& v) { return v.empty() ? nullptr : v.data(); };
     act_ = ActBuffers{at(a32_), at(a256_), at(t16_), at(t256_), at(b32_), at(b256_), at(u16_), at(u256_)};

@@ -121,7 +121,8 @@ void matmul_many(float* const* ys, Activations& x, const WeightView* const* ws, 
         // without the buffers for them) the generated tokens' kernels: the same bits either way. f32 tiles for the
         // other types (and for everything with MathMode::F32). Quantized before the region.
         const bool integer = prompt_integer(w.type) && !f32_math;
-        const bool side_by_side = kAvx512 || (kAvx2 && act_8bit(f));  // the kernels for tokens16 (matmul_kernels.inc)
+        // the kernels for tokens16 (matmul_kernels.inc): AVX-512 VNNI; AVX2 for the 8-bit forms and the k-quants'
+        const bool side_by_side = kAvx512 || (kAvx2 && (act_8bit(f) || f == ActFormat::A256));
         const void* t16 = x.f32() && side_by_side && integer ? x.tokens16(f, pool) : nullptr;
         gemm[i] = x.f32() && (t16 != nullptr || !integer);
         if (gemm[i])
