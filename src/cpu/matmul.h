@@ -4,15 +4,16 @@
 // (vecdot.h), read straight from the mapped file, 16 rows side by side; float weights are dotted in f32.
 // A prompt's tokens (Pass::Prefill): on AVX-512 VNNI, Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K weights widened to
 // int16 (k-quants with their sub-block scales) meet the tokens' 16-bit activations sixteen tokens to a vector
-// (prompt_integer); on other CPUs those types take the generated tokens' kernels, four tokens at a time; float
-// weights and the remaining types decode tiles of rows to f32 once and multiply them with the exact f32 activations
-// in a register-blocked GEMM.
+// (prompt_integer); on AVX2 the k-quants do the same eight tokens to a vector, and the 32-weight blocks take the
+// generated tokens' kernels, four tokens at a time (so does everything on CPUs without AVX2); float weights and the
+// remaining types decode tiles of rows to f32 once and multiply them with the exact f32 activations in a
+// register-blocked GEMM.
 // For the types prompt_matches_decode names, every path computes the same sequence of roundings for a row and a token
 // (vecdot_kernels.inc; fold16 in matmul_kernels.inc): a token's result is the same bits in a prompt of any length or
 // as a generated token, on every instruction set. Rows are split across threads; each row's sum runs in a fixed
 // order, so results do not depend on the thread count either. Activations::mode() picks the activation forms
-// (MathMode): the 8-bit ones of --math fast take the same paths (8-bit prompt groups on AVX-512 VNNI) and the same
-// guarantees; --math f32 takes the f32 paths for every weight.
+// (MathMode): the 8-bit ones of --math fast take the same paths (8-bit prompt groups on AVX-512 VNNI and AVX2, for
+// all six types) and the same guarantees; --math f32 takes the f32 paths for every weight.
 #include <cstdint>
 
 #include "cpu/thread_pool.h"
@@ -83,8 +84,8 @@ void matmul_many(float* const* ys, Activations& x, const WeightView* const* ws, 
 // Rows `rows` of an embedding-like weight, decoded: out [n][w.cols].
 void get_rows(float* out, const WeightView& w, const int32_t* rows, int n);
 
-// Weight types whose prompt products take 16 tokens per vector in integers (Activations::tokens16) where the CPU has
-// AVX-512 VNNI: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K (other CPUs: the generated tokens' integer kernels); the other
+// Weight types whose prompt products run in integers: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, 16 tokens per group
+// (Activations::tokens16) where the kernels above have them, else the generated tokens' integer kernels; the other
 // types multiply prompts in f32 tiles.
 bool prompt_integer(GgmlType t);
 
