@@ -41,6 +41,17 @@ struct RandomWeight {
     RandomWeight& operator=(const RandomWeight&) = delete;
 };
 
+// Token i's activation j as the 8-bit forms hold it (d * q): from its B256 blocks (k) or its B32 blocks.
+double rounded8(const std::vector<BlockB32>& b32, const std::vector<BlockB256>& b256, bool k, int64_t cols, int i,
+                int64_t j) {
+    if (k) {
+        const BlockB256& b = b256[size_t(i * cols / 256 + j / 256)];
+        return double(b.d) * b.q[j % 256];
+    }
+    const BlockB32& b = b32[size_t(i * cols / 32 + j / 32)];
+    return double(b.d) * b.q[j % 32];
+}
+
 }  // namespace
 
 TEST_CASE("integer dot products match dequantize-then-dot for every quantized type", "[cpu][vecdot]") {
@@ -109,10 +120,7 @@ TEST_CASE("integer dot products match dequantize-then-dot for every quantized ty
         for (int tkn = 0; tkn < 4; ++tkn) {
             double ref = 0, mag = 0, raw = 0;
             for (int64_t j = 0; j < cols; ++j) {
-                const double xj = k ? double(b256[size_t(tkn * cols / 256 + j / 256)].d) *
-                                          b256[size_t(tkn * cols / 256 + j / 256)].q[j % 256]
-                                    : double(b32[size_t(tkn * cols / 32 + j / 32)].d) *
-                                          b32[size_t(tkn * cols / 32 + j / 32)].q[j % 32];
+                const double xj = rounded8(b32, b256, k, cols, tkn, j);
                 ref += double(wf[size_t(j)]) * xj;
                 raw += double(wf[size_t(j)]) * x[size_t(tkn * cols + j)];
                 mag += std::fabs(double(wf[size_t(j)]) * x[size_t(tkn * cols + j)]);
@@ -465,10 +473,7 @@ TEST_CASE("8-bit products at the extremes: saturated weights and activations giv
                 // the reference against the exact product of the decoded weights and the rounded activations
                 double exact = 0, mag = 0;
                 for (int64_t j = 0; j < cols; ++j) {
-                    const double xj = k ? double(b256[size_t(i * cols / 256 + j / 256)].d) *
-                                              b256[size_t(i * cols / 256 + j / 256)].q[j % 256]
-                                        : double(b32[size_t(i * cols / 32 + j / 32)].d) *
-                                              b32[size_t(i * cols / 32 + j / 32)].q[j % 32];
+                    const double xj = rounded8(b32, b256, k, cols, i, j);
                     exact += double(wf[size_t(j)]) * xj;
                     mag += std::fabs(double(wf[size_t(j)]) * xj);
                 }
