@@ -23,7 +23,7 @@ KVGEN_HD void get_rows_item(int64_t g, const uint8_t* __restrict__ w, int64_t ro
     int64_t row = tokens[i];
     row = row < 0 ? 0 : (row >= n_rows ? n_rows - 1 : row);  // the host checked; never read out of bounds
     float v[32];
-    row_chunk<T>(w + row * row_bytes, c, v);
+    row_chunk<T>(w + row * row_bytes, c, chunks_per_row, v);
     float4* o4 = reinterpret_cast<float4*>(out + g * 32);
 #pragma unroll
     for (int k = 0; k < 8; ++k) o4[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
@@ -31,8 +31,8 @@ KVGEN_HD void get_rows_item(int64_t g, const uint8_t* __restrict__ w, int64_t ro
 
 // One row per block of block_threads (a multiple of 32, at most 1024) threads; shared: 32 floats. With xq (dim a
 // multiple of 32), the row is also written as ActBlocks for the integer products, the quantization folded in: the
-// values j = t + k block_threads of one warp are one block of 32, whose largest magnitude and integer sum are warp
-// reductions (the same integers as quantize_act of the f32 output).
+// values j = t + k block_threads of one warp are one block of 32, whose largest magnitude and integer sums (whole
+// and first half) are warp reductions (the same integers as quantize_act of the f32 output).
 #pragma nv_exec_check_disable
 template <class Ctx>
 KVGEN_HD void rmsnorm_body(const Ctx& ctx, int block_threads, const float* __restrict__ x, const float* __restrict__ w,
@@ -60,12 +60,15 @@ KVGEN_HD void rmsnorm_body(const Ctx& ctx, int block_threads, const float* __res
         if (qi) {
             const float d = act_scale(ctx.warp_max(fabsf(v)));
             const int q = act_quant(v, act_inverse_scale(d));
-            const float s = ctx.warp_sum(float(q));  // note: exact: |sum| <= 32 * 32512 < 2^24
+            // note: exact: |sum| <= 32 * 32512 < 2^24
+            const float s = ctx.warp_sum(float(q)), h0 = ctx.warp_sum(j % 32 < 16 ? float(q) : 0.0f);
             ActBlock& a = qi[j / 32];
             a.q[j % 32] = int16_t(q);
             if (j % 32 == 0) {
                 a.d = d;
                 a.s = int(s);
+                a.h[0] = int(h0);
+                a.h[1] = int(s) - int(h0);
             }
         }
     }

@@ -62,7 +62,7 @@ KVGEN_HD void matvec_lane(const uint8_t* __restrict__ w, int64_t row_bytes, int6
         for (int r = 0; r < kMvRows; ++r) {
             if (r0 + r < rows) {
                 float wv[32];
-                row_chunk<T>(w + (r0 + r) * row_bytes, c, wv);
+                row_chunk<T>(w + (r0 + r) * row_bytes, c, n_chunks, wv);
                 float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
                 for (int i = 0; i < 32; i += 2) {
@@ -94,7 +94,7 @@ KVGEN_HD void matvec_batch_lane(const uint8_t* __restrict__ w, int64_t row_bytes
         float wv[kMvRows][32];
 #pragma unroll
         for (int r = 0; r < kMvRows; ++r)
-            if (r0 + r < rows) row_chunk<T>(w + (r0 + r) * row_bytes, c, wv[r]);
+            if (r0 + r < rows) row_chunk<T>(w + (r0 + r) * row_bytes, c, n_chunks, wv[r]);
 #pragma unroll
         for (int i = 0; i < NT; ++i) {
             if (i >= n) break;

@@ -1,21 +1,22 @@
 #pragma once
 // Decode products in integers, for Q4_0, Q8_0, Q4_K and Q6_K weights. The input vector is quantized once per product
 // to 16-bit integers in blocks of 32 (ActBlock: x ~ d * q, |q| <= 32512, the CPU's activation rounding, see
-// src/cpu/vecdot.h), and each lane dots a weight chunk's small integers with the block's int16 values with __dp2a
-// (two int16 x int8 products per instruction), converting to float once per chunk. Against the f32 matvec
-// (matvec.cuh) a chunk costs 80 bytes of activations instead of 128 and about a third of the instructions; the
-// activations' rounding (1 part in 32512 of a block's largest value) stays far below what the logits can show.
+// src/cpu/vecdot.h), and each lane dots a unit of 32 weights' small integers with their int16 activations by __dp2a
+// (two int16 x int8 products per instruction), converting to float once per unit. Weights come in 16-byte loads
+// from the device layout (weight_layout.h); the activations' rounding (1 part in 32512 of a block's largest value)
+// stays far below what the logits can show.
 // Compiled for the host too: the CPU-only tests run these bodies (tests/cuda_support/host_emulation.cu).
 #include "matvec.cuh"
 
 namespace kvgen::cuda {
 
-// 32 activations as 16-bit integers: x[j] ~ d * q[j], s = sum of q. 80 bytes, so q is four 16-byte loads.
+// 32 activations as 16-bit integers: x[j] ~ d * q[j], s = sum of q, h[0] and h[1] the sums of q[0..15] and
+// q[16..31] (the units of the k-quant products meet half a block). 80 bytes, so q is four 16-byte loads.
 struct alignas(16) ActBlock {
     int16_t q[32];
     float d;
     int32_t s;
-    int32_t pad[2];
+    int32_t h[2];
 };
 static_assert(sizeof(ActBlock) == 80, "ActBlock");
 
@@ -41,14 +42,16 @@ KVGEN_HD void quantize_act_item(int64_t b, const float* __restrict__ x, ActBlock
     float amax = 0.0f;
     for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(xb[j]));
     const float d = act_scale(amax), id = act_inverse_scale(d);
-    int s = 0;
+    int h[2] = {0, 0};
     for (int j = 0; j < 32; ++j) {
         const int q = act_quant(xb[j], id);
         out[b].q[j] = int16_t(q);
-        s += q;
+        h[j / 16] += q;
     }
     out[b].d = d;
-    out[b].s = s;
+    out[b].s = h[0] + h[1];
+    out[b].h[0] = h[0];
+    out[b].h[1] = h[1];
 }
 
 // Whether a type has an integer decode product.
@@ -84,116 +87,226 @@ KVGEN_HD uint32_t sub_bytes(uint32_t a, uint32_t b) {
 #endif
 }
 
-// The block's 32 int16 values as 16 words: word p holds q[2p] (low half) and q[2p + 1].
-KVGEN_HD void load_act_words(const ActBlock& a, int (&xw)[16]) {
-    const uint4* p = reinterpret_cast<const uint4*>(a.q);
+// The activations one unit of 32 weights meets, as 16 words of two int16 values each (word p: values 2p, 2p + 1 of
+// the unit's order), the scale of the one or two activation blocks they come from, and the sums of q the unit meets:
+// a whole block's (Q4_0), or each half block's (the k-quants).
+struct UnitActs {
+    int xw[16];
+    float d[2];
+    int s[2];
+};
+
+// Words w0 .. w0 + 7 (values 2 w0 .. 2 w0 + 15) of block a into xw[at .. at + 7]: two 16-byte loads.
+KVGEN_HD void load_act_half(const ActBlock& a, int w0, int (&xw)[16], int at) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-#if defined(__CUDA_ARCH__)
-        const uint4 v = __ldg(p + k);
-#else
-        const uint4 v = p[k];
-#endif
-        xw[4 * k] = int(v.x);
-        xw[4 * k + 1] = int(v.y);
-        xw[4 * k + 2] = int(v.z);
-        xw[4 * k + 3] = int(v.w);
+    for (int k = 0; k < 2; ++k) {
+        const uint4 v = ld16(reinterpret_cast<const uint8_t*>(a.q) + 4 * w0 + 16 * k);
+        xw[at + 4 * k] = int(v.x);
+        xw[at + 4 * k + 1] = int(v.y);
+        xw[at + 4 * k + 2] = int(v.z);
+        xw[at + 4 * k + 3] = int(v.w);
     }
 }
 
-// sum over j of w[j] * q[j] for 32 int8 weights packed 4 to a word (words w4[0..7], weight 4m + k in byte k of word m).
-KVGEN_HD int dot32(const uint32_t (&w4)[8], const int (&xw)[16]) {
+// sum over j of w[j] * q[j] for N4 * 4 int8 weights packed 4 to a word (weight 4m + k in byte k of word m), q[j] in
+// the int16 halves of the words xw[0 .. 2 N4) (value 2p low, 2p + 1 high in word p).
+template <int N4>
+KVGEN_HD int dot_words(const uint32_t* w4, const int* xw) {
     int s = 0;
 #pragma unroll
-    for (int m = 0; m < 8; ++m) {
+    for (int m = 0; m < N4; ++m) {
         s = dp2a_lo(xw[2 * m], int(w4[m]), s);
         s = dp2a_hi(xw[2 * m + 1], int(w4[m]), s);
     }
     return s;
 }
 
-// Chunk c of a row (32 weights) dotted with the activation block of the same 32 positions, in float.
+KVGEN_HD void words_of(const uint4& v, uint32_t* w) {
+    w[0] = v.x;
+    w[1] = v.y;
+    w[2] = v.z;
+    w[3] = v.w;
+}
+
+// The 6-bit scales and mins of Q4_K sub-blocks 2p and 2p + 1, from the 12 packed scale bytes held as three words:
+// sc[0..1] in bytes 0, 1 of the first result, mins in bytes 0, 1 of the second. Sub-blocks 0..3 keep theirs in the
+// low 6 bits of bytes 0..3 (scales) and 4..7 (mins); 4..7 have their low 4 bits in bytes 8..11 and their top 2 bits
+// in the top bits of bytes 0..7. Two 16-bit lanes at a time, without branches (the lanes of a warp hold different p).
+KVGEN_HD void k4_pair_scales(const uint32_t (&w)[3], int p, uint32_t* sc, uint32_t* mn) {
+    const int sh = 16 * (p & 1);
+    const uint32_t u0 = (w[0] >> sh) & 0xffffu, u1 = (w[1] >> sh) & 0xffffu, u2 = (w[2] >> sh) & 0xffffu;
+    const bool first = p < 2;
+    *sc = first ? (u0 & 0x3f3fu) : ((u2 & 0x0f0fu) | ((u0 & 0xc0c0u) >> 2));
+    *mn = first ? (u1 & 0x3f3fu) : (((u2 >> 4) & 0x0f0fu) | ((u1 & 0xc0c0u) >> 2));
+}
+
+// The integer decode product works in units of 32 weights of a row, unit u of n_units = cols / 32, each read by
+// a lane with 16-byte loads:
+//   Q4_0  block u: its 16 bytes of nibbles; activations: block u whole.
+//   Q8_0  block u: its 32 bytes; activations: block u whole.
+//   Q4_K  super-block u / 8, k = u % 8: the 16 bytes 16 k of qs, low nibbles values 16 (k % 2) .. + 15 of
+//         sub-block 2 (k / 2), high nibbles the same values of sub-block 2 (k / 2) + 1; the super-block's 16 header
+//         bytes (d, dmin, scales) one more 16-byte load, shared through L1 by its 8 units.
+//   Q6_K  super-block u / 8, k = u % 8: half h = k / 4, g = k % 2, ql bytes 64 h + 32 ((k / 2) % 2) + 16 g (16),
+//         qh bytes 128 + 32 h + 16 g (16): values 16 g .. + 15 of quarter (k / 2) % 2 (low nibbles) and of the
+//         quarter two further (high nibbles).
+// For the k-quants the unit's 32 activations come from two blocks (two 16-value halves), whose sums of q carry the
+// mins (Q4_K) and the offset of 32 (Q6_K's 6-bit values go in unsigned, 0..63).
 template <GgmlType T>
-KVGEN_HD float int_chunk_dot(const uint8_t* __restrict__ row, int64_t c, const ActBlock& a, const int (&xw)[16]);
+KVGEN_HD void load_unit_acts(const ActBlock* __restrict__ x, int u, UnitActs& a) {
+    if constexpr (T == GgmlType::Q4_0 || T == GgmlType::Q8_0) {
+        const ActBlock& b = x[u];
+        load_act_half(b, 0, a.xw, 0);
+        load_act_half(b, 8, a.xw, 8);
+        a.d[0] = a.d[1] = b.d;
+        a.s[0] = a.s[1] = b.s;
+    } else {
+        const int k = u % 8, g = k % 2;
+        const int b0 = (u / 8) * 8 + (T == GgmlType::Q4_K ? 2 * (k / 2) : 4 * (k / 4) + (k / 2) % 2);
+        const int b1 = b0 + (T == GgmlType::Q4_K ? 1 : 2);
+        load_act_half(x[b0], 8 * g, a.xw, 0);
+        load_act_half(x[b1], 8 * g, a.xw, 8);
+        a.d[0] = x[b0].d;
+        a.d[1] = x[b1].d;
+        a.s[0] = x[b0].h[g];
+        a.s[1] = x[b1].h[g];
+    }
+}
+
+// A unit's weight bytes of one row, loaded (load_unit) before any is used, so that a lane has every row's loads in
+// flight at once; unit_dot then dots them with the unit's activations, in float.
+template <GgmlType T>
+struct UnitWeights;
 
 template <>
-KVGEN_HD float int_chunk_dot<GgmlType::Q4_0>(const uint8_t* row, int64_t c, const ActBlock& a, const int (&xw)[16]) {
-    const uint8_t* b = row + c * 18;
-    uint32_t lo[8];
+struct UnitWeights<GgmlType::Q4_0> {
+    uint4 q;  // the block's 16 bytes of nibbles
+    uint16_t d;
+};
+KVGEN_HD void load_unit(const uint8_t* __restrict__ row, int u, int n_units, UnitWeights<GgmlType::Q4_0>& w) {
+    w.q = ld16(row + 16 * u);
+    w.d = ld_u16(row + 16 * n_units + 2 * u);
+}
+KVGEN_HD float unit_dot(const UnitWeights<GgmlType::Q4_0>& w, int, const UnitActs& a) {
+    uint32_t v[4], q[8];
+    words_of(w.q, v);
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
-        const uint32_t v = le32_unaligned(b + 2 + 4 * m);
-        lo[m] = v & 0x0f0f0f0fu;             // weights 4m .. 4m + 3
-        lo[m + 4] = (v >> 4) & 0x0f0f0f0fu;  // weights 16 + 4m ..
+        q[m] = v[m] & 0x0f0f0f0fu;             // weights 4m .. 4m + 3
+        q[m + 4] = (v[m] >> 4) & 0x0f0f0f0fu;  // weights 16 + 4m ..
     }
     // note: the nibbles go in unsigned (0..15); the offset of 8 comes back through the activations' sum.
-    return h2f(b) * a.d * float(dot32(lo, xw) - 8 * a.s);
+    return half_bits(w.d) * a.d[0] * float(dot_words<8>(q, a.xw) - 8 * a.s[0]);
 }
 
 template <>
-KVGEN_HD float int_chunk_dot<GgmlType::Q8_0>(const uint8_t* row, int64_t c, const ActBlock& a, const int (&xw)[16]) {
-    const uint8_t* b = row + c * 34;
-    uint32_t w[8];
-#pragma unroll
-    for (int m = 0; m < 8; ++m) w[m] = le32_unaligned(b + 2 + 4 * m);
-    return h2f(b) * a.d * float(dot32(w, xw));
+struct UnitWeights<GgmlType::Q8_0> {
+    uint4 q[2];  // the block's 32 int8 weights
+    uint16_t d;
+};
+KVGEN_HD void load_unit(const uint8_t* __restrict__ row, int u, int n_units, UnitWeights<GgmlType::Q8_0>& w) {
+    w.q[0] = ld16(row + 32 * u);
+    w.q[1] = ld16(row + 32 * u + 16);
+    w.d = ld_u16(row + 32 * n_units + 2 * u);
+}
+KVGEN_HD float unit_dot(const UnitWeights<GgmlType::Q8_0>& w, int, const UnitActs& a) {
+    uint32_t q[8];
+    words_of(w.q[0], q);
+    words_of(w.q[1], q + 4);
+    return half_bits(w.d) * a.d[0] * float(dot_words<8>(q, a.xw));
 }
 
 template <>
-KVGEN_HD float int_chunk_dot<GgmlType::Q4_K>(const uint8_t* row, int64_t c, const ActBlock& a, const int (&xw)[16]) {
-    const uint8_t* b = row + (c / 8) * 144;
-    const int j = int(c % 8);
-    float sc, mn;
-    k4_scale_min_dev(j, b + 4, &sc, &mn);
-    const uint8_t* q = b + 16 + 32 * (j / 2);
-    const int shift = 4 * (j % 2);
-    uint32_t w[8];
-#pragma unroll
-    for (int m = 0; m < 8; ++m) w[m] = (le32_unaligned(q + 4 * m) >> shift) & 0x0f0f0f0fu;
-    return a.d * (h2f(b) * sc * float(dot32(w, xw)) - h2f(b + 2) * mn * float(a.s));
+struct UnitWeights<GgmlType::Q4_K> {
+    uint4 head;  // the super-block's d, dmin and 12 scale bytes
+    uint4 q;     // 16 bytes of qs
+};
+KVGEN_HD void load_unit(const uint8_t* __restrict__ row, int u, int, UnitWeights<GgmlType::Q4_K>& w) {
+    const uint8_t* b = row + (u / 8) * 144;
+    w.head = ld16(b);
+    w.q = ld16(b + 16 + 16 * (u % 8));
 }
-
-template <>
-KVGEN_HD float int_chunk_dot<GgmlType::Q6_K>(const uint8_t* row, int64_t c, const ActBlock& a, const int (&xw)[16]) {
-    const uint8_t* b = row + (c / 8) * 210;
-    const int s = int(c % 8), half = s / 4, qq = s % 4;
-    const uint8_t* ql = b + 64 * half + 32 * (qq & 1);
-    const uint8_t* qh = b + 128 + 32 * half;
-    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192 + 8 * half + 2 * qq);
-    const int nshift = qq >= 2 ? 4 : 0, hshift = 2 * qq;
-    uint32_t w[8];
-#pragma unroll
-    for (int m = 0; m < 8; ++m) {
-        const uint32_t lv = (le32_unaligned(ql + 4 * m) >> nshift) & 0x0f0f0f0fu;
-        const uint32_t hv = ((le32_unaligned(qh + 4 * m) >> hshift) & 0x03030303u) << 4;
-        w[m] = sub_bytes(lv | hv, 0x20202020u);  // 6-bit values minus 32, as int8
-    }
-    // Weights 0..15 take scale sc[0], 16..31 sc[1].
-    int s0 = 0, s1 = 0;
+KVGEN_HD float unit_dot(const UnitWeights<GgmlType::Q4_K>& w, int u, const UnitActs& a) {
+    const uint32_t packed[3] = {w.head.y, w.head.z, w.head.w};
+    uint32_t v[4], lo[4], hi[4], sc, mn;
+    words_of(w.q, v);
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
-        s0 = dp2a_lo(xw[2 * m], int(w[m]), s0);
-        s0 = dp2a_hi(xw[2 * m + 1], int(w[m]), s0);
-        s1 = dp2a_lo(xw[2 * m + 8], int(w[m + 4]), s1);
-        s1 = dp2a_hi(xw[2 * m + 9], int(w[m + 4]), s1);
+        lo[m] = v[m] & 0x0f0f0f0fu;
+        hi[m] = (v[m] >> 4) & 0x0f0f0f0fu;
     }
-    return h2f(b + 208) * a.d * float(int(sc[0]) * s0 + int(sc[1]) * s1);
+    k4_pair_scales(packed, (u % 8) / 2, &sc, &mn);
+    const float d = half_bits(uint16_t(w.head.x & 0xffffu)), dmin = half_bits(uint16_t(w.head.x >> 16));
+    const int dot0 = int(sc & 0xffu) * dot_words<4>(lo, a.xw), dot1 = int(sc >> 8) * dot_words<4>(hi, a.xw + 8);
+    const int min0 = int(mn & 0xffu) * a.s[0], min1 = int(mn >> 8) * a.s[1];
+    return d * (a.d[0] * float(dot0) + a.d[1] * float(dot1)) - dmin * (a.d[0] * float(min0) + a.d[1] * float(min1));
 }
 
-// The integer twin of matvec_lane: kMvRows rows per warp, lanes striding over chunks; each chunk's activation block
-// is loaded once for the warp's rows.
-template <GgmlType T>
-KVGEN_HD void matvec_int_lane(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t n_chunks, int64_t rows,
-                              int64_t r0, int lane, const ActBlock* __restrict__ x, float (&acc)[kMvRows]) {
+template <>
+struct UnitWeights<GgmlType::Q6_K> {
+    uint4 l, h;   // 16 bytes of ql and of qh
+    int sc0, sc1;  // the scales of the two quarters' values
+    uint16_t d;
+};
+KVGEN_HD void load_unit(const uint8_t* __restrict__ row, int u, int n_units, UnitWeights<GgmlType::Q6_K>& w) {
+    const int sb = u / 8, n_super = n_units / 8;
+    const int k = u % 8, h = k / 4, qa = (k / 2) % 2, g = k % 2;
+    const uint8_t* b = row + 192 * sb;
+    w.l = ld16(b + 64 * h + 32 * qa + 16 * g);
+    w.h = ld16(b + 128 + 32 * h + 16 * g);
+    const uint8_t* sc = row + 192 * n_super + 16 * sb + 8 * h + 2 * qa + g;
+    w.sc0 = int(int8_t(ld_u8(sc)));
+    w.sc1 = int(int8_t(ld_u8(sc + 4)));
+    w.d = ld_u16(row + 208 * n_super + 2 * sb);
+}
+KVGEN_HD float unit_dot(const UnitWeights<GgmlType::Q6_K>& w, int u, const UnitActs& a) {
+    const int qa = (u % 8) / 2 % 2;
+    uint32_t lv[4], hv[4], wa[4], wb[4];
+    words_of(w.l, lv);
+    words_of(w.h, hv);
 #pragma unroll
-    for (int r = 0; r < kMvRows; ++r) acc[r] = 0.0f;
-    for (int64_t c = lane; c < n_chunks; c += 32) {
-        const ActBlock& a = x[c];
-        int xw[16];
-        load_act_words(a, xw);
+    for (int m = 0; m < 4; ++m) {  // the 6-bit values, 0..63: the offset of 32 comes back through the sums of q
+        const uint32_t hs = hv[m] >> (2 * qa);  // quarter qa's top bits at bits 0-1, quarter qa + 2's at 4-5
+        wa[m] = (lv[m] & 0x0f0f0f0fu) | ((hs << 4) & 0x30303030u);
+        wb[m] = ((lv[m] >> 4) & 0x0f0f0f0fu) | (hs & 0x30303030u);
+    }
+    const int dot0 = w.sc0 * (dot_words<4>(wa, a.xw) - 32 * a.s[0]);
+    const int dot1 = w.sc1 * (dot_words<4>(wb, a.xw + 8) - 32 * a.s[1]);
+    return half_bits(w.d) * (a.d[0] * float(dot0) + a.d[1] * float(dot1));
+}
+
+// A block of the integer decode product: kMviThreads threads (kMviWarps warps) share R rows of NM matrices of one
+// shape (NM = 2: SwiGLU's gate and up), striding over their units, so each unit's activations are loaded once for
+// all of them and every lane has NM * R rows' 16-byte weight loads in flight at once. acc[m][r]: this thread's share
+// of row r0 + r of matrix m, summed over its units in the same order whatever NM and R.
+constexpr int kMviWarps = 4, kMviThreads = 32 * kMviWarps;
+constexpr int kMviRows = 4;     // rows per block of one matrix
+constexpr int kMviGluRows = 2;  // rows per block of each of gate and up
+
+template <GgmlType T, int NM, int R>
+KVGEN_HD void matvec_int_thread(const uint8_t* const (&w)[NM], int64_t row_bytes, int n_units, int64_t rows,
+                                int64_t r0, int t, const ActBlock* __restrict__ x, float (&acc)[NM][R]) {
+    // note: rows past the matrix read its last row again (never written), so no branch splits the loads.
+    const uint8_t* row[NM][R];
 #pragma unroll
-        for (int r = 0; r < kMvRows; ++r)
-            if (r0 + r < rows) acc[r] += int_chunk_dot<T>(w + (r0 + r) * row_bytes, c, a, xw);
+    for (int m = 0; m < NM; ++m)
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            row[m][r] = w[m] + (r0 + r < rows ? r0 + r : rows - 1) * row_bytes;
+            acc[m][r] = 0.0f;
+        }
+    for (int u = t; u < n_units; u += kMviThreads) {  // offsets inside a row in 32 bits
+        UnitWeights<T> wu[NM][R];
+#pragma unroll
+        for (int m = 0; m < NM; ++m)
+#pragma unroll
+            for (int r = 0; r < R; ++r) load_unit(row[m][r], u, n_units, wu[m][r]);
+        UnitActs a;
+        load_unit_acts<T>(x, u, a);
+#pragma unroll
+        for (int m = 0; m < NM; ++m)
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[m][r] += unit_dot(wu[m][r], u, a);
     }
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "weight_layout.h"
 
 namespace kvgen::cuda {
 
@@ -33,12 +34,13 @@ MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int n_lo
     };
 
     // Q, K and V of a layer go back to back, without padding, when they share type and row size; rows stay aligned
-    // for the decoders' loads, since the group starts aligned and every row size of a type is a multiple of them.
+    // for the decoders' loads, since the group starts aligned and every device row size of a type is a multiple of
+    // them. A matrix takes its device layout's bytes (weight_layout.h).
     const std::vector<const WeightView*> ws = device_weights(m);
     const size_t first_layer = ws.size() - 7 * m.weights.layers.size();
     for (size_t i = 0; i < ws.size(); ++i) {
         const WeightView& w = *ws[i];
-        const size_t bytes = size_t(w.rows) * size_t(w.row_bytes);
+        const size_t bytes = size_t(w.rows) * size_t(device_row_bytes(w.type, w.cols));
         const size_t in_layer = i >= first_layer ? (i - first_layer) % 7 : 7;  // 0 wq, 1 wk, 2 wv, ...
         if (in_layer == 0) {
             const WeightView &wq = w, &wk = *ws[i + 1], &wv = *ws[i + 2];

@@ -36,8 +36,9 @@ inline int64_t gemm_scratch_elems(GgmlType t, int64_t rows, int64_t cols) {
 }
 
 struct MemoryPlan {
-    // Weights. The GGUF matrices in their own types, in device_weights() order; a layer's Q, K and V back to back
-    // when they share type and row size, so that they read as one matrix (fused_qkv).
+    // Weights. The GGUF matrices in their own types and the device layout (weight_layout.h), in device_weights()
+    // order; a layer's Q, K and V back to back when they share type and row size, so that they read as one matrix
+    // (fused_qkv).
     std::vector<Region> matrices;
     std::vector<bool> fused_qkv;  // [n_layers]
     Region norms;                 // f32 [2 n_layers + 1][n_embd]: attn_norm, ffn_norm of each layer, output_norm

@@ -82,7 +82,7 @@ __global__ void dequantize_kernel(const uint8_t* __restrict__ w, int64_t row_byt
     const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (g >= n_chunks) return;
     float v[32];
-    row_chunk<T>(w + (g / chunks_per_row) * row_bytes, g % chunks_per_row, v);
+    row_chunk<T>(w + (g / chunks_per_row) * row_bytes, g % chunks_per_row, chunks_per_row, v);
     Out* o = out + g * 32;
     if constexpr (std::is_same<Out, float>::value) {
         float4* o4 = reinterpret_cast<float4*>(o);
@@ -180,33 +180,57 @@ __global__ void quantize_act_kernel(const float* __restrict__ x, int64_t n_block
     if (b < n_blocks) quantize_act_item(b, x, out);
 }
 
-template <GgmlType T>
-__global__ void __launch_bounds__(kMvWarps* kWarp)
-    matvec_int_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t n_chunks, int64_t rows,
-                      const ActBlock* __restrict__ x, RowSplit y, int accumulate) {
-    const int lane = threadIdx.x % kWarp;
-    const int64_t r0 = (int64_t(blockIdx.x) * kMvWarps + threadIdx.x / kWarp) * kMvRows;
-    if (r0 >= rows) return;
-    float acc[kMvRows];
-    matvec_int_lane<T>(w, row_bytes, n_chunks, rows, r0, lane, x, acc);
-    store_rows(acc, r0, rows, lane, y, accumulate);
+// Each of a block's R rows summed over its threads: a warp's lanes by the butterfly, then the warps in order (the
+// host emulation, tests/cuda_support/host_emulation.cu, follows this order). Returns row t's sum in thread t < R.
+template <int R>
+__device__ __forceinline__ float block_rows_sum(const float (&acc)[R], float (&part)[kMviWarps][R]) {
+    const int t = threadIdx.x;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const float v = warp_sum(acc[r]);
+        if (t % kWarp == 0) part[t / kWarp][r] = v;
+    }
+    __syncthreads();
+    float v = 0.0f;
+    if (t < R) {
+        v = part[0][t];
+#pragma unroll
+        for (int k = 1; k < kMviWarps; ++k) v += part[k][t];
+    }
+    return v;
 }
 
+// grid = rows / kMviRows, block = kMviThreads: the block's threads stride over the units of its rows
+// (matvec_int_thread). At most 128 registers (4 blocks per SM), so that every row's loads are issued before the
+// first is used.
 template <GgmlType T>
-__global__ void __launch_bounds__(kMvWarps* kWarp)
-    matvec_glu_int_kernel(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int64_t row_bytes,
-                          int64_t n_chunks, int64_t rows, const ActBlock* __restrict__ x, float* __restrict__ y) {
-    const int lane = threadIdx.x % kWarp;
-    const int64_t r0 = (int64_t(blockIdx.x) * kMvWarps + threadIdx.x / kWarp) * kMvRows;
-    if (r0 >= rows) return;
-    float g[kMvRows], u[kMvRows];
-    matvec_int_lane<T>(gate, row_bytes, n_chunks, rows, r0, lane, x, g);
-    matvec_int_lane<T>(up, row_bytes, n_chunks, rows, r0, lane, x, u);
-#pragma unroll
-    for (int r = 0; r < kMvRows; ++r) {
-        const float gs = warp_sum(g[r]), us = warp_sum(u[r]);
-        if (lane == 0 && r0 + r < rows) y[r0 + r] = gs / (1.0f + expf(-gs)) * us;
+__global__ void __launch_bounds__(kMviThreads, 4)
+    matvec_int_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int n_units, int64_t rows,
+                      const ActBlock* __restrict__ x, RowSplit y, int accumulate) {
+    __shared__ float part[kMviWarps][kMviRows];
+    const int64_t r0 = int64_t(blockIdx.x) * kMviRows;
+    const uint8_t* const ws[1] = {w};
+    float acc[1][kMviRows];
+    matvec_int_thread<T>(ws, row_bytes, n_units, rows, r0, threadIdx.x, x, acc);
+    const float v = block_rows_sum(acc[0], part);
+    if (threadIdx.x < kMviRows && r0 + threadIdx.x < rows) {
+        float* out = y.at(r0 + threadIdx.x);
+        *out = accumulate ? *out + v : v;
     }
+}
+
+// grid = rows / kMviGluRows: gate and up rows of a SwiGLU pair in one block, y[r] = silu(gate[r] . x) * (up[r] . x).
+template <GgmlType T>
+__global__ void __launch_bounds__(kMviThreads, 4)
+    matvec_glu_int_kernel(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int64_t row_bytes,
+                          int n_units, int64_t rows, const ActBlock* __restrict__ x, float* __restrict__ y) {
+    __shared__ float part[2][kMviWarps][kMviGluRows];
+    const int64_t r0 = int64_t(blockIdx.x) * kMviGluRows;
+    const uint8_t* const ws[2] = {gate, up};
+    float acc[2][kMviGluRows];
+    matvec_int_thread<T>(ws, row_bytes, n_units, rows, r0, threadIdx.x, x, acc);
+    const float gs = block_rows_sum(acc[0], part[0]), us = block_rows_sum(acc[1], part[1]);
+    if (threadIdx.x < kMviGluRows && r0 + threadIdx.x < rows) y[r0 + threadIdx.x] = gs / (1.0f + expf(-gs)) * us;
 }
 
 // gate and up rows r of a SwiGLU pair in one warp: y[r] = silu(gate[r] . x) * (up[r] . x).
@@ -409,7 +433,7 @@ void matvec_split(const RowSplit& y, const DevWeight& w, const float* x, cudaStr
 }
 
 bool int_matvec_ok(const DevWeight& w) {
-    return has_int_matvec(w.type) && w.cols % 32 == 0;
+    return has_int_matvec(w.type) && w.cols % 32 == 0 && w.cols / 32 < (int64_t(1) << 30);
 }
 
 void quantize_act(ActBlock* out, const float* x, int64_t count, cudaStream_t s) {
@@ -419,11 +443,10 @@ void quantize_act(ActBlock* out, const float* x, int64_t count, cudaStream_t s) 
 }
 
 void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, bool accumulate, cudaStream_t s) {
-    const int64_t rows_per_block = kMvWarps * kMvRows;
     const bool ok = int_matvec_ok(w) && dispatch_int_type(w.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
-        matvec_int_kernel<T><<<grid_for(w.rows, int(rows_per_block)), kMvWarps * kWarp, 0, s>>>(
-            w.data, w.row_bytes, w.cols / 32, w.rows, x, y, accumulate ? 1 : 0);
+        matvec_int_kernel<T><<<grid_for(w.rows, kMviRows), kMviThreads, 0, s>>>(
+            w.data, w.row_bytes, int(w.cols / 32), w.rows, x, y, accumulate ? 1 : 0);
     });
     if (!ok) throw Error(fmt::format("CUDA: no integer product for {}", ggml_type_name(w.type)));
     KVGEN_CUDA_LAUNCHED("matvec_int");
@@ -432,8 +455,8 @@ void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, bool a
 void matvec_glu_int(float* y, const DevWeight& gate, const DevWeight& up, const ActBlock* x, cudaStream_t s) {
     const bool ok = glu_fusable(gate, up) && int_matvec_ok(gate) && dispatch_int_type(gate.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
-        matvec_glu_int_kernel<T><<<grid_for(gate.rows, kMvWarps * kMvRows), kMvWarps * kWarp, 0, s>>>(
-            gate.data, up.data, gate.row_bytes, gate.cols / 32, gate.rows, x, y);
+        matvec_glu_int_kernel<T><<<grid_for(gate.rows, kMviGluRows), kMviThreads, 0, s>>>(
+            gate.data, up.data, gate.row_bytes, int(gate.cols / 32), gate.rows, x, y);
     });
     if (!ok) throw Error(fmt::format("CUDA: no fused integer SwiGLU for {}", ggml_type_name(gate.type)));
     KVGEN_CUDA_LAUNCHED("matvec_glu_int");

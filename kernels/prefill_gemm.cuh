@@ -38,7 +38,7 @@ KVGEN_HD void dequantize_rows_body(const Ctx& ctx, const uint8_t* __restrict__ w
     if (t < count) {
         const int64_t g = g0 + t;
         float v[32];
-        row_chunk<T>(w + (r0 + g / chunks_per_row) * row_bytes, g % chunks_per_row, v);
+        row_chunk<T>(w + (r0 + g / chunks_per_row) * row_bytes, g % chunks_per_row, chunks_per_row, v);
         __half2* dst = reinterpret_cast<__half2*>(sm + t * kDqStride);
 #pragma unroll
         for (int k = 0; k < 16; ++k) dst[k] = __floats2half2_rn(v[2 * k], v[2 * k + 1]);

@@ -10,9 +10,11 @@
 
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 #include <type_traits>
 
 #include "gguf/ggml_types.h"
+#include "weight_layout.h"
 
 // The decoders compile for the host too (KVGEN_HD), so the CPU-only CI checks their bit layouts against
 // dequantize_row without a GPU (tests/test_cuda_host.cpp); the kernels call the very same functions.
@@ -30,12 +32,46 @@ KVGEN_HD float bits_to_float(uint32_t u) {
 #endif
 }
 
+KVGEN_HD float half_bits(uint16_t h) {
+    return __half2float(__ushort_as_half(h));
+}
 KVGEN_HD float h2f(const uint8_t* p) {  // a half at a 2-byte aligned address
     return __half2float(__ushort_as_half(*reinterpret_cast<const uint16_t*>(p)));
 }
 KVGEN_HD uint32_t le32_unaligned(const uint8_t* p) {  // 2-byte aligned
     const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
     return uint32_t(h[0]) | (uint32_t(h[1]) << 16);
+}
+
+// 16 bytes at a 16-byte aligned address, in one load (on the host, a misaligned address throws: the CPU-only tests
+// so catch a layout that would fault on the device).
+KVGEN_HD uint4 ld16(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+    return __ldg(reinterpret_cast<const uint4*>(p));
+#else
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) throw std::logic_error("a 16-byte load from a misaligned address");
+    uint4 v;
+    std::memcpy(&v, p, 16);
+    return v;
+#endif
+}
+
+// One byte, and two at a 2-byte aligned address, through the read-only path on the device.
+KVGEN_HD uint8_t ld_u8(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+    return __ldg(p);
+#else
+    return *p;
+#endif
+}
+KVGEN_HD uint16_t ld_u16(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+    return __ldg(reinterpret_cast<const unsigned short*>(p));
+#else
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return v;
+#endif
 }
 
 // Q4_K / Q5_K 6-bit scale and min of sub-block j (0..7), packed in 12 bytes.
@@ -62,20 +98,20 @@ struct Dq;
 // Each Dq<T>: kWeights per block, kBytes per block, kChunks = kWeights / 32, and chunk(blk, s, w) writing the 32
 // weights of chunk s of the block at blk.
 
+// Q4_0, planar: the chunk's 16 bytes of nibbles (byte j: weight j low, j + 16 high), then d.
 template <>
 struct Dq<GgmlType::Q4_0> {
-    static constexpr int kWeights = 32, kBytes = 18, kChunks = 1;
-    KVGEN_HD static void chunk(const uint8_t* b, int, float (&w)[32]) {
-        const float d = h2f(b);
-        const uint16_t* qs = reinterpret_cast<const uint16_t*>(b + 2);
+    KVGEN_HD static void planar_chunk(const uint8_t* row, int64_t c, int64_t cpr, float (&w)[32]) {
+        const float d = h2f(row + 16 * cpr + 2 * c);
+        const uint4 v4 = ld16(row + 16 * c);
+        const uint32_t v[4] = {v4.x, v4.y, v4.z, v4.w};
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            const uint32_t v = qs[k];
-            w[2 * k] = d * float(int(v & 0x0f) - 8);
-            w[2 * k + 1] = d * float(int((v >> 8) & 0x0f) - 8);
-            w[2 * k + 16] = d * float(int((v >> 4) & 0x0f) - 8);
-            w[2 * k + 17] = d * float(int((v >> 12) & 0x0f) - 8);
-        }
+        for (int e = 0; e < 4; ++e)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                w[4 * e + i] = d * float(int((v[e] >> (8 * i)) & 0x0f) - 8);
+                w[4 * e + i + 16] = d * float(int((v[e] >> (8 * i + 4)) & 0x0f) - 8);
+            }
     }
 };
 
@@ -141,17 +177,19 @@ struct Dq<GgmlType::Q5_1> {
     }
 };
 
+// Q8_0, planar: the chunk's 32 int8 weights, then d.
 template <>
 struct Dq<GgmlType::Q8_0> {
-    static constexpr int kWeights = 32, kBytes = 34, kChunks = 1;
-    KVGEN_HD static void chunk(const uint8_t* b, int, float (&w)[32]) {
-        const float d = h2f(b);
-        const uint16_t* qs = reinterpret_cast<const uint16_t*>(b + 2);
+    KVGEN_HD static void planar_chunk(const uint8_t* row, int64_t c, int64_t cpr, float (&w)[32]) {
+        const float d = h2f(row + 32 * cpr + 2 * c);
 #pragma unroll
-        for (int k = 0; k < 16; ++k) {
-            const uint32_t v = qs[k];
-            w[2 * k] = d * float(int8_t(v & 0xff));
-            w[2 * k + 1] = d * float(int8_t(v >> 8));
+        for (int k = 0; k < 2; ++k) {
+            const uint4 v4 = ld16(row + 32 * c + 16 * k);
+            const uint32_t v[4] = {v4.x, v4.y, v4.z, v4.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) w[16 * k + 4 * e + i] = d * float(int8_t((v[e] >> (8 * i)) & 0xff));
         }
     }
 };
@@ -215,11 +253,10 @@ struct Dq<GgmlType::Q4_K> {
         float sc, m;
         k4_scale_min_dev(s, b + 4, &sc, &m);
         const float dl = h2f(b) * sc, ml = h2f(b + 2) * m;
-        const uint4* q = reinterpret_cast<const uint4*>(b + 16 + 32 * (s / 2));
         const int shift = 4 * (s % 2);
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
-            const uint4 v4 = q[k];
+            const uint4 v4 = ld16(b + 16 + 32 * (s / 2) + 16 * k);
             const uint32_t v[4] = {v4.x, v4.y, v4.z, v4.w};
 #pragma unroll
             for (int e = 0; e < 4; ++e)
@@ -237,12 +274,10 @@ struct Dq<GgmlType::Q5_K> {
         float sc, m;
         k4_scale_min_dev(s, b + 4, &sc, &m);
         const float dl = h2f(b) * sc, ml = h2f(b + 2) * m;
-        const uint4* q = reinterpret_cast<const uint4*>(b + 48 + 32 * (s / 2));
-        const uint4* qh = reinterpret_cast<const uint4*>(b + 16);
         const int shift = 4 * (s % 2);
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
-            const uint4 v4 = q[k], h4 = qh[k];
+            const uint4 v4 = ld16(b + 48 + 32 * (s / 2) + 16 * k), h4 = ld16(b + 16 + 16 * k);
             const uint32_t v[4] = {v4.x, v4.y, v4.z, v4.w};
             const uint32_t h[4] = {h4.x, h4.y, h4.z, h4.w};
 #pragma unroll
@@ -257,31 +292,31 @@ struct Dq<GgmlType::Q5_K> {
     }
 };
 
-// Q6_K (210 bytes: ql[128], qh[64], scales[16] int8, d). Chunk s: half s / 4, quarter qq = s % 4: low nibbles
-// from ql[l] (qq 0, 2) or ql[l + 32] (qq 1, 3), low (qq < 2) or high nibble, top bits (qh[l] >> 2 qq) & 3.
+// Q6_K, planar: super-block b's ql[128] and qh[64] at 192 b, its 16 int8 scales after all the row's quants, its d
+// after all the scales. Chunk s of the super-block: half s / 4, quarter qq = s % 4: low nibbles from ql[l] (qq 0, 2)
+// or ql[l + 32] (qq 1, 3), low (qq < 2) or high nibble, top bits (qh[l] >> 2 qq) & 3.
 template <>
 struct Dq<GgmlType::Q6_K> {
-    static constexpr int kWeights = 256, kBytes = 210, kChunks = 8;
-    KVGEN_HD static void chunk(const uint8_t* b, int s, float (&w)[32]) {
-        const float d = h2f(b + 208);
-        const int half = s / 4, qq = s % 4;
-        const uint16_t* ql = reinterpret_cast<const uint16_t*>(b + 64 * half + 32 * (qq & 1));
-        const uint16_t* qh = reinterpret_cast<const uint16_t*>(b + 128 + 32 * half);
-        const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192 + 8 * half);
+    KVGEN_HD static void planar_chunk(const uint8_t* row, int64_t c, int64_t cpr, float (&w)[32]) {
+        const int64_t sb = c / 8, n_super = cpr / 8;
+        const int s = int(c % 8), half = s / 4, qq = s % 4;
+        const uint8_t* b = row + 192 * sb;
+        const float d = h2f(row + 208 * n_super + 2 * sb);
+        const int8_t* sc = reinterpret_cast<const int8_t*>(row + 192 * n_super + 16 * sb + 8 * half);
         const int nshift = (qq >= 2) ? 4 : 0, hshift = 2 * qq;
 #pragma unroll
         for (int sub = 0; sub < 2; ++sub) {
             const float dl = d * float(sc[sub + 2 * qq]);
+            const uint4 l4 = ld16(b + 64 * half + 32 * (qq & 1) + 16 * sub);
+            const uint4 h4 = ld16(b + 128 + 32 * half + 16 * sub);
+            const uint32_t lv[4] = {l4.x, l4.y, l4.z, l4.w}, hv[4] = {h4.x, h4.y, h4.z, h4.w};
 #pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                const uint32_t lv = uint32_t(ql[8 * sub + k]) >> nshift;
-                const uint32_t hv = uint32_t(qh[8 * sub + k]) >> hshift;
+            for (int e = 0; e < 4; ++e)
 #pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    const int q = int(((lv >> (8 * i)) & 0x0f) | (((hv >> (8 * i)) & 3u) << 4)) - 32;
-                    w[16 * sub + 2 * k + i] = dl * float(q);
+                for (int i = 0; i < 4; ++i) {
+                    const uint32_t lo = (lv[e] >> (8 * i + nshift)) & 0x0f, hi = (hv[e] >> (8 * i + hshift)) & 3u;
+                    w[16 * sub + 4 * e + i] = dl * float(int(lo | (hi << 4)) - 32);
                 }
-            }
         }
     }
 };
@@ -344,11 +379,14 @@ KVGEN_HD float float_weight(GgmlType t, const uint8_t* row, int64_t j) {
     return t == GgmlType::F16 ? HalfToFloat::of(h) : Bf16ToFloat::of(h);
 }
 
-// Chunk c (0 .. cols / 32) of a row that starts at `row`.
+// Chunk c of a row of cpr chunks (cols / 32) that starts at `row`, in the device layout.
 template <GgmlType T>
-KVGEN_HD void row_chunk(const uint8_t* row, int64_t c, float (&w)[32]) {
+KVGEN_HD void row_chunk(const uint8_t* row, int64_t c, int64_t cpr, float (&w)[32]) {
     using D = Dq<T>;
-    Dq<T>::chunk(row + (c / D::kChunks) * D::kBytes, int(c % D::kChunks), w);
+    if constexpr (planar_type(T))
+        D::planar_chunk(row, c, cpr, w);
+    else
+        D::chunk(row + (c / D::kChunks) * D::kBytes, int(c % D::kChunks), w);
 }
 
 template <GgmlType T>

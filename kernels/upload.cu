@@ -12,6 +12,7 @@
 #include "cuda_common.cuh"
 #include "engine/rope.h"
 #include "model/dequant.h"
+#include "weight_layout.h"
 
 namespace kvgen::cuda {
 
@@ -39,10 +40,11 @@ public:
     Staging(const Staging&) = delete;
     Staging& operator=(const Staging&) = delete;
 
-    // Queues a copy of len <= kBytes bytes from host src to device dst.
-    void copy(uint8_t* dst, const void* src, size_t len) {
+    // Queues a copy of len <= kBytes bytes to device dst, which fill(buffer) writes into a staging buffer first.
+    template <typename Fill>
+    void copy(uint8_t* dst, size_t len, Fill&& fill) {
         KVGEN_CUDA_CHECK(cudaEventSynchronize(done_[turn_]));
-        std::memcpy(buf_[turn_], src, len);
+        fill(static_cast<uint8_t*>(buf_[turn_]));
         KVGEN_CUDA_CHECK(cudaMemcpyAsync(dst, buf_[turn_], len, cudaMemcpyHostToDevice, s_));
         KVGEN_CUDA_CHECK(cudaEventRecord(done_[turn_], s_));
         turn_ ^= 1;
@@ -63,7 +65,7 @@ DeviceModel upload_model(const Model& m, const MemoryPlan& plan, uint8_t* base, 
     const Config& c = m.config;
     const std::vector<const WeightView*> ws = device_weights(m);
     size_t total = 0;
-    for (const WeightView* w : ws) total += size_t(w->rows) * size_t(w->row_bytes);
+    for (const WeightView* w : ws) total += size_t(w->rows) * size_t(device_row_bytes(w->type, w->cols));
     const bool tty = isatty(2) != 0;
     if (progress)
         std::fprintf(stderr, "kvgen: cuda%d: uploading %s of weights%s", device, gib(double(total)).c_str(),
@@ -73,10 +75,17 @@ DeviceModel upload_model(const Model& m, const MemoryPlan& plan, uint8_t* base, 
         size_t sent = 0;
         int last_pct = -1;
         for (size_t i = 0; i < ws.size(); ++i) {
-            const size_t bytes = size_t(ws[i]->rows) * size_t(ws[i]->row_bytes);
-            for (size_t p = 0; p < bytes; p += Staging::kBytes) {
-                const size_t len = std::min(Staging::kBytes, bytes - p);
-                stage.copy(base + plan.matrices[i].offset + p, ws[i]->data + p, len);
+            // Whole rows at a time, laid out for the device (weight_layout.h) on their way through the staging buffer.
+            const WeightView& w = *ws[i];
+            const int64_t dev_row = device_row_bytes(w.type, w.cols);
+            const int64_t piece_rows = std::max<int64_t>(1, int64_t(Staging::kBytes) / dev_row);
+            KVGEN_ASSERT(dev_row <= int64_t(Staging::kBytes));
+            for (int64_t r = 0; r < w.rows; r += piece_rows) {
+                const int64_t n = std::min(piece_rows, w.rows - r);
+                const size_t len = size_t(n * dev_row);
+                stage.copy(base + plan.matrices[i].offset + size_t(r * dev_row), len, [&](uint8_t* buf) {
+                    to_device_rows(w.type, w.data + r * w.row_bytes, n, w.cols, buf);
+                });
                 sent += len;
                 const int pct = int(100.0 * double(sent) / double(total));
                 if (progress && tty && pct != last_pct) {
@@ -116,7 +125,9 @@ DeviceModel upload_model(const Model& m, const MemoryPlan& plan, uint8_t* base, 
     DeviceModel d;
     auto dev = [&](const WeightView& w) {
         for (size_t i = 0; i < ws.size(); ++i)
-            if (ws[i] == &w) return DevWeight{w.type, w.rows, w.cols, w.row_bytes, base + plan.matrices[i].offset};
+            if (ws[i] == &w)
+                return DevWeight{w.type, w.rows, w.cols, device_row_bytes(w.type, w.cols),
+                                 base + plan.matrices[i].offset};
         throw Error("CUDA: a weight was not uploaded");  // not reached: device_weights lists every matrix
     };
     const float* norms = reinterpret_cast<const float*>(base + plan.norms.offset);

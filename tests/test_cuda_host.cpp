@@ -14,6 +14,7 @@
 #include "cpu/vecdot.h"
 #include "cuda_backend.h"
 #include "memory_plan.h"
+#include "weight_layout.h"
 #include "engine/kv_cache.h"
 #include "engine/kv_offset.h"
 #include "model/dequant.h"
@@ -29,48 +30,51 @@ using test::kv_rows_differing;
 using test::offsets_differing;
 
 TEST_CASE("the CUDA decoders, run on the host, equal dequantize_row for every type", "[cuda-host]") {
+    // 96 and 768 columns: rows whose device layout is padded (weight_layout.h) for some types.
     for (const char* name :
-         {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}) {
-        INFO(name);
-        GgmlType t;
-        REQUIRE(ggml_type_from_name(name, &t));
-        const int64_t rows = 7, cols = 1024;
-        std::vector<uint8_t> b(size_t(rows * ggml_row_bytes(*ggml_type_info(t), cols)));
-        synth_random_rows(t, b.data(), rows, cols, 0.05f, 3);
-        std::vector<float> want(size_t(rows * cols));
-        dequantize_row(t, b.data(), want.data(), rows * cols);
-        const std::vector<float> got = cuda::host::dequantize(t, b.data(), rows, cols);
-        REQUIRE(got.size() == want.size());
-        size_t bad = 0;
-        for (size_t i = 0; i < got.size(); ++i)
-            if (!(std::fabs(got[i] - want[i]) <= 1e-6f * (1.0f + std::fabs(want[i])))) ++bad;
-        CHECK(bad == 0);
+         {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"})
+        for (const int64_t cols : {96, 768, 1024}) {
+            GgmlType t;
+            REQUIRE(ggml_type_from_name(name, &t));
+            if (cols % ggml_type_info(t)->block_size != 0) continue;
+            INFO(name << " cols " << cols);
+            const int64_t rows = 7;
+            std::vector<uint8_t> b(size_t(rows * ggml_row_bytes(*ggml_type_info(t), cols)));
+            synth_random_rows(t, b.data(), rows, cols, 0.05f, 3);
+            std::vector<float> want(size_t(rows * cols));
+            dequantize_row(t, b.data(), want.data(), rows * cols);
+            const std::vector<float> got = cuda::host::dequantize(t, b.data(), rows, cols);
+            REQUIRE(got.size() == want.size());
+            size_t bad = 0;
+            for (size_t i = 0; i < got.size(); ++i)
+                if (!(std::fabs(got[i] - want[i]) <= 1e-6f * (1.0f + std::fabs(want[i])))) ++bad;
+            CHECK(bad == 0);
 
-        // The matvec lane split (rows not a multiple of the rows per warp) against a double-precision product.
-        const std::vector<float> x = test::randn(size_t(cols), 9);
-        const std::vector<float> y = cuda::host::matvec(t, b.data(), rows, cols, x);
-        for (int64_t r = 0; r < rows; ++r) {
-            double s = 0, mag = 0;
-            for (int64_t j = 0; j < cols; ++j) {
-                s += double(want[size_t(r * cols + j)]) * x[size_t(j)];
-                mag += std::fabs(double(want[size_t(r * cols + j)]) * x[size_t(j)]);
+            // The matvec lane split (rows not a multiple of the rows per warp) against a double-precision product.
+            const std::vector<float> x = test::randn(size_t(cols), 9);
+            const std::vector<float> y = cuda::host::matvec(t, b.data(), rows, cols, x);
+            for (int64_t r = 0; r < rows; ++r) {
+                double s = 0, mag = 0;
+                for (int64_t j = 0; j < cols; ++j) {
+                    s += double(want[size_t(r * cols + j)]) * x[size_t(j)];
+                    mag += std::fabs(double(want[size_t(r * cols + j)]) * x[size_t(j)]);
+                }
+                INFO("row " << r << " got " << y[size_t(r)] << " want " << s);
+                CHECK(std::fabs(y[size_t(r)] - s) <= 1e-5 * mag);
             }
-            INFO("row " << r << " got " << y[size_t(r)] << " want " << s);
-            CHECK(std::fabs(y[size_t(r)] - s) <= 1e-5 * mag);
-        }
 
-        // The short-prompt kernel's body: 5 tokens, each equal to its own single-token product, bit for bit.
-        const int n = 5;
-        std::vector<float> xs = test::randn(size_t(n * cols), 10);
-        std::copy(x.begin(), x.end(), xs.begin() + 2 * cols);  // token 2 is the x above
-        const std::vector<float> yb = cuda::host::matvec_batch(t, b.data(), rows, cols, xs, n);
-        for (int i = 0; i < n; ++i) {
-            const std::vector<float> xi(xs.begin() + i * cols, xs.begin() + (i + 1) * cols);
-            const std::vector<float> yi = cuda::host::matvec(t, b.data(), rows, cols, xi);
-            INFO("token " << i);
-            CHECK(std::equal(yi.begin(), yi.end(), yb.begin() + i * rows));
+            // The short-prompt kernel's body: 5 tokens, each equal to its own single-token product, bit for bit.
+            const int n = 5;
+            std::vector<float> xs = test::randn(size_t(n * cols), 10);
+            std::copy(x.begin(), x.end(), xs.begin() + 2 * cols);  // token 2 is the x above
+            const std::vector<float> yb = cuda::host::matvec_batch(t, b.data(), rows, cols, xs, n);
+            for (int i = 0; i < n; ++i) {
+                const std::vector<float> xi(xs.begin() + i * cols, xs.begin() + (i + 1) * cols);
+                const std::vector<float> yi = cuda::host::matvec(t, b.data(), rows, cols, xi);
+                INFO("token " << i);
+                CHECK(std::equal(yi.begin(), yi.end(), yb.begin() + i * rows));
+            }
         }
-    }
 }
 
 TEST_CASE("the prefill GEMM's chunked f16 decoding, run on the host, equals dequantize_row rounded to f16",
@@ -121,9 +125,10 @@ TEST_CASE("the CUDA memory plan counts weights, the f16 KV cache and buffers", "
     size_t matrices = 0;
     for (const LayerWeights& L : m.weights.layers)
         for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
-            matrices += size_t(w->rows * w->row_bytes);
-    matrices += size_t(m.weights.token_embd.rows * m.weights.token_embd.row_bytes);
-    if (!m.weights.tied_output) matrices += size_t(m.weights.output.rows * m.weights.output.row_bytes);
+            matrices += size_t(w->rows * cuda::device_row_bytes(w->type, w->cols));
+    const WeightView &e = m.weights.token_embd, &o = m.weights.output;
+    matrices += size_t(e.rows * cuda::device_row_bytes(e.type, e.cols));
+    if (!m.weights.tied_output) matrices += size_t(o.rows * cuda::device_row_bytes(o.type, o.cols));
 
     const Config& c = m.config;
     const size_t norms = (2 * size_t(c.n_layers) + 1) * size_t(c.n_embd) * 4, rope = size_t(c.rope_dim / 2) * 8;
@@ -226,39 +231,64 @@ TEST_CASE("the integer decode product, run on the host: the CPU's activation rou
         INFO("block " << b);
         CHECK(dev[b].d == cpu_blocks[b].d);
         CHECK(dev[b].s == cpu_blocks[b].sum[0] + cpu_blocks[b].sum[1]);
+        CHECK(dev[b].h[0] == cpu_blocks[b].sum[0]);
+        CHECK(dev[b].h[1] == cpu_blocks[b].sum[1]);
         CHECK(std::equal(dev[b].q, dev[b].q + 32, cpu_blocks[b].q));
     }
 
-    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"}) {
-        INFO(name);
-        GgmlType t;
-        REQUIRE(ggml_type_from_name(name, &t));
-        const int64_t rows = 9;
-        std::vector<uint8_t> b(size_t(rows * ggml_row_bytes(*ggml_type_info(t), cols)));
-        synth_random_rows(t, b.data(), rows, cols, 0.05f, 6);
-        std::vector<float> wf(size_t(rows * cols));
-        dequantize_row(t, b.data(), wf.data(), rows * cols);
-        const std::vector<float> y = cuda::host::matvec_int(t, b.data(), rows, cols, x);
-        const int64_t row_bytes = int64_t(b.size()) / rows;
-        for (int64_t r = 0; r < rows; ++r) {
-            double s = 0, mag = 0;
-            for (int64_t j = 0; j < cols; ++j) {
-                s += double(wf[size_t(r * cols + j)]) * x[size_t(j)];
-                mag += std::fabs(double(wf[size_t(r * cols + j)]) * x[size_t(j)]);
+    // Every type on rows of one and of several passes of the block's 128 threads (8192 columns: 256 units), rows
+    // not a multiple of the block's 4, and rows whose device layout is padded (96 and 768 columns: 54 / 102 / 630
+    // bytes to 64 / 112 / 640): on the host a misaligned 16-byte load throws.
+    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
+        for (const int64_t n_cols : {96, 768, 1024, 8192}) {
+            GgmlType t;
+            REQUIRE(ggml_type_from_name(name, &t));
+            if (n_cols % ggml_type_info(t)->block_size != 0) continue;
+            INFO(name << " cols " << n_cols);
+            const int64_t rows = 9;
+            std::vector<float> xc = test::randn(size_t(n_cols), 13, 3.0f);
+            std::copy(x.begin(), x.begin() + std::min(cols, n_cols), xc.begin());  // with the zero block above
+            std::vector<cpu::BlockA32> xb(size_t(n_cols / 32));
+            cpu::quantize_a32(xc.data(), xb.data(), n_cols);
+            std::vector<uint8_t> b(size_t(rows * ggml_row_bytes(*ggml_type_info(t), n_cols)));
+            synth_random_rows(t, b.data(), rows, n_cols, 0.05f, 6);
+            std::vector<float> wf(size_t(rows * n_cols));
+            dequantize_row(t, b.data(), wf.data(), rows * n_cols);
+            const std::vector<float> y = cuda::host::matvec_int(t, b.data(), rows, n_cols, xc);
+            const int64_t row_bytes = int64_t(b.size()) / rows;
+            for (int64_t r = 0; r < rows; ++r) {
+                double s = 0, sq = 0, mag = 0;
+                for (int64_t j = 0; j < n_cols; ++j) {
+                    const double w = wf[size_t(r * n_cols + j)];
+                    const cpu::BlockA32& a = xb[size_t(j / 32)];
+                    s += w * xc[size_t(j)];
+                    sq += w * (double(a.d) * a.q[j % 32]);  // the activation as quantized
+                    mag += std::fabs(w * xc[size_t(j)]);
+                }
+                INFO("row " << r << " got " << y[size_t(r)] << " exact " << s << " on quantized activations " << sq);
+                // 16-bit activations: each value within half a step of 1/32512 of its block's largest.
+                CHECK(std::fabs(y[size_t(r)] - s) <= 1e-4 * mag);
+                // On the activations as rounded, only float sums of exact integer dots remain.
+                CHECK(std::fabs(y[size_t(r)] - sq) <= 2e-6 * mag);
+                if (cpu::act_format(t) == cpu::ActFormat::A32) {
+                    // Q4_0 and Q8_0 meet the same integer activations as the CPU's reference dot: the same block
+                    // sums, added in another order.
+                    float want = 0;
+                    cpu::kernels::vec_dot_generic(t, cpu::act_format(t), b.data() + r * row_bytes, xb.data(), 0, 1,
+                                                  &want, n_cols);
+                    CHECK(std::fabs(y[size_t(r)] - want) <= 1e-6 * mag);
+                }
             }
-            INFO("row " << r << " got " << y[size_t(r)] << " exact " << s);
-            // 16-bit activations: each value within half a step of 1/32512 of its block's largest.
-            CHECK(std::fabs(y[size_t(r)] - s) <= 1e-4 * mag);
-            if (cpu::act_format(t) == cpu::ActFormat::A32) {
-                // Q4_0 and Q8_0 meet the same integer activations as the CPU's reference dot: the same block sums,
-                // added in another order.
-                float want = 0;
-                cpu::kernels::vec_dot_generic(t, cpu::act_format(t), b.data() + r * row_bytes, cpu_blocks.data(), 0,
-                                              1, &want, cols);
-                CHECK(std::fabs(y[size_t(r)] - want) <= 1e-6 * mag);
+            // SwiGLU's kernel (gate and up two rows each per block) sums every row as the one-matrix kernel does.
+            std::vector<uint8_t> up(b.size());
+            synth_random_rows(t, up.data(), rows, n_cols, 0.05f, 7);
+            const std::vector<float> yu = cuda::host::matvec_int(t, up.data(), rows, n_cols, xc);
+            const std::vector<float> glu = cuda::host::matvec_glu_int(t, b.data(), up.data(), rows, n_cols, xc);
+            for (int64_t r = 0; r < rows; ++r) {
+                const float g = y[size_t(r)];
+                CHECK(glu[size_t(r)] == g / (1.0f + std::exp(-g)) * yu[size_t(r)]);
             }
         }
-    }
 }
 
 TEST_CASE("float rows that are not whole 32-weight chunks: the ragged decoders and matvec, run on the host",
@@ -468,13 +498,15 @@ TEST_CASE("the CUDA element-wise bodies, run on the host, match the CPU ops", "[
             const std::vector<float> rows(both.begin(), both.begin() + n * dim);
             CHECK(rows == cuda::host::rmsnorm(x, w, n, dim, 1e-5f));
             const std::vector<cuda::host::HostActBlock> want_q = cuda::host::quantize_act(rows);
-            REQUIRE(both.size() == rows.size() + want_q.size() * 34);
+            REQUIRE(both.size() == rows.size() + want_q.size() * 36);
             for (size_t b = 0; b < want_q.size(); ++b) {
-                const float* got = both.data() + rows.size() + b * 34;
+                const float* got = both.data() + rows.size() + b * 36;
                 INFO("block " << b);
                 CHECK(got[0] == want_q[b].d);
                 CHECK(got[1] == float(want_q[b].s));
-                for (int j = 0; j < 32; ++j) CHECK(got[2 + j] == float(want_q[b].q[j]));
+                CHECK(got[2] == float(want_q[b].h[0]));
+                CHECK(got[3] == float(want_q[b].h[1]));
+                for (int j = 0; j < 32; ++j) CHECK(got[4 + j] == float(want_q[b].q[j]));
             }
         }
     }

@@ -352,8 +352,15 @@ TEST_CASE("rmsnorm and swiglu match the CPU ops", "[cuda][kernels]") {
     const std::vector<float> rows(both.begin(), both.begin() + n * dim);
     require_close(rows, ct::rmsnorm(x, w, n, dim, 1e-5f), 0.0);
     for (int b = 0; b < n * dim / 32; ++b) {
-        const float* blk = both.data() + n * dim + b * 34;
-        for (int j = 0; j < 32; ++j) REQUIRE(std::fabs(blk[0] * blk[2 + j] - rows[size_t(b * 32 + j)]) <= blk[0]);
+        const float* blk = both.data() + n * dim + b * 36;
+        float h[2] = {0, 0};
+        for (int j = 0; j < 32; ++j) {
+            REQUIRE(std::fabs(blk[0] * blk[4 + j] - rows[size_t(b * 32 + j)]) <= blk[0]);
+            h[j / 16] += blk[4 + j];
+        }
+        REQUIRE(blk[2] == h[0]);  // the sums of each half of q, and of both
+        REQUIRE(blk[3] == h[1]);
+        REQUIRE(blk[1] == h[0] + h[1]);
     }
 
     const std::vector<float> g = randn(4099, 31, 4.0f), u = randn(4099, 37);

@@ -14,6 +14,7 @@
 #include "engine/rope.h"
 #include "memory_plan.h"
 #include "ops.cuh"
+#include "weight_layout.h"
 
 namespace kvgen::cuda::testing {
 
@@ -41,8 +42,15 @@ struct Dev {
     }
 };
 
+// A weight's bytes in the device layout the upload gives them (weight_layout.h).
+std::vector<uint8_t> device_bytes(const HostWeight& w) {
+    std::vector<uint8_t> out(size_t(w.rows * device_row_bytes(w.type, w.cols)));
+    to_device_rows(w.type, w.bytes->data(), w.rows, w.cols, out.data());
+    return out;
+}
+
 DevWeight dev_weight(const HostWeight& w, const Dev<uint8_t>& bytes) {
-    return DevWeight{w.type, w.rows, w.cols, int64_t(w.bytes->size()) / w.rows, bytes.p};
+    return DevWeight{w.type, w.rows, w.cols, device_row_bytes(w.type, w.cols), bytes.p};
 }
 
 std::vector<float> halves_to_floats(const std::vector<__half>& h) {
@@ -60,7 +68,7 @@ void poison(Dev<T>& d) {
 }  // namespace
 
 std::vector<float> dequantize(const HostWeight& w, bool via_f16) {
-    Dev<uint8_t> b(*w.bytes);
+    Dev<uint8_t> b(device_bytes(w));
     const size_t n = size_t(w.rows * w.cols);
     if (via_f16) {
         Dev<__half> out(n);
@@ -75,7 +83,7 @@ std::vector<float> dequantize(const HostWeight& w, bool via_f16) {
 }
 
 std::vector<float> get_rows(const HostWeight& w, const std::vector<int32_t>& ids) {
-    Dev<uint8_t> b(*w.bytes);
+    Dev<uint8_t> b(device_bytes(w));
     Dev<int32_t> d_ids(ids);
     Dev<float> out(ids.size() * size_t(w.cols));
     poison(out);
@@ -84,7 +92,7 @@ std::vector<float> get_rows(const HostWeight& w, const std::vector<int32_t>& ids
 }
 
 std::vector<float> matvec(const HostWeight& w, const std::vector<float>& x, const std::vector<float>* y0) {
-    Dev<uint8_t> b(*w.bytes);
+    Dev<uint8_t> b(device_bytes(w));
     Dev<float> dx(x);
     Dev<float> y(size_t(w.rows));
     if (y0)
@@ -96,7 +104,7 @@ std::vector<float> matvec(const HostWeight& w, const std::vector<float>& x, cons
 }
 
 std::vector<float> matvec_batch(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0) {
-    Dev<uint8_t> b(*w.bytes);
+    Dev<uint8_t> b(device_bytes(w));
     Dev<float> dx(x);
     Dev<float> y(size_t(n) * size_t(w.rows));
     if (y0)
@@ -108,7 +116,7 @@ std::vector<float> matvec_batch(const HostWeight& w, const std::vector<float>& x
 }
 
 std::vector<float> matvec_int(const HostWeight& w, const std::vector<float>& x) {
-    Dev<uint8_t> b(*w.bytes);
+    Dev<uint8_t> b(device_bytes(w));
     Dev<float> dx(x), y(size_t(w.rows));
     Dev<ActBlock> xq(x.size() / 32);
     poison(y);
@@ -118,7 +126,7 @@ std::vector<float> matvec_int(const HostWeight& w, const std::vector<float>& x) 
 }
 
 std::vector<float> matvec_glu_int(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x) {
-    Dev<uint8_t> g(*gate.bytes), u(*up.bytes);
+    Dev<uint8_t> g(device_bytes(gate)), u(device_bytes(up));
     Dev<float> dx(x), y(size_t(gate.rows));
     Dev<ActBlock> xq(x.size() / 32);
     poison(y);
@@ -128,7 +136,7 @@ std::vector<float> matvec_glu_int(const HostWeight& gate, const HostWeight& up, 
 }
 
 std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x) {
-    Dev<uint8_t> g(*gate.bytes), u(*up.bytes);
+    Dev<uint8_t> g(device_bytes(gate)), u(device_bytes(up));
     Dev<float> dx(x), y(size_t(gate.rows));
     poison(y);
     kvgen::cuda::matvec_glu(y.p, dev_weight(gate, g), dev_weight(up, u), dx.p, nullptr);
@@ -137,7 +145,7 @@ std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, cons
 
 std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0) {
     // The backend's prefill product: activations to f16, then gemm_weight (chunks of rows decoded into the scratch).
-    Dev<uint8_t> b(*w.bytes);
+    Dev<uint8_t> b(device_bytes(w));
     Dev<float> dx(x);
     Dev<__half> xh(x.size()), wh(size_t(std::max<int64_t>(1, gemm_scratch_elems(w.type, w.rows, w.cols))));
     to_f16(xh.p, dx.p, int64_t(x.size()), nullptr);
@@ -169,10 +177,12 @@ std::vector<float> rmsnorm_quantized(const std::vector<float>& x, const std::vec
     Dev<float> dx(x), dw(w), out(x.size());
     Dev<ActBlock> xq(x.size() / 32);
     kvgen::cuda::rmsnorm(out.p, xq.p, dx.p, dw.p, n, dim, eps, nullptr);
-    std::vector<float> result = out.get();  // the f32 rows, then each block as d, s, q[0..31]
+    std::vector<float> result = out.get();  // the f32 rows, then each block as d, s, h[0], h[1], q[0..31]
     for (const ActBlock& a : xq.get()) {
         result.push_back(a.d);
         result.push_back(float(a.s));
+        result.push_back(float(a.h[0]));
+        result.push_back(float(a.h[1]));
         for (int16_t q : a.q) result.push_back(float(q));
     }
     return result;
@@ -185,7 +195,7 @@ std::vector<float> swiglu(const std::vector<float>& gate, const std::vector<floa
 }
 
 std::vector<float> matvec_qkv(const HostWeight& w, const std::vector<float>& x, int64_t q_rows, int64_t k_rows) {
-    Dev<uint8_t> b(*w.bytes);
+    Dev<uint8_t> b(device_bytes(w));
     Dev<float> dx(x), q{size_t(q_rows)}, k{size_t(k_rows)}, v{size_t(w.rows - q_rows - k_rows)};
     poison(q);
     poison(k);

@@ -33,16 +33,31 @@ float butterfly_sum(float (&v)[32]) {
     }
     return v[0];
 }
+
+// A weight's rows in the device layout (weight_layout.h), in 16-byte aligned memory like a device allocation.
+struct DeviceRows {
+    std::vector<uint4> mem;
+    const uint8_t* p = nullptr;
+    int64_t row_bytes = 0;
+};
+DeviceRows device_rows(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols) {
+    DeviceRows d;
+    d.row_bytes = device_row_bytes(type, cols);
+    d.mem.resize(size_t((rows * d.row_bytes + 15) / 16));
+    to_device_rows(type, bytes, rows, cols, reinterpret_cast<uint8_t*>(d.mem.data()));
+    d.p = reinterpret_cast<const uint8_t*>(d.mem.data());
+    return d;
+}
 }  // namespace
 
 std::vector<float> dequantize(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols) {
     std::vector<float> out(size_t(rows * cols));
-    const GgmlTypeInfo* info = ggml_type_info(type);
-    const int64_t row_bytes = ggml_row_bytes(*info, cols);
+    const DeviceRows dev = device_rows(type, bytes, rows, cols);
+    const int64_t row_bytes = dev.row_bytes;
     if (cols % 32 != 0) {  // dequantize_ragged_kernel's item
         if (!is_float_type(type)) throw Error("rows that are not whole blocks");
         for (int64_t g = 0; g < rows * cols; ++g)
-            out[size_t(g)] = float_weight(type, bytes + (g / cols) * row_bytes, g % cols);
+            out[size_t(g)] = float_weight(type, dev.p + (g / cols) * row_bytes, g % cols);
         return out;
     }
     const bool ok = dispatch_type(type, [&](auto tag) {
@@ -50,7 +65,7 @@ std::vector<float> dequantize(GgmlType type, const uint8_t* bytes, int64_t rows,
         for (int64_t r = 0; r < rows; ++r)
             for (int64_t c = 0; c < cols / 32; ++c) {
                 float w[32];
-                row_chunk<T>(bytes + r * row_bytes, c, w);
+                row_chunk<T>(dev.p + r * row_bytes, c, cols / 32, w);
                 std::copy(w, w + 32, out.begin() + r * cols + c * 32);
             }
     });
@@ -61,13 +76,14 @@ std::vector<float> dequantize(GgmlType type, const uint8_t* bytes, int64_t rows,
 std::vector<float> matvec(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                           const std::vector<float>& x) {
     std::vector<float> y(size_t(rows), NAN);
-    const int64_t row_bytes = ggml_row_bytes(*ggml_type_info(type), cols);
+    const DeviceRows dev = device_rows(type, bytes, rows, cols);
+    const int64_t row_bytes = dev.row_bytes;
     if (cols % 32 != 0) {  // matvec_ragged_kernel: a warp per row
         if (!is_float_type(type)) throw Error("rows that are not whole blocks");
         for (int64_t r = 0; r < rows; ++r) {
             float v[32];
             for (int lane = 0; lane < 32; ++lane)
-                v[lane] = matvec_ragged_lane(type, bytes + r * row_bytes, cols, lane, x.data());
+                v[lane] = matvec_ragged_lane(type, dev.p + r * row_bytes, cols, lane, x.data());
             y[size_t(r)] = butterfly_sum(v);
         }
         return y;
@@ -77,7 +93,7 @@ std::vector<float> matvec(GgmlType type, const uint8_t* bytes, int64_t rows, int
         for (int64_t r0 = 0; r0 < rows; r0 += kMvRows) {
             float lanes[32][kMvRows];
             for (int lane = 0; lane < 32; ++lane)
-                matvec_lane<T>(bytes, row_bytes, cols / 32, rows, r0, lane, x.data(), lanes[lane]);
+                matvec_lane<T>(dev.p, row_bytes, cols / 32, rows, r0, lane, x.data(), lanes[lane]);
             for (int r = 0; r < kMvRows && r0 + r < rows; ++r) {
                 float v[32];
                 for (int lane = 0; lane < 32; ++lane) v[lane] = lanes[lane][r];
@@ -100,45 +116,83 @@ std::vector<ActBlock> act_blocks(const std::vector<float>& x) {
 std::vector<HostActBlock> quantize_act(const std::vector<float>& x) {
     std::vector<HostActBlock> out;
     for (const ActBlock& a : act_blocks(x)) {
-        HostActBlock h{a.d, a.s, {}};
+        HostActBlock h{a.d, a.s, {a.h[0], a.h[1]}, {}};
         std::copy(a.q, a.q + 32, h.q);
         out.push_back(h);
     }
     return out;
 }
 
-std::vector<float> matvec_int(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
-                              const std::vector<float>& x) {
-    std::vector<float> y(size_t(rows), NAN);
+namespace {
+// matvec_int_kernel's and matvec_glu_int_kernel's blocks: every thread's share (matvec_int_thread), then
+// block_rows_sum's order; out[m][row] for the NM matrices.
+template <int NM, int R>
+std::vector<std::vector<float>> matvec_int_blocks(GgmlType type, const uint8_t* const (&bytes)[NM], int64_t rows,
+                                                  int64_t cols, const std::vector<float>& x) {
+    std::vector<std::vector<float>> y(NM, std::vector<float>(size_t(rows), NAN));
     const std::vector<ActBlock> a = act_blocks(x);
-    const int64_t row_bytes = ggml_row_bytes(*ggml_type_info(type), cols);
+    std::vector<DeviceRows> dev;
+    const uint8_t* p[NM];
+    for (int m = 0; m < NM; ++m) dev.push_back(device_rows(type, bytes[m], rows, cols));
+    for (int m = 0; m < NM; ++m) p[m] = dev[size_t(m)].p;
     const bool ok = dispatch_int_type(type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
-        for (int64_t r0 = 0; r0 < rows; r0 += kMvRows) {
-            float lanes[32][kMvRows];
-            for (int lane = 0; lane < 32; ++lane)
-                matvec_int_lane<T>(bytes, row_bytes, cols / 32, rows, r0, lane, a.data(), lanes[lane]);
-            for (int r = 0; r < kMvRows && r0 + r < rows; ++r) {
-                float v[32];
-                for (int lane = 0; lane < 32; ++lane) v[lane] = lanes[lane][r];
-                y[size_t(r0 + r)] = butterfly_sum(v);
+        for (int64_t r0 = 0; r0 < rows; r0 += R) {
+            std::vector<std::array<std::array<float, R>, NM>> acc(kMviThreads);
+            for (int t = 0; t < kMviThreads; ++t) {
+                float share[NM][R];
+                matvec_int_thread<T, NM, R>(p, dev[0].row_bytes, int(cols / 32), rows, r0, t, a.data(), share);
+                for (int m = 0; m < NM; ++m)
+                    for (int r = 0; r < R; ++r) acc[size_t(t)][size_t(m)][size_t(r)] = share[m][r];
             }
+            for (int m = 0; m < NM; ++m)
+                for (int r = 0; r < R && r0 + r < rows; ++r) {
+                    float sum = 0.0f;
+                    for (int wp = 0; wp < kMviWarps; ++wp) {
+                        float v[32];
+                        for (int lane = 0; lane < 32; ++lane)
+                            v[lane] = acc[size_t(32 * wp + lane)][size_t(m)][size_t(r)];
+                        const float ws = butterfly_sum(v);
+                        sum = wp == 0 ? ws : sum + ws;
+                    }
+                    y[size_t(m)][size_t(r0 + r)] = sum;
+                }
         }
     });
     if (!ok) throw Error(fmt::format("no integer product for {}", ggml_type_name(type)));
+    return y;
+}
+}  // namespace
+
+std::vector<float> matvec_int(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
+                              const std::vector<float>& x) {
+    const uint8_t* const w[1] = {bytes};
+    return matvec_int_blocks<1, kMviRows>(type, w, rows, cols, x)[0];
+}
+
+std::vector<float> matvec_glu_int(GgmlType type, const uint8_t* gate, const uint8_t* up, int64_t rows, int64_t cols,
+                                  const std::vector<float>& x) {
+    const uint8_t* const w[2] = {gate, up};
+    const std::vector<std::vector<float>> gu = matvec_int_blocks<2, kMviGluRows>(type, w, rows, cols, x);
+    std::vector<float> y(static_cast<size_t>(rows));
+    for (size_t r = 0; r < y.size(); ++r) {
+        const float gs = gu[0][r], us = gu[1][r];
+        y[r] = gs / (1.0f + std::exp(-gs)) * us;
+    }
     return y;
 }
 
 std::vector<float> matvec_batch(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                                 const std::vector<float>& x, int n) {
     std::vector<float> y(size_t(n) * size_t(rows), NAN);
-    const int64_t row_bytes = ggml_row_bytes(*ggml_type_info(type), cols);
+    const DeviceRows dev = device_rows(type, bytes, rows, cols);
+    const int64_t row_bytes = dev.row_bytes;
     const bool ok = dispatch_type(type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
         for (int64_t r0 = 0; r0 < rows; r0 += kMvRows) {
             float lanes[32][kMvRows][kMvMaxTokens];
             for (int lane = 0; lane < 32; ++lane)
-                matvec_batch_lane<T, kMvMaxTokens>(bytes, row_bytes, cols / 32, cols, rows, r0, lane, x.data(), n,
+                matvec_batch_lane<T, kMvMaxTokens>(dev.p, row_bytes, cols / 32, cols, rows, r0, lane, x.data(), n,
                                                    lanes[lane]);
             for (int r = 0; r < kMvRows && r0 + r < rows; ++r)
                 for (int i = 0; i < n; ++i) {
@@ -347,7 +401,8 @@ void run_grid(int gx, int gy, int threads, size_t shared_floats, Body body) {
 }  // namespace
 
 std::vector<float> dequantize_rows(GgmlType type, const uint8_t* bytes, int64_t cols, int64_t r0, int64_t n_rows) {
-    const int64_t row_bytes = ggml_row_bytes(*ggml_type_info(type), cols), cpr = cols / 32, n_chunks = n_rows * cpr;
+    const DeviceRows dev = device_rows(type, bytes, r0 + n_rows, cols);
+    const int64_t row_bytes = dev.row_bytes, cpr = cols / 32, n_chunks = n_rows * cpr;
     // 16-byte aligned, as the kernel's stores need; poisoned (all-ones halves are NaN) so a missed store shows
     std::vector<uint4> raw(size_t((n_rows * cols + 7) / 8), make_uint4(~0u, ~0u, ~0u, ~0u));
     __half* out = reinterpret_cast<__half*>(raw.data());
@@ -355,7 +410,7 @@ std::vector<float> dequantize_rows(GgmlType type, const uint8_t* bytes, int64_t 
         constexpr GgmlType T = decltype(tag)::value;
         const int blocks = int((n_chunks + kDqThreads - 1) / kDqThreads);
         run_grid(blocks, 1, kDqThreads, size_t(kDqShared), [&](const HostThread& t) {
-            dequantize_rows_body<T>(t, bytes, row_bytes, cpr, r0, n_chunks, out);
+            dequantize_rows_body<T>(t, dev.p, row_bytes, cpr, r0, n_chunks, out);
         });
     });
     if (!ok) throw Error(fmt::format("no device decoder for {}", ggml_type_name(type)));
@@ -508,6 +563,8 @@ std::vector<float> rmsnorm_quantized(const std::vector<float>& x, const std::vec
     for (const ActBlock& a : xq) {
         out.push_back(a.d);
         out.push_back(float(a.s));
+        out.push_back(float(a.h[0]));
+        out.push_back(float(a.h[1]));
         for (int16_t q : a.q) out.push_back(float(q));
     }
     return out;
@@ -567,17 +624,18 @@ std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos
 std::vector<float> get_rows(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                             const std::vector<int32_t>& ids) {
     std::vector<float> out(ids.size() * size_t(cols), NAN);
-    const int64_t cpr = cols / 32, row_bytes = ggml_row_bytes(*ggml_type_info(type), cols);
+    const DeviceRows dev = device_rows(type, bytes, rows, cols);
+    const int64_t cpr = cols / 32, row_bytes = dev.row_bytes;
     if (cols % 32 != 0) {  // get_rows_ragged_kernel's item (the ids here are in range)
         if (!is_float_type(type)) throw Error("rows that are not whole blocks");
         for (int64_t g = 0; g < int64_t(ids.size()) * cols; ++g)
-            out[size_t(g)] = float_weight(type, bytes + ids[size_t(g / cols)] * row_bytes, g % cols);
+            out[size_t(g)] = float_weight(type, dev.p + ids[size_t(g / cols)] * row_bytes, g % cols);
         return out;
     }
     const bool ok = dispatch_type(type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
         for (int64_t g = 0; g < int64_t(ids.size()) * cpr; ++g)
-            get_rows_item<T>(g, bytes, row_bytes, cpr, rows, ids.data(), out.data());
+            get_rows_item<T>(g, dev.p, row_bytes, cpr, rows, ids.data(), out.data());
     });
     if (!ok) throw Error(fmt::format("no device decoder for {}", ggml_type_name(type)));
     return out;

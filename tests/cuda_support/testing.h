@@ -52,7 +52,8 @@ std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n,
 
 std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps);
 std::vector<float> swiglu(const std::vector<float>& gate, const std::vector<float>& up);
-// rmsnorm with the quantization folded in: the f32 rows [n][dim], then each ActBlock as d, s, q[0..31] (34 floats).
+// rmsnorm with the quantization folded in: the f32 rows [n][dim], then each ActBlock as d, s, h[0], h[1], q[0..31]
+// (36 floats).
 std::vector<float> rmsnorm_quantized(const std::vector<float>& x, const std::vector<float>& w, int n, int dim,
                                      float eps);
 // W x through matvec_split with rows [0, q_rows) to one buffer, the next k_rows to a second and the rest to a third,
@@ -91,16 +92,21 @@ namespace kvgen::cuda::host {
 std::vector<float> dequantize(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols);
 // y = W x with the kernel's lane split (32 lanes, stride 32 chunks, kMvRows rows per warp) and a butterfly sum.
 std::vector<float> matvec(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols, const std::vector<float>& x);
-// The activation blocks quantize_act writes for x (a multiple of 32 values): per block d, the sum and 32 int16.
+// The activation blocks quantize_act writes for x (a multiple of 32 values): per block d, the sum, the sums of each
+// half and 32 int16.
 struct HostActBlock {
     float d;
     int32_t s;
+    int32_t h[2];
     int16_t q[32];
 };
 std::vector<HostActBlock> quantize_act(const std::vector<float>& x);
-// y = W x in integers with matvec_int_lane's split and the butterfly sum (Q4_0, Q8_0, Q4_K, Q6_K).
+// y = W x in integers with matvec_int_kernel's blocks and their sums (Q4_0, Q8_0, Q4_K, Q6_K).
 std::vector<float> matvec_int(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                               const std::vector<float>& x);
+// y = silu(gate x) * (up x) with matvec_glu_int_kernel's blocks (two rows of each matrix per block).
+std::vector<float> matvec_glu_int(GgmlType type, const uint8_t* gate, const uint8_t* up, int64_t rows, int64_t cols,
+                                  const std::vector<float>& x);
 // [n][rows] = x[n][cols] . W^T with the short-prompt kernel's lane body (matvec_batch_lane, NT = 16).
 std::vector<float> matvec_batch(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                                 const std::vector<float>& x, int n);
