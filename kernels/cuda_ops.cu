@@ -98,6 +98,7 @@ private:
     int n_batch_, n_logits_, splits_;
     bool graphs_;
     bool int_matvec_;  // Settings::cuda_int_matvec
+    bool pdl_;         // Settings::cuda_pdl on a device that has it (sm_90 and later)
     bool flash_;       // Settings::cuda_flash_attention
     // The step begin() announced: its first position, and whether it writes the last of the first kKvOffsetPositions
     // rows of a K with offsets and so sets them (engine/kv_offset.h).
@@ -129,8 +130,12 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
       n_logits_(s.logits_rows(kv_.n_ctx)),
       graphs_(s.cuda_graphs),
       int_matvec_(s.cuda_int_matvec),
+      pdl_(false),
       flash_(s.cuda_flash_attention) {
     KVGEN_CUDA_CHECK(cudaSetDevice(device_));
+    int major = 0;
+    KVGEN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
+    pdl_ = s.cuda_pdl && major >= 9;
     splits_ = attention_splits(c_.n_heads, kv_, sm_count_of(device_));
     const MemoryPlan p =
         plan_memory(model, kv_, n_batch_, n_logits_, attention_partials(c_.n_heads, c_.head_dim, splits_));
@@ -252,7 +257,7 @@ const ActBlock* CudaOps::quantized(const float* in, int64_t count) {
 
 void CudaOps::proj(float* out, const DevWeight& w, const float* in, int n, bool accumulate) {
     if (n == 1 && use_int(w)) {
-        matvec_int(RowSplit::one(out, w.rows), w, quantized(in, w.cols), accumulate, stream_);
+        matvec_int(RowSplit::one(out, w.rows), w, quantized(in, w.cols), accumulate, pdl_, stream_);
         return;
     }
     if (n == 1) {
@@ -284,7 +289,7 @@ void CudaOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int 
         const int64_t qd = L.wq.rows, kvd = L.wk.rows;
         const RowSplit qkv{{q, k, v}, {qd, qd + kvd}};
         if (in_int)
-            matvec_int(qkv, L.qkv, xq_, false, stream_);  // xq_: quantized by the norm
+            matvec_int(qkv, L.qkv, xq_, false, pdl_, stream_);  // xq_: quantized by the norm
         else
             matvec_split(qkv, L.qkv, xn_, stream_);
         return;
@@ -295,17 +300,17 @@ void CudaOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int 
 }
 
 void CudaOps::rope_store_kv(float* q, float* k, const float* v, int l, int n) {
-    rope(q, cos_, sin_, n, c_.n_heads, c_.head_dim, c_.rope_dim, stream_);
-    // K is rotated on its way into the cache. The key offsets follow from the first kKvOffsetPositions rows as stored
-    // and are taken from every row past them: a step that writes the last of those rows stores the rows before it,
-    // sets the layer's offsets, then stores the rest.
+    // Q is rotated, and K on its way into the cache, in one launch. The key offsets follow from the first
+    // kKvOffsetPositions rows as stored and are taken from every row past them: a step that writes the last of those
+    // rows stores the rows before it, sets the layer's offsets, then stores the rest (with Q).
     const int split = sets_offsets_ ? kKvOffsetPositions - pos0_ : 0;
     if (split > 0) {
         store_kv(layer_k(l), layer_v(l), k, v, cos_, sin_, layer_offsets(l), d_step_, 0, split, kv_, c_.rope_dim,
                  stream_);
         kv_offsets(layer_offsets(l), layer_k(l), 1, kv_, stream_);
     }
-    store_kv(layer_k(l), layer_v(l), k, v, cos_, sin_, layer_offsets(l), d_step_, split, n, kv_, c_.rope_dim, stream_);
+    kvgen::cuda::rope_store_kv(q, layer_k(l), layer_v(l), k, v, cos_, sin_, layer_offsets(l), d_step_, split, n,
+                               c_.n_heads, kv_, c_.rope_dim, stream_);
 }
 
 void CudaOps::attention(float* out, const float* q, int l, int n) {
@@ -332,7 +337,7 @@ void CudaOps::norm_swiglu(float* h, const float* x, int l, int n) {
     rmsnorm(xn_, in_int ? xq_ : nullptr, x, L.ffn_norm, n, c_.n_embd, c_.rms_eps, stream_);
     if (fused) {
         if (in_int)
-            matvec_glu_int(h, L.gate, L.up, xq_, stream_);  // xq_: quantized by the norm
+            matvec_glu_int(h, L.gate, L.up, xq_, pdl_, stream_);  // xq_: quantized by the norm
         else
             matvec_glu(h, L.gate, L.up, xn_, stream_);
         return;
@@ -354,7 +359,7 @@ void CudaOps::head(float* logits, const float* x, int n) {
     }
     if (use_int(w_.output)) {
         rmsnorm(xn_, xq_, x, w_.output_norm, 1, c_.n_embd, c_.rms_eps, stream_);
-        matvec_int(RowSplit::one(logits, w_.output.rows), w_.output, xq_, false, stream_);
+        matvec_int(RowSplit::one(logits, w_.output.rows), w_.output, xq_, false, pdl_, stream_);
         return;
     }
     rmsnorm(xn_, nullptr, x, w_.output_norm, 1, c_.n_embd, c_.rms_eps, stream_);

@@ -36,6 +36,21 @@ KVGEN_HD int act_quant(float v, float id) {
     return int(r > kActQMax ? kActQMax : r < -kActQMax ? -kActQMax : r);
 }
 
+// Programmatic dependent launch (sm_90; a launch attribute, see ops.cu): a kernel launched with it may start while
+// the kernel before it in the stream still runs, and must call pdl_wait before it reads anything that kernel (or an
+// earlier one) wrote, or writes anything they read; a kernel calls pdl_trigger to let such a successor start before
+// it ends. No-ops on older devices and on the host.
+KVGEN_HD void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+KVGEN_HD void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Block b of x (32 values).
 KVGEN_HD void quantize_act_item(int64_t b, const float* __restrict__ x, ActBlock* __restrict__ out) {
     const float* xb = x + b * 32;
@@ -295,18 +310,29 @@ KVGEN_HD void matvec_int_thread(const uint8_t* const (&w)[NM], int64_t row_bytes
             row[m][r] = w[m] + (r0 + r < rows ? r0 + r : rows - 1) * row_bytes;
             acc[m][r] = 0.0f;
         }
-    for (int u = t; u < n_units; u += kMviThreads) {  // offsets inside a row in 32 bits
-        UnitWeights<T> wu[NM][R];
+    // The first unit's weights are loaded before pdl_wait: they depend on no kernel, so under programmatic launch
+    // they stream in while the kernel that writes x still runs. Offsets inside a row are 32-bit.
+    int u = t;
+    UnitWeights<T> wu[NM][R];
+    if (u < n_units)
 #pragma unroll
         for (int m = 0; m < NM; ++m)
 #pragma unroll
             for (int r = 0; r < R; ++r) load_unit(row[m][r], u, n_units, wu[m][r]);
+    pdl_wait();
+    while (u < n_units) {
         UnitActs a;
         load_unit_acts<T>(x, u, a);
 #pragma unroll
         for (int m = 0; m < NM; ++m)
 #pragma unroll
             for (int r = 0; r < R; ++r) acc[m][r] += unit_dot(wu[m][r], u, a);
+        u += kMviThreads;
+        if (u < n_units)
+#pragma unroll
+            for (int m = 0; m < NM; ++m)
+#pragma unroll
+                for (int r = 0; r < R; ++r) load_unit(row[m][r], u, n_units, wu[m][r]);
     }
 }
 

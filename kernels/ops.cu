@@ -176,6 +176,7 @@ __global__ void __launch_bounds__(kMvWarps* kWarp)
 // --- decode products in integers (matvec_int.cuh) ------------------------------------------------------------------
 
 __global__ void quantize_act_kernel(const float* __restrict__ x, int64_t n_blocks, ActBlock* __restrict__ out) {
+    pdl_trigger();  // the product that reads out may start loading its weights
     const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (b < n_blocks) quantize_act_item(b, x, out);
 }
@@ -255,6 +256,7 @@ __global__ void __launch_bounds__(kMvWarps* kWarp)
 
 __global__ void rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,
                                ActBlock* __restrict__ xq, int dim, float eps) {
+    pdl_trigger();  // the product that reads xq may start loading its weights
     __shared__ float part[32];
     rmsnorm_body(DeviceThread{part}, int(blockDim.x), x, w, out, xq, dim, eps);
 }
@@ -272,21 +274,44 @@ __global__ void rope_kernel(float* __restrict__ x, const float* __restrict__ cos
     if (g < int64_t(n) * n_heads * half) rope_item(g, x, cos_t, sin_t, n_heads, head_dim, half);
 }
 
-__global__ void store_kv_kernel(const float* __restrict__ k, const float* __restrict__ v,
+// The query's RoPE, folded into a K/V store's launch: the grid's first `blocks` blocks rotate q (rope_item; q null:
+// none), the rest store. n tokens of n_heads heads of head_dim.
+struct QRope {
+    float* q = nullptr;
+    int n_heads = 0, head_dim = 0;
+    unsigned blocks = 0;
+};
+// Whether block b rotates q (done here), else b becomes the store's own block index.
+__device__ __forceinline__ bool rope_q_block(const QRope& qr, unsigned* b, const float* __restrict__ cos_t,
+                                             const float* __restrict__ sin_t, int n, int half_rope) {
+    if (*b >= qr.blocks) {
+        *b -= qr.blocks;
+        return false;
+    }
+    const int64_t g = int64_t(*b) * blockDim.x + threadIdx.x;
+    if (g < int64_t(n) * qr.n_heads * half_rope) rope_item(g, qr.q, cos_t, sin_t, qr.n_heads, qr.head_dim, half_rope);
+    return true;
+}
+
+__global__ void store_kv_kernel(QRope qr, const float* __restrict__ k, const float* __restrict__ v,
                                 const float* __restrict__ cos_t, const float* __restrict__ sin_t, int n,
                                 const int* __restrict__ d_pos0, KvLayout kv, int half_rope, __half* __restrict__ kc,
                                 __half* __restrict__ vc) {
-    const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    unsigned b = blockIdx.x;
+    if (rope_q_block(qr, &b, cos_t, sin_t, n, half_rope)) return;
+    const int64_t g = int64_t(b) * blockDim.x + threadIdx.x;
     if (g < int64_t(n) * kv.n_kv_heads * (kv.head_dim / 2))
         store_kv_item(g, k, v, cos_t, sin_t, d_pos0, kv, half_rope, kc, vc);
 }
 
-__global__ void store_kv_rows_kernel(const float* __restrict__ k, const float* __restrict__ v,
+__global__ void store_kv_rows_kernel(QRope qr, const float* __restrict__ k, const float* __restrict__ v,
                                      const float* __restrict__ cos_t, const float* __restrict__ sin_t,
                                      const float* __restrict__ k_offsets, const int* __restrict__ d_pos0, int i0,
                                      int n, KvLayout kv, int half_rope, uint8_t* __restrict__ kc,
                                      uint8_t* __restrict__ vc) {
-    const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    unsigned b = blockIdx.x;
+    if (rope_q_block(qr, &b, cos_t, sin_t, i0 + n, half_rope)) return;
+    const int64_t g = int64_t(b) * blockDim.x + threadIdx.x;
     if (g < int64_t(n) * kv.n_kv_heads * 2)
         store_kv_row_item(g, k, v, cos_t, sin_t, k_offsets, d_pos0, i0, kv, half_rope, kc, vc);
 }
@@ -442,21 +467,42 @@ void quantize_act(ActBlock* out, const float* x, int64_t count, cudaStream_t s) 
     KVGEN_CUDA_LAUNCHED("quantize_act");
 }
 
-void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, bool accumulate, cudaStream_t s) {
+namespace {
+// A kernel launch, with programmatic dependent launch when pdl (sm_90: the kernel may start before the one before it
+// in the stream ends, and waits in pdl_wait; captured into graphs as a programmatic edge).
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), unsigned grid, unsigned block, bool pdl, cudaStream_t s, Args... args) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(block);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    KVGEN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, Params(args)...));
+}
+}  // namespace
+
+void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, bool accumulate, bool pdl,
+                cudaStream_t s) {
     const bool ok = int_matvec_ok(w) && dispatch_int_type(w.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
-        matvec_int_kernel<T><<<grid_for(w.rows, kMviRows), kMviThreads, 0, s>>>(
-            w.data, w.row_bytes, int(w.cols / 32), w.rows, x, y, accumulate ? 1 : 0);
+        launch(matvec_int_kernel<T>, grid_for(w.rows, kMviRows), kMviThreads, pdl, s, w.data, w.row_bytes,
+               int(w.cols / 32), w.rows, x, y, accumulate ? 1 : 0);
     });
     if (!ok) throw Error(fmt::format("CUDA: no integer product for {}", ggml_type_name(w.type)));
     KVGEN_CUDA_LAUNCHED("matvec_int");
 }
 
-void matvec_glu_int(float* y, const DevWeight& gate, const DevWeight& up, const ActBlock* x, cudaStream_t s) {
+void matvec_glu_int(float* y, const DevWeight& gate, const DevWeight& up, const ActBlock* x, bool pdl,
+                    cudaStream_t s) {
     const bool ok = glu_fusable(gate, up) && int_matvec_ok(gate) && dispatch_int_type(gate.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
-        matvec_glu_int_kernel<T><<<grid_for(gate.rows, kMviGluRows), kMviThreads, 0, s>>>(
-            gate.data, up.data, gate.row_bytes, int(gate.cols / 32), gate.rows, x, y);
+        launch(matvec_glu_int_kernel<T>, grid_for(gate.rows, kMviGluRows), kMviThreads, pdl, s, gate.data, up.data,
+               gate.row_bytes, int(gate.cols / 32), gate.rows, x, y);
     });
     if (!ok) throw Error(fmt::format("CUDA: no fused integer SwiGLU for {}", ggml_type_name(gate.type)));
     KVGEN_CUDA_LAUNCHED("matvec_glu_int");
@@ -530,26 +576,46 @@ bool kv_cache_supported(const KvLayout& kv) {
     return ok(kv.k_type) && ok(kv.v_type);
 }
 
-void store_kv(uint8_t* k_cache, uint8_t* v_cache, const float* k, const float* v, const float* cos_t,
-              const float* sin_t, const float* k_offsets, const int* d_pos0, int i0, int i1, const KvLayout& kv,
-              int rope_dim, cudaStream_t s) {
+namespace {
+// store_kv, with q's RoPE in the same launch when qr.q is set (qr.blocks are filled in here).
+void store_kv_launch(QRope qr, uint8_t* k_cache, uint8_t* v_cache, const float* k, const float* v,
+                     const float* cos_t, const float* sin_t, const float* k_offsets, const int* d_pos0, int i0, int i1,
+                     const KvLayout& kv, int rope_dim, cudaStream_t s) {
     KVGEN_ASSERT(kv_cache_supported(kv) && 0 <= i0 && i0 <= i1);
     KVGEN_ASSERT((k_offsets != nullptr) == kv.k_offsets());
     const int n = i1 - i0;
     if (n == 0) return;
+    const int threads = kv.quantized() ? 64 : 256;
+    // note: q is rotated for all i1 tokens, in the launch that stores the last part
+    if (qr.q) qr.blocks = grid_for(int64_t(i1) * qr.n_heads * (rope_dim / 2), threads);
     if (kv.quantized()) {  // a thread per row: RoPE, the rotation of kv_rotation.h, the key offset, the blocks
         const int64_t items = int64_t(n) * kv.n_kv_heads * 2;
-        store_kv_rows_kernel<<<grid_for(items, 64), 64, 0, s>>>(k, v, cos_t, sin_t, k_offsets, d_pos0, i0, n, kv,
-                                                                  rope_dim / 2, k_cache, v_cache);
+        store_kv_rows_kernel<<<qr.blocks + grid_for(items, threads), threads, 0, s>>>(
+            qr, k, v, cos_t, sin_t, k_offsets, d_pos0, i0, n, kv, rope_dim / 2, k_cache, v_cache);
         KVGEN_CUDA_LAUNCHED("store_kv_rows");
         return;
     }
     KVGEN_ASSERT(i0 == 0);  // only a step over K with offsets is stored in parts
     const int64_t items = int64_t(n) * kv.n_kv_heads * (kv.head_dim / 2);
-    store_kv_kernel<<<grid_for(items, 256), 256, 0, s>>>(k, v, cos_t, sin_t, n, d_pos0, kv, rope_dim / 2,
-                                                         reinterpret_cast<__half*>(k_cache),
-                                                         reinterpret_cast<__half*>(v_cache));
+    store_kv_kernel<<<qr.blocks + grid_for(items, threads), threads, 0, s>>>(
+        qr, k, v, cos_t, sin_t, n, d_pos0, kv, rope_dim / 2, reinterpret_cast<__half*>(k_cache),
+        reinterpret_cast<__half*>(v_cache));
     KVGEN_CUDA_LAUNCHED("store_kv");
+}
+}  // namespace
+
+void store_kv(uint8_t* k_cache, uint8_t* v_cache, const float* k, const float* v, const float* cos_t,
+              const float* sin_t, const float* k_offsets, const int* d_pos0, int i0, int i1, const KvLayout& kv,
+              int rope_dim, cudaStream_t s) {
+    store_kv_launch(QRope{}, k_cache, v_cache, k, v, cos_t, sin_t, k_offsets, d_pos0, i0, i1, kv, rope_dim, s);
+}
+
+void rope_store_kv(float* q, uint8_t* k_cache, uint8_t* v_cache, const float* k, const float* v, const float* cos_t,
+                   const float* sin_t, const float* k_offsets, const int* d_pos0, int i0, int i1, int n_heads,
+                   const KvLayout& kv, int rope_dim, cudaStream_t s) {
+    KVGEN_ASSERT(cos_t != nullptr);
+    store_kv_launch(QRope{q, n_heads, kv.head_dim, 0}, k_cache, v_cache, k, v, cos_t, sin_t, k_offsets, d_pos0, i0,
+                    i1, kv, rope_dim, s);
 }
 
 void kv_offsets(float* k_offsets, const uint8_t* k_cache, int n_layers, const KvLayout& kv, cudaStream_t s) {

@@ -42,12 +42,15 @@ void matvec_split(const RowSplit& y, const DevWeight& w, const float* x, cudaStr
 
 // One token's product in integers (matvec_int.cuh) for the types int_matvec_ok accepts: x is first quantized to
 // 16-bit activation blocks (count values, a multiple of 32, into count / 32 ActBlocks), then y (+)= W x through a
-// RowSplit. Twins: cpu::quantize_a32 and the double-precision product of the dequantized rows.
+// RowSplit. pdl: launched as a programmatic dependent launch (sm_90 only), so that its weights start streaming while
+// the kernel before it (the norm or quantize_act that writes x, which let it start) still runs. Twins:
+// cpu::quantize_a32 and the double-precision product of the dequantized rows.
 bool int_matvec_ok(const DevWeight& w);
 void quantize_act(ActBlock* out, const float* x, int64_t count, cudaStream_t s);
-void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, bool accumulate, cudaStream_t s);
+void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, bool accumulate, bool pdl, cudaStream_t s);
 // y[r] = silu(gate[r] . x) * (up[r] . x) in integers (glu_fusable and int_matvec_ok).
-void matvec_glu_int(float* y, const DevWeight& gate, const DevWeight& up, const ActBlock* x, cudaStream_t s);
+void matvec_glu_int(float* y, const DevWeight& gate, const DevWeight& up, const ActBlock* x, bool pdl,
+                    cudaStream_t s);
 
 // y[i][r] = W[r] . x[i] (+= when accumulate) for n tokens, 1 <= n <= kMvMaxTokens (16): each weight read once for
 // all of them (a short prompt's prefill). Twin: a double-precision dot of the dequantized row, per token.
@@ -81,6 +84,11 @@ bool kv_cache_supported(const KvLayout& kv);
 void store_kv(uint8_t* k_cache, uint8_t* v_cache, const float* k, const float* v, const float* cos_t,
               const float* sin_t, const float* k_offsets, const int* d_pos0, int i0, int i1, const KvLayout& kv,
               int rope_dim, cudaStream_t s);
+// store_kv, and in the same launch the query's RoPE: q [i1][n_heads][head_dim] rotated in place as rope() does (all
+// i1 tokens, so a step stored in two parts passes q with the second). Twins: cpu::rope, then store_kv's.
+void rope_store_kv(float* q, uint8_t* k_cache, uint8_t* v_cache, const float* k, const float* v, const float* cos_t,
+                   const float* sin_t, const float* k_offsets, const int* d_pos0, int i0, int i1, int n_heads,
+                   const KvLayout& kv, int rope_dim, cudaStream_t s);
 // The key offsets (engine/kv_offset.h) of n_layers layers of a K cache that carries them (k_cache: the first layer's
 // first row), each head's from its first kKvOffsetPositions rows as stored, into k_offsets
 // [n_layers][n_kv_heads][head_dim]. Twin: kv_offset_of_rows (KvCache::k_offset), bit for bit.

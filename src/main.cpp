@@ -186,6 +186,11 @@ int main(int argc, char** argv) {
                    "CUDA prefill attention: mma (flash attention on the tensor cores for head_dim 64 and 128, the "
                    "default) or warp (a warp per query on the CUDA cores, to compare; an f16 cache only)")
         ->check(CLI::IsMember({"mma", "warp"}));
+    std::string cuda_pdl = "off";
+    app.add_option("--cuda-pdl", cuda_pdl,
+                   "CUDA, sm_90 and later: on lets each decode product start loading its weights while the kernel "
+                   "before it drains (programmatic dependent launch); off (the default) launches it after")
+        ->check(CLI::IsMember({"on", "off"}));
     std::string math = "exact";
     app.add_option("--math", math,
                    "CPU products of quantized weights: exact (activations rounded to 16 bits, the default), fast "
@@ -282,6 +287,7 @@ int main(int argc, char** argv) {
         gen.run.cuda_int_matvec = cuda_matvec == "int16";
         kvgen::math_mode_from_name(math, &gen.run.math);
         gen.run.cuda_flash_attention = cuda_attention == "mma";
+        gen.run.cuda_pdl = cuda_pdl == "on";
         kvgen::apply_llama_settings(llama, gen.run, app.count("--kv-type") > 0);
         if (!llama.n_gpu_layers.empty() && gen.run.device != "cpu" && gen.run.device != "auto")
             kvgen::resolve_device(gen.run.device, fmt::format("-ngl {}", llama.n_gpu_layers));

@@ -154,41 +154,56 @@ TEST_CASE("CUDA and CPU logits agree with a quantized KV cache", "[cuda][forward
 }
 
 TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals stepping", "[cuda][forward]") {
-    // The default model when present, else a small synthetic GQA model.
+    // The default model when present (Q4_1: float decode products), and a small synthetic GQA model in Q4_K_M (integer
+    // decode products, the ones programmatic launch applies to).
     // A q4_0 K too: its one decode step that writes position 15 sets the key offsets outside the graph, and the
     // graph replays after it.
-    const Model m = test::file_exists(KVGEN_DEFAULT_MODEL) ? Model::load(KVGEN_DEFAULT_MODEL) : synth_model("Q4_K_M");
-    const int n_vocab = m.config.n_vocab;
-    for (KvType kt : {KvType::F16, KvType::Q4_0}) {
-        INFO("KV cache " << kv_type_name(kt));
-        Settings go;
-        go.progress = false;
-        go.n_ctx = 128;
-        go.n_batch = 32;
-        go.kv_type_k = go.kv_type_v = kt;
-        std::unique_ptr<Backend> with = cuda::make_backend(m, go);
-        go.cuda_graphs = false;
-        std::unique_ptr<Backend> without = cuda::make_backend(m, go);
-        std::vector<int32_t> seq = {1, 504, 3158, 282, 1649, 314};
-        const int n0 = int(seq.size());
-        std::vector<float> a = copy(with->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab);
-        std::vector<float> b = copy(without->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab);
-        REQUIRE(a == b);
-        for (int step = 0; step < 20; ++step) {
-            const int32_t id = argmax(a);
-            seq.push_back(id);
-            a = copy(with->forward(&id, 1, int(seq.size()) - 1, Pass::Decode), n_vocab);
-            b = copy(without->forward(&id, 1, int(seq.size()) - 1, Pass::Decode), n_vocab);
-            INFO("step " << step);
-            REQUIRE(a == b);  // the same kernels on the same data: bit for bit
+    std::vector<Model> models;
+    if (test::file_exists(KVGEN_DEFAULT_MODEL)) models.push_back(Model::load(KVGEN_DEFAULT_MODEL));
+    models.push_back(synth_model("Q4_K_M"));
+    for (const Model& m : models)
+        for (KvType kt : {KvType::F16, KvType::Q4_0}) {
+            const int n_vocab = m.config.n_vocab;
+            INFO("KV cache " << kv_type_name(kt) << ", " << m.config.n_layers << " layers");
+            Settings go;
+            go.progress = false;
+            go.n_ctx = 128;
+            go.n_batch = 32;
+            go.kv_type_k = go.kv_type_v = kt;
+            std::unique_ptr<Backend> with = cuda::make_backend(m, go);
+            go.cuda_graphs = false;
+            std::unique_ptr<Backend> without = cuda::make_backend(m, go);
+            // Programmatic dependent launch (--cuda-pdl on; sm_90, elsewhere the same launches), with and without
+            // graphs.
+            go.cuda_pdl = true;
+            std::unique_ptr<Backend> pdl_launch = cuda::make_backend(m, go);
+            go.cuda_graphs = true;
+            std::unique_ptr<Backend> pdl_graph = cuda::make_backend(m, go);
+            std::vector<int32_t> seq = {1, 504, 3158, 282, 1649, 314};
+            const int n0 = int(seq.size());
+            std::vector<float> a = copy(with->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab);
+            std::vector<float> b = copy(without->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab);
+            REQUIRE(a == b);
+            REQUIRE(copy(pdl_launch->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
+            REQUIRE(copy(pdl_graph->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
+            for (int step = 0; step < 20; ++step) {
+                const int32_t id = argmax(a);
+                seq.push_back(id);
+                const int pos = int(seq.size()) - 1;
+                a = copy(with->forward(&id, 1, pos, Pass::Decode), n_vocab);
+                b = copy(without->forward(&id, 1, pos, Pass::Decode), n_vocab);
+                INFO("step " << step);
+                REQUIRE(a == b);  // the same kernels on the same data: bit for bit
+                REQUIRE(copy(pdl_launch->forward(&id, 1, pos, Pass::Decode), n_vocab) == a);
+                REQUIRE(copy(pdl_graph->forward(&id, 1, pos, Pass::Decode), n_vocab) == a);
+            }
+            // The whole sequence again in one prefill (what --no-kv-cache does each step) against the last decode step
+            // (with an f16 cache: a q4_0 one rounds the two ways' keys apart by its own steps).
+            if (kt != KvType::F16) continue;
+            with->kv_truncate(0);
+            const std::vector<float> p = copy(with->forward(seq.data(), int(seq.size()), 0, Pass::Prefill), n_vocab);
+            check_logits(a, p, "prefill of the whole sequence vs cached decode");
         }
-        // The whole sequence again in one prefill (what --no-kv-cache does each step) against the last decode step
-        // (with an f16 cache: a q4_0 one rounds the two ways' keys apart by its own steps).
-        if (kt != KvType::F16) continue;
-        with->kv_truncate(0);
-        const std::vector<float> p = copy(with->forward(seq.data(), int(seq.size()), 0, Pass::Prefill), n_vocab);
-        check_logits(a, p, "prefill of the whole sequence vs cached decode");
-    }
 }
 
 TEST_CASE("a model that does not fit on the GPU is refused with needed and free bytes", "[cuda][forward]") {

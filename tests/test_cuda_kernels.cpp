@@ -398,7 +398,12 @@ TEST_CASE("RoPE and the K store match cpu::rope at small and large positions", "
                 std::vector<float> wk = k;
                 cpu::rope(wk.data(), ct_.data(), st_.data(), n, c.n_kv_heads, c);
                 for (float& v : wk) v = fp16_to_fp32(fp32_to_fp16(v));
-                require_close(ct::store_k(c, k, pos0, n, 4096), wk, 1e-3 * max_abs(wk));
+                const std::vector<float> stored = ct::store_k(c, k, pos0, n, 4096);
+                require_close(stored, wk, 1e-3 * max_abs(wk));
+                // Q's RoPE folded into the store's launch: the same bits as the two launches.
+                std::vector<float> qr = q;
+                REQUIRE(ct::rope_store_k(c, &qr, k, pos0, n, 4096) == stored);
+                REQUIRE(qr == ct::rope(q, n, c.n_heads, pos0, c, ff));
             }
         }
     }

@@ -121,7 +121,7 @@ std::vector<float> matvec_int(const HostWeight& w, const std::vector<float>& x) 
     Dev<ActBlock> xq(x.size() / 32);
     poison(y);
     quantize_act(xq.p, dx.p, int64_t(x.size()), nullptr);
-    kvgen::cuda::matvec_int(RowSplit::one(y.p, w.rows), dev_weight(w, b), xq.p, false, nullptr);
+    kvgen::cuda::matvec_int(RowSplit::one(y.p, w.rows), dev_weight(w, b), xq.p, false, false, nullptr);
     return y.get();
 }
 
@@ -131,7 +131,7 @@ std::vector<float> matvec_glu_int(const HostWeight& gate, const HostWeight& up, 
     Dev<ActBlock> xq(x.size() / 32);
     poison(y);
     quantize_act(xq.p, dx.p, int64_t(x.size()), nullptr);
-    kvgen::cuda::matvec_glu_int(y.p, dev_weight(gate, g), dev_weight(up, u), xq.p, nullptr);
+    kvgen::cuda::matvec_glu_int(y.p, dev_weight(gate, g), dev_weight(up, u), xq.p, false, nullptr);
     return y.get();
 }
 
@@ -241,6 +241,24 @@ std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos
     Dev<__half> kc(size_t(kv.layer_elems())), vc(size_t(kv.layer_elems()));
     store_kv(reinterpret_cast<uint8_t*>(kc.p), reinterpret_cast<uint8_t*>(vc.p), dk.p, dk.p, r.cos_t.p, r.sin_t.p,
              nullptr, r.pos.p, 0, n, kv, c.rope_dim, nullptr);
+    const std::vector<float> all = halves_to_floats(kc.get());
+    std::vector<float> out(size_t(n) * c.n_kv_heads * c.head_dim);
+    for (int i = 0; i < n; ++i)
+        for (int h = 0; h < c.n_kv_heads; ++h)
+            for (int j = 0; j < c.head_dim; ++j)
+                out[(size_t(i) * c.n_kv_heads + h) * c.head_dim + j] = all[size_t(kv.row(h, pos0 + i) + j)];
+    return out;
+}
+
+std::vector<float> rope_store_k(const Config& c, std::vector<float>* q, const std::vector<float>& k, int pos0, int n,
+                                int n_ctx) {
+    RopeDev r(n, pos0, c, {});
+    const KvLayout kv = KvLayout::of(c, n_ctx, KvType::F16);
+    Dev<float> dq(*q), dk(k);
+    Dev<__half> kc(size_t(kv.layer_elems())), vc(size_t(kv.layer_elems()));
+    kvgen::cuda::rope_store_kv(dq.p, reinterpret_cast<uint8_t*>(kc.p), reinterpret_cast<uint8_t*>(vc.p), dk.p, dk.p,
+                               r.cos_t.p, r.sin_t.p, nullptr, r.pos.p, 0, n, c.n_heads, kv, c.rope_dim, nullptr);
+    *q = dq.get();
     const std::vector<float> all = halves_to_floats(kc.get());
     std::vector<float> out(size_t(n) * c.n_kv_heads * c.head_dim);
     for (int i = 0; i < n; ++i)

@@ -82,6 +82,9 @@ void kv_write(KvBytes& cache, const void* k, const void* v, int n);
 // K rotated and stored by store_kv for positions pos0 .. pos0 + n, read back from the f16 cache as floats:
 // [n][n_kv_heads][head_dim].
 std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos0, int n, int n_ctx);
+// rope_store_kv's one launch: *q rotated in place, and K as store_k reads it back.
+std::vector<float> rope_store_k(const Config& c, std::vector<float>* q, const std::vector<float>& k, int pos0, int n,
+                                int n_ctx);
 
 }  // namespace kvgen::cuda::testing
 
