@@ -29,6 +29,37 @@ using namespace kvgen;
 using test::kv_rows_differing;
 using test::offsets_differing;
 
+namespace {
+// Row r of W x in double (w: [rows][cols] as floats), and the sum of the products' magnitudes: the scale a float
+// sum's error is measured on.
+struct ExactRow {
+    double sum = 0, mag = 0;
+};
+// rows x cols random weights of type t (GGUF bytes, synth_random_rows) and their values (dequantize_row).
+struct RandomRows {
+    std::vector<uint8_t> bytes;
+    std::vector<float> values;
+};
+RandomRows random_rows(GgmlType t, int64_t rows, int64_t cols, uint64_t seed) {
+    RandomRows w;
+    w.bytes.resize(size_t(rows * ggml_row_bytes(*ggml_type_info(t), cols)));
+    synth_random_rows(t, w.bytes.data(), rows, cols, 0.05f, seed);
+    w.values.resize(size_t(rows * cols));
+    dequantize_row(t, w.bytes.data(), w.values.data(), rows * cols);
+    return w;
+}
+
+ExactRow exact_row(const std::vector<float>& w, const std::vector<float>& x, int64_t r, int64_t cols) {
+    ExactRow e;
+    for (int64_t j = 0; j < cols; ++j) {
+        const double p = double(w[size_t(r * cols + j)]) * x[size_t(j)];
+        e.sum += p;
+        e.mag += std::fabs(p);
+    }
+    return e;
+}
+}  // namespace
+
 TEST_CASE("the CUDA decoders, run on the host, equal dequantize_row for every type", "[cuda-host]") {
     // 96 and 768 columns: rows whose device layout is padded (weight_layout.h) for some types.
     for (const char* name :
@@ -39,10 +70,9 @@ TEST_CASE("the CUDA decoders, run on the host, equal dequantize_row for every ty
             if (cols % ggml_type_info(t)->block_size != 0) continue;
             INFO(name << " cols " << cols);
             const int64_t rows = 7;
-            std::vector<uint8_t> b(size_t(rows * ggml_row_bytes(*ggml_type_info(t), cols)));
-            synth_random_rows(t, b.data(), rows, cols, 0.05f, 3);
-            std::vector<float> want(size_t(rows * cols));
-            dequantize_row(t, b.data(), want.data(), rows * cols);
+            const RandomRows w = random_rows(t, rows, cols, 3);
+            const std::vector<uint8_t>& b = w.bytes;
+            const std::vector<float>& want = w.values;
             const std::vector<float> got = cuda::host::dequantize(t, b.data(), rows, cols);
             REQUIRE(got.size() == want.size());
             size_t bad = 0;
@@ -54,13 +84,9 @@ TEST_CASE("the CUDA decoders, run on the host, equal dequantize_row for every ty
             const std::vector<float> x = test::randn(size_t(cols), 9);
             const std::vector<float> y = cuda::host::matvec(t, b.data(), rows, cols, x);
             for (int64_t r = 0; r < rows; ++r) {
-                double s = 0, mag = 0;
-                for (int64_t j = 0; j < cols; ++j) {
-                    s += double(want[size_t(r * cols + j)]) * x[size_t(j)];
-                    mag += std::fabs(double(want[size_t(r * cols + j)]) * x[size_t(j)]);
-                }
-                INFO("row " << r << " got " << y[size_t(r)] << " want " << s);
-                CHECK(std::fabs(y[size_t(r)] - s) <= 1e-5 * mag);
+                const ExactRow e = exact_row(want, x, r, cols);
+                INFO("row " << r << " got " << y[size_t(r)] << " want " << e.sum);
+                CHECK(std::fabs(y[size_t(r)] - e.sum) <= 1e-5 * e.mag);
             }
 
             // The short-prompt kernel's body: 5 tokens, each equal to its own single-token product, bit for bit.
@@ -84,10 +110,9 @@ TEST_CASE("the prefill GEMM's chunked f16 decoding, run on the host, equals dequ
         GgmlType t;
         REQUIRE(ggml_type_from_name(name, &t));
         const int64_t rows = 21, cols = 1024;  // 32 chunks a row: 672 chunks, the last of three blocks partial
-        std::vector<uint8_t> b(size_t(rows * ggml_row_bytes(*ggml_type_info(t), cols)));
-        synth_random_rows(t, b.data(), rows, cols, 0.05f, 4);
-        std::vector<float> want(size_t(rows * cols));
-        dequantize_row(t, b.data(), want.data(), rows * cols);
+        const RandomRows w = random_rows(t, rows, cols, 4);
+        const std::vector<uint8_t>& b = w.bytes;
+        const std::vector<float>& want = w.values;
         for (const auto& [r0, nr] : {std::pair<int64_t, int64_t>{0, rows}, {5, 13}, {20, 1}}) {
             INFO("rows " << r0 << " + " << nr);
             const std::vector<float> got = cuda::host::dequantize_rows(t, b.data(), cols, r0, nr);
@@ -250,20 +275,19 @@ TEST_CASE("the integer decode product, run on the host: the CPU's activation rou
             std::copy(x.begin(), x.begin() + std::min(cols, n_cols), xc.begin());  // with the zero block above
             std::vector<cpu::BlockA32> xb(size_t(n_cols / 32));
             cpu::quantize_a32(xc.data(), xb.data(), n_cols);
-            std::vector<uint8_t> b(size_t(rows * ggml_row_bytes(*ggml_type_info(t), n_cols)));
-            synth_random_rows(t, b.data(), rows, n_cols, 0.05f, 6);
-            std::vector<float> wf(size_t(rows * n_cols));
-            dequantize_row(t, b.data(), wf.data(), rows * n_cols);
+            const RandomRows w = random_rows(t, rows, n_cols, 6);
+            const std::vector<uint8_t>& b = w.bytes;
+            const std::vector<float>& wf = w.values;
             const std::vector<float> y = cuda::host::matvec_int(t, b.data(), rows, n_cols, xc);
             const int64_t row_bytes = int64_t(b.size()) / rows;
             for (int64_t r = 0; r < rows; ++r) {
                 double s = 0, sq = 0, mag = 0;
                 for (int64_t j = 0; j < n_cols; ++j) {
-                    const double w = wf[size_t(r * n_cols + j)];
+                    const double wj = wf[size_t(r * n_cols + j)];
                     const cpu::BlockA32& a = xb[size_t(j / 32)];
-                    s += w * xc[size_t(j)];
-                    sq += w * (double(a.d) * a.q[j % 32]);  // the activation as quantized
-                    mag += std::fabs(w * xc[size_t(j)]);
+                    s += wj * xc[size_t(j)];
+                    sq += wj * (double(a.d) * a.q[j % 32]);  // the activation as quantized
+                    mag += std::fabs(wj * xc[size_t(j)]);
                 }
                 INFO("row " << r << " got " << y[size_t(r)] << " exact " << s << " on quantized activations " << sq);
                 // 16-bit activations: each value within half a step of 1/32512 of its block's largest.
@@ -299,10 +323,9 @@ TEST_CASE("float rows that are not whole 32-weight chunks: the ragged decoders a
         for (int64_t cols : {8, 40, 100}) {
             INFO(name << " cols " << cols);
             const int64_t rows = 5;
-            std::vector<uint8_t> b(size_t(rows * ggml_row_bytes(*ggml_type_info(t), cols)));
-            synth_random_rows(t, b.data(), rows, cols, 0.05f, 4);
-            std::vector<float> want(size_t(rows * cols));
-            dequantize_row(t, b.data(), want.data(), rows * cols);
+            const RandomRows w = random_rows(t, rows, cols, 4);
+            const std::vector<uint8_t>& b = w.bytes;
+            const std::vector<float>& want = w.values;
             CHECK(test::worst_diff(cuda::host::dequantize(t, b.data(), rows, cols), want) == 0.0f);
             const std::vector<int32_t> ids = {4, 0, 2};
             std::vector<float> want_rows;
@@ -312,12 +335,8 @@ TEST_CASE("float rows that are not whole 32-weight chunks: the ragged decoders a
             const std::vector<float> x = test::randn(size_t(cols), 11);
             const std::vector<float> y = cuda::host::matvec(t, b.data(), rows, cols, x);
             for (int64_t r = 0; r < rows; ++r) {
-                double s = 0, mag = 0;
-                for (int64_t j = 0; j < cols; ++j) {
-                    s += double(want[size_t(r * cols + j)]) * x[size_t(j)];
-                    mag += std::fabs(double(want[size_t(r * cols + j)]) * x[size_t(j)]);
-                }
-                CHECK(std::fabs(y[size_t(r)] - s) <= 1e-5 * mag);
+                const ExactRow e = exact_row(want, x, r, cols);
+                CHECK(std::fabs(y[size_t(r)] - e.sum) <= 1e-5 * e.mag);
             }
         }
     }

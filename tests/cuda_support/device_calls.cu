@@ -234,13 +234,23 @@ std::vector<float> rope(const std::vector<float>& x, int n, int n_heads, int pos
     return dx.get();
 }
 
-std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos0, int n, int n_ctx) {
+namespace {
+// K rotated and stored by store_kv, or with q rotated in the same launch by rope_store_kv when q is given, read back
+// from the f16 cache.
+std::vector<float> stored_k(const Config& c, std::vector<float>* q, const std::vector<float>& k, int pos0, int n,
+                            int n_ctx) {
     RopeDev r(n, pos0, c, {});
     const KvLayout kv = KvLayout::of(c, n_ctx, KvType::F16);
-    Dev<float> dk(k);
+    Dev<float> dk(k), dq(q ? *q : std::vector<float>{});
     Dev<__half> kc(size_t(kv.layer_elems())), vc(size_t(kv.layer_elems()));
-    store_kv(reinterpret_cast<uint8_t*>(kc.p), reinterpret_cast<uint8_t*>(vc.p), dk.p, dk.p, r.cos_t.p, r.sin_t.p,
-             nullptr, r.pos.p, 0, n, kv, c.rope_dim, nullptr);
+    uint8_t *kb = reinterpret_cast<uint8_t*>(kc.p), *vb = reinterpret_cast<uint8_t*>(vc.p);
+    if (q) {
+        rope_store_kv(dq.p, kb, vb, dk.p, dk.p, r.cos_t.p, r.sin_t.p, nullptr, r.pos.p, 0, n, c.n_heads, kv,
+                      c.rope_dim, nullptr);
+        *q = dq.get();
+    } else {
+        store_kv(kb, vb, dk.p, dk.p, r.cos_t.p, r.sin_t.p, nullptr, r.pos.p, 0, n, kv, c.rope_dim, nullptr);
+    }
     const std::vector<float> all = halves_to_floats(kc.get());
     std::vector<float> out(size_t(n) * c.n_kv_heads * c.head_dim);
     for (int i = 0; i < n; ++i)
@@ -249,23 +259,15 @@ std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos
                 out[(size_t(i) * c.n_kv_heads + h) * c.head_dim + j] = all[size_t(kv.row(h, pos0 + i) + j)];
     return out;
 }
+}  // namespace
+
+std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos0, int n, int n_ctx) {
+    return stored_k(c, nullptr, k, pos0, n, n_ctx);
+}
 
 std::vector<float> rope_store_k(const Config& c, std::vector<float>* q, const std::vector<float>& k, int pos0, int n,
                                 int n_ctx) {
-    RopeDev r(n, pos0, c, {});
-    const KvLayout kv = KvLayout::of(c, n_ctx, KvType::F16);
-    Dev<float> dq(*q), dk(k);
-    Dev<__half> kc(size_t(kv.layer_elems())), vc(size_t(kv.layer_elems()));
-    kvgen::cuda::rope_store_kv(dq.p, reinterpret_cast<uint8_t*>(kc.p), reinterpret_cast<uint8_t*>(vc.p), dk.p, dk.p,
-                               r.cos_t.p, r.sin_t.p, nullptr, r.pos.p, 0, n, c.n_heads, kv, c.rope_dim, nullptr);
-    *q = dq.get();
-    const std::vector<float> all = halves_to_floats(kc.get());
-    std::vector<float> out(size_t(n) * c.n_kv_heads * c.head_dim);
-    for (int i = 0; i < n; ++i)
-        for (int h = 0; h < c.n_kv_heads; ++h)
-            for (int j = 0; j < c.head_dim; ++j)
-                out[(size_t(i) * c.n_kv_heads + h) * c.head_dim + j] = all[size_t(kv.row(h, pos0 + i) + j)];
-    return out;
+    return stored_k(c, q, k, pos0, n, n_ctx);
 }
 
 namespace {
