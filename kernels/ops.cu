@@ -458,7 +458,7 @@ void matvec_split(const RowSplit& y, const DevWeight& w, const float* x, cudaStr
 }
 
 bool int_matvec_ok(const DevWeight& w) {
-    return has_int_matvec(w.type) && w.cols % 32 == 0 && w.cols / 32 < (int64_t(1) << 30);
+    return has_int_matvec(w.type) && w.cols % 32 == 0 && w.row_bytes < (int64_t(1) << 31);  // 32-bit offsets
 }
 
 void quantize_act(ActBlock* out, const float* x, int64_t count, cudaStream_t s) {
@@ -584,7 +584,7 @@ void store_kv_launch(QRope qr, uint8_t* k_cache, uint8_t* v_cache, const float* 
     KVGEN_ASSERT(kv_cache_supported(kv) && 0 <= i0 && i0 <= i1);
     KVGEN_ASSERT((k_offsets != nullptr) == kv.k_offsets());
     const int n = i1 - i0;
-    if (n == 0) return;
+    if (n == 0 && !qr.q) return;  // with q: the step's rows were all stored in a first part, q still turns here
     const int threads = kv.quantized() ? 64 : 256;
     // note: q is rotated for all i1 tokens, in the launch that stores the last part
     if (qr.q) qr.blocks = grid_for(int64_t(i1) * qr.n_heads * (rope_dim / 2), threads);

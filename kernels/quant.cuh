@@ -96,7 +96,8 @@ template <GgmlType T>
 struct Dq;
 
 // Each Dq<T>: kWeights per block, kBytes per block, kChunks = kWeights / 32, and chunk(blk, s, w) writing the 32
-// weights of chunk s of the block at blk.
+// weights of chunk s of the block at blk; for the planar types (weight_layout.h) instead planar_chunk(row, c, cpr, w),
+// chunk c of a row of cpr chunks.
 
 // Q4_0, planar: the chunk's 16 bytes of nibbles (byte j: weight j low, j + 16 high), then d.
 template <>

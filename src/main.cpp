@@ -189,7 +189,8 @@ int main(int argc, char** argv) {
     std::string cuda_pdl = "off";
     app.add_option("--cuda-pdl", cuda_pdl,
                    "CUDA, sm_90 and later: on lets each decode product start loading its weights while the kernel "
-                   "before it drains (programmatic dependent launch); off (the default) launches it after")
+                   "before it drains (programmatic dependent launch; in graphs it needs CUDA 12.3 or later); off "
+                   "(the default) launches it after")
         ->check(CLI::IsMember({"on", "off"}));
     std::string math = "exact";
     app.add_option("--math", math,

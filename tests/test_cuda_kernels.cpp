@@ -404,6 +404,9 @@ TEST_CASE("RoPE and the K store match cpu::rope at small and large positions", "
                 std::vector<float> qr = q;
                 REQUIRE(ct::rope_store_k(c, &qr, k, pos0, n, 4096) == stored);
                 REQUIRE(qr == ct::rope(q, n, c.n_heads, pos0, c, ff));
+                // A quantized K stored in two parts, the second empty (the step ends at the offsets' position): q
+                // still turns.
+                REQUIRE(ct::rope_q_after_store(c, q, pos0, n) == qr);
             }
         }
     }

@@ -265,6 +265,17 @@ std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos
     return stored_k(c, nullptr, k, pos0, n, n_ctx);
 }
 
+std::vector<float> rope_q_after_store(const Config& c, const std::vector<float>& q, int pos0, int n) {
+    RopeDev r(n, pos0, c, {});
+    const KvLayout kv = KvLayout::of(c, 64, KvType::Q8_0);
+    Dev<float> dq(q), dk(size_t(n) * c.n_kv_heads * c.head_dim);
+    Dev<float> off(kv.k_offsets() ? size_t(c.n_layers) * c.n_kv_heads * c.head_dim : 0);
+    Dev<uint8_t> kc(kv.k_bytes()), vc(kv.v_bytes());
+    rope_store_kv(dq.p, kc.p, vc.p, dk.p, dk.p, r.cos_t.p, r.sin_t.p, kv.k_offsets() ? off.p : nullptr, r.pos.p, n, n,
+                  c.n_heads, kv, c.rope_dim, nullptr);
+    return dq.get();
+}
+
 std::vector<float> rope_store_k(const Config& c, std::vector<float>* q, const std::vector<float>& k, int pos0, int n,
                                 int n_ctx) {
     return stored_k(c, q, k, pos0, n, n_ctx);

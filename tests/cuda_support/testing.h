@@ -85,6 +85,8 @@ std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos
 // rope_store_kv's one launch: *q rotated in place, and K as store_k reads it back.
 std::vector<float> rope_store_k(const Config& c, std::vector<float>* q, const std::vector<float>& k, int pos0, int n,
                                 int n_ctx);
+// rope_store_kv of a q8_0 cache with nothing left to store (a step whose rows a first part stored): q, rotated.
+std::vector<float> rope_q_after_store(const Config& c, const std::vector<float>& q, int pos0, int n);
 
 }  // namespace kvgen::cuda::testing
 
