@@ -290,17 +290,27 @@ KVGEN_HD float unit_dot(const UnitWeights<GgmlType::Q6_K>& w, int u, const UnitA
     return half_bits(w.d) * (a.d[0] * float(dot0) + a.d[1] * float(dot1));
 }
 
-// A block of the integer decode product: kMviThreads threads (kMviWarps warps) share R rows of NM matrices of one
-// shape (NM = 2: SwiGLU's gate and up), striding over their units, so each unit's activations are loaded once for
-// all of them and every lane has NM * R rows' 16-byte weight loads in flight at once. acc[m][r]: this thread's share
-// of row r0 + r of matrix m, summed over its units in the same order whatever NM and R.
-constexpr int kMviWarps = 4, kMviThreads = 32 * kMviWarps;
+// A block of the integer decode product: mvi_warps(n_units) warps share R rows of NM matrices of one shape (NM = 2:
+// SwiGLU's gate and up), striding over their units, so each unit's activations are loaded once for all of them and
+// every lane has NM * R rows' 16-byte weight loads in flight at once. The block is as wide as the row's units need,
+// up to kMviMaxWarps, in as few passes as that allows and then in equal ones (4096 columns: 4 warps, one pass; 5120:
+// 5; 11008: 11; 13824: 14; 28672: 14 warps, two passes), so that no pass leaves most of the block idle. acc[m][r]:
+// this thread's share of row r0 + r of matrix m, summed over its units in the same order whatever NM and R.
+constexpr int kMviMaxWarps = 16;
 constexpr int kMviRows = 4;     // rows per block of one matrix
 constexpr int kMviGluRows = 2;  // rows per block of each of gate and up
 
+KVGEN_HD int mvi_warps(int n_units) {
+    const int max_threads = 32 * kMviMaxWarps;
+    const int passes = (n_units + max_threads - 1) / max_threads;
+    const int per_pass = (n_units + passes - 1) / passes;
+    return per_pass < 32 ? 1 : (per_pass + 31) / 32;
+}
+
 template <GgmlType T, int NM, int R>
 KVGEN_HD void matvec_int_thread(const uint8_t* const (&w)[NM], int64_t row_bytes, int n_units, int64_t rows,
-                                int64_t r0, int t, const ActBlock* __restrict__ x, float (&acc)[NM][R]) {
+                                int64_t r0, int t, int n_threads, const ActBlock* __restrict__ x,
+                                float (&acc)[NM][R]) {
     // note: rows past the matrix read its last row again (never written), so no branch splits the loads.
     const uint8_t* row[NM][R];
 #pragma unroll
@@ -327,7 +337,7 @@ KVGEN_HD void matvec_int_thread(const uint8_t* const (&w)[NM], int64_t row_bytes
         for (int m = 0; m < NM; ++m)
 #pragma unroll
             for (int r = 0; r < R; ++r) acc[m][r] += unit_dot(wu[m][r], u, a);
-        u += kMviThreads;
+        u += n_threads;
         if (u < n_units)
 #pragma unroll
             for (int m = 0; m < NM; ++m)

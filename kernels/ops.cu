@@ -184,8 +184,8 @@ __global__ void quantize_act_kernel(const float* __restrict__ x, int64_t n_block
 // Each of a block's R rows summed over its threads: a warp's lanes by the butterfly, then the warps in order (the
 // host emulation, tests/cuda_support/host_emulation.cu, follows this order). Returns row t's sum in thread t < R.
 template <int R>
-__device__ __forceinline__ float block_rows_sum(const float (&acc)[R], float (&part)[kMviWarps][R]) {
-    const int t = threadIdx.x;
+__device__ __forceinline__ float block_rows_sum(const float (&acc)[R], float (&part)[kMviMaxWarps][R]) {
+    const int t = threadIdx.x, warps = blockDim.x / kWarp;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const float v = warp_sum(acc[r]);
@@ -195,24 +195,23 @@ __device__ __forceinline__ float block_rows_sum(const float (&acc)[R], float (&p
     float v = 0.0f;
     if (t < R) {
         v = part[0][t];
-#pragma unroll
-        for (int k = 1; k < kMviWarps; ++k) v += part[k][t];
+        for (int k = 1; k < warps; ++k) v += part[k][t];
     }
     return v;
 }
 
-// grid = rows / kMviRows, block = kMviThreads: the block's threads stride over the units of its rows
-// (matvec_int_thread). At most 128 registers (4 blocks per SM), so that every row's loads are issued before the
-// first is used.
+// grid = rows / kMviRows, block = 32 mvi_warps(n_units) threads: the block's threads stride over the units of its
+// rows (matvec_int_thread). At most 128 registers (a block of up to 512 threads per SM), so that every row's loads
+// are issued before the first is used.
 template <GgmlType T>
-__global__ void __launch_bounds__(kMviThreads, 4)
+__global__ void __launch_bounds__(32 * kMviMaxWarps, 1)
     matvec_int_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int n_units, int64_t rows,
                       const ActBlock* __restrict__ x, RowSplit y, int accumulate) {
-    __shared__ float part[kMviWarps][kMviRows];
+    __shared__ float part[kMviMaxWarps][kMviRows];
     const int64_t r0 = int64_t(blockIdx.x) * kMviRows;
     const uint8_t* const ws[1] = {w};
     float acc[1][kMviRows];
-    matvec_int_thread<T>(ws, row_bytes, n_units, rows, r0, threadIdx.x, x, acc);
+    matvec_int_thread<T>(ws, row_bytes, n_units, rows, r0, threadIdx.x, blockDim.x, x, acc);
     const float v = block_rows_sum(acc[0], part);
     if (threadIdx.x < kMviRows && r0 + threadIdx.x < rows) {
         float* out = y.at(r0 + threadIdx.x);
@@ -222,14 +221,14 @@ __global__ void __launch_bounds__(kMviThreads, 4)
 
 // grid = rows / kMviGluRows: gate and up rows of a SwiGLU pair in one block, y[r] = silu(gate[r] . x) * (up[r] . x).
 template <GgmlType T>
-__global__ void __launch_bounds__(kMviThreads, 4)
+__global__ void __launch_bounds__(32 * kMviMaxWarps, 1)
     matvec_glu_int_kernel(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int64_t row_bytes,
                           int n_units, int64_t rows, const ActBlock* __restrict__ x, float* __restrict__ y) {
-    __shared__ float part[2][kMviWarps][kMviGluRows];
+    __shared__ float part[2][kMviMaxWarps][kMviGluRows];
     const int64_t r0 = int64_t(blockIdx.x) * kMviGluRows;
     const uint8_t* const ws[2] = {gate, up};
     float acc[2][kMviGluRows];
-    matvec_int_thread<T>(ws, row_bytes, n_units, rows, r0, threadIdx.x, x, acc);
+    matvec_int_thread<T>(ws, row_bytes, n_units, rows, r0, threadIdx.x, blockDim.x, x, acc);
     const float gs = block_rows_sum(acc[0], part[0]), us = block_rows_sum(acc[1], part[1]);
     if (threadIdx.x < kMviGluRows && r0 + threadIdx.x < rows) y[r0 + threadIdx.x] = gs / (1.0f + expf(-gs)) * us;
 }
@@ -490,8 +489,9 @@ void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, bool a
                 cudaStream_t s) {
     const bool ok = int_matvec_ok(w) && dispatch_int_type(w.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
-        launch(matvec_int_kernel<T>, grid_for(w.rows, kMviRows), kMviThreads, pdl, s, w.data, w.row_bytes,
-               int(w.cols / 32), w.rows, x, y, accumulate ? 1 : 0);
+        const int n_units = int(w.cols / 32);
+        launch(matvec_int_kernel<T>, grid_for(w.rows, kMviRows), unsigned(32 * mvi_warps(n_units)), pdl, s, w.data,
+               w.row_bytes, n_units, w.rows, x, y, accumulate ? 1 : 0);
     });
     if (!ok) throw Error(fmt::format("CUDA: no integer product for {}", ggml_type_name(w.type)));
     KVGEN_CUDA_LAUNCHED("matvec_int");
@@ -501,8 +501,9 @@ void matvec_glu_int(float* y, const DevWeight& gate, const DevWeight& up, const 
                     cudaStream_t s) {
     const bool ok = glu_fusable(gate, up) && int_matvec_ok(gate) && dispatch_int_type(gate.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
-        launch(matvec_glu_int_kernel<T>, grid_for(gate.rows, kMviGluRows), kMviThreads, pdl, s, gate.data, up.data,
-               gate.row_bytes, int(gate.cols / 32), gate.rows, x, y);
+        const int n_units = int(gate.cols / 32);
+        launch(matvec_glu_int_kernel<T>, grid_for(gate.rows, kMviGluRows), unsigned(32 * mvi_warps(n_units)), pdl, s,
+               gate.data, up.data, gate.row_bytes, n_units, gate.rows, x, y);
     });
     if (!ok) throw Error(fmt::format("CUDA: no fused integer SwiGLU for {}", ggml_type_name(gate.type)));
     KVGEN_CUDA_LAUNCHED("matvec_glu_int");

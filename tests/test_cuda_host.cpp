@@ -261,11 +261,18 @@ TEST_CASE("the integer decode product, run on the host: the CPU's activation rou
         CHECK(std::equal(dev[b].q, dev[b].q + 32, cpu_blocks[b].q));
     }
 
-    // Every type on rows of one and of several passes of the block's 128 threads (8192 columns: 256 units), rows
-    // not a multiple of the block's 4, and rows whose device layout is padded (96 and 768 columns: 54 / 102 / 630
-    // bytes to 64 / 112 / 640): on the host a misaligned 16-byte load throws.
+    // Every type on blocks of 1, 3, 4 and 16 warps (96 / 768 / 4096 / 16384 columns: 3 / 24 / 128 / 512 units) and
+    // of two passes of 10 warps (20480 columns), rows not a multiple of the block's 4, and rows whose device layout is
+    // padded (96 and 768 columns: 54 / 102 / 630 bytes to 64 / 112 / 640): on the host a misaligned 16-byte load
+    // throws.
+    CHECK(cuda::host::matvec_int_warps(3) == 1);
+    CHECK(cuda::host::matvec_int_warps(160) == 5);
+    CHECK(cuda::host::matvec_int_warps(344) == 11);
+    CHECK(cuda::host::matvec_int_warps(512) == 16);
+    CHECK(cuda::host::matvec_int_warps(640) == 10);
+    CHECK(cuda::host::matvec_int_warps(896) == 14);
     for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
-        for (const int64_t n_cols : {96, 768, 1024, 8192}) {
+        for (const int64_t n_cols : {96, 768, 4096, 16384, 20480}) {
             GgmlType t;
             REQUIRE(ggml_type_from_name(name, &t));
             if (n_cols % ggml_type_info(t)->block_size != 0) continue;

@@ -137,21 +137,22 @@ std::vector<std::vector<float>> matvec_int_blocks(GgmlType type, const uint8_t* 
     for (int m = 0; m < NM; ++m) p[m] = dev[size_t(m)].p;
     const bool ok = dispatch_int_type(type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
+        const int n_units = int(cols / 32), warps = mvi_warps(n_units), threads = 32 * warps;
         for (int64_t r0 = 0; r0 < rows; r0 += R) {
-            std::vector<std::array<std::array<float, R>, NM>> acc(kMviThreads);
-            for (int t = 0; t < kMviThreads; ++t) {
+            std::vector<float> acc(size_t(threads) * NM * R);  // [thread][m][r]
+            auto at = [&](int t, int m, int r) -> float& { return acc[(size_t(t) * NM + size_t(m)) * R + size_t(r)]; };
+            for (int t = 0; t < threads; ++t) {
                 float share[NM][R];
-                matvec_int_thread<T, NM, R>(p, dev[0].row_bytes, int(cols / 32), rows, r0, t, a.data(), share);
+                matvec_int_thread<T, NM, R>(p, dev[0].row_bytes, n_units, rows, r0, t, threads, a.data(), share);
                 for (int m = 0; m < NM; ++m)
-                    for (int r = 0; r < R; ++r) acc[size_t(t)][size_t(m)][size_t(r)] = share[m][r];
+                    for (int r = 0; r < R; ++r) at(t, m, r) = share[m][r];
             }
             for (int m = 0; m < NM; ++m)
                 for (int r = 0; r < R && r0 + r < rows; ++r) {
                     float sum = 0.0f;
-                    for (int wp = 0; wp < kMviWarps; ++wp) {
+                    for (int wp = 0; wp < warps; ++wp) {
                         float v[32];
-                        for (int lane = 0; lane < 32; ++lane)
-                            v[lane] = acc[size_t(32 * wp + lane)][size_t(m)][size_t(r)];
+                        for (int lane = 0; lane < 32; ++lane) v[lane] = at(32 * wp + lane, m, r);
                         const float ws = butterfly_sum(v);
                         sum = wp == 0 ? ws : sum + ws;
                     }
@@ -163,6 +164,10 @@ std::vector<std::vector<float>> matvec_int_blocks(GgmlType type, const uint8_t* 
     return y;
 }
 }  // namespace
+
+int matvec_int_warps(int n_units) {
+    return mvi_warps(n_units);
+}
 
 std::vector<float> matvec_int(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                               const std::vector<float>& x) {

@@ -109,6 +109,8 @@ std::vector<HostActBlock> quantize_act(const std::vector<float>& x);
 // y = W x in integers with matvec_int_kernel's blocks and their sums (Q4_0, Q8_0, Q4_K, Q6_K).
 std::vector<float> matvec_int(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                               const std::vector<float>& x);
+// The warps of matvec_int_kernel's block for rows of n_units units (mvi_warps).
+int matvec_int_warps(int n_units);
 // y = silu(gate x) * (up x) with matvec_glu_int_kernel's blocks (two rows of each matrix per block).
 std::vector<float> matvec_glu_int(GgmlType type, const uint8_t* gate, const uint8_t* up, int64_t rows, int64_t cols,
                                   const std::vector<float>& x);
