@@ -16,6 +16,7 @@
 #include "common/hd.h"
 #include "engine/kv_layout.h"
 #include "kv_quant.cuh"
+#include "matvec_int.cuh"
 
 namespace kvgen::cuda {
 
@@ -171,7 +172,7 @@ KVGEN_HD void load_query(const Ctx& ctx, const float* q, float scale, float (&qr
 #pragma nv_exec_check_disable
 template <class Ctx>
 KVGEN_HD void combine_head(const Ctx& ctx, int block_threads, const float* __restrict__ partials, int splits, int hd,
-                           int h, float* __restrict__ out) {
+                           int h, float* __restrict__ out, ActBlock* __restrict__ xq) {
     const float* p = partials + int64_t(h) * splits * (hd + 2);
     float mx = -INFINITY;
     for (int s = 0; s < splits; ++s) mx = fmaxf(mx, ctx.load_other(p + int64_t(s) * (hd + 2) + hd));
@@ -189,6 +190,8 @@ KVGEN_HD void combine_head(const Ctx& ctx, int block_threads, const float* __res
             if (ms != -INFINITY) acc += ctx.load_other(ps + j) * expf(ms - mx);
         }
         out[int64_t(h) * hd + j] = acc / sum;
+        // note: hd and block_threads are multiples of 32 with xq, so a warp holds one whole block of the output
+        if (xq) quantize_act_warp(ctx, acc / sum, j % 32, xq[(int64_t(h) * hd + j) / 32]);
     }
 }
 
@@ -196,8 +199,8 @@ KVGEN_HD void combine_head(const Ctx& ctx, int block_threads, const float* __res
 #pragma nv_exec_check_disable
 template <class Ctx>
 KVGEN_HD void attention_combine_body(const Ctx& ctx, int block_threads, const float* __restrict__ partials, int splits,
-                                     int hd, float* __restrict__ out) {
-    combine_head(ctx, block_threads, partials, splits, hd, ctx.block_x(), out);
+                                     int hd, float* __restrict__ out, ActBlock* __restrict__ xq) {
+    combine_head(ctx, block_threads, partials, splits, hd, ctx.block_x(), out, xq);
 }
 
 // Shared floats the decode body needs: [warp][NQ][hd + 2].
@@ -216,7 +219,7 @@ KVGEN_HD void attention_decode_body(const Ctx& ctx, const float* __restrict__ q,
                                     const uint8_t* __restrict__ vc, const float* __restrict__ k_offsets,
                                     const int* __restrict__ d_pos0, int n_rep, const KvLayout& kv, int splits,
                                     float scale, float* __restrict__ partials, int* __restrict__ counters,
-                                    float* __restrict__ out) {
+                                    float* __restrict__ out, ActBlock* __restrict__ xq) {
     constexpr int hd = 32 * E;
     const int h0 = ctx.block_x() * NQ, g = h0 / n_rep, sp = ctx.block_y();
     const int warp = ctx.thread() / 32, lane = ctx.thread() % 32;
@@ -276,7 +279,7 @@ KVGEN_HD void attention_decode_body(const Ctx& ctx, const float* __restrict__ q,
     if (!last[0]) return;
     ctx.fence();
 #pragma unroll
-    for (int r = 0; r < NQ; ++r) combine_head(ctx, kAttnThreads, partials, splits, hd, h0 + r, out);
+    for (int r = 0; r < NQ; ++r) combine_head(ctx, kAttnThreads, partials, splits, hd, h0 + r, out, xq);
 }
 
 // grid (n_heads / NQ, ceil(n / kAttnWarps)): warp w takes query i = block_y * kAttnWarps + w over positions

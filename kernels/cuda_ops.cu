@@ -99,6 +99,7 @@ private:
     bool graphs_;
     bool int_matvec_;  // Settings::cuda_int_matvec
     bool pdl_;         // Settings::cuda_pdl on a device that has it (sm_90 and later)
+    bool att_quantized_ = false;  // the last attention() also wrote its output into xq_
     bool flash_;       // Settings::cuda_flash_attention
     // The step begin() announced: its first position, and whether it writes the last of the first kKvOffsetPositions
     // rows of a K with offsets and so sets them (engine/kv_offset.h).
@@ -318,9 +319,13 @@ void CudaOps::attention(float* out, const float* q, int l, int n) {
     // gives the output in it, and it turns back. q is not read after attention.
     const int64_t rows = int64_t(n) * c_.n_heads;
     if (kv_type_quantized(kv_.k_type)) kv_rotate_rows(const_cast<float*>(q), rows, c_.head_dim, stream_);
+    // One token's output is also quantized where it is made, for the output projection's integer product (not
+    // through a quantized V: its output turns back after attention).
+    att_quantized_ =
+        n == 1 && !kv_type_quantized(kv_.v_type) && c_.head_dim % 32 == 0 && use_int(w_.layers[size_t(l)].wo);
     if (n == 1)
-        attention_decode(out, partials_, counters_, q, layer_k(l), layer_v(l), layer_offsets(l), d_step_, c_.n_heads,
-                         kv_, splits_, stream_);
+        attention_decode(out, att_quantized_ ? xq_ : nullptr, partials_, counters_, q, layer_k(l), layer_v(l),
+                         layer_offsets(l), d_step_, c_.n_heads, kv_, splits_, stream_);
     else
         attention_prefill(out, q, layer_k(l), layer_v(l), layer_offsets(l), d_step_, n, c_.n_heads, kv_, flash_,
                           stream_);
@@ -328,7 +333,12 @@ void CudaOps::attention(float* out, const float* q, int l, int n) {
 }
 
 void CudaOps::out_proj_add(float* x, const float* att, int l, int n) {
-    proj(x, w_.layers[size_t(l)].wo, att, n, true);  // the residual add is the product's accumulate
+    const DevWeight& wo = w_.layers[size_t(l)].wo;
+    if (att_quantized_) {  // xq_: att as quantized by attention_decode
+        matvec_int(RowSplit::one(x, wo.rows), wo, xq_, true, pdl_, stream_);
+        return;
+    }
+    proj(x, wo, att, n, true);  // the residual add is the product's accumulate
 }
 
 void CudaOps::norm_swiglu(float* h, const float* x, int l, int n) {

@@ -57,20 +57,7 @@ KVGEN_HD void rmsnorm_body(const Ctx& ctx, int block_threads, const float* __res
     for (int j = t; j < dim; j += block_threads) {  // with xq, the same trip count for the whole warp
         const float v = xi[j] * inv * w[j];
         oi[j] = v;
-        if (qi) {
-            const float d = act_scale(ctx.warp_max(fabsf(v)));
-            const int q = act_quant(v, act_inverse_scale(d));
-            // note: exact: |sum| <= 32 * 32512 < 2^24
-            const float s = ctx.warp_sum(float(q)), h0 = ctx.warp_sum(j % 32 < 16 ? float(q) : 0.0f);
-            ActBlock& a = qi[j / 32];
-            a.q[j % 32] = int16_t(q);
-            if (j % 32 == 0) {
-                a.d = d;
-                a.s = int(s);
-                a.h[0] = int(h0);
-                a.h[1] = int(s) - int(h0);
-            }
-        }
+        if (qi) quantize_act_warp(ctx, v, j % 32, qi[j / 32]);
     }
 }
 

@@ -69,6 +69,24 @@ KVGEN_HD void quantize_act_item(int64_t b, const float* __restrict__ x, ActBlock
     out[b].h[1] = h[1];
 }
 
+// The same block written by the 32 lanes of a warp, lane l holding value l: its largest magnitude and sums of q by
+// warp reductions (exact: |sum| <= 32 * 32512 < 2^24). Ctx: a thread context with warp_max and warp_sum
+// (DeviceThread, or the host emulation's).
+#pragma nv_exec_check_disable
+template <class Ctx>
+KVGEN_HD void quantize_act_warp(const Ctx& ctx, float v, int lane, ActBlock& a) {
+    const float d = act_scale(ctx.warp_max(fabsf(v)));
+    const int q = act_quant(v, act_inverse_scale(d));
+    const float s = ctx.warp_sum(float(q)), h0 = ctx.warp_sum(lane < 16 ? float(q) : 0.0f);
+    a.q[lane] = int16_t(q);
+    if (lane == 0) {
+        a.d = d;
+        a.s = int(s);
+        a.h[0] = int(h0);
+        a.h[1] = int(s) - int(h0);
+    }
+}
+
 // Whether a type has an integer decode product.
 KVGEN_HD bool has_int_matvec(GgmlType t) {
     return t == GgmlType::Q4_0 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K || t == GgmlType::Q6_K;

@@ -343,10 +343,11 @@ __global__ void __launch_bounds__(kAttnThreads)
     attention_decode_kernel(const float* __restrict__ q, const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc,
                             const float* __restrict__ k_offsets, const int* __restrict__ d_pos0, int n_rep,
                             KvLayout kv, int splits, float scale, float* __restrict__ partials,
-                            int* __restrict__ counters, float* __restrict__ out) {
+                            int* __restrict__ counters, float* __restrict__ out, ActBlock* __restrict__ xq) {
+    pdl_trigger();  // the output projection, which reads xq, may start loading its weights
     __shared__ float sm[kAttnDecodeShared<NQ, E>];
     attention_decode_body<NQ, E, F16>(DeviceThread{sm}, q, kc, vc, k_offsets, d_pos0, n_rep, kv, splits, scale,
-                                      partials, counters, out);
+                                      partials, counters, out, xq);
 }
 
 __global__ void attention_generic_kernel(const float* __restrict__ q, const uint8_t* __restrict__ kc,
@@ -369,8 +370,9 @@ void attention_generic(float* out, const float* q, const uint8_t* k_cache, const
 }
 
 __global__ void attention_combine_kernel(const float* __restrict__ partials, int splits, int hd,
-                                         float* __restrict__ out) {
-    attention_combine_body(DeviceThread{nullptr}, int(blockDim.x), partials, splits, hd, out);
+                                         float* __restrict__ out, ActBlock* __restrict__ xq) {
+    pdl_trigger();
+    attention_combine_body(DeviceThread{nullptr}, int(blockDim.x), partials, splits, hd, out, xq);
 }
 
 template <int NQ, int E>
@@ -713,10 +715,11 @@ int attention_counters(int n_heads, const KvLayout& kv) {
     return n_heads / heads_per_block(n_heads / kv.n_kv_heads);
 }
 
-void attention_decode(float* out, float* partials, int* counters, const float* q, const uint8_t* k_cache,
+void attention_decode(float* out, ActBlock* xq, float* partials, int* counters, const float* q, const uint8_t* k_cache,
                       const uint8_t* v_cache, const float* k_offsets, const int* d_pos0, int n_heads,
                       const KvLayout& kv, int splits, cudaStream_t s) {
     KVGEN_ASSERT(kv_cache_supported(kv));
+    KVGEN_ASSERT(!xq || kv.head_dim % 32 == 0);
     KVGEN_ASSERT((k_offsets != nullptr) == kv.k_offsets());
     const int n_rep = n_heads / kv.n_kv_heads;
     const float scale = 1.0f / std::sqrt(float(kv.head_dim));
@@ -725,15 +728,19 @@ void attention_decode(float* out, float* partials, int* counters, const float* q
         const dim3 grid(unsigned(n_heads / NQ), unsigned(splits));
         if (!kv.quantized())
             attention_decode_kernel<NQ, E, true><<<grid, kAttnThreads, 0, s>>>(
-                q, k_cache, v_cache, nullptr, d_pos0, n_rep, kv, splits, scale, partials, counters, out);
+                q, k_cache, v_cache, nullptr, d_pos0, n_rep, kv, splits, scale, partials, counters, out, xq);
         else if constexpr (E == 2 || E == 4)  // head_dim 64, 128: kv_quantized_head_dim
             attention_decode_kernel<NQ, E, false><<<grid, kAttnThreads, 0, s>>>(
-                q, k_cache, v_cache, k_offsets, d_pos0, n_rep, kv, splits, scale, partials, counters, out);
+                q, k_cache, v_cache, k_offsets, d_pos0, n_rep, kv, splits, scale, partials, counters, out, xq);
     });
-    if (!ok) return attention_generic(out, q, k_cache, v_cache, d_pos0, 1, n_heads, kv, s);
+    if (!ok) {
+        attention_generic(out, q, k_cache, v_cache, d_pos0, 1, n_heads, kv, s);
+        if (xq) quantize_act(xq, out, int64_t(n_heads) * kv.head_dim, s);
+        return;
+    }
     KVGEN_CUDA_LAUNCHED("attention_decode");
     if (counters) return;  // combined by each head group's last block
-    attention_combine_kernel<<<n_heads, 128, 0, s>>>(partials, splits, kv.head_dim, out);
+    attention_combine_kernel<<<n_heads, 128, 0, s>>>(partials, splits, kv.head_dim, out, xq);
     KVGEN_CUDA_LAUNCHED("attention_combine");
 }
 

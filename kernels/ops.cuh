@@ -128,9 +128,11 @@ int64_t attention_partials(int n_heads, int head_dim, int splits);
 // One query (position *d_pos0) of each head over cache positions 0 ..= *d_pos0: flash-decoding, positions split
 // across `splits` blocks per query-head group, then a log-sum-exp combine: by each group's last block when counters
 // is given (attention_counters() ints, zero before the first launch; they are left at zero), else by a second
-// kernel. q, out: [n_heads][head_dim]. Twin: cpu::attention with n = 1.
+// kernel. q, out: [n_heads][head_dim]. With xq (may be null; head_dim a multiple of 32) out is also written as
+// n_heads * head_dim / 32 ActBlocks, quantized where each value is made (the output projection's integer input).
+// Twins: cpu::attention with n = 1, then quantize_act of the output.
 int attention_counters(int n_heads, const KvLayout& kv);
-void attention_decode(float* out, float* partials, int* counters, const float* q, const uint8_t* k_cache,
+void attention_decode(float* out, ActBlock* xq, float* partials, int* counters, const float* q, const uint8_t* k_cache,
                       const uint8_t* v_cache, const float* k_offsets, const int* d_pos0, int n_heads,
                       const KvLayout& kv, int splits, cudaStream_t s);
 // n queries at positions *d_pos0 + i, each over cache positions 0 ..= its own (causal). With tensor_cores, head_dim

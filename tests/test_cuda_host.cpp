@@ -374,6 +374,26 @@ TEST_CASE("the CUDA attention kernels' bodies, run on the host, match cpu::atten
                 CHECK(worst <= 2e-5f * scale);
                 if (n == 1)  // the combine folded into the decode kernel: the same sums in the same order
                     CHECK(cuda::host::attention(c, q, k, v, pos0, n, n_ctx, splits, true) == got);
+                if (n == 1 && s.hd % 32 == 0) {
+                    // The output quantized where it is made (the output projection's input), by either combine:
+                    // the blocks quantize_act makes of it.
+                    const std::vector<cuda::host::HostActBlock> want_q = cuda::host::quantize_act(got);
+                    for (bool fold : {false, true}) {
+                        std::vector<cuda::host::HostActBlock> xq;
+                        const std::vector<float> o = cuda::host::attention(c, q, k, v, pos0, n, n_ctx, splits, fold,
+                                                                           true, KvType::F16, KvType::F16, &xq);
+                        CHECK(o == got);
+                        REQUIRE(xq.size() == want_q.size());
+                        for (size_t b = 0; b < xq.size(); ++b) {
+                            INFO("fold " << fold << " block " << b);
+                            CHECK(xq[b].d == want_q[b].d);
+                            CHECK(xq[b].s == want_q[b].s);
+                            CHECK(xq[b].h[0] == want_q[b].h[0]);
+                            CHECK(xq[b].h[1] == want_q[b].h[1]);
+                            CHECK(std::equal(xq[b].q, xq[b].q + 32, want_q[b].q));
+                        }
+                    }
+                }
             }
         }
     }

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstring>
 #include <vector>
 
 #include "attention.cuh"
@@ -351,12 +353,22 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
         Dev<float> partials(size_t(attention_partials(c.n_heads, c.head_dim, splits)));
         Dev<int> counters(std::vector<int>(size_t(attention_counters(c.n_heads, kv)), 0));
         poison(partials);
-        attention_decode(out.p, partials.p, fold ? counters.p : nullptr, dq.p, kc.p, vc.p, koff, pos.p, c.n_heads, kv,
-                         splits, nullptr);
+        // The output also as ActBlocks where the backend asks for them (an f16 V), checked against quantize_act of it.
+        const bool blocks = !kv_type_quantized(vt) && c.head_dim % 32 == 0;
+        Dev<ActBlock> xq(blocks ? size_t(rows) * c.head_dim / 32 : 0), want(xq.n);
+        attention_decode(out.p, blocks ? xq.p : nullptr, partials.p, fold ? counters.p : nullptr, dq.p, kc.p, vc.p,
+                         koff, pos.p, c.n_heads, kv, splits, nullptr);
         if (kv_type_quantized(vt)) kv_rotate_rows(out.p, rows, c.head_dim, nullptr);
         const std::vector<float> result = out.get();
         for (int cnt : counters.get())
             if (cnt != 0) throw Error("attention_decode: a head group's counter was not reset");
+        if (blocks) {
+            quantize_act(want.p, out.p, rows * c.head_dim, nullptr);
+            const std::vector<ActBlock> got = xq.get(), ref = want.get();
+            for (size_t b = 0; b < got.size(); ++b)
+                if (std::memcmp(&got[b], &ref[b], offsetof(ActBlock, h) + sizeof(ActBlock::h)) != 0)
+                    throw Error(fmt::format("attention_decode: ActBlock {} differs from quantize_act of the output", b));
+        }
         return result;
     }
     attention_prefill(out.p, dq.p, kc.p, vc.p, koff, pos.p, n, c.n_heads, kv, tensor_cores, nullptr);

@@ -113,14 +113,18 @@ std::vector<ActBlock> act_blocks(const std::vector<float>& x) {
 }
 }  // namespace
 
-std::vector<HostActBlock> quantize_act(const std::vector<float>& x) {
+std::vector<HostActBlock> host_blocks(const std::vector<ActBlock>& blocks) {
     std::vector<HostActBlock> out;
-    for (const ActBlock& a : act_blocks(x)) {
+    for (const ActBlock& a : blocks) {
         HostActBlock h{a.d, a.s, {a.h[0], a.h[1]}, {}};
         std::copy(a.q, a.q + 32, h.q);
         out.push_back(h);
     }
     return out;
+}
+
+std::vector<HostActBlock> quantize_act(const std::vector<float>& x) {
+    return host_blocks(act_blocks(x));
 }
 
 namespace {
@@ -474,7 +478,7 @@ void kv_write(KvBytes& cache, const void* k, const void* v, int n) {
 
 std::vector<float> attention(const Config& c, const std::vector<float>& q_in, const std::vector<float>& k,
                              const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold,
-                             bool tensor_cores, KvType kt, KvType vt) {
+                             bool tensor_cores, KvType kt, KvType vt, std::vector<HostActBlock>* xq) {
     const int hd = c.head_dim, n_rep = c.n_heads / c.n_kv_heads;
     // One layer's cache as store_kv writes it (no RoPE here): the positions before the queries' as one step, theirs
     // as the next.
@@ -515,23 +519,26 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q_in, co
         if (n == 1) {
             std::vector<float> partials(size_t(c.n_heads) * splits * (hd + 2), NAN);
             std::vector<int> counters(size_t(groups), 0);
+            std::vector<ActBlock> blocks(xq ? out.size() / 32 : 0);
+            ActBlock* xb = xq ? blocks.data() : nullptr;
             run_grid(groups, splits, kAttnThreads, size_t(kAttnDecodeShared<NQ, E>), [&](const HostThread& t) {
                 int* cnt = fold ? counters.data() : nullptr;
                 if (!kv.quantized())
                     attention_decode_body<NQ, E, true>(t, q.data(), kc, vc, nullptr, &pos0, n_rep, kv, splits, scale,
-                                                       partials.data(), cnt, out.data());
+                                                       partials.data(), cnt, out.data(), xb);
                 else
                     attention_decode_body<NQ, E, false>(t, q.data(), kc, vc, koff, &pos0, n_rep, kv, splits, scale,
-                                                        partials.data(), cnt, out.data());
+                                                        partials.data(), cnt, out.data(), xb);
             });
             if (fold) {
                 for (int cnt : counters)
                     if (cnt != 0) throw Error("attention: a head group's counter was not reset");
             } else {
                 run_grid(c.n_heads, 1, 64, 0, [&](const HostThread& t) {
-                    attention_combine_body(t, 64, partials.data(), splits, hd, out.data());
+                    attention_combine_body(t, 64, partials.data(), splits, hd, out.data(), xb);
                 });
             }
+            if (xq) *xq = host_blocks(blocks);
         } else {
             run_grid(groups, (n + kAttnWarps - 1) / kAttnWarps, kAttnThreads, 0, [&](const HostThread& t) {
                 attention_prefill_body<NQ, E>(t, q.data(), kc, vc, &pos0, n, c.n_heads, n_rep, kv, scale, out.data());

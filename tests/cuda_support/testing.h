@@ -132,10 +132,11 @@ std::vector<int> row_split_targets(int64_t rows, int64_t end0, int64_t end1);
 // them in f16 (dequantize_rows_body, every block of it), read back as floats.
 std::vector<float> dequantize_rows(GgmlType type, const uint8_t* bytes, int64_t cols, int64_t r0, int64_t n_rows);
 // The attention kernels' own bodies (attention.cuh) run on the host, each CUDA thread a fiber; arguments as
-// cuda::testing::attention.
+// cuda::testing::attention. With xq, one token's decode also writes its output as the ActBlocks it quantizes.
 std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
                              const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold = false,
-                             bool tensor_cores = true, KvType kt = KvType::F16, KvType vt = KvType::F16);
+                             bool tensor_cores = true, KvType kt = KvType::F16, KvType vt = KvType::F16,
+                             std::vector<HostActBlock>* xq = nullptr);
 using testing::KvBytes;
 // store_step and kv_write with the kernels' items run on the host (store_kv_item, store_kv_row_item, kv_offset_item).
 void store_step(KvBytes& cache, int l, const float* k, const float* v, int pos0, int n);
