@@ -321,8 +321,9 @@ void CudaOps::attention(float* out, const float* q, int l, int n) {
     if (kv_type_quantized(kv_.k_type)) kv_rotate_rows(const_cast<float*>(q), rows, c_.head_dim, stream_);
     // One token's output is also quantized where it is made, for the output projection's integer product (not
     // through a quantized V: its output turns back after attention).
-    att_quantized_ =
-        n == 1 && !kv_type_quantized(kv_.v_type) && c_.head_dim % 32 == 0 && use_int(w_.layers[size_t(l)].wo);
+    const DevWeight& wo = w_.layers[size_t(l)].wo;
+    KVGEN_ASSERT(wo.cols == int64_t(c_.n_heads) * c_.head_dim);  // out_proj_add reads all of out's blocks
+    att_quantized_ = n == 1 && !kv_type_quantized(kv_.v_type) && c_.head_dim % 32 == 0 && use_int(wo);
     if (n == 1)
         attention_decode(out, att_quantized_ ? xq_ : nullptr, partials_, counters_, q, layer_k(l), layer_v(l),
                          layer_offsets(l), d_step_, c_.n_heads, kv_, splits_, stream_);

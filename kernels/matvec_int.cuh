@@ -312,17 +312,19 @@ KVGEN_HD float unit_dot(const UnitWeights<GgmlType::Q6_K>& w, int u, const UnitA
 // SwiGLU's gate and up), striding over their units, so each unit's activations are loaded once for all of them and
 // every lane has NM * R rows' 16-byte weight loads in flight at once. The block is as wide as the row's units need,
 // up to kMviMaxWarps, in as few passes as that allows and then in equal ones (4096 columns: 4 warps, one pass; 5120:
-// 5; 11008: 11; 13824: 14; 28672: 14 warps, two passes), so that no pass leaves most of the block idle. acc[m][r]:
-// this thread's share of row r0 + r of matrix m, summed over its units in the same order whatever NM and R.
-constexpr int kMviMaxWarps = 16;
+// 5; 11008: 6 x 2 passes; 13824: 7 x 2), so that no pass leaves most of the block idle; at most 8 warps, so that two
+// blocks fit an SM at the kernels' registers and one's start and end hide behind the other's loads. acc[m][r]: this
+// thread's share of row r0 + r of matrix m, summed over its units in the same order whatever NM and R.
+constexpr int kMviMaxWarps = 8;
 constexpr int kMviRows = 4;     // rows per block of one matrix
 constexpr int kMviGluRows = 2;  // rows per block of each of gate and up
 
 KVGEN_HD int mvi_warps(int n_units) {
+    if (n_units <= 32) return 1;
     const int max_threads = 32 * kMviMaxWarps;
     const int passes = (n_units + max_threads - 1) / max_threads;
     const int per_pass = (n_units + passes - 1) / passes;
-    return per_pass < 32 ? 1 : (per_pass + 31) / 32;
+    return (per_pass + 31) / 32;
 }
 
 template <GgmlType T, int NM, int R>

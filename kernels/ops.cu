@@ -201,10 +201,10 @@ __device__ __forceinline__ float block_rows_sum(const float (&acc)[R], float (&p
 }
 
 // grid = rows / kMviRows, block = 32 mvi_warps(n_units) threads: the block's threads stride over the units of its
-// rows (matvec_int_thread). At most 128 registers (a block of up to 512 threads per SM), so that every row's loads
+// rows (matvec_int_thread). At most 128 registers (two blocks of up to 256 threads per SM), so that every row's loads
 // are issued before the first is used.
 template <GgmlType T>
-__global__ void __launch_bounds__(32 * kMviMaxWarps, 1)
+__global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
     matvec_int_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int n_units, int64_t rows,
                       const ActBlock* __restrict__ x, RowSplit y, int accumulate) {
     __shared__ float part[kMviMaxWarps][kMviRows];
@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(32 * kMviMaxWarps, 1)
 
 // grid = rows / kMviGluRows: gate and up rows of a SwiGLU pair in one block, y[r] = silu(gate[r] . x) * (up[r] . x).
 template <GgmlType T>
-__global__ void __launch_bounds__(32 * kMviMaxWarps, 1)
+__global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
     matvec_glu_int_kernel(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int64_t row_bytes,
                           int n_units, int64_t rows, const ActBlock* __restrict__ x, float* __restrict__ y) {
     __shared__ float part[2][kMviMaxWarps][kMviGluRows];

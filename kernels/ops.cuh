@@ -43,7 +43,7 @@ void matvec_split(const RowSplit& y, const DevWeight& w, const float* x, cudaStr
 // One token's product in integers (matvec_int.cuh) for the types int_matvec_ok accepts: x is first quantized to
 // 16-bit activation blocks (count values, a multiple of 32, into count / 32 ActBlocks), then y (+)= W x through a
 // RowSplit. pdl: launched as a programmatic dependent launch (sm_90 only), so that its weights start streaming while
-// the kernel before it (the norm or quantize_act that writes x, which let it start) still runs. Twins:
+// the kernel before it (the norm, attention or quantize_act that writes x, which let it start) still runs. Twins:
 // cpu::quantize_a32 and the double-precision product of the dequantized rows.
 bool int_matvec_ok(const DevWeight& w);
 void quantize_act(ActBlock* out, const float* x, int64_t count, cudaStream_t s);

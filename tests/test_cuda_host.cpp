@@ -261,18 +261,19 @@ TEST_CASE("the integer decode product, run on the host: the CPU's activation rou
         CHECK(std::equal(dev[b].q, dev[b].q + 32, cpu_blocks[b].q));
     }
 
-    // Every type on blocks of 1, 3, 4 and 16 warps (96 / 768 / 4096 / 16384 columns: 3 / 24 / 128 / 512 units) and
-    // of two passes of 10 warps (20480 columns), rows not a multiple of the block's 4, and rows whose device layout is
-    // padded (96 and 768 columns: 54 / 102 / 630 bytes to 64 / 112 / 640): on the host a misaligned 16-byte load
-    // throws.
+    // Every type on blocks of 1 warp (96 and 768 columns: 3 and 24 units), 3 with the last partly idle (2816: 88), 4
+    // (4096: 128), 8 x 2 passes (16384: 512) and 7 x 3 passes (20480: 640), rows not a multiple of the block's 4,
+    // and rows whose device layout is padded (96 and 768 columns: 54 / 102 / 630 bytes to 64 / 112 / 640): on the
+    // host a misaligned 16-byte load throws.
     CHECK(cuda::host::matvec_int_warps(3) == 1);
+    CHECK(cuda::host::matvec_int_warps(88) == 3);
     CHECK(cuda::host::matvec_int_warps(160) == 5);
-    CHECK(cuda::host::matvec_int_warps(344) == 11);
-    CHECK(cuda::host::matvec_int_warps(512) == 16);
-    CHECK(cuda::host::matvec_int_warps(640) == 10);
-    CHECK(cuda::host::matvec_int_warps(896) == 14);
+    CHECK(cuda::host::matvec_int_warps(344) == 6);
+    CHECK(cuda::host::matvec_int_warps(512) == 8);
+    CHECK(cuda::host::matvec_int_warps(640) == 7);
+    CHECK(cuda::host::matvec_int_warps(513) == 6);
     for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
-        for (const int64_t n_cols : {96, 768, 4096, 16384, 20480}) {
+        for (const int64_t n_cols : {96, 768, 2816, 4096, 16384, 20480}) {
             GgmlType t;
             REQUIRE(ggml_type_from_name(name, &t));
             if (n_cols % ggml_type_info(t)->block_size != 0) continue;
@@ -355,9 +356,10 @@ TEST_CASE("the CUDA attention kernels' bodies, run on the host, match cpu::atten
     };
     cpu::ThreadPool pool(1);
     uint32_t seed = 21;
+    // The last four shapes take the one-thread-per-query fallback.
     for (const Shape s :
          {Shape{4, 2, 64}, Shape{3, 1, 128}, Shape{6, 2, 96}, Shape{2, 2, 256}, Shape{8, 1, 32}, Shape{5, 5, 64},
-          Shape{2, 2, 4}, Shape{4, 2, 80}, Shape{6, 3, 48}}) {  // the last three: the one-thread-per-query fallback
+          Shape{2, 2, 4}, Shape{4, 2, 80}, Shape{6, 3, 48}, Shape{2, 1, 192}}) {
         const Config c = test::attention_config(s.n_heads, s.n_kv, s.hd);
         const int n_ctx = 80;
         for (const auto& [pos0, n] :

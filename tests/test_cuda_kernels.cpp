@@ -2,6 +2,7 @@
 // index or an element left unwritten fails.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -210,6 +211,44 @@ TEST_CASE("decode matvec and prefill GEMM match a double-precision product for e
             }
         require_close(ct::gemm(w, x, n, &y0), want_g, 1e-5 * mag * double(cols) / 32);
     }
+}
+
+TEST_CASE("the integer decode products on blocks of 3 to 8 warps and of several passes", "[cuda][kernels]") {
+    // 2816 columns: 3 warps, the last partly idle; 4096: 4; 13824: 7 x 2 passes; 16384: 8 x 2; 16416: 6 x 3; 20480:
+    // 7 x 3 (mvi_warps). Gate and up of SwiGLU: 2 rows each per block.
+    for (const char* name : {"Q4_0", "Q4_K", "Q6_K"})
+        for (const int64_t cols : {2816, 4096, 13824, 16384, 16416, 20480}) {
+            GgmlType t;
+            REQUIRE(ggml_type_from_name(name, &t));
+            if (cols % ggml_type_info(t)->block_size != 0) continue;
+            INFO(name << " cols " << cols);
+            const int64_t rows = 9;
+            const std::vector<uint8_t> b = random_weights(t, rows, cols, 23), b_up = random_weights(t, rows, cols, 29);
+            std::vector<float> wf(size_t(rows * cols)), uf(size_t(rows * cols));
+            dequantize_row(t, b.data(), wf.data(), rows * cols);
+            dequantize_row(t, b_up.data(), uf.data(), rows * cols);
+            const std::vector<float> x = randn(size_t(cols), 31);
+            std::vector<float> want(static_cast<size_t>(rows)), up(static_cast<size_t>(rows));
+            double mag = 0;
+            for (int64_t r = 0; r < rows; ++r) {  // mag: the largest sum of a row's products' magnitudes
+                double s = 0, su = 0, m = 0, mu = 0;
+                for (int64_t j = 0; j < cols; ++j) {
+                    s += double(wf[size_t(r * cols + j)]) * x[size_t(j)];
+                    su += double(uf[size_t(r * cols + j)]) * x[size_t(j)];
+                    m += std::fabs(double(wf[size_t(r * cols + j)]) * x[size_t(j)]);
+                    mu += std::fabs(double(uf[size_t(r * cols + j)]) * x[size_t(j)]);
+                }
+                want[size_t(r)] = float(s);
+                up[size_t(r)] = float(su);
+                mag = std::max({mag, m, mu});
+            }
+            const ct::HostWeight w{t, rows, cols, &b}, wu{t, rows, cols, &b_up};
+            require_close(ct::matvec_int(w, x), want, 1e-4 * mag);
+            // silu(g) u moves by at most 1.1 |u| dg + |g| du
+            std::vector<float> g = want;
+            cpu::swiglu(g.data(), up.data(), rows);
+            require_close(ct::matvec_glu_int(w, wu, x), g, 1e-4 * mag * 2 * (max_abs(up) + max_abs(want)));
+        }
 }
 
 TEST_CASE("the prefill GEMM of a weight larger than one decoded chunk covers every row", "[cuda][kernels]") {

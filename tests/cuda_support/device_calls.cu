@@ -356,6 +356,7 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
         // The output also as ActBlocks where the backend asks for them (an f16 V), checked against quantize_act of it.
         const bool blocks = !kv_type_quantized(vt) && c.head_dim % 32 == 0;
         Dev<ActBlock> xq(blocks ? size_t(rows) * c.head_dim / 32 : 0), want(xq.n);
+        poison(xq);
         attention_decode(out.p, blocks ? xq.p : nullptr, partials.p, fold ? counters.p : nullptr, dq.p, kc.p, vc.p,
                          koff, pos.p, c.n_heads, kv, splits, nullptr);
         if (kv_type_quantized(vt)) kv_rotate_rows(out.p, rows, c.head_dim, nullptr);

@@ -534,8 +534,8 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q_in, co
                 for (int cnt : counters)
                     if (cnt != 0) throw Error("attention: a head group's counter was not reset");
             } else {
-                run_grid(c.n_heads, 1, 64, 0, [&](const HostThread& t) {
-                    attention_combine_body(t, 64, partials.data(), splits, hd, out.data(), xb);
+                run_grid(c.n_heads, 1, 128, 0, [&](const HostThread& t) {  // attention_combine_kernel's block
+                    attention_combine_body(t, 128, partials.data(), splits, hd, out.data(), xb);
                 });
             }
             if (xq) *xq = host_blocks(blocks);
@@ -549,6 +549,7 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q_in, co
         if (!attention_head_dim_supported(hd)) throw Error(fmt::format("no attention kernel for head_dim {}", hd));
         for (int64_t g = 0; g < int64_t(n) * c.n_heads; ++g)
             attention_generic_item(g, q.data(), kc, vc, &pos0, c.n_heads, n_rep, kv, scale, out.data());
+        if (xq) *xq = quantize_act(out);  // as attention_decode does after the generic kernel
     }
     unrotate();
     return out;
