@@ -39,6 +39,9 @@ struct DeviceThread {
         for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
         return v;
     }
+    __device__ __forceinline__ float shfl_xor(float v, int o) const {
+        return __shfl_xor_sync(0xffffffffu, v, o);
+    }
     __device__ __forceinline__ void sync() const {
         __syncthreads();
     }
@@ -149,17 +152,95 @@ KVGEN_HD void warp_attend_typed(const Ctx& ctx, const float (&q)[NQ][E], const u
     }
 }
 
+// An f16 cache read 16 bytes a lane (head_dim 32 E, E 1, 2 or 4, at most 4 query heads): a row's halves are held by
+// G = 4 E lanes, 8 each, so a warp reads R = 8 / E rows at once. Subgroup s = lane / G takes positions tw + s,
+// tw + s + step, ... (tw and the loop warp-uniform; step = R x the warps sharing the range), with an online softmax
+// of its own; merge_subgroups folds the R states into every lane at the end. A position's score is reduced over G
+// lanes only (log2 G shuffles, against 5 per position in warp_attend_typed), and each lane has P positions' 32 bytes
+// in flight before the first is used. note: 8 query heads would hold 128 floats of q and o a lane, and the registers
+// left would allow fewer bytes in flight per multiprocessor than warp_attend_typed's (measured with ptxas: 188
+// registers, one position a subgroup).
+template <int NQ, int E>
+constexpr bool kAttnWide = (E == 1 || E == 2 || E == 4) && NQ <= 4;
+
 #pragma nv_exec_check_disable
 template <int NQ, int E, class Ctx>
-KVGEN_HD void load_query(const Ctx& ctx, const float* q, float scale, float (&qr)[NQ][E], float (&m)[NQ],
-                         float (&l)[NQ], float (&o)[NQ][E]) {
-    constexpr int hd = 32 * E;
-    const int lane = ctx.thread() % 32;
+KVGEN_HD void warp_attend_wide(const Ctx& ctx, const float (&q)[NQ][8], const uint8_t* kb, const uint8_t* vb, int tw,
+                               int t1, int step, float (&m)[NQ], float (&l)[NQ], float (&o)[NQ][8]) {
+    constexpr int G = 4 * E, P = NQ <= 2 ? 4 : 2;  // registers: 16 P floats of K and V
+    constexpr int64_t rb = 64 * E;                 // bytes of an f16 row
+    const int lane = ctx.thread() % 32, s = lane / G, c0 = (lane % G) * 8;
+    for (int t = tw; t < t1; t += P * step) {
+        float kr[P][8], vv[P][8];
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+            const int tp = t + s + p * step;
+            if (tp < t1) {
+                load_halves<8>(reinterpret_cast<const __half*>(kb + int64_t(tp) * rb) + c0, kr[p]);
+                load_halves<8>(reinterpret_cast<const __half*>(vb + int64_t(tp) * rb) + c0, vv[p]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) kr[p][e] = vv[p][e] = 0.0f;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < NQ; ++r) {
+            float sc[P];
+#pragma unroll
+            for (int p = 0; p < P; ++p) {
+                float d = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) d = fmaf(q[r][e], kr[p][e], d);
+#pragma unroll
+                for (int x = G / 2; x > 0; x >>= 1) d += ctx.shfl_xor(d, x);  // every lane, valid or not
+                sc[p] = d;
+            }
+#pragma unroll
+            for (int p = 0; p < P; ++p) {
+                if (t + s + p * step >= t1) break;  // per subgroup: no shuffles follow in this loop
+                const float mn = fmaxf(m[r], sc[p]);
+                const float corr = expf(m[r] - mn), pr = expf(sc[p] - mn);
+                l[r] = l[r] * corr + pr;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) o[r][e] = fmaf(o[r][e], corr, pr * vv[p][e]);
+                m[r] = mn;
+            }
+        }
+    }
+}
+
+// The R subgroup states of warp_attend_wide (G lanes each) merged, every lane ending with the warp's (m, l, o) for
+// its 8 columns. A subgroup that saw no position has m = -inf and weighs nothing.
+#pragma nv_exec_check_disable
+template <int NQ, int E, class Ctx>
+KVGEN_HD void merge_subgroups(const Ctx& ctx, float (&m)[NQ], float (&l)[NQ], float (&o)[NQ][8]) {
+#pragma unroll
+    for (int x = 4 * E; x < 32; x <<= 1) {
+#pragma unroll
+        for (int r = 0; r < NQ; ++r) {
+            const float m2 = ctx.shfl_xor(m[r], x), l2 = ctx.shfl_xor(l[r], x);
+            const float mn = fmaxf(m[r], m2);
+            const float a = m[r] == -INFINITY ? 0.0f : expf(m[r] - mn), b = m2 == -INFINITY ? 0.0f : expf(m2 - mn);
+            l[r] = l[r] * a + l2 * b;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const float o2 = ctx.shfl_xor(o[r][e], x);
+                o[r][e] = o[r][e] * a + o2 * b;
+            }
+            m[r] = mn;
+        }
+    }
+}
+
+#pragma nv_exec_check_disable
+template <int NQ, int W>
+KVGEN_HD void load_query(const float* q, int hd, int c0, float scale, float (&qr)[NQ][W], float (&m)[NQ],
+                         float (&l)[NQ], float (&o)[NQ][W]) {
 #pragma unroll
     for (int r = 0; r < NQ; ++r) {
 #pragma unroll
-        for (int e = 0; e < E; ++e) {
-            qr[r][e] = q[r * hd + lane * E + e] * scale;
+        for (int e = 0; e < W; ++e) {
+            qr[r][e] = q[r * hd + c0 + e] * scale;
             o[r][e] = 0.0f;
         }
         m[r] = -INFINITY;
@@ -167,24 +248,34 @@ KVGEN_HD void load_query(const Ctx& ctx, const float* q, float scale, float (&qr
     }
 }
 
-// Head h's output from its splits' partials: out[h] = sum of o_s e^(m_s - M) / sum of l_s e^(m_s - M), the splits
-// taken in order (so the result does not depend on which block runs it).
+// Of a decode launch's splits, the first attention_active_splits(n_pos, splits) take the positions, at least
+// kAttnSplitPositions each, and the rest exit at once: the grid, fixed in a captured graph, is sized for the deepest
+// cache (attention_splits), while a shallow one costs a few blocks and a short combine.
+constexpr int kAttnSplitPositions = 64;
+
+KVGEN_HD int attention_active_splits(int n_pos, int splits) {
+    const int need = (n_pos + kAttnSplitPositions - 1) / kAttnSplitPositions;
+    return need < 1 ? 1 : need < splits ? need : splits;
+}
+
+// Head h's output from its splits' partials (the first `active` of `splits`): out[h] = sum of o_s e^(m_s - M) / sum
+// of l_s e^(m_s - M), the splits taken in order (so the result does not depend on which block runs it).
 #pragma nv_exec_check_disable
 template <class Ctx>
-KVGEN_HD void combine_head(const Ctx& ctx, int block_threads, const float* __restrict__ partials, int splits, int hd,
-                           int h, float* __restrict__ out, ActBlock* __restrict__ xq) {
+KVGEN_HD void combine_head(const Ctx& ctx, int block_threads, const float* __restrict__ partials, int splits,
+                           int active, int hd, int h, float* __restrict__ out, ActBlock* __restrict__ xq) {
     const float* p = partials + int64_t(h) * splits * (hd + 2);
     float mx = -INFINITY;
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, ctx.load_other(p + int64_t(s) * (hd + 2) + hd));
+    for (int s = 0; s < active; ++s) mx = fmaxf(mx, ctx.load_other(p + int64_t(s) * (hd + 2) + hd));
     float sum = 0.0f;
-    for (int s = 0; s < splits; ++s) {
+    for (int s = 0; s < active; ++s) {
         const float* ps = p + int64_t(s) * (hd + 2);
         const float ms = ctx.load_other(ps + hd);
         if (ms != -INFINITY) sum += ctx.load_other(ps + hd + 1) * expf(ms - mx);
     }
     for (int j = ctx.thread(); j < hd; j += block_threads) {
         float acc = 0.0f;
-        for (int s = 0; s < splits; ++s) {
+        for (int s = 0; s < active; ++s) {
             const float* ps = p + int64_t(s) * (hd + 2);
             const float ms = ctx.load_other(ps + hd);
             if (ms != -INFINITY) acc += ctx.load_other(ps + j) * expf(ms - mx);
@@ -198,9 +289,11 @@ KVGEN_HD void combine_head(const Ctx& ctx, int block_threads, const float* __res
 // grid n_heads, any block size: head block_x's combine, for the decode kernel launched without counters.
 #pragma nv_exec_check_disable
 template <class Ctx>
-KVGEN_HD void attention_combine_body(const Ctx& ctx, int block_threads, const float* __restrict__ partials, int splits,
-                                     int hd, float* __restrict__ out, ActBlock* __restrict__ xq) {
-    combine_head(ctx, block_threads, partials, splits, hd, ctx.block_x(), out, xq);
+KVGEN_HD void attention_combine_body(const Ctx& ctx, int block_threads, const float* __restrict__ partials,
+                                     const int* __restrict__ d_pos0, int splits, int hd, float* __restrict__ out,
+                                     ActBlock* __restrict__ xq) {
+    const int active = attention_active_splits(*d_pos0 + 1, splits);
+    combine_head(ctx, block_threads, partials, splits, active, hd, ctx.block_x(), out, xq);
 }
 
 // Shared floats the decode body needs: [warp][NQ][hd + 2].
@@ -223,25 +316,37 @@ KVGEN_HD void attention_decode_body(const Ctx& ctx, const float* __restrict__ q,
     constexpr int hd = 32 * E;
     const int h0 = ctx.block_x() * NQ, g = h0 / n_rep, sp = ctx.block_y();
     const int warp = ctx.thread() / 32, lane = ctx.thread() % 32;
-    const int n_pos = *d_pos0 + 1;
-    const int len = (n_pos + splits - 1) / splits;
+    const int n_pos = *d_pos0 + 1, active = attention_active_splits(n_pos, splits);
+    if (sp >= active) return;  // the whole block, before it counts: the active splits combine
+    const int len = (n_pos + active - 1) / active;
     const int t0 = n_pos < sp * len ? n_pos : sp * len;
     const int t1 = n_pos < t0 + len ? n_pos : t0 + len;
 
-    float qr[NQ][E], m[NQ], l[NQ], o[NQ][E];
-    load_query<NQ, E>(ctx, q + int64_t(h0) * hd, scale, qr, m, l, o);
     const int64_t base = kv.row_index(0, g, 0);
-    const float* koff = k_offsets ? k_offsets + int64_t(g) * hd : nullptr;
-    warp_attend_typed<NQ, E, F16>(ctx, qr, kc + base * kv.k_row_bytes(), vc + base * kv.v_row_bytes(), koff, kv,
-                                  t0 + warp, t1, kAttnWarps, m, l, o);
+    const uint8_t *kb = kc + base * kv.k_row_bytes(), *vb = vc + base * kv.v_row_bytes();
+    constexpr bool wide = F16 && kAttnWide<NQ, E>;
+    constexpr int W = wide ? 8 : E;  // columns a lane holds
+    const int c0 = wide ? (lane % (4 * E)) * 8 : lane * E;
+    float qr[NQ][W], m[NQ], l[NQ], o[NQ][W];
+    load_query<NQ, W>(q + int64_t(h0) * hd, hd, c0, scale, qr, m, l, o);
+    if constexpr (wide) {
+        constexpr int R = 8 / E;
+        warp_attend_wide<NQ, E>(ctx, qr, kb, vb, t0 + warp * R, t1, kAttnWarps * R, m, l, o);
+        merge_subgroups<NQ, E>(ctx, m, l, o);
+    } else {
+        const float* koff = k_offsets ? k_offsets + int64_t(g) * hd : nullptr;
+        warp_attend_typed<NQ, E, F16>(ctx, qr, kb, vb, koff, kv, t0 + warp, t1, kAttnWarps, m, l, o);
+    }
 
     // combine the block's warps through shared memory [warp][NQ][hd + 2]
     float* sm = ctx.shared();
     auto at = [&](int w, int r, int j) -> float& { return sm[(w * NQ + r) * (hd + 2) + j]; };
 #pragma unroll
     for (int r = 0; r < NQ; ++r) {
+        if (!wide || lane < 4 * E) {  // wide: every subgroup holds the merged state; the first writes it
 #pragma unroll
-        for (int e = 0; e < E; ++e) at(warp, r, lane * E + e) = o[r][e];
+            for (int e = 0; e < W; ++e) at(warp, r, c0 + e) = o[r][e];
+        }
         if (lane == 0) {
             at(warp, r, hd) = m[r];
             at(warp, r, hd + 1) = l[r];
@@ -272,14 +377,14 @@ KVGEN_HD void attention_decode_body(const Ctx& ctx, const float* __restrict__ q,
     int* last = reinterpret_cast<int*>(sm);
     if (ctx.thread() == 0) {
         ctx.fence();  // the partials are visible to every block before the count says so
-        last[0] = ctx.atomic_add(&counters[ctx.block_x()], 1) == splits - 1;
+        last[0] = ctx.atomic_add(&counters[ctx.block_x()], 1) == active - 1;
         if (last[0]) counters[ctx.block_x()] = 0;  // every split has counted: ready for the next launch
     }
     ctx.sync();
     if (!last[0]) return;
     ctx.fence();
 #pragma unroll
-    for (int r = 0; r < NQ; ++r) combine_head(ctx, kAttnThreads, partials, splits, hd, h0 + r, out, xq);
+    for (int r = 0; r < NQ; ++r) combine_head(ctx, kAttnThreads, partials, splits, active, hd, h0 + r, out, xq);
 }
 
 // grid (n_heads / NQ, ceil(n / kAttnWarps)): warp w takes query i = block_y * kAttnWarps + w over positions
@@ -296,7 +401,7 @@ KVGEN_HD void attention_prefill_body(const Ctx& ctx, const float* __restrict__ q
     if (i >= n) return;  // the whole warp
     float qr[NQ][E], m[NQ], l[NQ], o[NQ][E];
     const int64_t row = (int64_t(i) * n_heads + h0) * hd;
-    load_query<NQ, E>(ctx, q + row, scale, qr, m, l, o);
+    load_query<NQ, E>(q + row, hd, lane * E, scale, qr, m, l, o);
     const int64_t base = kv.row_index(0, g, 0);
     // note: f16 only (a quantized cache prefills through flash_attention.cuh): the type switch in this unrolled loop
     // costs the kernel every register and spills.

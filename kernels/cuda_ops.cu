@@ -38,9 +38,6 @@ int sm_count_of(int device) {
     return n;
 }
 
-// The split count plan_memory assumes before a device is chosen: the most attention_splits gives, an upper bound.
-constexpr int kMaxSplits = 64;
-
 class CudaOps final : public Ops {
 public:
     CudaOps(const Model& model, const Settings& s, int device);
@@ -403,7 +400,7 @@ CudaMemoryPlan plan_memory(const Model& model, const Settings& s) {
     const Config& c = model.config;
     const KvLayout kv = KvLayout::of(c, s.context_size(c), s.kv_type_k, s.kv_type_v);
     // note: the split count depends on the device; the most there can be keeps the plan an upper bound.
-    const int splits = std::min(kMaxSplits, std::max(1, kv.n_ctx));
+    const int splits = attention_max_splits(kv);
     const MemoryPlan p =
         plan_memory(model, kv, s.batch_size(kv.n_ctx), s.logits_rows(kv.n_ctx),
                     attention_partials(c.n_heads, c.head_dim, splits));

@@ -18,6 +18,7 @@
 #include "engine/kv_layout.h"
 #include "engine/kv_offset.h"
 #include "engine/kv_rotation.h"
+#include "quant.cuh"
 
 namespace kvgen::cuda {
 
@@ -33,9 +34,25 @@ KVGEN_HD float kv_half_at(const uint8_t* p) {
     return __half2float(h);
 }
 
+// E halves from p: 16 bytes a load where E is a multiple of 8 (p then 16-byte aligned: a lane's 8 E columns of an f16
+// row, rows 2 head_dim bytes apart), else 8, 4 or 2.
 template <int E>
 KVGEN_HD void load_halves(const __half* p, float (&out)[E]) {
-    if constexpr (E % 4 == 0) {
+    if constexpr (E % 8 == 0) {
+#pragma unroll
+        for (int e = 0; e < E; e += 8) {
+            const uint4 u = ld16(reinterpret_cast<const uint8_t*>(p + e));
+            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                __half2 h;  // note: memcpy, not a cast: the host compiler may assume a __half2 never aliases w
+                memcpy(&h, &w[i], sizeof(h));
+                const float2 f = __half22float2(h);
+                out[e + 2 * i] = f.x;
+                out[e + 2 * i + 1] = f.y;
+            }
+        }
+    } else if constexpr (E % 4 == 0) {
 #pragma unroll
         for (int e = 0; e < E; e += 4) {
             const uint2 u = *reinterpret_cast<const uint2*>(p + e);

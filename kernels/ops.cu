@@ -369,10 +369,10 @@ void attention_generic(float* out, const float* q, const uint8_t* k_cache, const
     KVGEN_CUDA_LAUNCHED("attention_generic");
 }
 
-__global__ void attention_combine_kernel(const float* __restrict__ partials, int splits, int hd,
-                                         float* __restrict__ out, ActBlock* __restrict__ xq) {
+__global__ void attention_combine_kernel(const float* __restrict__ partials, const int* __restrict__ d_pos0,
+                                         int splits, int hd, float* __restrict__ out, ActBlock* __restrict__ xq) {
     pdl_trigger();
-    attention_combine_body(DeviceThread{nullptr}, int(blockDim.x), partials, splits, hd, out, xq);
+    attention_combine_body(DeviceThread{nullptr}, int(blockDim.x), partials, d_pos0, splits, hd, out, xq);
 }
 
 template <int NQ, int E>
@@ -700,11 +700,15 @@ bool attention_head_dim_supported(int hd) {
 }
 
 int attention_splits(int n_heads, const KvLayout& kv, int sm_count) {
-    // note: enough blocks to give every multiprocessor about four, whatever the depth; at small depths the extra
-    // splits find no positions and exit at once.
+    // note: enough blocks to give every multiprocessor about four at a depth that uses them all; a shallower cache
+    // uses the first attention_active_splits of them and the others exit at once.
     const int groups = n_heads / heads_per_block(n_heads / kv.n_kv_heads);
     const int want = (4 * sm_count + groups - 1) / groups;
-    return std::max(1, std::min({want, 64, kv.n_ctx}));
+    return std::max(1, std::min(want, attention_max_splits(kv)));
+}
+
+int attention_max_splits(const KvLayout& kv) {
+    return std::max(1, std::min(kMaxAttnSplits, (kv.n_ctx + kAttnSplitPositions - 1) / kAttnSplitPositions));
 }
 
 int64_t attention_partials(int n_heads, int head_dim, int splits) {
@@ -740,7 +744,7 @@ void attention_decode(float* out, ActBlock* xq, float* partials, int* counters, 
     }
     KVGEN_CUDA_LAUNCHED("attention_decode");
     if (counters) return;  // combined by each head group's last block
-    attention_combine_kernel<<<n_heads, 128, 0, s>>>(partials, splits, kv.head_dim, out, xq);
+    attention_combine_kernel<<<n_heads, 128, 0, s>>>(partials, d_pos0, splits, kv.head_dim, out, xq);
     KVGEN_CUDA_LAUNCHED("attention_combine");
 }
 

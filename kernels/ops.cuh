@@ -120,13 +120,17 @@ void check_cublas(cublasStatus_t st, const char* what);
 // head_dim values attention runs for: every even one up to 256 (32, 64, 96, 128 and 256 by warp kernels, the rest by
 // a one-thread-per-query fallback).
 bool attention_head_dim_supported(int head_dim);
-// Blocks per query-head group for decode (flash-decoding splits) on a device of sm_count multiprocessors.
+// Blocks per query-head group for decode (flash-decoding splits) on a device of sm_count multiprocessors, for the
+// deepest cache kv holds; a launch uses as many of them as the depth gives positions for (attention_active_splits).
+// At most attention_max_splits(kv): kMaxAttnSplits, or the splits kv.n_ctx positions can fill.
+constexpr int kMaxAttnSplits = 64;
 int attention_splits(int n_heads, const KvLayout& kv, int sm_count);
+int attention_max_splits(const KvLayout& kv);
 // Floats of partial results attention_decode needs: n_heads * splits * (head_dim + 2).
 int64_t attention_partials(int n_heads, int head_dim, int splits);
 
 // One query (position *d_pos0) of each head over cache positions 0 ..= *d_pos0: flash-decoding, positions split
-// across `splits` blocks per query-head group, then a log-sum-exp combine: by each group's last block when counters
+// across the first attention_active_splits(*d_pos0 + 1, splits) of `splits` blocks per query-head group, then a log-sum-exp combine: by each group's last block when counters
 // is given (attention_counters() ints, zero before the first launch; they are left at zero), else by a second
 // kernel. q, out: [n_heads][head_dim]. With xq (may be null; head_dim a multiple of 32) out is also written as
 // n_heads * head_dim / 32 ActBlocks, quantized where each value is made (the output projection's integer input).

@@ -356,14 +356,16 @@ TEST_CASE("the CUDA attention kernels' bodies, run on the host, match cpu::atten
     };
     cpu::ThreadPool pool(1);
     uint32_t seed = 21;
-    // The last four shapes take the one-thread-per-query fallback.
-    for (const Shape s :
-         {Shape{4, 2, 64}, Shape{3, 1, 128}, Shape{6, 2, 96}, Shape{2, 2, 256}, Shape{8, 1, 32}, Shape{5, 5, 64},
-          Shape{2, 2, 4}, Shape{4, 2, 80}, Shape{6, 3, 48}, Shape{2, 1, 192}}) {
+    // Decode over an f16 cache reads 16 bytes a lane for head_dim 32, 64 and 128 with at most 4 query heads a block
+    // (the first three, the last two of the next three; kAttnWide), a lane per 1-8 columns otherwise. The last four
+    // shapes take the one-thread-per-query fallback. Depths past kAttnSplitPositions give several active splits.
+    for (const Shape s : {Shape{4, 2, 64}, Shape{3, 1, 128}, Shape{2, 2, 128}, Shape{4, 1, 32}, Shape{5, 5, 64},
+                          Shape{6, 2, 96}, Shape{2, 2, 256}, Shape{8, 1, 32}, Shape{2, 2, 4}, Shape{4, 2, 80},
+                          Shape{6, 3, 48}, Shape{2, 1, 192}}) {
         const Config c = test::attention_config(s.n_heads, s.n_kv, s.hd);
-        const int n_ctx = 80;
-        for (const auto& [pos0, n] :
-             {std::pair{0, 1}, std::pair{1, 1}, std::pair{37, 1}, std::pair{0, 6}, std::pair{9, 11}}) {
+        const int n_ctx = 200;
+        for (const auto& [pos0, n] : {std::pair{0, 1}, std::pair{1, 1}, std::pair{37, 1}, std::pair{130, 1},
+                                      std::pair{199, 1}, std::pair{0, 6}, std::pair{9, 11}}) {
             const auto [q, k, v, want] = test::attention_case(c, n_ctx, pos0, n, seed += 3, pool);
             const float scale = test::max_abs(want);
             for (int splits : n == 1 ? std::vector<int>{1, 3, 16} : std::vector<int>{0}) {
@@ -401,6 +403,23 @@ TEST_CASE("the CUDA attention kernels' bodies, run on the host, match cpu::atten
     }
 }
 
+
+TEST_CASE("decode attention uses as many splits as the depth fills, the grid as many as the deepest cache", "[cuda-host]") {
+    namespace ch = cuda::host;
+    const int per = ch::attention_split_positions();
+    CHECK(ch::attention_active_splits(1, 16) == 1);
+    CHECK(ch::attention_active_splits(per, 16) == 1);
+    CHECK(ch::attention_active_splits(per + 1, 16) == 2);
+    CHECK(ch::attention_active_splits(100 * per, 16) == 16);
+    CHECK(ch::attention_active_splits(5 * per, 1) == 1);
+    // LLaMA-2-7B on 132 multiprocessors: about four blocks each once the depth fills them; fewer for a short context
+    const Config c = test::attention_config(32, 32, 128);
+    const auto kv = [&](int n_ctx) { return KvLayout::of(c, n_ctx, KvType::F16, KvType::F16); };
+    CHECK(ch::attention_splits(32, kv(4096), 132) == 17);
+    CHECK(ch::attention_splits(32, kv(5 * per - 1), 132) == 5);
+    CHECK(ch::attention_max_splits(kv(5 * per - 1)) == 5);
+    CHECK(ch::attention_max_splits(kv(1 << 20)) == 64);
+}
 
 TEST_CASE("flash attention on the tensor cores, its mma fragments run on the host, matches cpu::attention",
           "[cuda-host]") {

@@ -323,6 +323,16 @@ class FiberBlock {
         std::copy(d, d + 4, c);
     }
 
+    // __shfl_xor_sync: lane ^ o's value.
+    float shfl_xor(float v, int o) {
+        const int lane = current_ % 32, base = current_ - lane;
+        exch_[size_t(current_)] = v;
+        wait(kWarp);
+        const float p = exch_[size_t(base + (lane ^ o))];
+        wait(kWarp);
+        return p;
+    }
+
     // The __shfl_xor_sync butterfly: each step combines a lane's value with lane ^ o's, o = first, first / 2 .. 1.
     template <typename Op>
     float butterfly(float v, Op op, int first = 16) {
@@ -385,6 +395,7 @@ struct HostThread {
     float warp_max(float v) const { return b->warp_max(v); }
     float quad_sum(float v) const { return b->quad_sum(v); }
     float quad_max(float v) const { return b->quad_max(v); }
+    float shfl_xor(float v, int o) const { return b->shfl_xor(v, o); }
     void mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b_)[2]) const { b->mma(c, a, b_); }
     float load_other(const float* p) const { return *p; }
     void fence() const {}
@@ -476,6 +487,19 @@ void kv_write(KvBytes& cache, const void* k, const void* v, int n) {
     if (kv.k_offsets() && n >= kKvOffsetPositions) host_kv_offsets(cache, 0, kv.n_layers);
 }
 
+int attention_split_positions() {
+    return kAttnSplitPositions;
+}
+int attention_active_splits(int n_pos, int splits) {
+    return cuda::attention_active_splits(n_pos, splits);
+}
+int attention_splits(int n_heads, const KvLayout& kv, int sm_count) {
+    return cuda::attention_splits(n_heads, kv, sm_count);
+}
+int attention_max_splits(const KvLayout& kv) {
+    return cuda::attention_max_splits(kv);
+}
+
 std::vector<float> attention(const Config& c, const std::vector<float>& q_in, const std::vector<float>& k,
                              const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold,
                              bool tensor_cores, KvType kt, KvType vt, std::vector<HostActBlock>* xq) {
@@ -535,7 +559,7 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q_in, co
                     if (cnt != 0) throw Error("attention: a head group's counter was not reset");
             } else {
                 run_grid(c.n_heads, 1, 128, 0, [&](const HostThread& t) {  // attention_combine_kernel's block
-                    attention_combine_body(t, 128, partials.data(), splits, hd, out.data(), xb);
+                    attention_combine_body(t, 128, partials.data(), &pos0, splits, hd, out.data(), xb);
                 });
             }
             if (xq) *xq = host_blocks(blocks);

@@ -137,6 +137,12 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
                              const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold = false,
                              bool tensor_cores = true, KvType kt = KvType::F16, KvType vt = KvType::F16,
                              std::vector<HostActBlock>* xq = nullptr);
+// Decode attention's split counts: the positions a split takes at least (kAttnSplitPositions), the splits a depth of
+// n_pos uses (attention_active_splits), a launch's splits (attention_splits) and their bound (attention_max_splits).
+int attention_split_positions();
+int attention_active_splits(int n_pos, int splits);
+int attention_splits(int n_heads, const KvLayout& kv, int sm_count);
+int attention_max_splits(const KvLayout& kv);
 using testing::KvBytes;
 // store_step and kv_write with the kernels' items run on the host (store_kv_item, store_kv_row_item, kv_offset_item).
 void store_step(KvBytes& cache, int l, const float* k, const float* v, int pos0, int n);
