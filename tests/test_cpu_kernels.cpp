@@ -510,6 +510,63 @@ TEST_CASE("8-bit products at the extremes: saturated weights and activations giv
     }
 }
 
+TEST_CASE("16-bit products at the extremes: k-quant weights and scales at their limits against activations of "
+          "+-32512 give the reference's bits on the SIMD rows, one token or four",
+          "[cpu][matmul]") {
+    // The largest exact run sums the 16-bit kernels meet (a Q4_K run of 64 columns: 64 * 63 * 15 * 32512 < 2^31), and
+    // the widest vpmaddubsw pairs of AVX2's one-token Q4_K path (the activations' low bytes at 255 against nibbles of
+    // 15). Patterns per block: every bit set (nibbles 15, scales and mins 63), none, 0x80, random.
+    const int64_t rows = 19, cols = 768;
+    for (const char* name : {"Q4_K", "Q5_K", "Q6_K"}) {
+        INFO(name);
+        GgmlType t;
+        REQUIRE(ggml_type_from_name(name, &t));
+        RandomWeight weight(t, rows, cols, 47);
+        const size_t bs = ggml_type_info(t)->type_size;
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t b = 0; b < cols / 256; ++b) {
+                uint8_t* blk = weight.data.data() + size_t(r) * size_t(weight.w.row_bytes) + size_t(b) * bs;
+                const size_t d_at = t == GgmlType::Q6_K ? offsetof(BlockQ6_K, d) : 0, d_len = t == GgmlType::Q6_K ? 2 : 4;
+                std::vector<uint8_t> keep(blk + d_at, blk + d_at + d_len);  // finite f16 scales
+                const int pattern = int((r + b) % 4);
+                if (pattern < 3) std::memset(blk, pattern == 0 ? 0xff : pattern == 1 ? 0x00 : 0x80, bs);
+                if (t == GgmlType::Q6_K && pattern == 0) std::memset(blk + offsetof(BlockQ6_K, scales), 0x7f, 16);
+                std::memcpy(blk + d_at, keep.data(), d_len);
+            }
+        const WeightView& w = weight.w;
+        const int n = 5;  // one token, then four
+        std::vector<float> x = test::randn(size_t(n * cols), 49, 1.0f);
+        for (int i = 0; i < n; ++i)
+            for (int64_t j = 0; j < cols; ++j) {
+                float& v = x[size_t(i * cols + j)];
+                const int kind = int((i + j / 256) % 3);  // a block at +-1 is q = +-32512 everywhere
+                if (kind == 0) v = i % 2 == 0 ? 1.0f : -1.0f;
+                if (kind == 1) v = (j % 2 == 0) == (i % 2 == 0) ? 1.0f : -1.0f;
+            }
+        std::vector<BlockA256> a(size_t(n * cols / 256));
+        for (int i = 0; i < n; ++i) quantize_a256(x.data() + i * cols, a.data() + i * cols / 256, cols);
+        const int64_t stride = cols / 256 * int64_t(sizeof(BlockA256));
+        std::vector<float> ref(size_t(n * rows));
+        for (int i = 0; i < n; ++i)
+            for (int64_t r = 0; r < rows; ++r)
+                kernels::vec_dot_generic(t, ActFormat::A256, w.row(r), a.data() + i * cols / 256, stride, 1,
+                                         &ref[size_t(i * rows + r)], cols);
+        using RowsFn = void (*)(GgmlType, ActFormat, const void*, int64_t, int, const void*, int64_t, int, float*,
+                                int64_t, int64_t);
+        std::vector<std::pair<const char*, RowsFn>> isas;
+        if (has_avx2()) isas.emplace_back("AVX2 rows", kernels::vec_dot_rows_avx2);
+        if (has_avx512_vnni()) isas.emplace_back("AVX-512 rows", kernels::vec_dot_rows_avx512);
+        for (const auto& [isa, fn] : isas) {
+            INFO(isa);
+            std::vector<float> y(ref.size());
+            fn(t, ActFormat::A256, w.data, w.row_bytes, int(rows), a.data(), stride, 1, y.data(), rows, cols);
+            fn(t, ActFormat::A256, w.data, w.row_bytes, int(rows), a.data() + cols / 256, stride, 4, y.data() + rows,
+               rows, cols);
+            CHECK(std::memcmp(y.data(), ref.data(), ref.size() * sizeof(float)) == 0);
+        }
+    }
+}
+
 TEST_CASE("attention's softmax: the AVX2 and portable builds give the same bits, within a few ulp of the exact one",
           "[cpu][attention]") {
     for (int n : {1, 7, 8, 9, 100, 4099}) {
