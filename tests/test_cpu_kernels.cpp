@@ -526,7 +526,8 @@ TEST_CASE("16-bit products at the extremes: k-quant weights and scales at their 
         for (int64_t r = 0; r < rows; ++r)
             for (int64_t b = 0; b < cols / 256; ++b) {
                 uint8_t* blk = weight.data.data() + size_t(r) * size_t(weight.w.row_bytes) + size_t(b) * bs;
-                const size_t d_at = t == GgmlType::Q6_K ? offsetof(BlockQ6_K, d) : 0, d_len = t == GgmlType::Q6_K ? 2 : 4;
+                const bool q6 = t == GgmlType::Q6_K;
+                const size_t d_at = q6 ? offsetof(BlockQ6_K, d) : 0, d_len = q6 ? 2 : 4;
                 std::vector<uint8_t> keep(blk + d_at, blk + d_at + d_len);  // finite f16 scales
                 const int pattern = int((r + b) % 4);
                 if (pattern < 3) std::memset(blk, pattern == 0 ? 0xff : pattern == 1 ? 0x00 : 0x80, bs);

@@ -357,11 +357,13 @@ TEST_CASE("the CUDA attention kernels' bodies, run on the host, match cpu::atten
     cpu::ThreadPool pool(1);
     uint32_t seed = 21;
     // Decode over an f16 cache reads 16 bytes a lane for head_dim 32, 64 and 128 with at most 4 query heads a block
-    // (the first three, the last two of the next three; kAttnWide), a lane per 1-8 columns otherwise. The last four
-    // shapes take the one-thread-per-query fallback. Depths past kAttnSplitPositions give several active splits.
-    for (const Shape s : {Shape{4, 2, 64}, Shape{3, 1, 128}, Shape{2, 2, 128}, Shape{4, 1, 32}, Shape{5, 5, 64},
-                          Shape{6, 2, 96}, Shape{2, 2, 256}, Shape{8, 1, 32}, Shape{2, 2, 4}, Shape{4, 2, 80},
-                          Shape{6, 3, 48}, Shape{2, 1, 192}}) {
+    // (the first seven shapes; kAttnWide), a lane per 1-8 columns otherwise (the next five: head_dim 96 and 256, 8
+    // query heads). The last four shapes take the one-thread-per-query fallback. Depths past the positions a split
+    // takes at least give several active splits.
+    for (const Shape s : {Shape{4, 2, 64}, Shape{3, 1, 128}, Shape{2, 2, 128}, Shape{8, 2, 128}, Shape{4, 1, 32},
+                          Shape{2, 1, 32}, Shape{5, 5, 64}, Shape{6, 2, 96}, Shape{2, 2, 256}, Shape{8, 1, 32},
+                          Shape{16, 2, 128}, Shape{8, 1, 64}, Shape{2, 2, 4}, Shape{4, 2, 80}, Shape{6, 3, 48},
+                          Shape{2, 1, 192}}) {
         const Config c = test::attention_config(s.n_heads, s.n_kv, s.hd);
         const int n_ctx = 200;
         for (const auto& [pos0, n] : {std::pair{0, 1}, std::pair{1, 1}, std::pair{37, 1}, std::pair{130, 1},
@@ -404,7 +406,8 @@ TEST_CASE("the CUDA attention kernels' bodies, run on the host, match cpu::atten
 }
 
 
-TEST_CASE("decode attention uses as many splits as the depth fills, the grid as many as the deepest cache", "[cuda-host]") {
+TEST_CASE("decode attention uses as many splits as the depth fills, the grid as many as the deepest cache",
+          "[cuda-host]") {
     namespace ch = cuda::host;
     const int per = ch::attention_split_positions();
     CHECK(ch::attention_active_splits(1, 16) == 1);

@@ -457,7 +457,8 @@ TEST_CASE("flash-decoding and prefill attention match cpu::attention", "[cuda][k
     };
     cpu::ThreadPool pool(2);
     for (const Shape s : {Shape{8, 2, 64}, Shape{4, 4, 128}, Shape{9, 3, 64}, Shape{4, 2, 96}, Shape{2, 1, 256},
-                          Shape{16, 2, 32}, Shape{4, 1, 32}, Shape{5, 1, 64}, Shape{2, 2, 4}, Shape{4, 2, 80}}) {
+                          Shape{16, 2, 32}, Shape{4, 1, 32}, Shape{2, 1, 32}, Shape{5, 1, 64}, Shape{8, 2, 128},
+                          Shape{16, 2, 128}, Shape{8, 1, 64}, Shape{2, 2, 4}, Shape{4, 2, 80}}) {
         const Config c = test::attention_config(s.n_heads, s.n_kv, s.hd);
         const int n_ctx = 1200;
         for (int pos0 : {0, 1, 37, 1100}) {
