@@ -41,6 +41,16 @@ struct RandomWeight {
     RandomWeight& operator=(const RandomWeight&) = delete;
 };
 
+// The SIMD row kernels this CPU can run, named.
+using RowsFn = void (*)(GgmlType, ActFormat, const void*, int64_t, int, const void*, int64_t, int, float*, int64_t,
+                        int64_t);
+std::vector<std::pair<const char*, RowsFn>> simd_rows() {
+    std::vector<std::pair<const char*, RowsFn>> isas;
+    if (has_avx2()) isas.emplace_back("AVX2 rows", kernels::vec_dot_rows_avx2);
+    if (has_avx512_vnni()) isas.emplace_back("AVX-512 rows", kernels::vec_dot_rows_avx512);
+    return isas;
+}
+
 // Token i's activation j as the 8-bit forms hold it (d * q): from its B256 blocks (k) or its B32 blocks.
 double rounded8(const std::vector<BlockB32>& b32, const std::vector<BlockB256>& b256, bool k, int64_t cols, int i,
                 int64_t j) {
@@ -357,11 +367,8 @@ TEST_CASE("a token's products are the same bits on every path: the scalar refere
             };
             // the rows kernels of each instruction set, tokens in fours
             if (f != ActFormat::None) {
-                using RowsFn = void (*)(GgmlType, ActFormat, const void*, int64_t, int, const void*, int64_t, int,
-                                        float*, int64_t, int64_t);
-                std::vector<std::pair<const char*, RowsFn>> isas = {{"generic rows", kernels::vec_dot_rows_generic}};
-                if (has_avx2()) isas.emplace_back("AVX2 rows", kernels::vec_dot_rows_avx2);
-                if (has_avx512_vnni()) isas.emplace_back("AVX-512 rows", kernels::vec_dot_rows_avx512);
+                std::vector<std::pair<const char*, RowsFn>> isas = simd_rows();
+                isas.emplace(isas.begin(), "generic rows", kernels::vec_dot_rows_generic);
                 for (const auto& [isa, fn] : isas) {
                     std::vector<float> y(ref.size());
                     for (int i = 0; i < n; i += 4)
@@ -485,12 +492,7 @@ TEST_CASE("8-bit products at the extremes: saturated weights and activations giv
             INFO(path);
             CHECK(std::memcmp(y.data(), ref.data(), ref.size() * sizeof(float)) == 0);
         };
-        using RowsFn = void (*)(GgmlType, ActFormat, const void*, int64_t, int, const void*, int64_t, int, float*,
-                                int64_t, int64_t);
-        std::vector<std::pair<const char*, RowsFn>> isas;
-        if (has_avx2()) isas.emplace_back("AVX2 rows", kernels::vec_dot_rows_avx2);
-        if (has_avx512_vnni()) isas.emplace_back("AVX-512 rows", kernels::vec_dot_rows_avx512);
-        for (const auto& [isa, fn] : isas) {
+        for (const auto& [isa, fn] : simd_rows()) {
             std::vector<float> y(ref.size());
             for (int i = 0; i < n; i += 4)
                 fn(t, f, w.data, w.row_bytes, int(rows), static_cast<const char*>(xq) + i * stride, stride,
@@ -552,12 +554,7 @@ TEST_CASE("16-bit products at the extremes: k-quant weights and scales at their 
             for (int64_t r = 0; r < rows; ++r)
                 kernels::vec_dot_generic(t, ActFormat::A256, w.row(r), a.data() + i * cols / 256, stride, 1,
                                          &ref[size_t(i * rows + r)], cols);
-        using RowsFn = void (*)(GgmlType, ActFormat, const void*, int64_t, int, const void*, int64_t, int, float*,
-                                int64_t, int64_t);
-        std::vector<std::pair<const char*, RowsFn>> isas;
-        if (has_avx2()) isas.emplace_back("AVX2 rows", kernels::vec_dot_rows_avx2);
-        if (has_avx512_vnni()) isas.emplace_back("AVX-512 rows", kernels::vec_dot_rows_avx512);
-        for (const auto& [isa, fn] : isas) {
+        for (const auto& [isa, fn] : simd_rows()) {
             INFO(isa);
             std::vector<float> y(ref.size());
             fn(t, ActFormat::A256, w.data, w.row_bytes, int(rows), a.data(), stride, 1, y.data(), rows, cols);
