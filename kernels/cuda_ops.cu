@@ -97,6 +97,7 @@ private:
     bool int_matvec_;  // Settings::cuda_int_matvec
     bool pdl_;         // Settings::cuda_pdl on a device that has it (sm_90 and later)
     bool att_quantized_ = false;  // the last attention() also wrote its output into xq_
+    bool glu_quantized_ = false;  // the last norm_swiglu() also wrote its output into hq_
     bool flash_;       // Settings::cuda_flash_attention
     // The step begin() announced: its first position, and whether it writes the last of the first kKvOffsetPositions
     // rows of a K with offsets and so sets them (engine/kv_offset.h).
@@ -118,6 +119,8 @@ private:
     int* d_step_;
     ActBlock* xq_;
     int* counters_;
+    ActBlock* hq_;      // [n_ff / 32]: the SwiGLU output as its product quantized it (null where n_ff % 32 != 0)
+    int* hq_counters_;  // [n_ff / 32]
 };
 
 CudaOps::CudaOps(const Model& model, const Settings& s, int device)
@@ -149,6 +152,7 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
         KVGEN_CUDA_CHECK(cudaMemsetAsync(base_ + p.v_cache.offset, 0, p.v_cache.bytes, stream_));
         KVGEN_CUDA_CHECK(cudaMemsetAsync(base_ + p.k_offsets.offset, 0, p.k_offsets.bytes, stream_));
         KVGEN_CUDA_CHECK(cudaMemsetAsync(base_ + p.counters.offset, 0, p.counters.bytes, stream_));
+        KVGEN_CUDA_CHECK(cudaMemsetAsync(base_ + p.hq_counters.offset, 0, p.hq_counters.bytes, stream_));
         KVGEN_CUDA_CHECK(cudaStreamSynchronize(stream_));
     } catch (...) {
         release();  // a constructor that throws runs no destructor
@@ -174,6 +178,8 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
     d_step_ = at<int>(p.step);
     xq_ = at<ActBlock>(p.xq);
     counters_ = at<int>(p.counters);
+    hq_ = at<ActBlock>(p.hq);
+    hq_counters_ = at<int>(p.hq_counters);
 }
 
 void CudaOps::release() {
@@ -342,10 +348,12 @@ void CudaOps::out_proj_add(float* x, const float* att, int l, int n) {
 void CudaOps::norm_swiglu(float* h, const float* x, int l, int n) {
     const LayerDev& L = w_.layers[size_t(l)];
     const bool fused = n == 1 && glu_fusable(L.gate, L.up), in_int = fused && use_int(L.gate);
+    // the down projection's input quantized by the product that makes it, where both run in integers
+    glu_quantized_ = in_int && hq_ && use_int(L.down);
     rmsnorm(xn_, in_int ? xq_ : nullptr, x, L.ffn_norm, n, c_.n_embd, c_.rms_eps, stream_);
     if (fused) {
-        if (in_int)
-            matvec_glu_int(h, L.gate, L.up, xq_, pdl_, stream_);  // xq_: quantized by the norm
+        if (in_int)  // xq_: quantized by the norm
+            matvec_glu_int(h, glu_quantized_ ? hq_ : nullptr, hq_counters_, L.gate, L.up, xq_, pdl_, stream_);
         else
             matvec_glu(h, L.gate, L.up, xn_, stream_);
         return;
@@ -356,7 +364,12 @@ void CudaOps::norm_swiglu(float* h, const float* x, int l, int n) {
 }
 
 void CudaOps::down_proj_add(float* x, const float* h, int l, int n) {
-    proj(x, w_.layers[size_t(l)].down, h, n, true);
+    const DevWeight& down = w_.layers[size_t(l)].down;
+    if (n == 1 && glu_quantized_) {  // hq_: h as quantized by the SwiGLU product
+        matvec_int(RowSplit::one(x, down.rows), down, hq_, true, pdl_, stream_);
+        return;
+    }
+    proj(x, down, h, n, true);  // the residual add is the product's accumulate
 }
 
 void CudaOps::head(float* logits, const float* x, int n) {

@@ -319,6 +319,29 @@ constexpr int kMviMaxWarps = 8;
 constexpr int kMviRows = 4;     // rows per block of one matrix
 constexpr int kMviGluRows = 2;  // rows per block of each of gate and up
 
+// The SwiGLU product's output quantized where it is made, for the down projection (one launch fewer per layer): a
+// block stores its kMviGluRows outputs v (held by lane 0 of its first warp) at y[r0 ..], and that thread counts the
+// block done on the counter of their 32-row group after a fence; the group's last block reads the group's 32 outputs
+// back past L1 and writes them as ActBlock yq[r0 / 32] (quantize_act_warp: the blocks quantize_act makes), then sets
+// the counter back to zero for the next launch. Run by the 32 lanes of one warp per block; rows a multiple of 32.
+#pragma nv_exec_check_disable
+template <class Ctx>
+KVGEN_HD void glu_store_quantized(const Ctx& ctx, int lane, const float (&v)[kMviGluRows], float* y, int64_t r0,
+                                  int* counters, ActBlock* yq) {
+    const int64_t g = r0 / 32;
+    float last = 0.0f;
+    if (lane == 0) {
+        for (int r = 0; r < kMviGluRows; ++r) y[r0 + r] = v[r];
+        ctx.fence();  // the outputs are visible to every block before the count says so
+        const bool done = ctx.atomic_add(&counters[g], 1) == 32 / kMviGluRows - 1;
+        if (done) counters[g] = 0;
+        last = done ? 1.0f : 0.0f;
+    }
+    if (ctx.warp_sum(last) == 0.0f) return;  // lane 0's answer, the same in every lane
+    ctx.fence();
+    quantize_act_warp(ctx, ctx.load_other(y + 32 * g + lane), lane, yq[g]);
+}
+
 KVGEN_HD int mvi_warps(int n_units) {
     if (n_units <= 32) return 1;
     const int max_threads = 32 * kMviMaxWarps;

@@ -92,6 +92,8 @@ MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int n_lo
     p.step = place(2 + nb, 4);
     p.xq = place((std::max({e, qd, ff}) + 31) / 32, kActBlockBytes);
     p.counters = place(c.n_heads, 4);
+    p.hq = place(ff % 32 == 0 ? ff / 32 : 0, kActBlockBytes);
+    p.hq_counters = place(ff % 32 == 0 ? ff / 32 : 0, 4);
     p.total = align_up(end);
     p.buffers = p.total - p.weights - p.kv_cache;
     return p;

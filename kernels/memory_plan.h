@@ -62,6 +62,8 @@ struct MemoryPlan {
     Region step;       // int [2 + n_batch]: pos0, n, the step's tokens
     Region xq;         // ActBlock [max(n_embd, n_heads head_dim, n_ff) / 32]: one token's input in 16-bit integers
     Region counters;   // int [n_heads]: decode attention's per-head-group split counters, zero between launches
+    Region hq;         // ActBlock [n_ff / 32]: one token's SwiGLU output quantized by its product (n_ff % 32 == 0)
+    Region hq_counters;  // int [n_ff / 32]: that product's per-32-row-group counters, zero between launches
 
     size_t weights = 0, kv_cache = 0, buffers = 0;  // bytes of each part
     size_t total = 0;                               // the allocation, alignment included

@@ -220,17 +220,29 @@ __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
 }
 
 // grid = rows / kMviGluRows: gate and up rows of a SwiGLU pair in one block, y[r] = silu(gate[r] . x) * (up[r] . x).
+// With yq (rows a multiple of 32; counters: rows / 32 ints, zero between launches), y is also written as ActBlocks
+// by each 32-row group's last block (glu_store_quantized).
 template <GgmlType T>
 __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
     matvec_glu_int_kernel(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int64_t row_bytes,
-                          int n_units, int64_t rows, const ActBlock* __restrict__ x, float* __restrict__ y) {
+                          int n_units, int64_t rows, const ActBlock* __restrict__ x, float* __restrict__ y,
+                          ActBlock* __restrict__ yq, int* __restrict__ counters) {
     __shared__ float part[2][kMviMaxWarps][kMviGluRows];
     const int64_t r0 = int64_t(blockIdx.x) * kMviGluRows;
     const uint8_t* const ws[2] = {gate, up};
     float acc[2][kMviGluRows];
     matvec_int_thread<T>(ws, row_bytes, n_units, rows, r0, threadIdx.x, blockDim.x, x, acc);
     const float gs = block_rows_sum(acc[0], part[0]), us = block_rows_sum(acc[1], part[1]);
-    if (threadIdx.x < kMviGluRows && r0 + threadIdx.x < rows) y[r0 + threadIdx.x] = gs / (1.0f + expf(-gs)) * us;
+    const float o = gs / (1.0f + expf(-gs)) * us;  // threads r < kMviGluRows: row r0 + r
+    if (yq) {
+        if (threadIdx.x >= kWarp) return;
+        float v[kMviGluRows];
+#pragma unroll
+        for (int r = 0; r < kMviGluRows; ++r) v[r] = __shfl_sync(0xffffffffu, o, r);
+        glu_store_quantized(DeviceThread{nullptr}, int(threadIdx.x), v, y, r0, counters, yq);
+        return;
+    }
+    if (threadIdx.x < kMviGluRows && r0 + threadIdx.x < rows) y[r0 + threadIdx.x] = o;
 }
 
 // gate and up rows r of a SwiGLU pair in one warp: y[r] = silu(gate[r] . x) * (up[r] . x).
@@ -499,13 +511,14 @@ void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, bool a
     KVGEN_CUDA_LAUNCHED("matvec_int");
 }
 
-void matvec_glu_int(float* y, const DevWeight& gate, const DevWeight& up, const ActBlock* x, bool pdl,
-                    cudaStream_t s) {
+void matvec_glu_int(float* y, ActBlock* yq, int* counters, const DevWeight& gate, const DevWeight& up,
+                    const ActBlock* x, bool pdl, cudaStream_t s) {
+    KVGEN_ASSERT(!yq || (gate.rows % 32 == 0 && counters));
     const bool ok = glu_fusable(gate, up) && int_matvec_ok(gate) && dispatch_int_type(gate.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
         const int n_units = int(gate.cols / 32);
         launch(matvec_glu_int_kernel<T>, grid_for(gate.rows, kMviGluRows), unsigned(32 * mvi_warps(n_units)), pdl, s,
-               gate.data, up.data, gate.row_bytes, n_units, gate.rows, x, y);
+               gate.data, up.data, gate.row_bytes, n_units, gate.rows, x, y, yq, counters);
     });
     if (!ok) throw Error(fmt::format("CUDA: no fused integer SwiGLU for {}", ggml_type_name(gate.type)));
     KVGEN_CUDA_LAUNCHED("matvec_glu_int");

@@ -48,9 +48,11 @@ void matvec_split(const RowSplit& y, const DevWeight& w, const float* x, cudaStr
 bool int_matvec_ok(const DevWeight& w);
 void quantize_act(ActBlock* out, const float* x, int64_t count, cudaStream_t s);
 void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, bool accumulate, bool pdl, cudaStream_t s);
-// y[r] = silu(gate[r] . x) * (up[r] . x) in integers (glu_fusable and int_matvec_ok).
-void matvec_glu_int(float* y, const DevWeight& gate, const DevWeight& up, const ActBlock* x, bool pdl,
-                    cudaStream_t s);
+// y[r] = silu(gate[r] . x) * (up[r] . x) in integers (glu_fusable and int_matvec_ok). With yq (may be null; gate.rows
+// a multiple of 32), y is also written as gate.rows / 32 ActBlocks for the down projection, the blocks quantize_act
+// makes of it; counters: gate.rows / 32 ints, zero before the first launch and left at zero.
+void matvec_glu_int(float* y, ActBlock* yq, int* counters, const DevWeight& gate, const DevWeight& up,
+                    const ActBlock* x, bool pdl, cudaStream_t s);
 
 // y[i][r] = W[r] . x[i] (+= when accumulate) for n tokens, 1 <= n <= kMvMaxTokens (16): each weight read once for
 // all of them (a short prompt's prefill). Twin: a double-precision dot of the dequantized row, per token.

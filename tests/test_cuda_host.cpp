@@ -323,6 +323,34 @@ TEST_CASE("the integer decode product, run on the host: the CPU's activation rou
         }
 }
 
+TEST_CASE("the SwiGLU product quantizes its output for the down projection: the blocks quantize_act makes of it",
+          "[cuda-host]") {
+    // 96 rows: three 32-row groups of 16 blocks each, the last block of a group combining it.
+    const int64_t rows = 96, cols = 768;
+    const std::vector<float> x = test::randn(size_t(cols), 17, 2.0f);
+    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"}) {
+        INFO(name);
+        GgmlType t;
+        REQUIRE(ggml_type_from_name(name, &t));
+        const RandomRows gate = random_rows(t, rows, cols, 5), up = random_rows(t, rows, cols, 6);
+        const std::vector<float> y = cuda::host::matvec_glu_int(t, gate.bytes.data(), up.bytes.data(), rows, cols, x);
+        std::vector<cuda::host::HostActBlock> yq;
+        const std::vector<float> yf =
+            cuda::host::matvec_glu_int_quantized(t, gate.bytes.data(), up.bytes.data(), rows, cols, x, &yq);
+        CHECK(yf == y);
+        const std::vector<cuda::host::HostActBlock> want = cuda::host::quantize_act(y);
+        REQUIRE(yq.size() == want.size());
+        for (size_t b = 0; b < yq.size(); ++b) {
+            INFO("block " << b);
+            CHECK(yq[b].d == want[b].d);
+            CHECK(yq[b].s == want[b].s);
+            CHECK(yq[b].h[0] == want[b].h[0]);
+            CHECK(yq[b].h[1] == want[b].h[1]);
+            CHECK(std::equal(yq[b].q, yq[b].q + 32, want[b].q));
+        }
+    }
+}
+
 TEST_CASE("float rows that are not whole 32-weight chunks: the ragged decoders and matvec, run on the host",
           "[cuda-host]") {
     for (const char* name : {"F32", "F16", "BF16"}) {

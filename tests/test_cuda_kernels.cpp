@@ -251,6 +251,22 @@ TEST_CASE("the integer decode products on blocks of 3 to 8 warps and of several 
         }
 }
 
+TEST_CASE("the integer SwiGLU product quantizes its output for the down projection", "[cuda][kernels]") {
+    // 96 rows: three groups of 32, each quantized by its last block (ct::matvec_glu_int checks the blocks against
+    // quantize_act of the output, and the counters)
+    const int64_t rows = 96, cols = 4096;
+    const std::vector<float> x = test::randn(size_t(cols), 23, 1.0f);
+    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"}) {
+        GgmlType t;
+        REQUIRE(ggml_type_from_name(name, &t));
+        INFO(name);
+        const std::vector<uint8_t> b = random_weights(t, rows, cols, 25), b_up = random_weights(t, rows, cols, 26);
+        std::vector<float> y;
+        REQUIRE_NOTHROW(y = ct::matvec_glu_int({t, rows, cols, &b}, {t, rows, cols, &b_up}, x));
+        CHECK(y.size() == size_t(rows));
+    }
+}
+
 TEST_CASE("the prefill GEMM of a weight larger than one decoded chunk covers every row", "[cuda][kernels]") {
     // 2304 x 4096 = 9.4M weights: a 2048-row chunk, then a 256-row one (gemm_chunk_rows)
     for (const char* name : {"Q4_0", "Q4_K", "Q6_K"}) {

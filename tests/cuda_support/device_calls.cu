@@ -133,8 +133,29 @@ std::vector<float> matvec_glu_int(const HostWeight& gate, const HostWeight& up, 
     Dev<ActBlock> xq(x.size() / 32);
     poison(y);
     quantize_act(xq.p, dx.p, int64_t(x.size()), nullptr);
-    kvgen::cuda::matvec_glu_int(y.p, dev_weight(gate, g), dev_weight(up, u), xq.p, false, nullptr);
-    return y.get();
+    kvgen::cuda::matvec_glu_int(y.p, nullptr, nullptr, dev_weight(gate, g), dev_weight(up, u), xq.p, false, nullptr);
+    const std::vector<float> result = y.get();
+    if (gate.rows % 32 == 0) {
+        // The output also quantized by the product (for the down projection), twice with the same counters: the same
+        // y, the blocks quantize_act makes of it, and the counters back at zero after each launch.
+        Dev<ActBlock> yq(size_t(gate.rows / 32)), want(yq.n);
+        Dev<int> counters(std::vector<int>(size_t(gate.rows / 32), 0));
+        for (int launch = 0; launch < 2; ++launch) {
+            poison(y);
+            poison(yq);
+            kvgen::cuda::matvec_glu_int(y.p, yq.p, counters.p, dev_weight(gate, g), dev_weight(up, u), xq.p, false,
+                                        nullptr);
+            if (y.get() != result) throw Error("matvec_glu_int: another output when it also quantizes it");
+            for (int cnt : counters.get())
+                if (cnt != 0) throw Error("matvec_glu_int: a row group's counter was not reset");
+            quantize_act(want.p, y.p, gate.rows, nullptr);
+            const std::vector<ActBlock> got = yq.get(), ref = want.get();
+            for (size_t b = 0; b < got.size(); ++b)
+                if (std::memcmp(&got[b], &ref[b], offsetof(ActBlock, h) + sizeof(ActBlock::h)) != 0)
+                    throw Error(fmt::format("matvec_glu_int: ActBlock {} differs from quantize_act of the output", b));
+        }
+    }
+    return result;
 }
 
 std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x) {

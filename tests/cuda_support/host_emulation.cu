@@ -487,6 +487,26 @@ void kv_write(KvBytes& cache, const void* k, const void* v, int n) {
     if (kv.k_offsets() && n >= kKvOffsetPositions) host_kv_offsets(cache, 0, kv.n_layers);
 }
 
+std::vector<float> matvec_glu_int_quantized(GgmlType type, const uint8_t* gate, const uint8_t* up, int64_t rows,
+                                            int64_t cols, const std::vector<float>& x, std::vector<HostActBlock>* yq) {
+    if (rows % 32 != 0) throw Error("the SwiGLU product quantizes its output for rows a multiple of 32");
+    const std::vector<float> sums = matvec_glu_int(type, gate, up, rows, cols, x);  // each block's outputs
+    std::vector<float> y(size_t(rows), NAN);
+    std::vector<ActBlock> blocks(size_t(rows / 32));
+    std::vector<int> counters(size_t(rows / 32), 0);
+    // matvec_glu_int_kernel's tail, block by block in launch order: its first warp, lane 0 holding the outputs
+    for (int64_t r0 = 0; r0 < rows; r0 += kMviGluRows)
+        run_grid(1, 1, 32, 0, [&](const HostThread& t) {
+            float v[kMviGluRows];
+            for (int r = 0; r < kMviGluRows; ++r) v[r] = sums[size_t(r0 + r)];
+            glu_store_quantized(t, t.thread(), v, y.data(), r0, counters.data(), blocks.data());
+        });
+    for (int cnt : counters)
+        if (cnt != 0) throw Error("matvec_glu_int: a row group's counter was not reset");
+    *yq = host_blocks(blocks);
+    return y;
+}
+
 int attention_split_positions() {
     return kAttnSplitPositions;
 }

@@ -114,6 +114,10 @@ int matvec_int_warps(int n_units);
 // y = silu(gate x) * (up x) with matvec_glu_int_kernel's blocks (two rows of each matrix per block).
 std::vector<float> matvec_glu_int(GgmlType type, const uint8_t* gate, const uint8_t* up, int64_t rows, int64_t cols,
                                   const std::vector<float>& x);
+// The same with its output also quantized by the product (glu_store_quantized, the blocks in launch order): y, and
+// *yq its ActBlocks; rows a multiple of 32.
+std::vector<float> matvec_glu_int_quantized(GgmlType type, const uint8_t* gate, const uint8_t* up, int64_t rows,
+                                            int64_t cols, const std::vector<float>& x, std::vector<HostActBlock>* yq);
 // [n][rows] = x[n][cols] . W^T with the short-prompt kernel's lane body (matvec_batch_lane, NT = 16).
 std::vector<float> matvec_batch(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                                 const std::vector<float>& x, int n);
