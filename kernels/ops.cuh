@@ -134,8 +134,9 @@ int64_t attention_partials(int n_heads, int head_dim, int splits);
 // One query (position *d_pos0) of each head over cache positions 0 ..= *d_pos0: flash-decoding, positions split
 // across the first attention_active_splits(*d_pos0 + 1, splits) of `splits` blocks per query-head group, then a
 // log-sum-exp combine: by each group's last block when counters is given (attention_counters() ints, zero before
-// the first launch; they are left at zero), else by a second kernel. q, out: [n_heads][head_dim]. With xq (may be null; head_dim a multiple of 32) out is also written as
-// n_heads * head_dim / 32 ActBlocks, quantized where each value is made (the output projection's integer input).
+// the first launch; they are left at zero), else by a second kernel. q, out: [n_heads][head_dim]. With xq (may be null;
+// head_dim a multiple of 32) out is also written as n_heads * head_dim / 32 ActBlocks, quantized where each value is
+// made (the output projection's integer input).
 // Twins: cpu::attention with n = 1, then quantize_act of the output.
 int attention_counters(int n_heads, const KvLayout& kv);
 void attention_decode(float* out, ActBlock* xq, float* partials, int* counters, const float* q, const uint8_t* k_cache,
