@@ -42,6 +42,10 @@ struct DeviceThread {
     __device__ __forceinline__ float shfl_xor(float v, int o) const {
         return __shfl_xor_sync(0xffffffffu, v, o);
     }
+    // A barrier of the warp's lanes that also orders their memory accesses (a shuffle does not).
+    __device__ __forceinline__ void sync_warp() const {
+        __syncwarp();
+    }
     __device__ __forceinline__ void sync() const {
         __syncthreads();
     }

@@ -337,6 +337,7 @@ KVGEN_HD void glu_store_quantized(const Ctx& ctx, int lane, const float (&v)[kMv
         if (done) counters[g] = 0;
         last = done ? 1.0f : 0.0f;
     }
+    ctx.sync_warp();  // lane 0's observation of the count is ordered before the other lanes' loads below
     if (ctx.warp_sum(last) == 0.0f) return;  // lane 0's answer, the same in every lane
     ctx.fence();
     quantize_act_warp(ctx, ctx.load_other(y + 32 * g + lane), lane, yq[g]);

@@ -227,6 +227,7 @@ __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
     matvec_glu_int_kernel(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int64_t row_bytes,
                           int n_units, int64_t rows, const ActBlock* __restrict__ x, float* __restrict__ y,
                           ActBlock* __restrict__ yq, int* __restrict__ counters) {
+    pdl_trigger();  // the down projection, which reads y or yq, may start loading its weights
     __shared__ float part[2][kMviMaxWarps][kMviGluRows];
     const int64_t r0 = int64_t(blockIdx.x) * kMviGluRows;
     const uint8_t* const ws[2] = {gate, up};

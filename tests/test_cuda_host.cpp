@@ -201,7 +201,8 @@ TEST_CASE("the CUDA memory plan places every region inside one allocation, none 
             std::vector<cuda::Region> all = p.matrices;
             for (const cuda::Region& r :
                  {p.norms, p.rope_inv_freq, p.rope_factors, p.k_cache, p.v_cache, p.k_offsets, p.x, p.q, p.k, p.v,
-                  p.att, p.ffn, p.up, p.logits, p.xn, p.partials, p.cos, p.sin, p.xh, p.wh, p.step, p.xq, p.counters})
+                  p.att, p.ffn, p.up, p.logits, p.xn, p.partials, p.cos, p.sin, p.xh, p.wh, p.step, p.xq, p.counters,
+                  p.hq, p.hq_counters})
                 all.push_back(r);
             std::sort(all.begin(), all.end(), [](const cuda::Region& a, const cuda::Region& b) {
                 return a.offset < b.offset || (a.offset == b.offset && a.bytes < b.bytes);
@@ -325,7 +326,8 @@ TEST_CASE("the integer decode product, run on the host: the CPU's activation rou
 
 TEST_CASE("the SwiGLU product quantizes its output for the down projection: the blocks quantize_act makes of it",
           "[cuda-host]") {
-    // 96 rows: three 32-row groups of 16 blocks each, the last block of a group combining it.
+    // 96 rows: three 32-row groups of 16 blocks each, the last block of a group to finish quantizing it (the blocks
+    // run in a shuffled order).
     const int64_t rows = 96, cols = 768;
     const std::vector<float> x = test::randn(size_t(cols), 17, 2.0f);
     for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"}) {

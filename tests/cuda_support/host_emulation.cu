@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <random>
 #include <vector>
 
 #include "attention.cuh"
@@ -396,6 +397,7 @@ struct HostThread {
     float quad_sum(float v) const { return b->quad_sum(v); }
     float quad_max(float v) const { return b->quad_max(v); }
     float shfl_xor(float v, int o) const { return b->shfl_xor(v, o); }
+    void sync_warp() const { b->wait(FiberBlock::kWarp); }
     void mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b_)[2]) const { b->mma(c, a, b_); }
     float load_other(const float* p) const { return *p; }
     void fence() const {}
@@ -494,8 +496,12 @@ std::vector<float> matvec_glu_int_quantized(GgmlType type, const uint8_t* gate, 
     std::vector<float> y(size_t(rows), NAN);
     std::vector<ActBlock> blocks(size_t(rows / 32));
     std::vector<int> counters(size_t(rows / 32), 0);
-    // matvec_glu_int_kernel's tail, block by block in launch order: its first warp, lane 0 holding the outputs
-    for (int64_t r0 = 0; r0 < rows; r0 += kMviGluRows)
+    // matvec_glu_int_kernel's tail, block by block in a shuffled order (the device's is any): its first warp, lane 0
+    // holding the block's outputs
+    std::vector<int64_t> order;
+    for (int64_t r0 = 0; r0 < rows; r0 += kMviGluRows) order.push_back(r0);
+    std::shuffle(order.begin(), order.end(), std::mt19937(uint32_t(rows)));
+    for (const int64_t r0 : order)
         run_grid(1, 1, 32, 0, [&](const HostThread& t) {
             float v[kMviGluRows];
             for (int r = 0; r < kMviGluRows; ++r) v[r] = sums[size_t(r0 + r)];
