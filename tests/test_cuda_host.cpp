@@ -58,6 +58,21 @@ ExactRow exact_row(const std::vector<float>& w, const std::vector<float>& x, int
     }
     return e;
 }
+
+// Activation blocks equal field by field (d, the sums, every q).
+void check_same_blocks(const std::vector<cuda::host::HostActBlock>& got,
+                       const std::vector<cuda::host::HostActBlock>& want) {
+    REQUIRE(got.size() == want.size());
+    for (size_t b = 0; b < got.size(); ++b) {
+        INFO("block " << b);
+        CHECK(got[b].d == want[b].d);
+        CHECK(got[b].s == want[b].s);
+        CHECK(got[b].h[0] == want[b].h[0]);
+        CHECK(got[b].h[1] == want[b].h[1]);
+        CHECK(std::equal(got[b].q, got[b].q + 32, want[b].q));
+    }
+}
+
 }  // namespace
 
 TEST_CASE("the CUDA decoders, run on the host, equal dequantize_row for every type", "[cuda-host]") {
@@ -340,16 +355,7 @@ TEST_CASE("the SwiGLU product quantizes its output for the down projection: the 
         const std::vector<float> yf =
             cuda::host::matvec_glu_int_quantized(t, gate.bytes.data(), up.bytes.data(), rows, cols, x, &yq);
         CHECK(yf == y);
-        const std::vector<cuda::host::HostActBlock> want = cuda::host::quantize_act(y);
-        REQUIRE(yq.size() == want.size());
-        for (size_t b = 0; b < yq.size(); ++b) {
-            INFO("block " << b);
-            CHECK(yq[b].d == want[b].d);
-            CHECK(yq[b].s == want[b].s);
-            CHECK(yq[b].h[0] == want[b].h[0]);
-            CHECK(yq[b].h[1] == want[b].h[1]);
-            CHECK(std::equal(yq[b].q, yq[b].q + 32, want[b].q));
-        }
+        check_same_blocks(yq, cuda::host::quantize_act(y));
     }
 }
 
@@ -419,15 +425,8 @@ TEST_CASE("the CUDA attention kernels' bodies, run on the host, match cpu::atten
                         const std::vector<float> o = cuda::host::attention(c, q, k, v, pos0, n, n_ctx, splits, fold,
                                                                            true, KvType::F16, KvType::F16, &xq);
                         CHECK(o == got);
-                        REQUIRE(xq.size() == want_q.size());
-                        for (size_t b = 0; b < xq.size(); ++b) {
-                            INFO("fold " << fold << " block " << b);
-                            CHECK(xq[b].d == want_q[b].d);
-                            CHECK(xq[b].s == want_q[b].s);
-                            CHECK(xq[b].h[0] == want_q[b].h[0]);
-                            CHECK(xq[b].h[1] == want_q[b].h[1]);
-                            CHECK(std::equal(xq[b].q, xq[b].q + 32, want_q[b].q));
-                        }
+                        INFO("fold " << fold);
+                        check_same_blocks(xq, want_q);
                     }
                 }
             }
