@@ -14,12 +14,15 @@
 # LLAMA_BENCH=path/to/llama-bench adds llama.cpp's figures, measured right after kvgen's on each model with the same
 # prompt length, generation length, repetitions and threads, and a side-by-side table with the ratios. llama.cpp is
 # not part of kvgen; build its llama-bench yourself.
-# usage: scripts/bench-cpu.sh [--threads T] [--prompt P] [--gen N] [--nocache-gen G] [MODEL.gguf ...]
+# --rounds R repeats each model's measurements R times (kvgen's modes and llama-bench alternating) and reports each
+# program's best round for prefill and for decode: on a shared machine other work only slows a run down, so the best
+# of several interleaved rounds compares the programs more fairly than one run each.
+# usage: scripts/bench-cpu.sh [--threads T] [--prompt P] [--gen N] [--nocache-gen G] [--rounds R] [MODEL.gguf ...]
 set -euo pipefail
 # shellcheck source=lib/bench.sh source-path=SCRIPTDIR
 source "$(dirname "${BASH_SOURCE[0]}")/lib/bench.sh"
 invocation=$(words scripts/bench-cpu.sh "$@")
-threads=2 prompt_len=128 gen=64 nocache_gen=256 models=()
+threads=2 prompt_len=128 gen=64 nocache_gen=256 rounds=1 models=()
 while (($#)); do
     case $1 in
         -h | --help) sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
@@ -27,6 +30,7 @@ while (($#)); do
         --prompt) prompt_len=$2; shift 2 ;;
         --gen) gen=$2; shift 2 ;;
         --nocache-gen) nocache_gen=$2; shift 2 ;;
+        --rounds) rounds=$2; shift 2 ;;
         -*) echo "bench-cpu.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
         *) models+=("$1"); shift ;;
     esac
@@ -52,6 +56,7 @@ if ((${#models[@]} == 0)); then
     made="; tinyllama-1.1b-TYPE.gguf made by \`build/kvgen-synth tinyllama-1.1b --type TYPE --vocab ${default#"$root/"} -o FILE\`"
 fi
 for m in "${models[@]}"; do [[ -f $m ]] || { echo "bench-cpu.sh: $m: no such file" >&2; exit 1; }; done
+[[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "bench-cpu.sh: --rounds takes a positive integer, not '$rounds'" >&2; exit 2; }
 llama_bench=${LLAMA_BENCH:-}
 if [[ -n $llama_bench && ! -x $llama_bench ]]; then
     echo "bench-cpu.sh: LLAMA_BENCH=$llama_bench is not an executable" >&2
@@ -67,11 +72,35 @@ run_context "$root"
 echo "bench-cpu: memory bandwidth" >&2
 bw=$("$kvgen" --bench-memory -t "$threads" | sed -n 's/^memory read bandwidth: \([0-9.]*\) GB\/s.*/\1/p')
 modes=(exact fast)
+# best.json OUT IN...: of the runs IN (kvgen's or llama-bench's JSON), the one with the highest average for prefill and
+# the one for decode
+best() {
+    python3 - "$@" <<'PY'
+import json, sys
+runs = [json.load(open(p)) for p in sys.argv[2:]]
+out = []
+for gen in (False, True):
+    tests = [t for r in runs for t in r if (t["n_gen"] > 0) == gen and (t["n_prompt"] > 0) != gen]
+    out.append(max(tests, key=lambda t: t["avg_ts"]))
+json.dump(out, open(sys.argv[1], "w"))
+PY
+}
 for m in "${models[@]}"; do
+    rm -f "$tmp"/r-*-*.json "$tmp"/l-*.json  # the previous model's rounds
+    for ((round = 1; round <= rounds; round++)); do
+        for mode in "${modes[@]}"; do
+            echo "bench-cpu: kvgen --bench --math $mode $(basename "$m") (round $round of $rounds)" >&2
+            "$kvgen" --bench --device cpu -m "$m" -p "$prompt_len" -n "$gen" -r 3 -t "$threads" --math "$mode" \
+                -o json >"$tmp/r-$mode-$round.json" 2>"$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
+        done
+        [[ -n $llama_bench ]] || continue
+        echo "bench-cpu: llama-bench $(basename "$m") (round $round of $rounds)" >&2
+        "$llama_bench" -m "$m" -p "$prompt_len" -n "$gen" -r 3 -t "$threads" -o json >"$tmp/l-$round.json" \
+            2>"$tmp/lerr" || { tail -n 5 "$tmp/lerr" >&2; exit 1; }
+    done
+    [[ -z $llama_bench ]] || best "$tmp/l.json" "$tmp"/l-*.json
     for mode in "${modes[@]}"; do
-        echo "bench-cpu: kvgen --bench --math $mode $(basename "$m")" >&2
-        "$kvgen" --bench --device cpu -m "$m" -p "$prompt_len" -n "$gen" -r 3 -t "$threads" --math "$mode" -o json \
-            >"$tmp/r-$mode.json" 2>"$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
+        best "$tmp/r-$mode.json" "$tmp"/r-"$mode"-*.json
         python3 - "$m" "$tmp/r-$mode.json" "$bw" "$tmp/device" "$mode" >>"$tmp/rows.md" <<'PY'
 import json, os, sys
 from subprocess import run
@@ -116,9 +145,6 @@ for mode in sys.argv[4:]:
 print(f"| {os.path.basename(m)} | " + " | ".join(cells) + " |")
 PY
     [[ -n $llama_bench ]] || continue
-    echo "bench-cpu: llama-bench $(basename "$m")" >&2
-    "$llama_bench" -m "$m" -p "$prompt_len" -n "$gen" -r 3 -t "$threads" -o json >"$tmp/l.json" 2>"$tmp/lerr" ||
-        { tail -n 5 "$tmp/lerr" >&2; exit 1; }
     for mode in "${modes[@]}"; do
         python3 - "$m" "$tmp/r-$mode.json" "$tmp/l.json" "$mode" >>"$tmp/side.md" <<'PY'
 import json, os, sys
@@ -144,8 +170,11 @@ echo "- date: $date"
 echo "- commit: $commit"
 echo "- machine: $machine; kvgen ran on $(cat "$tmp/device")"
 echo "- models: $names$made"
+rounds_note=""
+((rounds == 1)) ||
+    rounds_note=", the best of $rounds rounds (kvgen's modes and llama-bench alternating) for each program and test"
 echo "- prompts: \`kvgen --bench --device cpu -m MODEL -p $prompt_len -n $gen -r 3 -t $threads\` times random token ids" \
-    "(seeded, the same every run); the \`--no-kv-cache\` part generates $nocache_gen tokens from" \
+    "(seeded, the same every run)$rounds_note; the \`--no-kv-cache\` part generates $nocache_gen tokens from" \
     "\`scripts/bench-kv.sh\`'s prompt, \"The key-value cache of a transformer\""
 echo
 echo "Memory read bandwidth (\`kvgen --bench-memory -t $threads\`): **$bw GB/s**."
