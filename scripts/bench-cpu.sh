@@ -5,7 +5,8 @@
 #  1. the machine's memory read bandwidth (kvgen --bench-memory), the ceiling for decode;
 #  2. prefill (P tokens) and decode (N tokens) tokens/s per model from `kvgen --bench` (random token ids, 3 runs
 #     after a warm-up, avg ± stddev) in each --math mode (exact, the default, and fast: 8-bit activations), with
-#     decode's weight bandwidth and its share of the measured ceiling;
+#     decode's weight bandwidth and its share of the measured ceiling; with more than one thread, decode on one
+#     thread too, and what the threads gain;
 #  3. how far each mode's logits are from the exact math (--math f32) on three fixed prompts: normalized RMS error of
 #     the prompt's next-token logits (rms(mode - f32) / rms(f32 - mean)), the worst of the three;
 #  4. the cost of --no-kv-cache: total time to generate G tokens with and without the cache (first model).
@@ -81,17 +82,21 @@ runs = [json.load(open(p)) for p in sys.argv[2:]]
 out = []
 for gen in (False, True):
     tests = [t for r in runs for t in r if (t["n_gen"] > 0) == gen and (t["n_prompt"] > 0) != gen]
-    out.append(max(tests, key=lambda t: t["avg_ts"]))
+    if tests:
+        out.append(max(tests, key=lambda t: t["avg_ts"]))
 json.dump(out, open(sys.argv[1], "w"))
 PY
 }
 for m in "${models[@]}"; do
-    rm -f "$tmp"/r-*-*.json "$tmp"/l-*.json  # the previous model's rounds
+    rm -f "$tmp"/r-*-*.json "$tmp"/r1-*-*.json "$tmp"/l-*.json  # the previous model's rounds
     for ((round = 1; round <= rounds; round++)); do
         for mode in "${modes[@]}"; do
             echo "bench-cpu: kvgen --bench --math $mode $(basename "$m") (round $round of $rounds)" >&2
             "$kvgen" --bench --device cpu -m "$m" -p "$prompt_len" -n "$gen" -r 3 -t "$threads" --math "$mode" \
                 -o json >"$tmp/r-$mode-$round.json" 2>"$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
+            ((threads > 1)) || continue
+            "$kvgen" --bench --device cpu -m "$m" -p 0 -n "$gen" -r 3 -t 1 --math "$mode" \
+                -o json >"$tmp/r1-$mode-$round.json" 2>"$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
         done
         [[ -n $llama_bench ]] || continue
         echo "bench-cpu: llama-bench $(basename "$m") (round $round of $rounds)" >&2
@@ -101,6 +106,22 @@ for m in "${models[@]}"; do
     [[ -z $llama_bench ]] || best "$tmp/l.json" "$tmp"/l-*.json
     for mode in "${modes[@]}"; do
         best "$tmp/r-$mode.json" "$tmp"/r-"$mode"-*.json
+        if ((threads > 1)); then
+            best "$tmp/r1-$mode.json" "$tmp"/r1-"$mode"-*.json
+            python3 - "$m" "$tmp/r-$mode.json" "$tmp/r1-$mode.json" "$bw" "$mode" >>"$tmp/threads.md" <<'PY'
+import json, os, sys
+from subprocess import run
+m, bw, mode = sys.argv[1], float(sys.argv[4]), sys.argv[5]
+tn = next(t for t in json.load(open(sys.argv[2])) if t["n_gen"] > 0)
+t1 = next(t for t in json.load(open(sys.argv[3])) if t["n_gen"] > 0)
+info = json.loads(run([os.environ["KVGEN"], "-m", m, "--inspect", "--json", "-"], capture_output=True, check=True).stdout)
+size = info["weight_bytes_per_token"]
+cells = [f"{t1['avg_ts']:.1f} ± {t1['stddev_ts']:.1f}", f"{100 * size * t1['avg_ts'] / 1e9 / bw:.0f}%",
+         f"{tn['avg_ts']:.1f} ± {tn['stddev_ts']:.1f}", f"{100 * size * tn['avg_ts'] / 1e9 / bw:.0f}%",
+         f"**{tn['avg_ts'] / t1['avg_ts']:.2f}x**"]
+print(f"| {os.path.basename(m)} | {mode} | " + " | ".join(cells) + " |")
+PY
+        fi
         python3 - "$m" "$tmp/r-$mode.json" "$bw" "$tmp/device" "$mode" >>"$tmp/rows.md" <<'PY'
 import json, os, sys
 from subprocess import run
@@ -183,6 +204,16 @@ echo "| model | --math | weights read per token | prefill t/s (pp$prompt_len) | 
 echo "|---|---|---|---|---|---|---|"
 cat "$tmp/rows.md"
 echo
+if ((threads > 1)); then
+    echo "Decode on one thread (\`-t 1\`, in the same rounds) and on $threads, each with its share of the measured" \
+        "bandwidth, and what the threads gain: where one thread is far from the bandwidth, $threads threads should" \
+        "come near ${threads}x; where they reach the bandwidth, no more is possible:"
+    echo
+    echo "| model | --math | tg$gen, 1 thread | % of bandwidth | tg$gen, $threads threads | % of bandwidth | gain |"
+    echo "|---|---|---|---|---|---|---|"
+    cat "$tmp/threads.md"
+    echo
+fi
 echo "Distance from the exact math: normalized RMS error of the next-token logits against \`--math f32\` (f32" \
     "activations, exactly decoded weights), worst of the prompts \"${fid_prompts[0]}\", \"${fid_prompts[1]}\" and" \
     "\"${fid_prompts[2]}\" (each in parentheses):"
