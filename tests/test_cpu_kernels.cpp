@@ -512,24 +512,26 @@ TEST_CASE("8-bit products at the extremes: saturated weights and activations giv
     }
 }
 
-TEST_CASE("16-bit products at the extremes: k-quant weights and scales at their limits against activations of "
-          "+-32512 give the reference's bits on the SIMD rows, one token or four",
+TEST_CASE("16-bit products at the extremes: weights and scales at their limits against activations of +-32512 give "
+          "the reference's bits on the SIMD rows, one token or four",
           "[cpu][matmul]") {
     // The largest exact run sums the 16-bit kernels meet (a Q4_K run of 64 columns: 64 * 63 * 15 * 32512 < 2^31), and
-    // the widest vpmaddubsw pairs of AVX2's one-token Q4_K path (the activations' low bytes at 255 against nibbles of
-    // 15). Patterns per block: every bit set (nibbles 15, scales and mins 63), none, 0x80, random.
+    // the widest vpmaddubsw pairs of AVX2's one-token byte-plane paths (the activations' low bytes at 255 against
+    // nibbles of 15, Q6_K's 63). Patterns per block: every bit set (nibbles 15, scales and mins 63), none, 0x80,
+    // random.
     const int64_t rows = 19, cols = 768;
-    for (const char* name : {"Q4_K", "Q5_K", "Q6_K"}) {
+    for (const char* name : {"Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1"}) {
         INFO(name);
         GgmlType t;
         REQUIRE(ggml_type_from_name(name, &t));
         RandomWeight weight(t, rows, cols, 47);
         const size_t bs = ggml_type_info(t)->type_size;
+        const int block = ggml_type_info(t)->block_size;
         for (int64_t r = 0; r < rows; ++r)
-            for (int64_t b = 0; b < cols / 256; ++b) {
+            for (int64_t b = 0; b < cols / block; ++b) {
                 uint8_t* blk = weight.data.data() + size_t(r) * size_t(weight.w.row_bytes) + size_t(b) * bs;
                 const bool q6 = t == GgmlType::Q6_K;
-                const size_t d_at = q6 ? offsetof(BlockQ6_K, d) : 0, d_len = q6 ? 2 : 4;
+                const size_t d_at = q6 ? offsetof(BlockQ6_K, d) : 0, d_len = q6 || t == GgmlType::Q4_0 ? 2 : 4;
                 std::vector<uint8_t> keep(blk + d_at, blk + d_at + d_len);  // finite f16 scales
                 const int pattern = int((r + b) % 4);
                 if (pattern < 3) std::memset(blk, pattern == 0 ? 0xff : pattern == 1 ? 0x00 : 0x80, bs);
@@ -546,20 +548,26 @@ TEST_CASE("16-bit products at the extremes: k-quant weights and scales at their 
                 if (kind == 0) v = i % 2 == 0 ? 1.0f : -1.0f;
                 if (kind == 1) v = (j % 2 == 0) == (i % 2 == 0) ? 1.0f : -1.0f;
             }
-        std::vector<BlockA256> a(size_t(n * cols / 256));
-        for (int i = 0; i < n; ++i) quantize_a256(x.data() + i * cols, a.data() + i * cols / 256, cols);
-        const int64_t stride = cols / 256 * int64_t(sizeof(BlockA256));
+        const ActFormat f = act_format(t);
+        std::vector<BlockA256> a256(size_t(n * cols / 256));
+        std::vector<BlockA32> a32(size_t(n * cols / 32));
+        for (int i = 0; i < n; ++i) {
+            quantize_a256(x.data() + i * cols, a256.data() + i * cols / 256, cols);
+            quantize_a32(x.data() + i * cols, a32.data() + i * cols / 32, cols);
+        }
+        const char* xq = f == ActFormat::A256 ? reinterpret_cast<const char*>(a256.data())
+                                              : reinterpret_cast<const char*>(a32.data());
+        const int64_t stride = f == ActFormat::A256 ? cols / 256 * int64_t(sizeof(BlockA256))
+                                                    : cols / 32 * int64_t(sizeof(BlockA32));
         std::vector<float> ref(size_t(n * rows));
         for (int i = 0; i < n; ++i)
             for (int64_t r = 0; r < rows; ++r)
-                kernels::vec_dot_generic(t, ActFormat::A256, w.row(r), a.data() + i * cols / 256, stride, 1,
-                                         &ref[size_t(i * rows + r)], cols);
+                kernels::vec_dot_generic(t, f, w.row(r), xq + i * stride, stride, 1, &ref[size_t(i * rows + r)], cols);
         for (const auto& [isa, fn] : simd_rows()) {
             INFO(isa);
             std::vector<float> y(ref.size());
-            fn(t, ActFormat::A256, w.data, w.row_bytes, int(rows), a.data(), stride, 1, y.data(), rows, cols);
-            fn(t, ActFormat::A256, w.data, w.row_bytes, int(rows), a.data() + cols / 256, stride, 4, y.data() + rows,
-               rows, cols);
+            fn(t, f, w.data, w.row_bytes, int(rows), xq, stride, 1, y.data(), rows, cols);
+            fn(t, f, w.data, w.row_bytes, int(rows), xq + stride, stride, 4, y.data() + rows, rows, cols);
             CHECK(std::memcmp(y.data(), ref.data(), ref.size() * sizeof(float)) == 0);
         }
     }
