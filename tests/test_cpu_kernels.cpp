@@ -426,7 +426,7 @@ TEST_CASE("8-bit products at the extremes: saturated weights and activations giv
     // 127, k-quant scales and mins at 63) with their f16 scales kept, against activations whose blocks are all
     // +-127 after rounding: the largest integer sums and vpmaddubsw pairs the kernels can meet.
     const int64_t rows = 19, cols = 768;  // 24 blocks or 3 super-blocks
-    const int n = 18;
+    const int n = 17;  // tokens four at a time, then one (AVX2's one-token k-quant path)
     ThreadPool pool(2);
     for (const char* name : {"Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"}) {
         INFO(name);
@@ -516,9 +516,9 @@ TEST_CASE("16-bit products at the extremes: weights and scales at their limits a
           "the reference's bits on the SIMD rows, one token or four",
           "[cpu][matmul]") {
     // The largest exact run sums the 16-bit kernels meet (a Q4_K run of 64 columns: 64 * 63 * 15 * 32512 < 2^31), and
-    // the widest vpmaddubsw pairs of AVX2's one-token byte-plane paths (the activations' low bytes at 255 against
-    // nibbles of 15, Q6_K's 63). Patterns per block: every bit set (nibbles 15, scales and mins 63), none, 0x80,
-    // random.
+    // the widest vpmaddubsw pairs of AVX2's one-token byte-plane paths (the activations' low bytes at 255, q = 32511
+    // or -1, against nibbles of 15 and Q6_K's 63). Patterns per block: every bit set (nibbles 15, scales and mins
+    // 63), none, 0x80, random.
     const int64_t rows = 19, cols = 768;
     for (const char* name : {"Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1"}) {
         INFO(name);
@@ -544,9 +544,11 @@ TEST_CASE("16-bit products at the extremes: weights and scales at their limits a
         for (int i = 0; i < n; ++i)
             for (int64_t j = 0; j < cols; ++j) {
                 float& v = x[size_t(i * cols + j)];
-                const int kind = int((i + j / 256) % 3);  // a block at +-1 is q = +-32512 everywhere
+                const int kind = int((i + j / 256) % 4);  // a block at +-1 is q = +-32512 everywhere
                 if (kind == 0) v = i % 2 == 0 ? 1.0f : -1.0f;
                 if (kind == 1) v = (j % 2 == 0) == (i % 2 == 0) ? 1.0f : -1.0f;
+                if (kind == 2)  // each block's first value sets its scale: q = 32511 and -1 (low bytes 255)
+                    v = j % 32 == 0 ? 1.0f : j % 2 == 0 ? 32511.0f / 32512.0f : -1.0f / 32512.0f;
             }
         const ActFormat f = act_format(t);
         std::vector<BlockA256> a256(size_t(n * cols / 256));
@@ -555,6 +557,8 @@ TEST_CASE("16-bit products at the extremes: weights and scales at their limits a
             quantize_a256(x.data() + i * cols, a256.data() + i * cols / 256, cols);
             quantize_a32(x.data() + i * cols, a32.data() + i * cols / 32, cols);
         }
+        const BlockA256& low = a256[size_t(2 * cols / 256)];  // token 2's first super-block: the low bytes at 255
+        REQUIRE((low.q[2] == 32511 && low.q[1] == -1 && a32[size_t(2 * cols / 32)].q[2] == 32511));
         const char* xq = f == ActFormat::A256 ? reinterpret_cast<const char*>(a256.data())
                                               : reinterpret_cast<const char*>(a32.data());
         const int64_t stride = f == ActFormat::A256 ? cols / 256 * int64_t(sizeof(BlockA256))
