@@ -223,8 +223,11 @@ echo "|---|---|---|"
 cat "$tmp/fidelity.md"
 echo
 if [[ -n $llama_bench ]]; then
+    # the whole --version text first: grep -m 1 in a pipe could end llama-bench by SIGPIPE and fail the pipe
+    llama_version=$("$llama_bench" --version 2>&1 || true)
+    llama_version=$(grep -m 1 -o 'version: .*' <<<"$llama_version" || echo 'version unknown')
     echo "Side by side with llama.cpp (\`$llama_bench -m MODEL -p $prompt_len -n $gen -r 3 -t $threads\`, run right after kvgen" \
-        "on each model; $("$llama_bench" --version 2>&1 | grep -m 1 -o 'version: .*' || echo 'version unknown')):"
+        "on each model; $llama_version):"
     echo
     echo "| model | kvgen --math | kvgen pp$prompt_len | llama.cpp pp$prompt_len | ratio | kvgen tg$gen | llama.cpp tg$gen | ratio |"
     echo "|---|---|---|---|---|---|---|---|"
