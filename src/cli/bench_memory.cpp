@@ -40,7 +40,8 @@ void run_bench_memory(int n_threads) {
         best = std::max(best, double(bytes) / s / 1e9);
     }
     ::munmap(mem, bytes);
-    std::printf("memory read bandwidth: %.1f GB/s (%d threads, 1 GiB, best of 5)\n", best, pool.size());
+    std::printf("memory read bandwidth: %.1f GB/s (%d thread%s, 1 GiB, best of 5)\n", best, pool.size(),
+                pool.size() == 1 ? "" : "s");
 }
 
 }  // namespace kvgen
