@@ -379,18 +379,28 @@ TEST_CASE("a token's products are the same bits on every path: the scalar refere
             }
             // this machine's matmul, as generated tokens and as a prompt (whole, and in batches of other sizes)
             std::vector<float> scratch(size_t(pool.size() * matmul_scratch(cols)));
+            struct Buffers {  // every activation form of m tokens
+                std::vector<BlockA32> c32;
+                std::vector<BlockA256> c256;
+                std::vector<BlockT16> t16;
+                std::vector<BlockT256> t256;
+                std::vector<BlockB32> d32;
+                std::vector<BlockB256> d256;
+                std::vector<BlockU16> u16;
+                std::vector<BlockU256> u256;
+                Buffers(int m, int64_t cols)
+                    : c32(size_t(m * cols / 32 + 1)), c256(size_t(m * (cols / 256) + 1)),
+                      t16(size_t((m + 15) / 16 * (cols / 32) + 1)), t256(size_t((m + 15) / 16 * (cols / 256) + 1)),
+                      d32(size_t(m * cols / 32 + 1)), d256(size_t(m * (cols / 256) + 1)),
+                      u16(size_t((m + 15) / 16 * (cols / 32) + 1)), u256(size_t((m + 15) / 16 * (cols / 256) + 1)) {}
+                ActBuffers view() {
+                    return {c32.data(), c256.data(), t16.data(), t256.data(),
+                            d32.data(), d256.data(), u16.data(), u256.data()};
+                }
+            };
             auto product = [&](int i0, int m, bool prompt) {
-                std::vector<BlockA32> c32(size_t(m * cols / 32 + 1));
-                std::vector<BlockA256> c256(size_t(m * (cols / 256) + 1));
-                std::vector<BlockT16> t16(size_t((m + 15) / 16 * (cols / 32) + 1));
-                std::vector<BlockT256> t256(size_t((m + 15) / 16 * (cols / 256) + 1));
-                std::vector<BlockB32> d32(size_t(m * cols / 32 + 1));
-                std::vector<BlockB256> d256(size_t(m * (cols / 256) + 1));
-                std::vector<BlockU16> u16(size_t((m + 15) / 16 * (cols / 32) + 1));
-                std::vector<BlockU256> u256(size_t((m + 15) / 16 * (cols / 256) + 1));
-                const ActBuffers buf{c32.data(), c256.data(), t16.data(), t256.data(),
-                                     d32.data(), d256.data(), u16.data(), u256.data()};
-                Activations a(x.data() + i0 * cols, m, cols, buf, prompt, mode);
+                Buffers b(m, cols);
+                Activations a(x.data() + i0 * cols, m, cols, b.view(), prompt, mode);
                 std::vector<float> y(size_t(m * rows));
                 matmul(y.data(), a, w, scratch.data(), pool);
                 return y;
@@ -403,6 +413,38 @@ TEST_CASE("a token's products are the same bits on every path: the scalar refere
                 parts.insert(parts.end(), y.begin(), y.end());
             }
             same(parts, "matmul, a prompt in batches of 3, 17 and 1");
+            // each instruction set's prompt kernels called directly (where matmul would take them), over row ranges of
+            // 1 to 9 rows (partial tiles and passes) and groups of 8, 9 and 15 tokens (one vector of 8 tokens, or two
+            // with a partial second): the reference's bits in range, nothing written outside it
+            if (f != ActFormat::None) {
+                using PromptFn = void (*)(float*, const float*, bool, ActFormat, const void*, int64_t,
+                                          const WeightView&, int, int64_t, int64_t, float*);
+                std::vector<std::pair<const char*, PromptFn>> isas;
+                if (has_avx2() && (act_8bit(f) || f == ActFormat::A256))
+                    isas.emplace_back("AVX2 prompt kernel", kernels::matmul_rows_avx2);
+                if (has_avx512_vnni()) isas.emplace_back("AVX-512 prompt kernel", kernels::matmul_rows_avx512);
+                for (int m : {8, 9, 15}) {
+                    Buffers b(m, cols);
+                    Activations a(x.data(), m, cols, b.view(), true, mode);
+                    const void* t16 = a.tokens16(f, pool);
+                    REQUIRE(t16 != nullptr);
+                    for (const auto& [isa, fn] : isas)
+                        for (int64_t len = 1; len <= 9; ++len) {
+                            const int64_t r0 = 5;
+                            INFO(isa << ", " << m << " tokens, rows " << r0 << " .. " << r0 + len - 1);
+                            std::vector<float> y(size_t(m * rows), -7.0f);
+                            fn(y.data(), x.data(), true, f, t16, 0, w, m, r0, r0 + len, scratch.data());
+                            int wrong = 0;
+                            for (int i = 0; i < m; ++i)
+                                for (int64_t r = 0; r < rows; ++r) {
+                                    const float want = r >= r0 && r < r0 + len ? ref[size_t(i * rows + r)] : -7.0f;
+                                    const float got = y[size_t(i * rows + r)];
+                                    wrong += std::memcmp(&got, &want, sizeof(float)) != 0;
+                                }
+                            CHECK(wrong == 0);
+                        }
+                }
+            }
             // the f32 tiles of each instruction set, for float weights (and every weight with --math f32)
             if (f == ActFormat::None) {
                 using TilesFn = void (*)(float*, const float*, bool, ActFormat, const void*, int64_t,
