@@ -5,7 +5,8 @@
 // A prompt's tokens (Pass::Prefill): on AVX-512 VNNI, Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K weights widened to
 // int16 (k-quants with their sub-block scales) meet the tokens' 16-bit activations sixteen tokens to a vector
 // (prompt_integer); on AVX2 the k-quants do the same eight tokens to a vector, and the 32-weight blocks take the
-// generated tokens' kernels, four tokens at a time (so does everything on CPUs without AVX2); float weights and the
+// generated tokens' kernels, four tokens at a time (so does everything on CPUs without AVX2; with --math fast AVX2
+// runs all six types eight tokens to a vector); float weights and the
 // remaining types decode tiles of rows to f32 once and multiply them with the exact f32 activations in a
 // register-blocked GEMM.
 // For the types prompt_matches_decode names, every path computes the same sequence of roundings for a row and a token
@@ -98,7 +99,8 @@ const char* matmul_isa();
 
 namespace kernels {
 // One implementation per instruction set (matmul_avx2.cpp, matmul_generic.cpp): rows [r0, r1).
-// gemm: a prompt's tokens, side by side (xq: tokens16 of form xf; AVX-512 VNNI only) or null: the f32 tiles (x);
+// gemm: a prompt's tokens, side by side (xq: tokens16 of form xf; AVX-512 VNNI for every form, AVX2 for the 8-bit
+// forms and A256) or null: the f32 tiles (x);
 // else xq, the activations in form xf with xq_stride bytes per token (null: x dotted in f32 with each row decoded).
 void matmul_rows_avx512(float* y, const float* x, bool gemm, ActFormat xf, const void* xq, int64_t xq_stride,
                         const WeightView& w, int n, int64_t r0, int64_t r1, float* buf);
