@@ -5,8 +5,8 @@
 // A prompt's tokens (Pass::Prefill): on AVX-512 VNNI, Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K weights widened to
 // int16 (k-quants with their sub-block scales) meet the tokens' 16-bit activations sixteen tokens to a vector
 // (prompt_integer); on AVX2 the k-quants do the same eight tokens to a vector, and the 32-weight blocks take the
-// generated tokens' kernels, four tokens at a time (so does everything on CPUs without AVX2; with --math fast AVX2
-// runs all six types eight tokens to a vector); float weights and the
+// generated tokens' kernels, four tokens at a time (so does everything on CPUs without AVX2, and a group of fewer
+// than 8 tokens, 14 on AVX2; with --math fast AVX2 runs all six types eight tokens to a vector); float weights and the
 // remaining types decode tiles of rows to f32 once and multiply them with the exact f32 activations in a
 // register-blocked GEMM.
 // For the types prompt_matches_decode names, every path computes the same sequence of roundings for a row and a token
