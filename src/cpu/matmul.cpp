@@ -108,16 +108,16 @@ void matmul_many(float* const* ys, Activations& x, const WeightView* const* ws, 
     constexpr int kMax = 4;
     KVGEN_ASSERT(count >= 1 && count <= kMax);
     const int n = x.n();
-    // A prompt's tokens side by side in groups of 16: a group of fewer than kMinGroup tokens (a short prompt, or the
-    // last group of a longer one) leaves most of its lanes empty while the weight tile is still widened for it, so
-    // its tokens take the generated tokens' kernels instead (the same bits; measured faster below these counts, 1.2x
-    // to 7x for 1 to 5 tokens, on one thread over a 2048 x 2048 matrix).
+    // A prompt's tokens side by side go in groups of 16: a group of fewer than min_group tokens (a short prompt, or
+    // the last group of a longer one) would leave most of its lanes empty while each weight tile is still widened for
+    // it, so its tokens take the generated tokens' kernels instead (the same bits; measured faster below these
+    // counts, 1.2x to 7x for 1 to 5 tokens, on one thread over a 2048 x 2048 matrix).
     const int min_group = kAvx512 ? 8 : 14;
     const int n_side = n % 16 < min_group ? n - n % 16 : n;
-    const void* xq[kMax];
-    const void* xr[kMax] = {};  // the rest's activations (tokens n_side ..) for the generated tokens' kernels
+    const void* xs[kMax];  // tokens 0 .. n_gemm[i] side by side: tokens16 (null: the f32 tiles of x)
+    const void* xq[kMax];  // the others as generated tokens: from token n_gemm[i], stride[i] bytes apart (null: f32)
     int64_t stride[kMax] = {}, total = 0;
-    bool gemm[kMax];
+    int n_gemm[kMax];
     ActFormat fs[kMax];
     const bool f32_math = x.mode() == MathMode::F32;
     for (int i = 0; i < count; ++i) {
@@ -131,14 +131,11 @@ void matmul_many(float* const* ys, Activations& x, const WeightView* const* ws, 
         const bool integer = prompt_integer(w.type) && !f32_math;
         // the kernels for tokens16 (matmul_kernels.inc): AVX-512 VNNI; AVX2 for the 8-bit forms and the k-quants'
         const bool side_by_side = kAvx512 || (kAvx2 && (act_8bit(f) || f == ActFormat::A256));
-        const void* t16 = x.f32() && side_by_side && integer && n_side > 0 ? x.tokens16(f, pool) : nullptr;
-        gemm[i] = x.f32() && (t16 != nullptr || !integer);
-        if (gemm[i])
-            xq[i] = t16;
-        else
-            xq[i] = f == ActFormat::None ? nullptr : x.quantized(f, pool, &stride[i]);
-        if (t16 != nullptr && n_side < n)
-            xr[i] = static_cast<const char*>(x.quantized(f, pool, &stride[i])) + int64_t(n_side) * stride[i];
+        xs[i] = x.f32() && side_by_side && integer && n_side > 0 ? x.tokens16(f, pool) : nullptr;
+        n_gemm[i] = !x.f32() ? 0 : !integer ? n : xs[i] != nullptr ? n_side : 0;
+        xq[i] = n_gemm[i] == n || f == ActFormat::None
+                    ? nullptr
+                    : static_cast<const char*>(x.quantized(f, pool, &stride[i])) + int64_t(n_gemm[i]) * stride[i];
         total += w.rows;
     }
     pool.parallel_for(total, [&](int64_t r0, int64_t r1, int t) {
@@ -147,13 +144,11 @@ void matmul_many(float* const* ys, Activations& x, const WeightView* const* ws, 
             const WeightView& w = *ws[i];
             const int64_t lo = (r0 > base ? r0 : base) - base, hi = (r1 < base + w.rows ? r1 : base + w.rows) - base;
             float* buf = scratch + int64_t(t) * matmul_scratch(w.cols);
-            if (lo < hi && xr[i] != nullptr) {  // tokens 0 .. n_side side by side, the rest as generated tokens
-                kRows(ys[i], x.x(), true, fs[i], xq[i], 0, w, n_side, lo, hi, buf);
-                kRows(ys[i] + int64_t(n_side) * w.rows, nullptr, false, fs[i], xr[i], stride[i], w, n - n_side, lo,
-                      hi, buf);
-            } else if (lo < hi) {
-                kRows(ys[i], x.x(), gemm[i], fs[i], xq[i], stride[i], w, n, lo, hi, buf);
-            }
+            const int m = n_gemm[i];
+            if (lo < hi && m > 0) kRows(ys[i], x.x(), true, fs[i], xs[i], 0, w, m, lo, hi, buf);
+            if (lo < hi && m < n)
+                kRows(ys[i] + int64_t(m) * w.rows, x.x() + int64_t(m) * w.cols, false, fs[i], xq[i], stride[i], w,
+                      n - m, lo, hi, buf);
             base += w.rows;
         }
     });
