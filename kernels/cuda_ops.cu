@@ -27,6 +27,7 @@ namespace kvgen::cuda {
 namespace {
 
 static_assert(sizeof(ActBlock) == kActBlockBytes, "the memory plan's ActBlock size");
+static_assert(kMvMaxTokens == kIntBatchTokens, "the memory plan's tokens of an integer product");
 
 constexpr size_t kReserve = size_t(512) << 20;  // the CUDA context, cuBLAS's workspace and kernels
 
@@ -74,7 +75,8 @@ private:
     }
     // out[n][w.rows] = in[n][w.cols] . W^T (+= when accumulate).
     void proj(float* out, const DevWeight& w, const float* in, int n, bool accumulate);
-    // Whether one token's product with w runs in integers, and `in` (count floats) quantized for it into xq_.
+    // Whether a product with w of up to kMvMaxTokens tokens runs in integers, and `in` (count floats) quantized for
+    // it into xq_.
     bool use_int(const DevWeight& w) const { return int_matvec_ && int_matvec_ok(w); }
     const ActBlock* quantized(const float* in, int64_t count);
     void capture(const std::function<void()>& step);
@@ -260,8 +262,8 @@ const ActBlock* CudaOps::quantized(const float* in, int64_t count) {
 }
 
 void CudaOps::proj(float* out, const DevWeight& w, const float* in, int n, bool accumulate) {
-    if (n == 1 && use_int(w)) {
-        matvec_int(RowSplit::one(out, w.rows), w, quantized(in, w.cols), accumulate, pdl_, stream_);
+    if (n <= kMvMaxTokens && use_int(w)) {  // one token, or a short prompt with each weight read once for 8 tokens
+        matvec_int(RowSplit::one(out, w.rows), w, quantized(in, n * w.cols), n, accumulate, pdl_, stream_);
         return;
     }
     if (n == 1) {
@@ -287,13 +289,14 @@ void CudaOps::embed(float* x, int n) {
 
 void CudaOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int n) {
     const LayerDev& L = w_.layers[size_t(l)];
-    const bool fused = n == 1 && L.fused_qkv, in_int = fused && use_int(L.qkv);
+    // One product over the rows of all three: one token's, or in integers a short prompt's.
+    const bool in_int = n <= kMvMaxTokens && L.fused_qkv && use_int(L.qkv), fused = in_int || (n == 1 && L.fused_qkv);
     rmsnorm(xn_, in_int ? xq_ : nullptr, x, L.attn_norm, n, c_.n_embd, c_.rms_eps, stream_);
-    if (fused) {  // one matvec over the rows of all three
+    if (fused) {
         const int64_t qd = L.wq.rows, kvd = L.wk.rows;
         const RowSplit qkv{{q, k, v}, {qd, qd + kvd}};
         if (in_int)
-            matvec_int(qkv, L.qkv, xq_, false, pdl_, stream_);  // xq_: quantized by the norm
+            matvec_int(qkv, L.qkv, xq_, n, false, pdl_, stream_);  // xq_: quantized by the norm
         else
             matvec_split(qkv, L.qkv, xn_, stream_);
         return;
@@ -339,7 +342,7 @@ void CudaOps::attention(float* out, const float* q, int l, int n) {
 void CudaOps::out_proj_add(float* x, const float* att, int l, int n) {
     const DevWeight& wo = w_.layers[size_t(l)].wo;
     if (att_quantized_) {  // xq_: att as quantized by attention_decode
-        matvec_int(RowSplit::one(x, wo.rows), wo, xq_, true, pdl_, stream_);
+        matvec_int(RowSplit::one(x, wo.rows), wo, xq_, 1, true, pdl_, stream_);
         return;
     }
     proj(x, wo, att, n, true);  // the residual add is the product's accumulate
@@ -347,13 +350,15 @@ void CudaOps::out_proj_add(float* x, const float* att, int l, int n) {
 
 void CudaOps::norm_swiglu(float* h, const float* x, int l, int n) {
     const LayerDev& L = w_.layers[size_t(l)];
-    const bool fused = n == 1 && glu_fusable(L.gate, L.up), in_int = fused && use_int(L.gate);
-    // the down projection's input quantized by the product that makes it, where both run in integers
-    glu_quantized_ = in_int && hq_ && use_int(L.down);
+    // Gate and up in one product: one token's, or in integers a short prompt's.
+    const bool pair = glu_fusable(L.gate, L.up), in_int = n <= kMvMaxTokens && pair && use_int(L.gate);
+    const bool fused = in_int || (n == 1 && pair);
+    // one token's down projection input quantized by the product that makes it, where both run in integers
+    glu_quantized_ = n == 1 && in_int && hq_ && use_int(L.down);
     rmsnorm(xn_, in_int ? xq_ : nullptr, x, L.ffn_norm, n, c_.n_embd, c_.rms_eps, stream_);
     if (fused) {
         if (in_int)  // xq_: quantized by the norm
-            matvec_glu_int(h, glu_quantized_ ? hq_ : nullptr, hq_counters_, L.gate, L.up, xq_, pdl_, stream_);
+            matvec_glu_int(h, glu_quantized_ ? hq_ : nullptr, hq_counters_, L.gate, L.up, xq_, n, pdl_, stream_);
         else
             matvec_glu(h, L.gate, L.up, xn_, stream_);
         return;
@@ -366,7 +371,7 @@ void CudaOps::norm_swiglu(float* h, const float* x, int l, int n) {
 void CudaOps::down_proj_add(float* x, const float* h, int l, int n) {
     const DevWeight& down = w_.layers[size_t(l)].down;
     if (n == 1 && glu_quantized_) {  // hq_: h as quantized by the SwiGLU product
-        matvec_int(RowSplit::one(x, down.rows), down, hq_, true, pdl_, stream_);
+        matvec_int(RowSplit::one(x, down.rows), down, hq_, 1, true, pdl_, stream_);
         return;
     }
     proj(x, down, h, n, true);  // the residual add is the product's accumulate
@@ -380,7 +385,7 @@ void CudaOps::head(float* logits, const float* x, int n) {
     }
     if (use_int(w_.output)) {
         rmsnorm(xn_, xq_, x, w_.output_norm, 1, c_.n_embd, c_.rms_eps, stream_);
-        matvec_int(RowSplit::one(logits, w_.output.rows), w_.output, xq_, false, pdl_, stream_);
+        matvec_int(RowSplit::one(logits, w_.output.rows), w_.output, xq_, 1, false, pdl_, stream_);
         return;
     }
     rmsnorm(xn_, nullptr, x, w_.output_norm, 1, c_.n_embd, c_.rms_eps, stream_);

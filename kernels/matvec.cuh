@@ -11,16 +11,17 @@ namespace kvgen::cuda {
 constexpr int kMvWarps = 4, kMvRows = 2;
 
 // Where row r of a product is written: rows [0, end[0]) to y[0], [end[0], end[1]) to y[1], the rest to y[2], each
-// buffer from its own first element. One product can so fill q, k and v (Q|K|V uploaded as one matrix).
+// buffer from its own first element. One product can so fill q, k and v (Q|K|V uploaded as one matrix). For several
+// tokens each buffer holds its rows token after token: token i's row r of a `rows`-row product is at(r, i, rows).
 struct RowSplit {
     float* y[3] = {nullptr, nullptr, nullptr};
     int64_t end[2] = {0, 0};
 
     static RowSplit one(float* y, int64_t rows) { return RowSplit{{y, y, y}, {rows, rows}}; }
-    KVGEN_HD float* at(int64_t r) const {
-        if (r < end[0]) return y[0] + r;
-        if (r < end[1]) return y[1] + (r - end[0]);
-        return y[2] + (r - end[1]);
+    KVGEN_HD float* at(int64_t r, int64_t i = 0, int64_t rows = 0) const {
+        if (r < end[0]) return y[0] + i * end[0] + r;
+        if (r < end[1]) return y[1] + i * (end[1] - end[0]) + (r - end[0]);
+        return y[2] + i * (rows - end[1]) + (r - end[1]);
     }
 };
 

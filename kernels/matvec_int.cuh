@@ -308,16 +308,31 @@ KVGEN_HD float unit_dot(const UnitWeights<GgmlType::Q6_K>& w, int u, const UnitA
     return half_bits(w.d) * (a.d[0] * float(dot0) + a.d[1] * float(dot1));
 }
 
-// A block of the integer decode product: mvi_warps(n_units) warps share R rows of NM matrices of one shape (NM = 2:
-// SwiGLU's gate and up), striding over their units, so each unit's activations are loaded once for all of them and
-// every lane has NM * R rows' 16-byte weight loads in flight at once. The block is as wide as the row's units need,
-// up to kMviMaxWarps, in as few passes as that allows and then in equal ones (4096 columns: 4 warps, one pass; 5120:
-// 5; 11008: 6 x 2 passes; 13824: 7 x 2), so that no pass leaves most of the block idle; at most 8 warps, so that two
-// blocks fit an SM at the kernels' registers and one's start and end hide behind the other's loads. acc[m][r]: this
-// thread's share of row r0 + r of matrix m, summed over its units in the same order whatever NM and R.
+// A block of the integer products: mvi_warps(n_units) warps share R rows of NM matrices of one shape (NM = 2:
+// SwiGLU's gate and up) for NT tokens, striding over their units, so each unit's weights are loaded once for all the
+// tokens and each token's activations once for all the rows, and every lane has NM * R rows' 16-byte weight loads in
+// flight at once. The block is as wide as the row's units need, up to kMviMaxWarps, in as few passes as that allows
+// and then in equal ones (4096 columns: 4 warps, one pass; 5120: 5; 11008: 6 x 2 passes; 13824: 7 x 2), so that no
+// pass leaves most of the block idle; at most 8 warps, so that two blocks fit an SM at the kernels' registers and
+// one's start and end hide behind the other's loads. acc[m][r][i]: this thread's share of row r0 + r of matrix m for
+// token i, summed over its units in the same order whatever NM, R and NT: a token's product is the same bits in a
+// batch as alone.
 constexpr int kMviMaxWarps = 8;
-constexpr int kMviRows = 4;     // rows per block of one matrix
-constexpr int kMviGluRows = 2;  // rows per block of each of gate and up
+// Tokens a launch takes at most (a prompt of up to kMvMaxTokens goes in launches of this many).
+constexpr int kMviMaxTokens = 8;
+// Rows per block of each of NM matrices for NT tokens. One token: 4 of one matrix, 2 of each of gate and up. Several
+// tokens: fewer where a thread's rows' weights and sums would not fit in 128 registers (ptxas sm_90, no spills):
+// Q4_K keeps 2 rows' worth of unpacked quants, Q6_K 16 sums.
+template <GgmlType T>
+KVGEN_HD constexpr int mvi_rows(int nm, int nt) {
+    const int rows = (nt > 1 && T == GgmlType::Q4_K ? 2 : 4) / nm;
+    const int fit = (nt > 1 && T == GgmlType::Q6_K ? 16 : 32) / (nm * nt);
+    return fit < 1 ? 1 : fit < rows ? fit : rows;
+}
+constexpr int kMviRows = 4;     // one token: rows per block of one matrix
+constexpr int kMviGluRows = 2;  // one token: rows per block of each of gate and up
+static_assert(mvi_rows<GgmlType::Q4_K>(1, 1) == kMviRows && mvi_rows<GgmlType::Q6_K>(2, 1) == kMviGluRows,
+              "one token's blocks");
 
 // The SwiGLU product's output quantized where it is made, for the down projection (one launch fewer per layer): a
 // block stores its kMviGluRows outputs v (held by lane 0 of its first warp) at y[r0 ..], and that thread counts the
@@ -351,10 +366,28 @@ KVGEN_HD int mvi_warps(int n_units) {
     return (per_pass + 31) / 32;
 }
 
-template <GgmlType T, int NM, int R>
+// Calls f(std::integral_constant<int, NT>{}, i0, m) for each launch of an n-token integer product: launches of
+// m <= NT tokens from token i0; NT = 1 for one token, else 4 or kMviMaxTokens (n > 8 in launches of 8).
+template <typename F>
+void int_launches(int n, F&& f) {
+    if (n == 1) {
+        f(std::integral_constant<int, 1>{}, 0, 1);
+        return;
+    }
+    for (int i0 = 0; i0 < n; i0 += kMviMaxTokens) {
+        const int m = n - i0 < kMviMaxTokens ? n - i0 : kMviMaxTokens;
+        if (m <= 4)
+            f(std::integral_constant<int, 4>{}, i0, m);
+        else
+            f(std::integral_constant<int, kMviMaxTokens>{}, i0, m);
+    }
+}
+
+// Token i's activations are the n_units ActBlocks at x + i * n_units, for i < n <= NT.
+template <GgmlType T, int NM, int R, int NT>
 KVGEN_HD void matvec_int_thread(const uint8_t* const (&w)[NM], int64_t row_bytes, int n_units, int64_t rows,
-                                int64_t r0, int t, int n_threads, const ActBlock* __restrict__ x,
-                                float (&acc)[NM][R]) {
+                                int64_t r0, int t, int n_threads, const ActBlock* __restrict__ x, int n,
+                                float (&acc)[NM][R][NT]) {
     // note: rows past the matrix read its last row again (never written), so no branch splits the loads.
     const uint8_t* row[NM][R];
 #pragma unroll
@@ -362,7 +395,8 @@ KVGEN_HD void matvec_int_thread(const uint8_t* const (&w)[NM], int64_t row_bytes
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             row[m][r] = w[m] + (r0 + r < rows ? r0 + r : rows - 1) * row_bytes;
-            acc[m][r] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < NT; ++i) acc[m][r][i] = 0.0f;
         }
     // The first unit's weights are loaded before pdl_wait: they depend on no kernel, so under programmatic launch
     // they stream in while the kernel that writes x still runs. Offsets inside a row are 32-bit.
@@ -375,12 +409,16 @@ KVGEN_HD void matvec_int_thread(const uint8_t* const (&w)[NM], int64_t row_bytes
             for (int r = 0; r < R; ++r) load_unit(row[m][r], u, n_units, wu[m][r]);
     pdl_wait();
     while (u < n_units) {
-        UnitActs a;
-        load_unit_acts<T>(x, u, a);
 #pragma unroll
-        for (int m = 0; m < NM; ++m)
+        for (int i = 0; i < NT; ++i) {
+            if (NT > 1 && i >= n) break;  // the same for the whole block
+            UnitActs a;
+            load_unit_acts<T>(x + int64_t(i) * n_units, u, a);
 #pragma unroll
-            for (int r = 0; r < R; ++r) acc[m][r] += unit_dot(wu[m][r], u, a);
+            for (int m = 0; m < NM; ++m)
+#pragma unroll
+                for (int r = 0; r < R; ++r) acc[m][r][i] += unit_dot(wu[m][r], u, a);
+        }
         u += n_threads;
         if (u < n_units)
 #pragma unroll

@@ -90,7 +90,7 @@ MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int n_lo
     p.xh = place(n_batch > 1 ? nb * std::max({e, qd, ff}) : 0, 2);
     p.wh = place(wh, 2);
     p.step = place(2 + nb, 4);
-    p.xq = place((std::max({e, qd, ff}) + 31) / 32, kActBlockBytes);
+    p.xq = place(std::min(nb, int64_t(kIntBatchTokens)) * ((std::max({e, qd, ff}) + 31) / 32), kActBlockBytes);
     p.counters = place(c.n_heads, 4);
     p.hq = place(ff % 32 == 0 ? ff / 32 : 0, kActBlockBytes);
     p.hq_counters = place(ff % 32 == 0 ? ff / 32 : 0, 4);

@@ -17,6 +17,7 @@ struct Region {
 };
 
 constexpr size_t kActBlockBytes = 80;  // sizeof(ActBlock), matvec_int.cuh
+constexpr int kIntBatchTokens = 16;    // kMvMaxTokens, matvec.cuh: the most tokens an integer product takes
 
 // The prefill GEMM of a quantized weight decodes it to f16 a chunk of rows at a time (gemm_weight, ops.cuh): at most
 // kGemmChunkElems weights (16 MiB of f16, a third of an H100/H200 L2 cache, so the chunk is read back from L2), in
@@ -60,7 +61,8 @@ struct MemoryPlan {
     Region wh;         // f16, the largest chunk gemm_weight decodes for the prefill GEMM, gemm_scratch_elems
                        // (n_batch > 1; the output matrix counts when n_logits > 1)
     Region step;       // int [2 + n_batch]: pos0, n, the step's tokens
-    Region xq;         // ActBlock [max(n_embd, n_heads head_dim, n_ff) / 32]: one token's input in 16-bit integers
+    Region xq;         // ActBlock [min(n_batch, kIntBatchTokens)][max(n_embd, n_heads head_dim, n_ff) / 32]: the
+                       // input of an integer product (one token, or a short prompt) in 16-bit integers
     Region counters;   // int [n_heads]: decode attention's per-head-group split counters, zero between launches
     Region hq;         // ActBlock [n_ff / 32]: one token's SwiGLU output quantized by its product (n_ff % 32 == 0)
     Region hq_counters;  // int [n_ff / 32]: that product's per-32-row-group counters, zero between launches

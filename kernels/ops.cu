@@ -181,69 +181,78 @@ __global__ void quantize_act_kernel(const float* __restrict__ x, int64_t n_block
     if (b < n_blocks) quantize_act_item(b, x, out);
 }
 
-// Each of a block's R rows summed over its threads: a warp's lanes by the butterfly, then the warps in order (the
-// host emulation, tests/cuda_support/host_emulation.cu, follows this order). Returns row t's sum in thread t < R.
-template <int R>
-__device__ __forceinline__ float block_rows_sum(const float (&acc)[R], float (&part)[kMviMaxWarps][R]) {
+// Each of a block's R rows for each of NT tokens summed over its threads: a warp's lanes by the butterfly, then the
+// warps in order (the host emulation, tests/cuda_support/host_emulation.cu, follows this order). Returns the sum of
+// row t / NT for token t % NT in thread t < R NT.
+template <int R, int NT>
+__device__ __forceinline__ float block_rows_sum(const float (&acc)[R][NT], float (&part)[kMviMaxWarps][R * NT]) {
     const int t = threadIdx.x, warps = blockDim.x / kWarp;
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const float v = warp_sum(acc[r]);
-        if (t % kWarp == 0) part[t / kWarp][r] = v;
-    }
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+            const float v = warp_sum(acc[r][i]);
+            if (t % kWarp == 0) part[t / kWarp][r * NT + i] = v;
+        }
     __syncthreads();
     float v = 0.0f;
-    if (t < R) {
+    if (t < R * NT) {
         v = part[0][t];
         for (int k = 1; k < warps; ++k) v += part[k][t];
     }
     return v;
 }
 
-// grid = rows / kMviRows, block = 32 mvi_warps(n_units) threads: the block's threads stride over the units of its
-// rows (matvec_int_thread). At most 128 registers (two blocks of up to 256 threads per SM), so that every row's loads
-// are issued before the first is used.
-template <GgmlType T>
+// grid = rows / R, block = 32 mvi_warps(n_units) threads: the block's threads stride over the units of its R rows
+// (matvec_int_thread) for n <= NT tokens, x the tokens' ActBlocks one after another. At most 128 registers (two
+// blocks of up to 256 threads per SM), so that every row's loads are issued before the first is used.
+template <GgmlType T, int NT>
 __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
     matvec_int_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int n_units, int64_t rows,
-                      const ActBlock* __restrict__ x, RowSplit y, int accumulate) {
-    __shared__ float part[kMviMaxWarps][kMviRows];
-    const int64_t r0 = int64_t(blockIdx.x) * kMviRows;
+                      const ActBlock* __restrict__ x, int n, RowSplit y, int i0, int accumulate) {
+    constexpr int R = mvi_rows<T>(1, NT);
+    __shared__ float part[kMviMaxWarps][R * NT];
+    const int64_t r0 = int64_t(blockIdx.x) * R;
     const uint8_t* const ws[1] = {w};
-    float acc[1][kMviRows];
-    matvec_int_thread<T>(ws, row_bytes, n_units, rows, r0, threadIdx.x, blockDim.x, x, acc);
+    float acc[1][R][NT];
+    matvec_int_thread<T>(ws, row_bytes, n_units, rows, r0, threadIdx.x, blockDim.x, x, n, acc);
     const float v = block_rows_sum(acc[0], part);
-    if (threadIdx.x < kMviRows && r0 + threadIdx.x < rows) {
-        float* out = y.at(r0 + threadIdx.x);
+    const int r = threadIdx.x / NT, i = threadIdx.x % NT;
+    if (r < R && i < n && r0 + r < rows) {
+        float* out = y.at(r0 + r, i0 + i, rows);
         *out = accumulate ? *out + v : v;
     }
 }
 
-// grid = rows / kMviGluRows: gate and up rows of a SwiGLU pair in one block, y[r] = silu(gate[r] . x) * (up[r] . x).
-// With yq (rows a multiple of 32; counters: rows / 32 ints, zero between launches), y is also written as ActBlocks
-// by each 32-row group's last block (glu_store_quantized).
-template <GgmlType T>
+// grid = rows / R: gate and up rows of a SwiGLU pair in one block, y[i][r] = silu(gate[r] . x[i]) * (up[r] . x[i]).
+// With yq (one token; rows a multiple of 32; counters: rows / 32 ints, zero between launches), y is also written as
+// ActBlocks by each 32-row group's last block (glu_store_quantized).
+template <GgmlType T, int NT>
 __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
     matvec_glu_int_kernel(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int64_t row_bytes,
-                          int n_units, int64_t rows, const ActBlock* __restrict__ x, float* __restrict__ y,
+                          int n_units, int64_t rows, const ActBlock* __restrict__ x, int n, float* __restrict__ y,
                           ActBlock* __restrict__ yq, int* __restrict__ counters) {
     pdl_trigger();  // the down projection, which reads y or yq, may start loading its weights
-    __shared__ float part[2][kMviMaxWarps][kMviGluRows];
-    const int64_t r0 = int64_t(blockIdx.x) * kMviGluRows;
+    constexpr int R = mvi_rows<T>(2, NT);
+    __shared__ float part[2][kMviMaxWarps][R * NT];
+    const int64_t r0 = int64_t(blockIdx.x) * R;
     const uint8_t* const ws[2] = {gate, up};
-    float acc[2][kMviGluRows];
-    matvec_int_thread<T>(ws, row_bytes, n_units, rows, r0, threadIdx.x, blockDim.x, x, acc);
+    float acc[2][R][NT];
+    matvec_int_thread<T>(ws, row_bytes, n_units, rows, r0, threadIdx.x, blockDim.x, x, n, acc);
     const float gs = block_rows_sum(acc[0], part[0]), us = block_rows_sum(acc[1], part[1]);
-    const float o = gs / (1.0f + expf(-gs)) * us;  // threads r < kMviGluRows: row r0 + r
-    if (yq) {
-        if (threadIdx.x >= kWarp) return;
-        float v[kMviGluRows];
+    const float o = gs / (1.0f + expf(-gs)) * us;  // threads t < R NT: row r0 + t / NT, token t % NT
+    if constexpr (NT == 1) {
+        if (yq) {
+            if (threadIdx.x >= kWarp) return;
+            float v[R];
 #pragma unroll
-        for (int r = 0; r < kMviGluRows; ++r) v[r] = __shfl_sync(0xffffffffu, o, r);
-        glu_store_quantized(DeviceThread{nullptr}, int(threadIdx.x), v, y, r0, counters, yq);
-        return;
+            for (int r = 0; r < R; ++r) v[r] = __shfl_sync(0xffffffffu, o, r);
+            glu_store_quantized(DeviceThread{nullptr}, int(threadIdx.x), v, y, r0, counters, yq);
+            return;
+        }
     }
-    if (threadIdx.x < kMviGluRows && r0 + threadIdx.x < rows) y[r0 + threadIdx.x] = o;
+    const int r = threadIdx.x / NT, i = threadIdx.x % NT;
+    if (r < R && i < n && r0 + r < rows) y[int64_t(i) * rows + r0 + r] = o;
 }
 
 // gate and up rows r of a SwiGLU pair in one warp: y[r] = silu(gate[r] . x) * (up[r] . x).
@@ -500,26 +509,34 @@ void launch(void (*kernel)(Params...), unsigned grid, unsigned block, bool pdl, 
 }
 }  // namespace
 
-void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, bool accumulate, bool pdl,
+void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n, bool accumulate, bool pdl,
                 cudaStream_t s) {
     const bool ok = int_matvec_ok(w) && dispatch_int_type(w.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
         const int n_units = int(w.cols / 32);
-        launch(matvec_int_kernel<T>, grid_for(w.rows, kMviRows), unsigned(32 * mvi_warps(n_units)), pdl, s, w.data,
-               w.row_bytes, n_units, w.rows, x, y, accumulate ? 1 : 0);
+        int_launches(n, [&](auto nt, int i0, int m) {
+            constexpr int NT = decltype(nt)::value;
+            launch(matvec_int_kernel<T, NT>, grid_for(w.rows, mvi_rows<T>(1, NT)), unsigned(32 * mvi_warps(n_units)),
+                   pdl, s, w.data, w.row_bytes, n_units, w.rows, x + int64_t(i0) * n_units, m, y, i0,
+                   accumulate ? 1 : 0);
+        });
     });
     if (!ok) throw Error(fmt::format("CUDA: no integer product for {}", ggml_type_name(w.type)));
     KVGEN_CUDA_LAUNCHED("matvec_int");
 }
 
 void matvec_glu_int(float* y, ActBlock* yq, int* counters, const DevWeight& gate, const DevWeight& up,
-                    const ActBlock* x, bool pdl, cudaStream_t s) {
-    KVGEN_ASSERT(!yq || (gate.rows % 32 == 0 && counters));
+                    const ActBlock* x, int n, bool pdl, cudaStream_t s) {
+    KVGEN_ASSERT(!yq || (n == 1 && gate.rows % 32 == 0 && counters));
     const bool ok = glu_fusable(gate, up) && int_matvec_ok(gate) && dispatch_int_type(gate.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
         const int n_units = int(gate.cols / 32);
-        launch(matvec_glu_int_kernel<T>, grid_for(gate.rows, kMviGluRows), unsigned(32 * mvi_warps(n_units)), pdl, s,
-               gate.data, up.data, gate.row_bytes, n_units, gate.rows, x, y, yq, counters);
+        int_launches(n, [&](auto nt, int i0, int m) {
+            constexpr int NT = decltype(nt)::value;
+            launch(matvec_glu_int_kernel<T, NT>, grid_for(gate.rows, mvi_rows<T>(2, NT)),
+                   unsigned(32 * mvi_warps(n_units)), pdl, s, gate.data, up.data, gate.row_bytes, n_units, gate.rows,
+                   x + int64_t(i0) * n_units, m, y + int64_t(i0) * gate.rows, yq, counters);
+        });
     });
     if (!ok) throw Error(fmt::format("CUDA: no fused integer SwiGLU for {}", ggml_type_name(gate.type)));
     KVGEN_CUDA_LAUNCHED("matvec_glu_int");

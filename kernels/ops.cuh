@@ -40,22 +40,27 @@ void matvec(float* y, const DevWeight& w, const float* x, bool accumulate, cudaS
 // matrix fill q, k and v in one launch. Twin: three matvec calls.
 void matvec_split(const RowSplit& y, const DevWeight& w, const float* x, cudaStream_t s);
 
-// One token's product in integers (matvec_int.cuh) for the types int_matvec_ok accepts: x is first quantized to
-// 16-bit activation blocks (count values, a multiple of 32, into count / 32 ActBlocks), then y (+)= W x through a
-// RowSplit. pdl: launched as a programmatic dependent launch (sm_90 only), so that its weights start streaming while
-// the kernel before it (the norm, attention or quantize_act that writes x, which let it start) still runs. Twins:
-// cpu::quantize_a32 and the double-precision product of the dequantized rows.
+// Products in integers (matvec_int.cuh) for the types int_matvec_ok accepts, one token's or a short prompt's (n <=
+// kMvMaxTokens): x is first quantized to 16-bit activation blocks (count values, a multiple of 32, into count / 32
+// ActBlocks; n tokens of cols values: [n][cols / 32]), then y (+)= W x[i] through a RowSplit (token i's rows at
+// RowSplit::at(r, i, rows)), each weight read once for up to kMviMaxTokens tokens; a token's result is the same bits
+// as its product alone. pdl: launched as a programmatic dependent launch (sm_90 only), so that its weights start
+// streaming while the kernel before it (the norm, attention or quantize_act that writes x, which let it start) still
+// runs. Twins: cpu::quantize_a32 and the double-precision product of the dequantized rows.
 bool int_matvec_ok(const DevWeight& w);
 void quantize_act(ActBlock* out, const float* x, int64_t count, cudaStream_t s);
-void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, bool accumulate, bool pdl, cudaStream_t s);
-// y[r] = silu(gate[r] . x) * (up[r] . x) in integers (glu_fusable and int_matvec_ok). With yq (may be null; gate.rows
-// a multiple of 32), y is also written as gate.rows / 32 ActBlocks for the down projection, the blocks quantize_act
-// makes of it; counters: gate.rows / 32 ints, zero before the first launch and left at zero.
+void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n, bool accumulate, bool pdl,
+                cudaStream_t s);
+// y[i][r] = silu(gate[r] . x[i]) * (up[r] . x[i]) in integers (glu_fusable and int_matvec_ok), n <= kMvMaxTokens.
+// With yq (may be null; one token, gate.rows a multiple of 32), y is also written as gate.rows / 32 ActBlocks for
+// the down projection, the blocks quantize_act makes of it; counters: gate.rows / 32 ints, zero before the first
+// launch and left at zero.
 void matvec_glu_int(float* y, ActBlock* yq, int* counters, const DevWeight& gate, const DevWeight& up,
-                    const ActBlock* x, bool pdl, cudaStream_t s);
+                    const ActBlock* x, int n, bool pdl, cudaStream_t s);
 
-// y[i][r] = W[r] . x[i] (+= when accumulate) for n tokens, 1 <= n <= kMvMaxTokens (16): each weight read once for
-// all of them (a short prompt's prefill). Twin: a double-precision dot of the dequantized row, per token.
+// y[i][r] = W[r] . x[i] (+= when accumulate) for n tokens, 1 <= n <= kMvMaxTokens (16), in f32: each weight read
+// once for all of them (a short prompt's prefill, for weights without an integer product). Twin: a double-precision
+// dot of the dequantized row, per token.
 void matvec_batch(float* y, const DevWeight& w, const float* x, int n, bool accumulate, cudaStream_t s);
 
 // One token's SwiGLU: y[r] = silu(gate[r] . x) * (up[r] . x), both products in one warp (gate and up must share

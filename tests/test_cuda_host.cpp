@@ -255,6 +255,12 @@ TEST_CASE("RowSplit sends each row of a fused Q|K|V product to its own buffer", 
     CHECK(t == std::vector<int>{0, 1, 2, 1000000, 1000001, 2000000, 2000001});
     const std::vector<int> one = cuda::host::row_split_targets(4, 4, 4);  // RowSplit::one: all rows to y[0]
     CHECK(one == std::vector<int>{0, 1, 2, 3});
+    // A short prompt's: each buffer holds its rows token after token (q: 3 rows a token, k and v 2).
+    const std::vector<int> t2 = cuda::host::row_split_targets(7, 3, 5, 2);
+    CHECK(t2 == std::vector<int>{0, 1, 2, 1000000, 1000001, 2000000, 2000001,  // token 0
+                                 3, 4, 5, 1000002, 1000003, 2000002, 2000003});
+    const std::vector<int> one2 = cuda::host::row_split_targets(4, 4, 4, 3);
+    CHECK(one2 == std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
 }
 
 TEST_CASE("the integer decode product, run on the host: the CPU's activation rounding, then exact integer dots",
@@ -335,6 +341,42 @@ TEST_CASE("the integer decode product, run on the host: the CPU's activation rou
             for (int64_t r = 0; r < rows; ++r) {
                 const float g = y[size_t(r)];
                 CHECK(glu[size_t(r)] == g / (1.0f + std::exp(-g)) * yu[size_t(r)]);
+            }
+        }
+}
+
+TEST_CASE("the integer products of a short prompt, run on the host: each token the same bits as its product alone",
+          "[cuda-host]") {
+    // 2 to 16 tokens go in launches of up to 8 (4 rows a block; SwiGLU 2 of each), 4 tokens or fewer by a kernel of 4;
+    // blocks of 1, 3 and 4 warps; 9 rows, so the last block has rows past the matrix.
+    const int n_max = 16;
+    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
+        for (const int64_t cols : {96, 768, 2816, 4096}) {
+            GgmlType t;
+            REQUIRE(ggml_type_from_name(name, &t));
+            if (cols % ggml_type_info(t)->block_size != 0) continue;
+            INFO(name << " cols " << cols);
+            const int64_t rows = 9;
+            std::vector<float> x = test::randn(size_t(n_max * cols), 41, 2.0f);
+            std::fill(x.begin() + 3 * cols + 32, x.begin() + 3 * cols + 64, 0.0f);  // a zero block in token 3
+            const RandomRows gate = random_rows(t, rows, cols, 8), up = random_rows(t, rows, cols, 9);
+            std::vector<float> alone, glu_alone;  // [token][row], one product per token
+            for (int i = 0; i < n_max; ++i) {
+                const std::vector<float> xi(x.begin() + i * cols, x.begin() + (i + 1) * cols);
+                const std::vector<float> y = cuda::host::matvec_int(t, gate.bytes.data(), rows, cols, xi);
+                const std::vector<float> g =
+                    cuda::host::matvec_glu_int(t, gate.bytes.data(), up.bytes.data(), rows, cols, xi);
+                alone.insert(alone.end(), y.begin(), y.end());
+                glu_alone.insert(glu_alone.end(), g.begin(), g.end());
+            }
+            for (const int n : {2, 3, 4, 5, 8, 9, 13, 16}) {
+                INFO(n << " tokens");
+                const std::vector<float> xn(x.begin(), x.begin() + n * cols);
+                const std::vector<float> y = cuda::host::matvec_int(t, gate.bytes.data(), rows, cols, xn, n);
+                const std::vector<float> g =
+                    cuda::host::matvec_glu_int(t, gate.bytes.data(), up.bytes.data(), rows, cols, xn, n);
+                CHECK(y == std::vector<float>(alone.begin(), alone.begin() + n * rows));
+                CHECK(g == std::vector<float>(glu_alone.begin(), glu_alone.begin() + n * rows));
             }
         }
 }

@@ -251,6 +251,37 @@ TEST_CASE("the integer decode products on blocks of 3 to 8 warps and of several 
         }
 }
 
+TEST_CASE("the integer products of a short prompt: each token the same bits as its product alone", "[cuda][kernels]") {
+    // 2 to 16 tokens in launches of up to 8 (the second launch writes from token 8 on); 37 rows (the last block has
+    // rows past the matrix); 1280 columns: 2 warps, 11008: 6 x 2 passes.
+    const int n_max = 16;
+    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
+        for (const int64_t cols : {1280, 11008}) {
+            GgmlType t;
+            REQUIRE(ggml_type_from_name(name, &t));
+            if (cols % ggml_type_info(t)->block_size != 0) continue;
+            INFO(name << " cols " << cols);
+            const int64_t rows = 37;
+            const std::vector<uint8_t> b = random_weights(t, rows, cols, 43), b_up = random_weights(t, rows, cols, 47);
+            const ct::HostWeight w{t, rows, cols, &b}, wu{t, rows, cols, &b_up};
+            const std::vector<float> x = randn(size_t(n_max * cols), 53);
+            std::vector<float> alone, glu_alone;
+            for (int i = 0; i < n_max; ++i) {
+                const std::vector<float> xi(x.begin() + i * cols, x.begin() + (i + 1) * cols);
+                const std::vector<float> y = ct::matvec_int(w, xi), g = ct::matvec_glu_int(w, wu, xi);
+                alone.insert(alone.end(), y.begin(), y.end());
+                glu_alone.insert(glu_alone.end(), g.begin(), g.end());
+            }
+            for (const int n : {2, 4, 5, 8, 9, 13, 16}) {
+                INFO(n << " tokens");
+                const std::vector<float> xn(x.begin(), x.begin() + n * cols);
+                CHECK(ct::matvec_int(w, xn, n) == std::vector<float>(alone.begin(), alone.begin() + n * rows));
+                CHECK(ct::matvec_glu_int(w, wu, xn, n) ==
+                      std::vector<float>(glu_alone.begin(), glu_alone.begin() + n * rows));
+            }
+        }
+}
+
 TEST_CASE("the integer SwiGLU product quantizes its output for the down projection", "[cuda][kernels]") {
     // 96 rows: three groups of 32, each quantized by its last block (ct::matvec_glu_int checks the blocks against
     // quantize_act of the output, and the counters)

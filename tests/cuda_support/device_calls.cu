@@ -117,25 +117,26 @@ std::vector<float> matvec_batch(const HostWeight& w, const std::vector<float>& x
     return y.get();
 }
 
-std::vector<float> matvec_int(const HostWeight& w, const std::vector<float>& x) {
+std::vector<float> matvec_int(const HostWeight& w, const std::vector<float>& x, int n) {
     Dev<uint8_t> b(device_bytes(w));
-    Dev<float> dx(x), y(size_t(w.rows));
+    Dev<float> dx(x), y(size_t(n) * size_t(w.rows));
     Dev<ActBlock> xq(x.size() / 32);
     poison(y);
     quantize_act(xq.p, dx.p, int64_t(x.size()), nullptr);
-    kvgen::cuda::matvec_int(RowSplit::one(y.p, w.rows), dev_weight(w, b), xq.p, false, false, nullptr);
+    kvgen::cuda::matvec_int(RowSplit::one(y.p, w.rows), dev_weight(w, b), xq.p, n, false, false, nullptr);
     return y.get();
 }
 
-std::vector<float> matvec_glu_int(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x) {
+std::vector<float> matvec_glu_int(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x, int n) {
     Dev<uint8_t> g(device_bytes(gate)), u(device_bytes(up));
-    Dev<float> dx(x), y(size_t(gate.rows));
+    Dev<float> dx(x), y(size_t(n) * size_t(gate.rows));
     Dev<ActBlock> xq(x.size() / 32);
     poison(y);
     quantize_act(xq.p, dx.p, int64_t(x.size()), nullptr);
-    kvgen::cuda::matvec_glu_int(y.p, nullptr, nullptr, dev_weight(gate, g), dev_weight(up, u), xq.p, false, nullptr);
+    kvgen::cuda::matvec_glu_int(y.p, nullptr, nullptr, dev_weight(gate, g), dev_weight(up, u), xq.p, n, false,
+                                nullptr);
     const std::vector<float> result = y.get();
-    if (gate.rows % 32 == 0) {
+    if (n == 1 && gate.rows % 32 == 0) {
         // The output also quantized by the product (for the down projection), twice with the same counters: the same
         // y, the blocks quantize_act makes of it, and the counters back at zero after each launch.
         Dev<ActBlock> yq(size_t(gate.rows / 32)), want(yq.n);
@@ -143,8 +144,8 @@ std::vector<float> matvec_glu_int(const HostWeight& gate, const HostWeight& up, 
         for (int launch = 0; launch < 2; ++launch) {
             poison(y);
             poison(yq);
-            kvgen::cuda::matvec_glu_int(y.p, yq.p, counters.p, dev_weight(gate, g), dev_weight(up, u), xq.p, false,
-                                        nullptr);
+            kvgen::cuda::matvec_glu_int(y.p, yq.p, counters.p, dev_weight(gate, g), dev_weight(up, u), xq.p, 1,
+                                        false, nullptr);
             if (y.get() != result) throw Error("matvec_glu_int: another output when it also quantizes it");
             for (int cnt : counters.get())
                 if (cnt != 0) throw Error("matvec_glu_int: a row group's counter was not reset");

@@ -129,41 +129,60 @@ std::vector<HostActBlock> quantize_act(const std::vector<float>& x) {
 }
 
 namespace {
-// matvec_int_kernel's and matvec_glu_int_kernel's blocks: every thread's share (matvec_int_thread), then
-// block_rows_sum's order; out[m][row] for the NM matrices.
-template <int NM, int R>
-std::vector<std::vector<float>> matvec_int_blocks(GgmlType type, const uint8_t* const (&bytes)[NM], int64_t rows,
-                                                  int64_t cols, const std::vector<float>& x) {
-    std::vector<std::vector<float>> y(NM, std::vector<float>(size_t(rows), NAN));
-    const std::vector<ActBlock> a = act_blocks(x);
-    std::vector<DeviceRows> dev;
+// One launch of matvec_int_kernel or matvec_glu_int_kernel for n <= NT tokens: every block's threads' shares
+// (matvec_int_thread), then block_rows_sum's order; y[m][i * rows + row] for the NM matrices.
+template <GgmlType T, int NM, int NT>
+void matvec_int_launch(const std::vector<DeviceRows>& dev, int64_t rows, int64_t cols, const ActBlock* x, int n,
+                       std::vector<std::vector<float>>& y) {
+    constexpr int R = mvi_rows<T>(NM, NT);
     const uint8_t* p[NM];
-    for (int m = 0; m < NM; ++m) dev.push_back(device_rows(type, bytes[m], rows, cols));
     for (int m = 0; m < NM; ++m) p[m] = dev[size_t(m)].p;
-    const bool ok = dispatch_int_type(type, [&](auto tag) {
-        constexpr GgmlType T = decltype(tag)::value;
-        const int n_units = int(cols / 32), warps = mvi_warps(n_units), threads = 32 * warps;
-        for (int64_t r0 = 0; r0 < rows; r0 += R) {
-            std::vector<float> acc(size_t(threads) * NM * R);  // [thread][m][r]
-            auto at = [&](int t, int m, int r) -> float& { return acc[(size_t(t) * NM + size_t(m)) * R + size_t(r)]; };
-            for (int t = 0; t < threads; ++t) {
-                float share[NM][R];
-                matvec_int_thread<T, NM, R>(p, dev[0].row_bytes, n_units, rows, r0, t, threads, a.data(), share);
-                for (int m = 0; m < NM; ++m)
-                    for (int r = 0; r < R; ++r) at(t, m, r) = share[m][r];
-            }
+    const int n_units = int(cols / 32), warps = mvi_warps(n_units), threads = 32 * warps;
+    for (int64_t r0 = 0; r0 < rows; r0 += R) {
+        std::vector<float> acc(size_t(threads) * NM * R * NT);  // [thread][m][r][i]
+        auto at = [&](int t, int m, int r, int i) -> float& {
+            return acc[((size_t(t) * NM + size_t(m)) * R + size_t(r)) * NT + size_t(i)];
+        };
+        for (int t = 0; t < threads; ++t) {
+            float share[NM][R][NT];
+            matvec_int_thread<T, NM, R, NT>(p, dev[0].row_bytes, n_units, rows, r0, t, threads, x, n, share);
             for (int m = 0; m < NM; ++m)
-                for (int r = 0; r < R && r0 + r < rows; ++r) {
+                for (int r = 0; r < R; ++r)
+                    for (int i = 0; i < NT; ++i) at(t, m, r, i) = share[m][r][i];
+        }
+        for (int m = 0; m < NM; ++m)
+            for (int r = 0; r < R && r0 + r < rows; ++r)
+                for (int i = 0; i < n; ++i) {
                     float sum = 0.0f;
                     for (int wp = 0; wp < warps; ++wp) {
                         float v[32];
-                        for (int lane = 0; lane < 32; ++lane) v[lane] = at(32 * wp + lane, m, r);
+                        for (int lane = 0; lane < 32; ++lane) v[lane] = at(32 * wp + lane, m, r, i);
                         const float ws = butterfly_sum(v);
                         sum = wp == 0 ? ws : sum + ws;
                     }
-                    y[size_t(m)][size_t(r0 + r)] = sum;
+                    y[size_t(m)][size_t(i) * size_t(rows) + size_t(r0 + r)] = sum;
                 }
-        }
+    }
+}
+
+// The integer product of NM matrices for n tokens x [n][cols], in the launches the device makes (int_launches).
+template <int NM>
+std::vector<std::vector<float>> matvec_int_blocks(GgmlType type, const uint8_t* const (&bytes)[NM], int64_t rows,
+                                                  int64_t cols, const std::vector<float>& x, int n) {
+    std::vector<std::vector<float>> y(NM, std::vector<float>(size_t(n) * size_t(rows), NAN));
+    const std::vector<ActBlock> a = act_blocks(x);
+    std::vector<DeviceRows> dev;
+    for (int m = 0; m < NM; ++m) dev.push_back(device_rows(type, bytes[m], rows, cols));
+    const bool ok = dispatch_int_type(type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        int_launches(n, [&](auto nt, int i0, int m) {
+            constexpr int NT = decltype(nt)::value;
+            std::vector<std::vector<float>> part(NM, std::vector<float>(size_t(m) * size_t(rows), NAN));
+            matvec_int_launch<T, NM, NT>(dev, rows, cols, a.data() + int64_t(i0) * (cols / 32), m, part);
+            for (int k = 0; k < NM; ++k)
+                std::copy(part[size_t(k)].begin(), part[size_t(k)].end(),
+                          y[size_t(k)].begin() + int64_t(i0) * rows);
+        });
     });
     if (!ok) throw Error(fmt::format("no integer product for {}", ggml_type_name(type)));
     return y;
@@ -175,16 +194,16 @@ int matvec_int_warps(int n_units) {
 }
 
 std::vector<float> matvec_int(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
-                              const std::vector<float>& x) {
+                              const std::vector<float>& x, int n) {
     const uint8_t* const w[1] = {bytes};
-    return matvec_int_blocks<1, kMviRows>(type, w, rows, cols, x)[0];
+    return matvec_int_blocks<1>(type, w, rows, cols, x, n)[0];
 }
 
 std::vector<float> matvec_glu_int(GgmlType type, const uint8_t* gate, const uint8_t* up, int64_t rows, int64_t cols,
-                                  const std::vector<float>& x) {
+                                  const std::vector<float>& x, int n) {
     const uint8_t* const w[2] = {gate, up};
-    const std::vector<std::vector<float>> gu = matvec_int_blocks<2, kMviGluRows>(type, w, rows, cols, x);
-    std::vector<float> y(static_cast<size_t>(rows));
+    const std::vector<std::vector<float>> gu = matvec_int_blocks<2>(type, w, rows, cols, x, n);
+    std::vector<float> y(gu[0].size());
     for (size_t r = 0; r < y.size(); ++r) {
         const float gs = gu[0][r], us = gu[1][r];
         y[r] = gs / (1.0f + std::exp(-gs)) * us;
@@ -704,15 +723,18 @@ std::vector<float> get_rows(GgmlType type, const uint8_t* bytes, int64_t rows, i
     return out;
 }
 
-std::vector<int> row_split_targets(int64_t rows, int64_t end0, int64_t end1) {
-    // Three buffers at distinct addresses of one array; a row's target is the buffer its pointer lands in.
-    std::vector<float> mem(size_t(3 * rows));
-    const RowSplit split{{mem.data(), mem.data() + rows, mem.data() + 2 * rows}, {end0, end1}};
+std::vector<int> row_split_targets(int64_t rows, int64_t end0, int64_t end1, int n) {
+    // Three buffers of n tokens' rows at distinct addresses of one array; a row's target is the buffer its pointer
+    // lands in.
+    const int64_t span = int64_t(n) * rows;
+    std::vector<float> mem(size_t(3 * span));
+    const RowSplit split{{mem.data(), mem.data() + span, mem.data() + 2 * span}, {end0, end1}};
     std::vector<int> out;
-    for (int64_t r = 0; r < rows; ++r) {
-        const int64_t at = split.at(r) - mem.data();
-        out.push_back(int(at / rows) * 1000000 + int(at % rows));
-    }
+    for (int i = 0; i < n; ++i)
+        for (int64_t r = 0; r < rows; ++r) {
+            const int64_t at = split.at(r, i, rows) - mem.data();
+            out.push_back(int(at / span) * 1000000 + int(at % span));
+        }
     return out;
 }
 

@@ -41,10 +41,12 @@ std::vector<float> matvec(const HostWeight& w, const std::vector<float>& x, cons
 // [n][rows] = x[n][cols] . W^T through the short-prompt kernel (n <= 16, each weight read once); accumulate onto y0
 // when given.
 std::vector<float> matvec_batch(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0);
-// y = W x in integers: x quantized by quantize_act, then matvec_int (Q4_0, Q8_0, Q4_K, Q6_K).
-std::vector<float> matvec_int(const HostWeight& w, const std::vector<float>& x);
-// silu(gate x) * (up x) through the fused integer kernel.
-std::vector<float> matvec_glu_int(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x);
+// y = W x in integers: x quantized by quantize_act, then matvec_int (Q4_0, Q8_0, Q4_K, Q6_K); n tokens x [n][cols]
+// give y [n][rows].
+std::vector<float> matvec_int(const HostWeight& w, const std::vector<float>& x, int n = 1);
+// silu(gate x) * (up x) through the fused integer kernel; n tokens as matvec_int.
+std::vector<float> matvec_glu_int(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x,
+                                  int n = 1);
 // silu(gate x) * (up x) through the fused decode kernel.
 std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x);
 // [n][rows] = x[n][cols] . W^T through the prefill path (f16 decode + cuBLAS); accumulate onto y0 when given.
@@ -106,14 +108,16 @@ struct HostActBlock {
     int16_t q[32];
 };
 std::vector<HostActBlock> quantize_act(const std::vector<float>& x);
-// y = W x in integers with matvec_int_kernel's blocks and their sums (Q4_0, Q8_0, Q4_K, Q6_K).
+// y = W x in integers with matvec_int_kernel's blocks and their sums (Q4_0, Q8_0, Q4_K, Q6_K); for n tokens x
+// [n][cols], y [n][rows], in the launches the device makes (up to 8 tokens each).
 std::vector<float> matvec_int(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
-                              const std::vector<float>& x);
+                              const std::vector<float>& x, int n = 1);
 // The warps of matvec_int_kernel's block for rows of n_units units (mvi_warps).
 int matvec_int_warps(int n_units);
-// y = silu(gate x) * (up x) with matvec_glu_int_kernel's blocks (two rows of each matrix per block).
+// y = silu(gate x) * (up x) with matvec_glu_int_kernel's blocks (two rows of each matrix per block); n tokens as
+// matvec_int.
 std::vector<float> matvec_glu_int(GgmlType type, const uint8_t* gate, const uint8_t* up, int64_t rows, int64_t cols,
-                                  const std::vector<float>& x);
+                                  const std::vector<float>& x, int n = 1);
 // The same with its output also quantized by the product (glu_store_quantized, the blocks in launch order): y, and
 // *yq its ActBlocks; rows a multiple of 32.
 std::vector<float> matvec_glu_int_quantized(GgmlType type, const uint8_t* gate, const uint8_t* up, int64_t rows,
@@ -130,8 +134,9 @@ std::vector<float> rope(const std::vector<float>& x, int n, int n_heads, int pos
 std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos0, int n, int n_ctx);
 std::vector<float> get_rows(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                             const std::vector<int32_t>& ids);
-// Where RowSplit sends each of `rows` rows with the given ends: buffer * 1000000 + index in that buffer.
-std::vector<int> row_split_targets(int64_t rows, int64_t end0, int64_t end1);
+// Where RowSplit sends each of `rows` rows of each of n tokens (token after token) with the given ends:
+// buffer * 1000000 + index in that buffer.
+std::vector<int> row_split_targets(int64_t rows, int64_t end0, int64_t end1, int n = 1);
 // Rows [r0, r0 + n_rows) of a rows x cols weight (cols a multiple of 32) as the prefill GEMM's decoding kernel writes
 // them in f16 (dequantize_rows_body, every block of it), read back as floats.
 std::vector<float> dequantize_rows(GgmlType type, const uint8_t* bytes, int64_t cols, int64_t r0, int64_t n_rows);
