@@ -94,7 +94,7 @@ private:
     const Config& c_;
     int device_;
     KvLayout kv_;
-    int n_batch_, n_logits_, splits_;
+    int n_batch_, n_logits_, sm_count_, splits_;
     bool graphs_;
     bool int_matvec_;  // Settings::cuda_int_matvec
     bool pdl_;         // Settings::cuda_pdl on a device that has it (sm_90 and later)
@@ -139,9 +139,10 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
     int major = 0;
     KVGEN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
     pdl_ = s.cuda_pdl && major >= 9;
-    splits_ = attention_splits(c_.n_heads, kv_, sm_count_of(device_));
-    const MemoryPlan p =
-        plan_memory(model, kv_, n_batch_, n_logits_, attention_partials(c_.n_heads, c_.head_dim, splits_));
+    sm_count_ = sm_count_of(device_);
+    splits_ = attention_splits(c_.n_heads, kv_, sm_count_);
+    const MemoryPlan p = plan_memory(model, kv_, n_batch_, n_logits_,
+                                     attention_partials(c_.n_heads, c_.head_dim, splits_, n_batch_));
     KVGEN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     try {
         check_cublas(cublasCreate(&cublas_), "cublasCreate");
@@ -289,16 +290,24 @@ void CudaOps::embed(float* x, int n) {
 
 void CudaOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int n) {
     const LayerDev& L = w_.layers[size_t(l)];
-    // One product over the rows of all three: one token's, or in integers a short prompt's.
-    const bool in_int = n <= kMvMaxTokens && L.fused_qkv && use_int(L.qkv), fused = in_int || (n == 1 && L.fused_qkv);
+    // In integers (one token or a short prompt) the norm quantizes the input once for all three products; one
+    // product over the rows of all three where they share a type (one token's also in f32).
+    const bool in_int = n <= kMvMaxTokens && (L.fused_qkv ? use_int(L.qkv)
+                                                           : use_int(L.wq) && use_int(L.wk) && use_int(L.wv));
     rmsnorm(xn_, in_int ? xq_ : nullptr, x, L.attn_norm, n, c_.n_embd, c_.rms_eps, stream_);
-    if (fused) {
+    if (L.fused_qkv && (in_int || n == 1)) {
         const int64_t qd = L.wq.rows, kvd = L.wk.rows;
         const RowSplit qkv{{q, k, v}, {qd, qd + kvd}};
         if (in_int)
             matvec_int(qkv, L.qkv, xq_, n, false, pdl_, stream_);  // xq_: quantized by the norm
         else
             matvec_split(qkv, L.qkv, xn_, stream_);
+        return;
+    }
+    if (in_int) {  // Q, K and V of different types (a Q4_K_M file's Q6_K V)
+        matvec_int(RowSplit::one(q, L.wq.rows), L.wq, xq_, n, false, pdl_, stream_);
+        matvec_int(RowSplit::one(k, L.wk.rows), L.wk, xq_, n, false, pdl_, stream_);
+        matvec_int(RowSplit::one(v, L.wv.rows), L.wv, xq_, n, false, pdl_, stream_);
         return;
     }
     proj(q, L.wq, xn_, n, false);
@@ -333,9 +342,9 @@ void CudaOps::attention(float* out, const float* q, int l, int n) {
     if (n == 1)
         attention_decode(out, att_quantized_ ? xq_ : nullptr, partials_, counters_, q, layer_k(l), layer_v(l),
                          layer_offsets(l), d_step_, c_.n_heads, kv_, splits_, stream_);
-    else
+    else  // a short prompt over a deep cache: its positions split among more blocks
         attention_prefill(out, q, layer_k(l), layer_v(l), layer_offsets(l), d_step_, n, c_.n_heads, kv_, flash_,
-                          stream_);
+                          attention_prefill_splits(c_.n_heads, kv_, n, pos0_, sm_count_), partials_, stream_);
     if (kv_type_quantized(kv_.v_type)) kv_rotate_rows(out, rows, c_.head_dim, stream_);
 }
 
@@ -418,10 +427,9 @@ CudaMemoryPlan plan_memory(const Model& model, const Settings& s) {
     const Config& c = model.config;
     const KvLayout kv = KvLayout::of(c, s.context_size(c), s.kv_type_k, s.kv_type_v);
     // note: the split count depends on the device; the most there can be keeps the plan an upper bound.
-    const int splits = attention_max_splits(kv);
-    const MemoryPlan p =
-        plan_memory(model, kv, s.batch_size(kv.n_ctx), s.logits_rows(kv.n_ctx),
-                    attention_partials(c.n_heads, c.head_dim, splits));
+    const int splits = attention_max_splits(kv), n_batch = s.batch_size(kv.n_ctx);
+    const MemoryPlan p = plan_memory(model, kv, n_batch, s.logits_rows(kv.n_ctx),
+                                     attention_partials(c.n_heads, c.head_dim, splits, n_batch));
     return CudaMemoryPlan{p.weights, p.kv_cache, p.buffers};
 }
 

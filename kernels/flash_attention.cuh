@@ -84,17 +84,53 @@ KVGEN_HD uint4 kv_load8_f16(KvType t, const uint8_t* row, int d, const float* ad
     return u;
 }
 
-// grid (n_heads / NQ, ceil(n / (kFaRows / NQ))), kFaThreads threads, kFaShared<HD> floats of shared memory. Queries i
-// at positions *d_pos0 + i, each over cache positions 0 ..= its own; q, out [n][n_heads][HD]; scale = 1 / sqrt(HD).
-// Row rho of the block is query i0 + rho / NQ of head h0 + rho % NQ. k_offsets: the layer's key offsets
+// A short prompt over a deep cache has few blocks (n_heads / NQ for up to 64 / NQ queries), so the cache positions
+// are split among several blocks (flash-decoding): each takes an equal share of the tiles and writes its rows'
+// unnormalized partial results, which a second kernel combines (combine_head, the decode attention's). The split
+// count: blocks for at most kFaBlocksPerSm per SM (one wave), at least kFaMinSplitTiles tiles a split, at most
+// kFaMaxSplits, and at most kFaSplitBlocks blocks in all (the partials buffer's bound, flash_partials).
+constexpr int kFaBlocksPerSm = 2;  // at 218 registers (head_dim 128) two blocks fit an SM
+constexpr int kFaMinSplitTiles = 4;
+constexpr int kFaMaxSplits = 16;
+constexpr int kFaSplitBlocks = 512;
+
+// Blocks of a launch before splitting: (n_heads / NQ) x ceil(n / (kFaRows / NQ)).
+KVGEN_HD int flash_blocks(int n_heads, int nq, int n) {
+    const int bq = kFaRows / nq;
+    return n_heads / nq * ((n + bq - 1) / bq);
+}
+// Splits of the cache positions for n queries at positions pos0 .. pos0 + n - 1 on a device of sm_count SMs.
+KVGEN_HD int flash_splits(int n_heads, int n_rep, int n, int pos0, int sm_count) {
+    const int blocks = flash_blocks(n_heads, flash_heads_per_block(n_rep), n);
+    const int tiles = (pos0 + n + kFaTile - 1) / kFaTile;
+    int s = kFaBlocksPerSm * sm_count / blocks;  // one wave: at most kFaBlocksPerSm blocks per SM
+    if (s > tiles / kFaMinSplitTiles) s = tiles / kFaMinSplitTiles;
+    if (s > kFaMaxSplits) s = kFaMaxSplits;
+    if (s > kFaSplitBlocks / blocks) s = kFaSplitBlocks / blocks;
+    return s < 1 ? 1 : s;
+}
+// Floats of partial results a split launch writes at most for a batch of n_batch tokens: [n][n_heads][splits][hd + 2]
+// with splits x blocks <= kFaSplitBlocks, so at most kFaSplitBlocks x kFaRows rows in all.
+KVGEN_HD int64_t flash_partials(int n_batch, int n_heads, int head_dim) {
+    const int64_t rows = int64_t(n_batch) * n_heads * kFaMaxSplits, cap = int64_t(kFaSplitBlocks) * kFaRows;
+    return (rows < cap ? rows : cap) * (head_dim + 2);
+}
+
+// grid (n_heads / NQ, ceil(n / (kFaRows / NQ)) x splits), kFaThreads threads, kFaShared<HD> floats of shared memory.
+// Queries i at positions *d_pos0 + i, each over cache positions 0 ..= its own; q, out [n][n_heads][HD]; scale =
+// 1 / sqrt(HD). Row rho of the block is query i0 + rho / NQ of head h0 + rho % NQ. k_offsets: the layer's key offsets
 // [n_kv_heads][HD] where K carries them (KvLayout::k_offsets), else null: added back to the K rows from
 // kKvOffsetPositions on (engine/kv_offset.h) before they are rounded to f16, so every row of the tile holds k.
+// splits > 1: block_y = query block x splits + split; the split takes its share of the tiles its query block reads
+// and writes each row's partial result to partials [n][n_heads][splits][HD + 2] (o unnormalized, m, l; m in natural
+// log units, as combine_head reads it) instead of out; a split with no tile writes m = -inf, l = 0.
 #pragma nv_exec_check_disable
 template <int HD, int NQ, class Ctx>
 KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, const uint8_t* __restrict__ kc,
                                  const uint8_t* __restrict__ vc, const float* __restrict__ k_offsets,
                                  const int* __restrict__ d_pos0, int n, int n_heads, int n_rep, const KvLayout& kv,
-                                 float scale, float* __restrict__ out) {
+                                 float scale, float* __restrict__ out, int splits = 1,
+                                 float* __restrict__ partials = nullptr) {
     constexpr int KS = kFaKStride<HD>, VS = kFaVStride;
     constexpr int DK = HD / 16;       // k-steps of Q K^T
     constexpr int DN = HD / 8;        // n-tiles of O
@@ -106,10 +142,14 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
 
     const int tid = ctx.thread(), warp = tid / 32, lane = tid % 32, gid = lane >> 2, tig = lane & 3;
     const int h0 = ctx.block_x() * NQ, g = h0 / n_rep;
-    const int i0 = ctx.block_y() * BQ;
+    const int sp = ctx.block_y() % splits, i0 = ctx.block_y() / splits * BQ;
     const int pos0 = *d_pos0;
     const int i_end = n < i0 + BQ ? n : i0 + BQ;
     const int block_last = pos0 + i_end - 1;  // the last cache position any row of the block reads
+    // This split's tiles of the block's: [t_begin, t_end) in positions
+    const int tiles = block_last / kFaTile + 1, share = (tiles + splits - 1) / splits;
+    const int t_begin = sp * share * kFaTile;
+    const int t_end = (sp + 1) * share < tiles ? (sp + 1) * share * kFaTile : tiles * kFaTile;
     // The warp's rows: queries i0 + 16 warp / NQ ..= i0 + (16 warp + 15) / NQ (past n: computed as n - 1, not stored;
     // a warp with no query below n skips every tile).
     const int wq0 = i0 + 16 * warp / NQ, wq1 = i0 + (16 * warp + 15) / NQ;
@@ -154,7 +194,7 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
     const uint8_t* kg = kc + kv.row_index(0, g, 0) * krb;
     const uint8_t* vg = vc + kv.row_index(0, g, 0) * vrb;
     const float* koff = k_offsets ? k_offsets + int64_t(g) * HD : nullptr;
-    for (int t0 = 0; t0 <= block_last; t0 += kFaTile) {
+    for (int t0 = t_begin; t0 < t_end; t0 += kFaTile) {
         // The tile: K as [position][d], V transposed to [d][position] (B fragments of both are then one 32-bit load);
         // positions past block_last as zeros, so that masked weights multiply zeros.
         for (int u = tid; u < kFaTile * HD / 8; u += kFaThreads) {
@@ -237,6 +277,19 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
     for (int r = 0; r < 2; ++r) {
         const float sum = ctx.quad_sum(l[r]);
         if (qi[r] >= n) continue;
+        if (splits > 1) {
+            float* pp = partials + ((int64_t(qi[r]) * n_heads + hh[r]) * splits + sp) * (HD + 2);
+#pragma unroll
+            for (int nt = 0; nt < DN; ++nt) {
+                pp[8 * nt + 2 * tig] = o[nt][2 * r];
+                pp[8 * nt + 2 * tig + 1] = o[nt][2 * r + 1];
+            }
+            if (tig == 0) {
+                pp[HD] = m[r] == -INFINITY ? -INFINITY : m[r] * 0.6931471805599453f;  // 2^m = e^(m ln 2)
+                pp[HD + 1] = sum;
+            }
+            continue;
+        }
         const float inv = 1.0f / sum;
         float* op = out + (int64_t(qi[r]) * n_heads + hh[r]) * HD + 2 * tig;
 #pragma unroll

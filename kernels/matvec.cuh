@@ -18,7 +18,8 @@ struct RowSplit {
     int64_t end[2] = {0, 0};
 
     static RowSplit one(float* y, int64_t rows) { return RowSplit{{y, y, y}, {rows, rows}}; }
-    KVGEN_HD float* at(int64_t r, int64_t i = 0, int64_t rows = 0) const {
+    KVGEN_HD float* at(int64_t r) const { return at(r, 0, 0); }
+    KVGEN_HD float* at(int64_t r, int64_t i, int64_t rows) const {
         if (r < end[0]) return y[0] + i * end[0] + r;
         if (r < end[1]) return y[1] + i * (end[1] - end[0]) + (r - end[0]);
         return y[2] + i * (rows - end[1]) + (r - end[1]);

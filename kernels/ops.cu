@@ -210,6 +210,7 @@ template <GgmlType T, int NT>
 __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
     matvec_int_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int n_units, int64_t rows,
                       const ActBlock* __restrict__ x, int n, RowSplit y, int i0, int accumulate) {
+    if constexpr (NT > 1) pdl_trigger();  // a prompt's next launch over the same weight may start loading them
     constexpr int R = mvi_rows<T>(1, NT);
     __shared__ float part[kMviMaxWarps][R * NT];
     const int64_t r0 = int64_t(blockIdx.x) * R;
@@ -409,9 +410,16 @@ template <int HD, int NQ>
 __global__ void __launch_bounds__(kFaThreads)
     flash_prefill_kernel(const float* __restrict__ q, const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc,
                          const float* __restrict__ k_offsets, const int* __restrict__ d_pos0, int n, int n_heads,
-                         int n_rep, KvLayout kv, float scale, float* __restrict__ out) {
+                         int n_rep, KvLayout kv, float scale, float* __restrict__ out, int splits,
+                         float* __restrict__ partials) {
     __shared__ __align__(16) float sm[kFaShared<HD>];
-    flash_prefill_body<HD, NQ>(DeviceThread{sm}, q, kc, vc, k_offsets, d_pos0, n, n_heads, n_rep, kv, scale, out);
+    flash_prefill_body<HD, NQ>(DeviceThread{sm}, q, kc, vc, k_offsets, d_pos0, n, n_heads, n_rep, kv, scale, out,
+                               splits, partials);
+}
+
+// grid n * n_heads: row block_x's splits of a split flash_prefill_kernel combined into out.
+__global__ void flash_combine_kernel(const float* __restrict__ partials, int splits, int hd, float* __restrict__ out) {
+    combine_head(DeviceThread{nullptr}, int(blockDim.x), partials, splits, splits, hd, int(blockIdx.x), out, nullptr);
 }
 
 }  // namespace
@@ -511,6 +519,7 @@ void launch(void (*kernel)(Params...), unsigned grid, unsigned block, bool pdl, 
 
 void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n, bool accumulate, bool pdl,
                 cudaStream_t s) {
+    KVGEN_ASSERT(n >= 1 && n <= kMvMaxTokens);
     const bool ok = int_matvec_ok(w) && dispatch_int_type(w.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
         const int n_units = int(w.cols / 32);
@@ -527,6 +536,7 @@ void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n,
 
 void matvec_glu_int(float* y, ActBlock* yq, int* counters, const DevWeight& gate, const DevWeight& up,
                     const ActBlock* x, int n, bool pdl, cudaStream_t s) {
+    KVGEN_ASSERT(n >= 1 && n <= kMvMaxTokens);
     KVGEN_ASSERT(!yq || (n == 1 && gate.rows % 32 == 0 && counters));
     const bool ok = glu_fusable(gate, up) && int_matvec_ok(gate) && dispatch_int_type(gate.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
@@ -742,8 +752,14 @@ int attention_max_splits(const KvLayout& kv) {
     return std::max(1, std::min(kMaxAttnSplits, (kv.n_ctx + kAttnSplitPositions - 1) / kAttnSplitPositions));
 }
 
-int64_t attention_partials(int n_heads, int head_dim, int splits) {
-    return int64_t(n_heads) * splits * (head_dim + 2);
+int64_t attention_partials(int n_heads, int head_dim, int splits, int n_batch) {
+    const int64_t decode = int64_t(n_heads) * splits * (head_dim + 2);
+    const int64_t prefill = n_batch > 1 && flash_head_dim(head_dim) ? flash_partials(n_batch, n_heads, head_dim) : 0;
+    return std::max(decode, prefill);
+}
+
+int attention_prefill_splits(int n_heads, const KvLayout& kv, int n, int pos0, int sm_count) {
+    return flash_head_dim(kv.head_dim) ? flash_splits(n_heads, n_heads / kv.n_kv_heads, n, pos0, sm_count) : 1;
 }
 
 int attention_counters(int n_heads, const KvLayout& kv) {
@@ -781,7 +797,7 @@ void attention_decode(float* out, ActBlock* xq, float* partials, int* counters, 
 
 void attention_prefill(float* out, const float* q, const uint8_t* k_cache, const uint8_t* v_cache,
                        const float* k_offsets, const int* d_pos0, int n, int n_heads, const KvLayout& kv,
-                       bool tensor_cores, cudaStream_t s) {
+                       bool tensor_cores, int splits, float* partials, cudaStream_t s) {
     KVGEN_ASSERT(kv_cache_supported(kv));
     KVGEN_ASSERT((k_offsets != nullptr) == kv.k_offsets());
     const int n_rep = n_heads / kv.n_kv_heads;
@@ -789,11 +805,16 @@ void attention_prefill(float* out, const float* q, const uint8_t* k_cache, const
     // note: a quantized cache is read by flash attention alone (kv_quantized_head_dim: its head_dims).
     if ((tensor_cores || kv.quantized()) && dispatch_flash(n_rep, kv.head_dim, [&](auto hd, auto nq) {
             constexpr int HD = decltype(hd)::value, NQ = decltype(nq)::value;
-            const dim3 grid(unsigned(n_heads / NQ), unsigned((n + kFaRows / NQ - 1) / (kFaRows / NQ)));
+            KVGEN_ASSERT(splits >= 1 && (splits == 1 || partials));
+            const dim3 grid(unsigned(n_heads / NQ), unsigned((n + kFaRows / NQ - 1) / (kFaRows / NQ) * splits));
             flash_prefill_kernel<HD, NQ><<<grid, kFaThreads, 0, s>>>(q, k_cache, v_cache, k_offsets, d_pos0, n, n_heads,
-                                                                     n_rep, kv, scale, out);
+                                                                     n_rep, kv, scale, out, splits, partials);
         })) {
         KVGEN_CUDA_LAUNCHED("flash_prefill");
+        if (splits > 1) {
+            flash_combine_kernel<<<unsigned(n * n_heads), 128, 0, s>>>(partials, splits, kv.head_dim, out);
+            KVGEN_CUDA_LAUNCHED("flash_combine");
+        }
         return;
     }
     const bool ok = dispatch_attention(n_rep, kv.head_dim, [&](auto nq, auto e) {

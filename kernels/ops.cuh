@@ -133,8 +133,12 @@ bool attention_head_dim_supported(int head_dim);
 constexpr int kMaxAttnSplits = 64;
 int attention_splits(int n_heads, const KvLayout& kv, int sm_count);
 int attention_max_splits(const KvLayout& kv);
-// Floats of partial results attention_decode needs: n_heads * splits * (head_dim + 2).
-int64_t attention_partials(int n_heads, int head_dim, int splits);
+// Floats of partial results attention_decode needs (n_heads * splits * (head_dim + 2)), or a split prefill of up to
+// n_batch tokens (flash_partials), whichever is more.
+int64_t attention_partials(int n_heads, int head_dim, int splits, int n_batch);
+// Splits of the cache positions for a prefill of n queries at positions pos0 .. on a device of sm_count SMs, so that
+// a short prompt over a deep cache fills the GPU (flash_splits; 1 where flash attention does not run).
+int attention_prefill_splits(int n_heads, const KvLayout& kv, int n, int pos0, int sm_count);
 
 // One query (position *d_pos0) of each head over cache positions 0 ..= *d_pos0: flash-decoding, positions split
 // across the first attention_active_splits(*d_pos0 + 1, splits) of `splits` blocks per query-head group, then a
@@ -150,9 +154,11 @@ void attention_decode(float* out, ActBlock* xq, float* partials, int* counters, 
 // n queries at positions *d_pos0 + i, each over cache positions 0 ..= its own (causal). With tensor_cores, head_dim
 // 64 and 128 run flash attention on the tensor cores (flash_attention.cuh); other head_dims, or without, a warp per
 // query on the CUDA cores (attention_prefill_body, an f16 cache only: a quantized one always takes flash attention).
+// splits > 1 (flash attention only; attention_prefill_splits): the positions are split among that many blocks per
+// query block, their partial results (attention_partials floats at most) combined by a second kernel.
 // Twin: cpu::attention.
 void attention_prefill(float* out, const float* q, const uint8_t* k_cache, const uint8_t* v_cache,
                        const float* k_offsets, const int* d_pos0, int n, int n_heads, const KvLayout& kv,
-                       bool tensor_cores, cudaStream_t s);
+                       bool tensor_cores, int splits, float* partials, cudaStream_t s);
 
 }  // namespace kvgen::cuda

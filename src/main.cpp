@@ -178,8 +178,8 @@ int main(int argc, char** argv) {
         "CUDA: launch the decode step kernel by kernel instead of replaying a captured graph");
     std::string cuda_matvec = "int16";
     app.add_option("--cuda-matvec", cuda_matvec,
-                   "CUDA decode products for Q4_0, Q8_0, Q4_K, Q6_K: int16 (integer dot products on 16-bit activations, "
-                   "the default) or f32 (float activations, to compare)")
+                   "CUDA products of one token or a prompt of up to 16 for Q4_0, Q8_0, Q4_K, Q6_K: int16 (integer dot "
+                   "products on 16-bit activations, the default) or f32 (float activations, to compare)")
         ->check(CLI::IsMember({"int16", "f32"}));
     std::string cuda_attention = "mma";
     app.add_option("--cuda-attention", cuda_attention,
@@ -188,7 +188,7 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember({"mma", "warp"}));
     std::string cuda_pdl = "off";
     app.add_option("--cuda-pdl", cuda_pdl,
-                   "CUDA, sm_90 and later: on lets each decode product start loading its weights while the kernel "
+                   "CUDA, sm_90 and later: on lets each integer product start loading its weights while the kernel "
                    "before it drains (programmatic dependent launch; in graphs it needs CUDA 12.3 or later); off "
                    "(the default) launches it after")
         ->check(CLI::IsMember({"on", "off"}));

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "common/half.h"
@@ -29,10 +30,10 @@ Model model_from_bytes(std::vector<uint8_t> bytes, const std::string& name) {
     return m;
 }
 
-Model synth_model(const std::string& type) {
+Model synth_model(const std::string& type, int n_layers = 3) {
     static const GgufFile vocab = GgufFile::open(test::shared("testdata/ref/open-gqa-Q8_0.gguf"));
     SynthOptions o;
-    o.shape = {"test", 256, 3, 4, 2, 512, 512, 10000.0f, false};
+    o.shape = {"test", 256, n_layers, 4, 2, 512, 512, 10000.0f, false};
     o.type = type;
     o.seed = 42;
     const GgufWriter w = synth_layout(o, vocab);
@@ -179,7 +180,8 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
             std::unique_ptr<Backend> pdl_launch = cuda::make_backend(m, go);
             go.cuda_graphs = true;
             std::unique_ptr<Backend> pdl_graph = cuda::make_backend(m, go);
-            std::vector<int32_t> seq = {1, 504, 3158, 282, 1649, 314};
+            // 12 tokens: the integer products of a prompt in two launches (8 + 4), programmatic ones under PDL
+            std::vector<int32_t> seq = {1, 504, 3158, 282, 1649, 314, 42, 1000, 77, 2048, 15, 600};
             const int n0 = int(seq.size());
             std::vector<float> a = copy(with->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab);
             std::vector<float> b = copy(without->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab);
@@ -204,6 +206,43 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
             const std::vector<float> p = copy(with->forward(seq.data(), int(seq.size()), 0, Pass::Prefill), n_vocab);
             check_logits(a, p, "prefill of the whole sequence vs cached decode");
         }
+}
+
+TEST_CASE("CUDA: a short prompt's first-layer K/V rows are the bits its tokens' decode steps write", "[cuda][forward]") {
+    // Up to the first cache store a prompt token meets the same kernels' arithmetic as a generated one: the embedding,
+    // RMSNorm row by row, the integer products (a token's sums in the one-token order, in launches of up to 8), RoPE.
+    // Q4_K_M with 8 layers: layer 0's Q and K in Q4_K, V in Q6_K (three products on one quantized input); Q8_0: Q|K|V
+    // as one fused product (RowSplit, token after token in each buffer).
+    for (const char* type : {"Q4_K_M", "Q8_0"}) {
+        INFO(type);
+        const Model m = synth_model(type, 8);
+        const LayerWeights& L0 = m.weights.layers[0];
+        REQUIRE((L0.wv.type == L0.wq.type) == (std::string(type) == "Q8_0"));
+        Settings go;
+        go.progress = false;
+        go.n_ctx = 64;
+        go.n_batch = 32;
+        std::unique_ptr<Backend> prompt = cuda::make_backend(m, go), steps = cuda::make_backend(m, go);
+        const std::vector<int32_t> toks = {1, 504, 3158, 282, 1649, 314, 42, 1000, 77, 2048, 15, 600, 9};
+        for (const int n : {5, 13}) {
+            INFO(n << " tokens");
+            prompt->kv_truncate(0);
+            steps->kv_truncate(0);
+            prompt->forward(toks.data(), n, 0, Pass::Prefill);
+            for (int i = 0; i < n; ++i) steps->forward(&toks[size_t(i)], 1, i, Pass::Decode);
+            const KvLayout kv = KvLayout::of(m.config, go.n_ctx, KvType::F16, KvType::F16);
+            const size_t kb = size_t(kv.k_row_bytes()) * size_t(n) * size_t(kv.n_layers) * size_t(kv.n_kv_heads);
+            const size_t vb = size_t(kv.v_row_bytes()) * size_t(n) * size_t(kv.n_layers) * size_t(kv.n_kv_heads);
+            std::vector<uint8_t> pk(kb), pv(vb), sk(kb), sv(vb);
+            prompt->kv_read(pk.data(), pv.data(), n);
+            steps->kv_read(sk.data(), sv.data(), n);
+            // layer 0: its n_kv_heads rows of n positions come first
+            const size_t k0 = size_t(kv.k_row_bytes()) * size_t(n) * size_t(kv.n_kv_heads);
+            const size_t v0 = size_t(kv.v_row_bytes()) * size_t(n) * size_t(kv.n_kv_heads);
+            CHECK(std::memcmp(pk.data(), sk.data(), k0) == 0);
+            CHECK(std::memcmp(pv.data(), sv.data(), v0) == 0);
+        }
+    }
 }
 
 TEST_CASE("a model that does not fit on the GPU is refused with needed and free bytes", "[cuda][forward]") {

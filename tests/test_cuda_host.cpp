@@ -235,6 +235,9 @@ TEST_CASE("the CUDA memory plan places every region inside one allocation, none 
             CHECK(p.step.bytes == size_t(2 + n_batch) * 4);
             CHECK(p.logits.bytes == size_t(n_batch) * size_t(c.n_vocab) * 4);
             CHECK((p.xh.bytes > 0) == (n_batch > 1));
+            // an integer product's input: one token's, or a short prompt's (up to 16 tokens)
+            const int64_t widest = std::max({int64_t(c.n_embd), int64_t(c.n_heads) * c.head_dim, int64_t(c.n_ff)});
+            CHECK(p.xq.bytes == size_t(std::min(n_batch, 16)) * size_t((widest + 31) / 32) * 80);
             // Q, K and V of a fused layer follow each other without a gap, so they read as one matrix.
             const std::vector<const WeightView*> ws = cuda::device_weights(m);
             const size_t first = ws.size() - 7 * c.n_layers;
@@ -495,6 +498,38 @@ TEST_CASE("decode attention uses as many splits as the depth fills, the grid as 
     CHECK(ch::attention_max_splits(kv(1 << 20)) == 64);
 }
 
+TEST_CASE("a short prompt over a deep cache splits its positions among enough blocks to fill the GPU", "[cuda-host]") {
+    namespace ch = cuda::host;
+    const Config c7 = test::attention_config(32, 32, 128);  // LLaMA-2-7B's heads
+    const KvLayout kv7 = KvLayout::of(c7, 8192, KvType::F16, KvType::F16);
+    // 20 queries at depth 4096: 32 blocks, 8 splits fill 2 per SM of 132; at depth 100 (2 tiles) none.
+    CHECK(ch::attention_prefill_splits(32, kv7, 20, 4096, 132) == 8);
+    CHECK(ch::attention_prefill_splits(32, kv7, 20, 100, 132) == 1);
+    CHECK(ch::attention_prefill_splits(32, kv7, 20, 1300, 132) == 5);  // 21 tiles: at least 4 a split
+    // 512 queries: 256 blocks already fill the GPU
+    CHECK(ch::attention_prefill_splits(32, kv7, 512, 4096, 132) == 1);
+    // 4 query heads a block (n_rep 4: 8 KV heads), 3 queries: 8 blocks; at most 16 splits
+    const Config cg = test::attention_config(32, 8, 128);
+    CHECK(ch::attention_prefill_splits(32, KvLayout::of(cg, 8192, KvType::F16, KvType::F16), 3, 4096, 132) == 16);
+    // head_dim 32: no flash attention, no split
+    const Config c32 = test::attention_config(8, 8, 32);
+    CHECK(ch::attention_prefill_splits(8, KvLayout::of(c32, 8192, KvType::F16, KvType::F16), 3, 4096, 132) == 1);
+    // The memory plan's partials hold the largest split launch: at most 512 blocks of 64 rows, or the batch's rows
+    // times 16 splits; and decode's.
+    CHECK(ch::attention_partials(32, 128, 17, 512) == int64_t(512) * 64 * 130);
+    CHECK(ch::attention_partials(32, 128, 17, 4) == int64_t(4) * 32 * 16 * 130);
+    CHECK(ch::attention_partials(32, 128, 17, 1) == int64_t(32) * 17 * 130);
+    CHECK(ch::attention_partials(8, 32, 5, 512) == int64_t(8) * 5 * 34);
+    for (const int sms : {16, 66, 132, 148})
+        for (const int n : {2, 9, 20, 64, 65, 200})
+            for (const int pos0 : {0, 500, 4096, 8000}) {
+                const int sp = ch::attention_prefill_splits(32, kv7, n, pos0, sms);
+                INFO(sms << " SMs, " << n << " queries at " << pos0 << ": " << sp << " splits");
+                CHECK(sp >= 1);
+                CHECK(int64_t(n) * 32 * sp * 130 <= ch::attention_partials(32, 128, 1, 512));
+            }
+}
+
 TEST_CASE("flash attention on the tensor cores, its mma fragments run on the host, matches cpu::attention",
           "[cuda-host]") {
     struct Shape {
@@ -507,23 +542,29 @@ TEST_CASE("flash attention on the tensor cores, its mma fragments run on the hos
     for (const Shape s : {Shape{2, 2, 128}, Shape{4, 2, 64}, Shape{8, 2, 128}, Shape{8, 1, 64}, Shape{6, 2, 64}}) {
         const Config c = test::attention_config(s.n_heads, s.n_kv, s.hd);
         const int n_ctx = 160;
-        for (const auto& [pos0, n] : {std::pair{0, 2}, std::pair{0, 70}, std::pair{61, 9}, std::pair{130, 21}}) {
-            if (s.n_heads >= 8 && n == 70) continue;  // many fibers, nothing new
-            const auto [q, k, v, want] = test::attention_case(c, n_ctx, pos0, n, seed += 3, pool);
-            INFO("heads " << s.n_heads << "/" << s.n_kv << " hd " << s.hd << " pos0 " << pos0 << " n " << n);
-            const std::vector<float> got = cuda::host::attention(c, q, k, v, pos0, n, n_ctx, 0, false, true);
-            // P is rounded to f16 for P V (2^-12 relative per weight); the scores keep f32 precision (Q in two parts)
-            double err = 0, ref = 0;
-            for (size_t i = 0; i < got.size(); ++i) {
-                REQUIRE(std::isfinite(got[i]));
-                err += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-                ref += double(want[i]) * want[i];
+        for (const auto& [pos0, n] : {std::pair{0, 2}, std::pair{0, 70}, std::pair{61, 9}, std::pair{130, 21}})
+            // the positions split among 2 or 4 blocks per query block (130 + 21: 3 tiles, so with 4 splits one block
+            // has none and one split takes the diagonal), then combined
+            for (const int splits : {0, 2, 4}) {
+                if (s.n_heads >= 8 && n == 70) continue;  // many fibers, nothing new
+                if (splits > 0 && (pos0 == 0 || (s.n_heads >= 8 && splits == 2))) continue;
+                const auto [q, k, v, want] = test::attention_case(c, n_ctx, pos0, n, seed += 3, pool);
+                INFO("heads " << s.n_heads << "/" << s.n_kv << " hd " << s.hd << " pos0 " << pos0 << " n " << n
+                              << " splits " << splits);
+                const std::vector<float> got = cuda::host::attention(c, q, k, v, pos0, n, n_ctx, splits, false, true);
+                // P is rounded to f16 for P V (2^-12 relative per weight); the scores keep f32 precision (Q in two
+                // parts)
+                double err = 0, ref = 0;
+                for (size_t i = 0; i < got.size(); ++i) {
+                    REQUIRE(std::isfinite(got[i]));
+                    err += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+                    ref += double(want[i]) * want[i];
+                }
+                const double nrmse = std::sqrt(err / ref), worst = test::worst_diff(got, want);
+                INFO("relative RMS error " << nrmse << ", worst |diff| " << worst << " of " << test::max_abs(want));
+                CHECK(nrmse < 3e-4);
+                CHECK(worst <= 2e-3 * test::max_abs(want));
             }
-            const double nrmse = std::sqrt(err / ref), worst = test::worst_diff(got, want);
-            INFO("relative RMS error " << nrmse << ", worst |diff| " << worst << " of " << test::max_abs(want));
-            CHECK(nrmse < 3e-4);
-            CHECK(worst <= 2e-3 * test::max_abs(want));
-        }
     }
 }
 

@@ -534,12 +534,21 @@ TEST_CASE("flash attention on the tensor cores matches cpu::attention", "[cuda][
                           Shape{4, 2, 96}}) {  // the last: no tensor-core kernel for 96, the warp kernel runs
         const Config c = test::attention_config(s.n_heads, s.n_kv, s.hd);
         const int n_ctx = 1400;
-        for (const auto& [pos0, n] : {std::pair{0, 2}, std::pair{0, 300}, std::pair{37, 64}, std::pair{1100, 130}}) {
+        for (const auto& [pos0, n] : {std::pair{0, 2}, std::pair{0, 300}, std::pair{37, 64}, std::pair{1100, 130},
+                                      std::pair{1300, 5}}) {
             const auto [q, k, v, want] = test::attention_case(c, n_ctx, pos0, n, 71 + uint32_t(pos0 + n), pool);
             INFO("heads " << s.n_heads << "/" << s.n_kv << " hd " << s.hd << " pos0 " << pos0 << " n " << n);
             // P is rounded to f16 for P V: within 2^-12 of itself per weight (the host test measures about 1e-4
             // relative RMS error over the output)
             require_close(ct::attention(c, q, k, v, pos0, n, n_ctx, 0, false, true), want, 2e-3 * max_abs(want));
+            // the positions split among blocks, as a short prompt over a deep cache runs (21 tiles at 1300 + 5: 7 and
+            // 16 splits, 16 with some splits empty), then combined
+            if (pos0 > 0)
+                for (const int splits : {7, 16}) {
+                    INFO(splits << " splits");
+                    require_close(ct::attention(c, q, k, v, pos0, n, n_ctx, splits, false, true), want,
+                                  2e-3 * max_abs(want));
+                }
         }
     }
 }

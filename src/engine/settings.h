@@ -29,9 +29,10 @@ struct Settings {
     KvType kv_type_k = KvType::F16;  // KV cache element types (--kv-type, -ctk, -ctv)
     KvType kv_type_v = KvType::F16;
     bool cuda_graphs = true;      // CUDA: capture the decode step once as a graph and replay it
-    bool cuda_int_matvec = true;  // CUDA: decode products in integers on 16-bit activations where the type has them
+    bool cuda_int_matvec = true;  // CUDA: products of up to 16 tokens in integers (16-bit activations) for the types
+                                  // that have them
     bool cuda_flash_attention = true;  // CUDA: prefill attention on the tensor cores where head_dim has the kernel
-    bool cuda_pdl = false;  // CUDA (sm_90+): decode products start as the kernel before them drains (--cuda-pdl)
+    bool cuda_pdl = false;  // CUDA (sm_90+): integer products start as the kernel before them drains (--cuda-pdl)
     bool progress = true;         // CUDA: weight upload progress on stderr
     bool all_logits = false;      // logits for every position of a batch, not only the last (perplexity)
     MathMode math = MathMode::Exact;  // --math

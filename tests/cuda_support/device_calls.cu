@@ -372,7 +372,7 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
     const int64_t rows = int64_t(n) * c.n_heads;
     if (kv_type_quantized(kt)) kv_rotate_rows(dq.p, rows, c.head_dim, nullptr);  // as CudaOps::attention does
     if (n == 1) {
-        Dev<float> partials(size_t(attention_partials(c.n_heads, c.head_dim, splits)));
+        Dev<float> partials(size_t(attention_partials(c.n_heads, c.head_dim, splits, 1)));
         Dev<int> counters(std::vector<int>(size_t(attention_counters(c.n_heads, kv)), 0));
         poison(partials);
         // The output also as ActBlocks where the backend asks for them (an f16 V), checked against quantize_act of it.
@@ -394,7 +394,11 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
         }
         return result;
     }
-    attention_prefill(out.p, dq.p, kc.p, vc.p, koff, pos.p, n, c.n_heads, kv, tensor_cores, nullptr);
+    // splits > 1: the positions split among that many blocks per query block (flash attention)
+    const int sp = splits > 1 ? splits : 1;
+    Dev<float> partials(sp > 1 ? size_t(n) * size_t(c.n_heads) * size_t(sp) * size_t(c.head_dim + 2) : 0);
+    poison(partials);
+    attention_prefill(out.p, dq.p, kc.p, vc.p, koff, pos.p, n, c.n_heads, kv, tensor_cores, sp, partials.p, nullptr);
     if (kv_type_quantized(vt)) kv_rotate_rows(out.p, rows, c.head_dim, nullptr);
     return out.get();
 }

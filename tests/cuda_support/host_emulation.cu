@@ -541,6 +541,12 @@ int attention_active_splits(int n_pos, int splits) {
 int attention_splits(int n_heads, const KvLayout& kv, int sm_count) {
     return cuda::attention_splits(n_heads, kv, sm_count);
 }
+int attention_prefill_splits(int n_heads, const KvLayout& kv, int n, int pos0, int sm_count) {
+    return cuda::attention_prefill_splits(n_heads, kv, n, pos0, sm_count);
+}
+int64_t attention_partials(int n_heads, int head_dim, int splits, int n_batch) {
+    return cuda::attention_partials(n_heads, head_dim, splits, n_batch);
+}
 int attention_max_splits(const KvLayout& kv) {
     return cuda::attention_max_splits(kv);
 }
@@ -573,11 +579,19 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q_in, co
     };
     if (n > 1 && (tensor_cores || kv.quantized()) && dispatch_flash(n_rep, hd, [&](auto hdc, auto nq) {
             constexpr int HD = decltype(hdc)::value, NQ = decltype(nq)::value;
-            const int gy = (n + kFaRows / NQ - 1) / (kFaRows / NQ);
+            // splits > 1: the positions split among that many blocks per query block, then flash_combine_kernel's
+            // blocks; partials NaN-filled, so a row read that no split wrote shows
+            const int sp = splits > 1 ? splits : 1, gy = (n + kFaRows / NQ - 1) / (kFaRows / NQ) * sp;
+            std::vector<float> partials(sp > 1 ? size_t(n) * size_t(c.n_heads) * size_t(sp) * size_t(hd + 2) : 0,
+                                        NAN);
             run_grid(c.n_heads / NQ, gy, kFaThreads, size_t(kFaShared<HD>), [&](const HostThread& t) {
                 flash_prefill_body<HD, NQ>(t, q.data(), kc, vc, koff, &pos0, n, c.n_heads, n_rep, kv, scale,
-                                           out.data());
+                                           out.data(), sp, partials.data());
             });
+            if (sp > 1)
+                run_grid(n * c.n_heads, 1, 128, 0, [&](const HostThread& t) {
+                    combine_head(t, 128, partials.data(), sp, sp, hd, t.block_x(), out.data(), nullptr);
+                });
         })) {
         unrotate();
         return out;

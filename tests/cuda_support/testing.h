@@ -69,7 +69,8 @@ std::vector<float> rope(const std::vector<float>& x, int n, int n_heads, int pos
 // (f32, stored without rotation into a one-layer cache of n_ctx positions by store_step: positions [0, pos0), then
 // the queries' own). n == 1 uses the flash-decoding kernel with `splits` splits (fold: the combine folded into it, as
 // the backend runs it), n > 1 the prefill kernel: flash attention on the tensor cores where head_dim has it and
-// tensor_cores is set, else a warp per query. The cache's K and V types kt, vt (a quantized one: the query rotated
+// tensor_cores is set (splits > 1: the positions split among that many blocks per query block, then combined), else
+// a warp per query. The cache's K and V types kt, vt (a quantized one: the query rotated
 // before, the output after, as the backend does; a K with offsets: the layer's offsets passed to the kernel).
 std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
                              const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold = false,
@@ -152,6 +153,10 @@ int attention_split_positions();
 int attention_active_splits(int n_pos, int splits);
 int attention_splits(int n_heads, const KvLayout& kv, int sm_count);
 int attention_max_splits(const KvLayout& kv);
+// A prefill's splits of the cache positions (attention_prefill_splits), and the partials' floats the memory plan keeps
+// (attention_partials).
+int attention_prefill_splits(int n_heads, const KvLayout& kv, int n, int pos0, int sm_count);
+int64_t attention_partials(int n_heads, int head_dim, int splits, int n_batch);
 using testing::KvBytes;
 // store_step and kv_write with the kernels' items run on the host (store_kv_item, store_kv_row_item, kv_offset_item).
 void store_step(KvBytes& cache, int l, const float* k, const float* v, int pos0, int n);
