@@ -38,6 +38,12 @@ std::vector<uint8_t> random_weights(GgmlType t, int64_t rows, int64_t cols, uint
     return b;
 }
 
+// The type called name, in *t; false where rows of cols weights are not whole blocks of it.
+bool whole_blocks(const char* name, int64_t cols, GgmlType* t) {
+    REQUIRE(ggml_type_from_name(name, t));
+    return cols % ggml_type_info(*t)->block_size == 0;
+}
+
 // Every element within tol (absolute); NaN never passes.
 void require_close(const std::vector<float>& got, const std::vector<float>& want, double tol) {
     REQUIRE(got.size() == want.size());
@@ -219,8 +225,7 @@ TEST_CASE("the integer decode products on blocks of 3 to 8 warps and of several 
     for (const char* name : {"Q4_0", "Q4_K", "Q6_K"})
         for (const int64_t cols : {2816, 4096, 13824, 16384, 16416, 20480}) {
             GgmlType t;
-            REQUIRE(ggml_type_from_name(name, &t));
-            if (cols % ggml_type_info(t)->block_size != 0) continue;
+            if (!whole_blocks(name, cols, &t)) continue;
             INFO(name << " cols " << cols);
             const int64_t rows = 9;
             const std::vector<uint8_t> b = random_weights(t, rows, cols, 23), b_up = random_weights(t, rows, cols, 29);
@@ -258,8 +263,7 @@ TEST_CASE("the integer products of a short prompt: each token the same bits as i
     for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
         for (const int64_t cols : {1280, 11008}) {
             GgmlType t;
-            REQUIRE(ggml_type_from_name(name, &t));
-            if (cols % ggml_type_info(t)->block_size != 0) continue;
+            if (!whole_blocks(name, cols, &t)) continue;
             INFO(name << " cols " << cols);
             const int64_t rows = 37;
             const std::vector<uint8_t> b = random_weights(t, rows, cols, 43), b_up = random_weights(t, rows, cols, 47);
