@@ -245,6 +245,30 @@ TEST_CASE("CUDA: a short prompt's first-layer K/V rows are the bits its tokens' 
     }
 }
 
+TEST_CASE("CUDA: a short prompt over a deep cache, its positions split among blocks, agrees with the CPU",
+          "[cuda][forward]") {
+    // 1,500 positions, then 5 tokens: 2 blocks (4 heads, 2 per block), split 6 ways on a device of 132 SMs (at least
+    // 2 on any with 2 or more: flash_splits); the chat turn's logits against the CPU backend's
+    const Model m = synth_model("Q4_K_M");
+    const int n_vocab = m.config.n_vocab;
+    Settings s;
+    s.n_ctx = 2048;
+    s.n_batch = 512;
+    s.n_threads = 2;
+    s.progress = false;
+    const std::unique_ptr<Backend> cpu = cpu::make_backend(m, s), gpu = cuda::make_backend(m, s);
+    std::mt19937 rng(5);
+    std::uniform_int_distribution<int32_t> dist(0, n_vocab - 1);
+    std::vector<int32_t> toks(1505);
+    for (int32_t& t : toks) t = dist(rng);
+    for (int p0 = 0; p0 < 1500; p0 += 500) {
+        cpu->forward(&toks[size_t(p0)], 500, p0, Pass::Prefill);
+        gpu->forward(&toks[size_t(p0)], 500, p0, Pass::Prefill);
+    }
+    const std::vector<float> lc = copy(cpu->forward(&toks[1500], 5, 1500, Pass::Prefill), n_vocab);
+    check_logits(lc, copy(gpu->forward(&toks[1500], 5, 1500, Pass::Prefill), n_vocab), "5 tokens at depth 1500");
+}
+
 TEST_CASE("a model that does not fit on the GPU is refused with needed and free bytes", "[cuda][forward]") {
     const Model m = Model::load(test::shared("testdata/ref/open-gqa-Q8_0.gguf"));
     std::string why;

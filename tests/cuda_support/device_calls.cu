@@ -395,10 +395,15 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
         return result;
     }
     // splits > 1: the positions split among that many blocks per query block (flash attention)
+    // (64 floats past the partials the launch may write, checked to stay NaN)
     const int sp = splits > 1 ? splits : 1;
-    Dev<float> partials(sp > 1 ? size_t(n) * size_t(c.n_heads) * size_t(sp) * size_t(c.head_dim + 2) : 0);
+    const size_t n_partials = sp > 1 ? size_t(n) * size_t(c.n_heads) * size_t(sp) * size_t(c.head_dim + 2) : 0;
+    Dev<float> partials(n_partials + 64);
     poison(partials);
     attention_prefill(out.p, dq.p, kc.p, vc.p, koff, pos.p, n, c.n_heads, kv, tensor_cores, sp, partials.p, nullptr);
+    const std::vector<float> tail = partials.get();
+    for (size_t i = n_partials; i < tail.size(); ++i)
+        if (!std::isnan(tail[i])) throw Error("attention_prefill: a write past its partials");
     if (kv_type_quantized(vt)) kv_rotate_rows(out.p, rows, c.head_dim, nullptr);
     return out.get();
 }
