@@ -10,20 +10,22 @@
 #   2. correctness: greedy tokens and logits, --device cpu vs --device cuda, on the shared reference models and on
 #      synthetic files of every weight type (the default model's shape);
 #   3. speed: synthetic LLaMA-2-7B and 13B shapes in F16, Q8_0, Q4_0 and Q4_K_M (made here with kvgen-synth, one at a
-#      time, deleted after use): pp512 and tg128 at depths 0, 1024 and 4096, with achieved bandwidth
-#      ((weight bytes + KV bytes read) x tokens/s) beside the card's peak (KVGEN_PEAK_GBS, default 4800 for H200);
-#      per kernel, when Nsight Compute's ncu is there (/usr/local/cuda/bin/ncu or on PATH), the 7B shape in Q4_K_M
-#      (with --quick: in every --types) over a 3-token prompt and 3 generated tokens: launches, GPU time, share of the
-#      step, GB read and GB/s of each kernel in one decode step and in the prefill (scripts/lib/ncu_sum.py), the raw
-#      CSV as OUTDIR/ncu-SHAPE-TYPE.csv.gz; and for the first type of each shape, pp512 at depths 0 and 4096 with
-#      --cuda-attention warp (the CUDA-core prefill attention) beside the default tensor-core one (SHAPE-T-warpattn),
-#      and pp512 / tg128 at those depths with --kv-type q8_0 and q4_0 (SHAPE-T-kvq8_0, -kvq4_0); for every file,
-#      tg128 with --cuda-pdl on (SHAPE-T-pdl: programmatic dependent launch of the decode products);
+#      time, deleted after use): pp16 (a chat turn), pp512 and tg128 at depths 0, 1024 and 4096, with achieved
+#      bandwidth ((weight bytes + KV bytes read) x tokens/s) beside the card's peak (KVGEN_PEAK_GBS, default 4800 for
+#      H200); per kernel, when Nsight Compute's ncu is there (/usr/local/cuda/bin/ncu or on PATH), the 7B shape in
+#      Q4_K_M (with --quick: in every --types) over a 3-token prompt and 3 generated tokens: launches, GPU time, share
+#      of the step, GB read and GB/s of each kernel in one decode step and in the prefill (scripts/lib/ncu_sum.py), the
+#      raw CSV as OUTDIR/ncu-SHAPE-TYPE.csv.gz; and for the first type of each shape, pp16 and pp512 at depths 0 and
+#      4096 with --cuda-attention warp (the CUDA-core prefill attention) beside the default tensor-core one
+#      (SHAPE-T-warpattn), and pp512 / tg128 at those depths with --kv-type q8_0 and q4_0 (SHAPE-T-kvq8_0, -kvq4_0);
+#      for every file, tg128 with --cuda-pdl on (SHAPE-T-pdl: programmatic dependent launch of the decode products);
 #   4. the KV cache comparison (scripts/bench-kv.sh, --device cuda) on the first shape's Q4_K_M file (7B; without
 #      Q4_K_M in --types, the first type's): 128, 256, 512 tokens, and where the cached and recomputed tokens part (step, top-2 logit margin, logit difference).
 #
 #   --quick       the loop while tuning kernels (about 2 minutes): the incremental build, the [cuda] tests, the 7B
-#                 shape in each --types with pp512 and tg128 at depth 0, and the per-kernel table; no stage 2 or 4
+#                 shape in each --types with pp4, pp16, pp512 and tg128 at depth 0 (pp4, pp16 and tg128 also with
+#                 --cuda-matvec f32), for the first type pp16 and pp512 at depth 4096, and the per-kernel table; no
+#                 stage 2 or 4
 #   --types T,T   weight types of stage 3 (default F16,Q8_0,Q4_0,Q4_K_M; with --quick, Q4_K_M)
 #
 # Later stages are skipped, and the report says so, when the time budget (KVGEN_GPU_BUDGET_S, default 450; 240 with
@@ -210,13 +212,13 @@ for shape in "${shapes[@]}"; do
         "$synth" "$shape" --type "$t" --vocab "$vocab" --threads "$(nproc)" -o "$f" >/dev/null 2>&1 ||
             { log "$name: kvgen-synth failed"; continue; }
         "$kvgen" -m "$f" --inspect --json "$work/speed/$name.inspect.json" >/dev/null
-        prompts=512
-        ((quick)) && prompts=4,16,512  # short prompts take the batched matvec, 512 the GEMM
+        prompts=16,512  # a chat turn (the products of up to 16 tokens, split attention at depth) and the GEMM
+        ((quick)) && prompts=4,16,512
         "$kvgen" -m "$f" --bench --device "$dev" -p "$prompts" -n 128 -d "$depths" -r 2 -o json \
             >"$work/speed/$name.bench.json" 2>>"$out/log.txt" || log "$name: bench failed"
-        if ((quick)); then  # the decode products on f32 activations, to compare with the integer ones
+        if ((quick)); then  # the products of up to 16 tokens on f32 activations, to compare with the integer ones
             cp "$work/speed/$name.inspect.json" "$work/speed/$name-f32matvec.inspect.json"
-            "$kvgen" -m "$f" --bench --device "$dev" --cuda-matvec f32 -p 0 -n 128 -d 0 -r 2 -o json \
+            "$kvgen" -m "$f" --bench --device "$dev" --cuda-matvec f32 -p 4,16 -n 128 -d 0 -r 2 -o json \
                 >"$work/speed/$name-f32matvec.bench.json" 2>>"$out/log.txt" || log "$name: f32 matvec bench failed"
         fi
         # the decode products launched programmatically (--cuda-pdl on), to compare with the default launches
@@ -225,7 +227,7 @@ for shape in "${shapes[@]}"; do
             >"$work/speed/$name-pdl.bench.json" 2>>"$out/log.txt" || log "$name: bench with --cuda-pdl on failed"
         if [[ $t == "${speed_types[0]}" ]]; then  # prefill attention on the CUDA cores, to compare with the tensor cores
             cp "$work/speed/$name.inspect.json" "$work/speed/$name-warpattn.inspect.json"
-            "$kvgen" -m "$f" --bench --device "$dev" --cuda-attention warp -p 512 -n 0 -d "0,$attn_depth" -r 2 \
+            "$kvgen" -m "$f" --bench --device "$dev" --cuda-attention warp -p 16,512 -n 0 -d "0,$attn_depth" -r 2 \
                 -o json >"$work/speed/$name-warpattn.bench.json" 2>>"$out/log.txt" ||
                 log "$name: bench with --cuda-attention warp failed"
             for kvt in q8_0 q4_0; do  # a quantized KV cache: decode and prefill at depth
@@ -235,7 +237,7 @@ for shape in "${shapes[@]}"; do
                     log "$name: bench with --kv-type $kvt failed"
             done
             if ((quick)); then  # and the tensor cores at that depth (the full run has it in its depths)
-                "$kvgen" -m "$f" --bench --device "$dev" -p 512 -n 0 -d "$attn_depth" -r 2 -o json \
+                "$kvgen" -m "$f" --bench --device "$dev" -p 16,512 -n 0 -d "$attn_depth" -r 2 -o json \
                     >"$work/speed/$name.deep.json" 2>>"$out/log.txt" || log "$name: deep bench failed"
             fi
         fi
