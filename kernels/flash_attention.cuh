@@ -89,7 +89,7 @@ KVGEN_HD uint4 kv_load8_f16(KvType t, const uint8_t* row, int d, const float* ad
 // unnormalized partial results, which a second kernel combines (combine_head, the decode attention's). The split
 // count: blocks for at most kFaBlocksPerSm per SM (one wave), at least kFaMinSplitTiles tiles a split, at most
 // kFaMaxSplits, and at most kFaSplitBlocks blocks in all (the partials buffer's bound, flash_partials).
-constexpr int kFaBlocksPerSm = 2;  // at 218 registers (head_dim 128) two blocks fit an SM
+constexpr int kFaBlocksPerSm = 2;  // at 225-227 registers (head_dim 128, sm_90) two blocks of 128 threads fit an SM
 constexpr int kFaMinSplitTiles = 4;
 constexpr int kFaMaxSplits = 16;
 constexpr int kFaSplitBlocks = 512;

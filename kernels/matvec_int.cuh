@@ -329,10 +329,8 @@ KVGEN_HD constexpr int mvi_rows(int nm, int nt) {
     const int fit = (nt > 1 && T == GgmlType::Q6_K ? 16 : 32) / (nm * nt);
     return fit < 1 ? 1 : fit < rows ? fit : rows;
 }
-constexpr int kMviRows = 4;     // one token: rows per block of one matrix
-constexpr int kMviGluRows = 2;  // one token: rows per block of each of gate and up
-static_assert(mvi_rows<GgmlType::Q4_K>(1, 1) == kMviRows && mvi_rows<GgmlType::Q6_K>(2, 1) == kMviGluRows,
-              "one token's blocks");
+constexpr int kMviRows = mvi_rows<GgmlType::Q4_0>(1, 1);     // one token: rows per block of one matrix (4, any type)
+constexpr int kMviGluRows = mvi_rows<GgmlType::Q4_0>(2, 1);  // one token: of each of gate and up (2)
 
 // The SwiGLU product's output quantized where it is made, for the down projection (one launch fewer per layer): a
 // block stores its kMviGluRows outputs v (held by lane 0 of its first warp) at y[r0 ..], and that thread counts the
