@@ -29,26 +29,36 @@ KVGEN_HD void get_rows_item(int64_t g, const uint8_t* __restrict__ w, int64_t ro
     for (int k = 0; k < 8; ++k) o4[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
 }
 
-// One row per block of block_threads (a multiple of 32, at most 1024) threads; shared: 32 floats. With xq (dim a
-// multiple of 32), the row is also written as ActBlocks for the integer products, the quantization folded in: the
-// values j = t + k block_threads of one warp are one block of 32, whose largest magnitude and integer sums (whole
-// and first half) are warp reductions (the same integers as quantize_act of the f32 output).
+// The threads rmsnorm_kernel gives a row, and the order of its sum of squares: thread t of kNormThreads sums x[j]^2
+// for j = t, t + kNormThreads, ... one after another, each warp's 32 sums by the butterfly, then the kNormWarps warps'
+// sums by the butterfly of one warp. The order is fixed by kNormThreads, not by the block: a block of fewer threads
+// (a multiple of 32) takes the sums of several of those warps per warp and gets the same bits.
+constexpr int kNormThreads = 1024;
+constexpr int kNormWarps = kNormThreads / 32;
+static_assert(kNormWarps == 32, "the warps' sums are one warp's butterfly");
+
+// One row per block of block_threads (a multiple of 32, at most kNormThreads) threads; shared: kNormWarps floats. With
+// xq (dim a multiple of 32), the row is also written as ActBlocks for the integer products, the quantization folded
+// in: the values j = t + k block_threads of one warp are one block of 32, whose largest magnitude and integer sums
+// (whole and first half) are warp reductions (the same integers as quantize_act of the f32 output). A 4096-wide row
+// in a block of kNormThreads: 4 values a thread, 4 of the row's 128 ActBlocks a warp.
 #pragma nv_exec_check_disable
 template <class Ctx>
 KVGEN_HD void rmsnorm_body(const Ctx& ctx, int block_threads, const float* __restrict__ x, const float* __restrict__ w,
                            float* __restrict__ out, ActBlock* __restrict__ xq, int dim, float eps) {
     const float* xi = x + int64_t(ctx.block_x()) * dim;
     float* oi = out + int64_t(ctx.block_x()) * dim;
-    const int t = ctx.thread();
-    float ss = 0.0f;
-    for (int j = t; j < dim; j += block_threads) ss += xi[j] * xi[j];
-    ss = ctx.warp_sum(ss);
+    const int t = ctx.thread(), lane = t % 32;
     float* part = ctx.shared();
-    if (t % 32 == 0) part[t / 32] = ss;
+    for (int vw = t / 32; vw < kNormWarps; vw += block_threads / 32) {  // the same trip count for the whole warp
+        float ss = 0.0f;
+        for (int j = 32 * vw + lane; j < dim; j += kNormThreads) ss += xi[j] * xi[j];
+        ss = ctx.warp_sum(ss);
+        if (lane == 0) part[vw] = ss;
+    }
     ctx.sync();
     if (t < 32) {
-        float v = t < block_threads / 32 ? part[t] : 0.0f;
-        v = ctx.warp_sum(v);
+        const float v = ctx.warp_sum(part[t]);
         if (t == 0) part[0] = v;
     }
     ctx.sync();

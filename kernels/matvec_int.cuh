@@ -51,7 +51,8 @@ KVGEN_HD void pdl_trigger() {
 #endif
 }
 
-// Block b of x (32 values).
+// Block b of x (32 values) by one thread: the twin of quantize_act_warp (the kernels' blocks) that the host tests
+// quantize the integer products' inputs with.
 KVGEN_HD void quantize_act_item(int64_t b, const float* __restrict__ x, ActBlock* __restrict__ out) {
     const float* xb = x + b * 32;
     float amax = 0.0f;
@@ -69,21 +70,25 @@ KVGEN_HD void quantize_act_item(int64_t b, const float* __restrict__ x, ActBlock
     out[b].h[1] = h[1];
 }
 
-// The same block written by the 32 lanes of a warp, lane l holding value l: its largest magnitude and sums of q by
-// warp reductions (exact: |sum| <= 32 * 32512 < 2^24). Ctx: a thread context with warp_max and warp_sum
-// (DeviceThread, or the host emulation's).
+// The same block written by the 32 lanes of a warp, lane l holding value l: its largest magnitude by a warp
+// reduction, then the sum of q over each half of the warp (the butterfly's steps within 16 lanes) and over both (its
+// last step): 10 shuffles. Exact in any order: |sum| <= 32 * 32512 < 2^24. Ctx: a thread context with warp_max and
+// shfl_xor (DeviceThread, or the host emulation's).
 #pragma nv_exec_check_disable
 template <class Ctx>
 KVGEN_HD void quantize_act_warp(const Ctx& ctx, float v, int lane, ActBlock& a) {
     const float d = act_scale(ctx.warp_max(fabsf(v)));
     const int q = act_quant(v, act_inverse_scale(d));
-    const float s = ctx.warp_sum(float(q)), h0 = ctx.warp_sum(lane < 16 ? float(q) : 0.0f);
+    float half = float(q);
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) half += ctx.shfl_xor(half, o);
+    const float s = half + ctx.shfl_xor(half, 16);
     a.q[lane] = int16_t(q);
-    if (lane == 0) {
+    if (lane == 0) {  // half: lanes 0-15's sum
         a.d = d;
         a.s = int(s);
-        a.h[0] = int(h0);
-        a.h[1] = int(s) - int(h0);
+        a.h[0] = int(half);
+        a.h[1] = int(s) - int(half);
     }
 }
 

@@ -175,10 +175,12 @@ __global__ void __launch_bounds__(kMvWarps* kWarp)
 
 // --- decode products in integers (matvec_int.cuh) ------------------------------------------------------------------
 
+// A warp per ActBlock, a lane per value (quantize_act_warp: coalesced loads, 10 shuffles a block).
 __global__ void quantize_act_kernel(const float* __restrict__ x, int64_t n_blocks, ActBlock* __restrict__ out) {
     pdl_trigger();  // the product that reads out may start loading its weights
-    const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (b < n_blocks) quantize_act_item(b, x, out);
+    const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+    const int lane = int(threadIdx.x % kWarp);
+    if (b < n_blocks) quantize_act_warp(DeviceThread{nullptr}, x[b * 32 + lane], lane, out[b]);  // whole warps
 }
 
 // Each of a block's R rows for each of NT tokens summed over its threads: a warp's lanes by the butterfly, then the
@@ -276,10 +278,11 @@ __global__ void __launch_bounds__(kMvWarps* kWarp)
 
 // --- element-wise ops ---------------------------------------------------------------------------------------------
 
-__global__ void rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,
-                               ActBlock* __restrict__ xq, int dim, float eps) {
+__global__ void __launch_bounds__(kNormThreads)
+    rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,
+                   ActBlock* __restrict__ xq, int dim, float eps) {
     pdl_trigger();  // the product that reads xq may start loading its weights
-    __shared__ float part[32];
+    __shared__ float part[kNormWarps];
     rmsnorm_body(DeviceThread{part}, int(blockDim.x), x, w, out, xq, dim, eps);
 }
 
@@ -494,7 +497,7 @@ bool int_matvec_ok(const DevWeight& w) {
 
 void quantize_act(ActBlock* out, const float* x, int64_t count, cudaStream_t s) {
     KVGEN_ASSERT(count % 32 == 0);
-    quantize_act_kernel<<<grid_for(count / 32, 64), 64, 0, s>>>(x, count / 32, out);
+    quantize_act_kernel<<<grid_for(count, 128), 128, 0, s>>>(x, count / 32, out);
     KVGEN_CUDA_LAUNCHED("quantize_act");
 }
 
@@ -595,7 +598,7 @@ void matvec_glu(float* y, const DevWeight& gate, const DevWeight& up, const floa
 
 void rmsnorm(float* out, ActBlock* xq, const float* x, const float* w, int n, int dim, float eps, cudaStream_t s) {
     KVGEN_ASSERT(xq == nullptr || dim % 32 == 0);
-    rmsnorm_kernel<<<n, 256, 0, s>>>(x, w, out, xq, dim, eps);
+    rmsnorm_kernel<<<n, kNormThreads, 0, s>>>(x, w, out, xq, dim, eps);
     KVGEN_CUDA_LAUNCHED("rmsnorm");
 }
 

@@ -268,22 +268,26 @@ TEST_CASE("RowSplit sends each row of a fused Q|K|V product to its own buffer", 
 
 TEST_CASE("the integer decode product, run on the host: the CPU's activation rounding, then exact integer dots",
           "[cuda-host]") {
-    // The activation blocks equal the CPU's (cpu::quantize_a32) bit for bit.
+    // The activation blocks equal the CPU's (cpu::quantize_a32) bit for bit: quantize_act_kernel's (a warp per block,
+    // its sums by shuffles) and quantize_act_item's (the host products' inputs).
     const int64_t cols = 1024;
     std::vector<float> x = test::randn(size_t(cols), 12, 3.0f);
     x[5] = 0.0f;
     std::fill(x.begin() + 64, x.begin() + 96, 0.0f);  // an all-zero block: d = 0
+    std::fill(x.begin() + 96, x.begin() + 128, -7.5f);  // one value throughout: every q at the largest magnitude
+    for (int j = 128; j < 160; ++j) x[size_t(j)] = j < 144 ? 1e-3f : 40.0f;  // halves far apart
     std::vector<cpu::BlockA32> cpu_blocks(size_t(cols / 32));
     cpu::quantize_a32(x.data(), cpu_blocks.data(), cols);
-    const std::vector<cuda::host::HostActBlock> dev = cuda::host::quantize_act(x);
-    REQUIRE(dev.size() == cpu_blocks.size());
-    for (size_t b = 0; b < dev.size(); ++b) {
-        INFO("block " << b);
-        CHECK(dev[b].d == cpu_blocks[b].d);
-        CHECK(dev[b].s == cpu_blocks[b].sum[0] + cpu_blocks[b].sum[1]);
-        CHECK(dev[b].h[0] == cpu_blocks[b].sum[0]);
-        CHECK(dev[b].h[1] == cpu_blocks[b].sum[1]);
-        CHECK(std::equal(dev[b].q, dev[b].q + 32, cpu_blocks[b].q));
+    for (const auto& dev : {cuda::host::quantize_act(x), cuda::host::quantize_act_items(x)}) {
+        REQUIRE(dev.size() == cpu_blocks.size());
+        for (size_t b = 0; b < dev.size(); ++b) {
+            INFO("block " << b);
+            CHECK(dev[b].d == cpu_blocks[b].d);
+            CHECK(dev[b].s == cpu_blocks[b].sum[0] + cpu_blocks[b].sum[1]);
+            CHECK(dev[b].h[0] == cpu_blocks[b].sum[0]);
+            CHECK(dev[b].h[1] == cpu_blocks[b].sum[1]);
+            CHECK(std::equal(dev[b].q, dev[b].q + 32, cpu_blocks[b].q));
+        }
     }
 
     // Every type on blocks of 1 warp (96 and 768 columns: 3 and 24 units), 3 with the last partly idle (2816: 88), 4
@@ -667,7 +671,7 @@ TEST_CASE("a quantized CUDA cache: store_kv writes the CPU cache's bytes, attent
 
 TEST_CASE("the CUDA element-wise bodies, run on the host, match the CPU ops", "[cuda-host]") {
     // RMSNorm: one block of 256 threads per row (fibers), rows longer and shorter than the block
-    for (int dim : {96, 896, 2049}) {
+    for (int dim : {96, 896, 2049, 4160}) {
         const int n = 3;
         const std::vector<float> x = test::randn(size_t(n * dim), 5, 3.0f), w = test::randn(size_t(dim), 6, 1.0f);
         std::vector<float> want(x.size());
@@ -689,6 +693,12 @@ TEST_CASE("the CUDA element-wise bodies, run on the host, match the CPU ops", "[
                 CHECK(got[2] == float(want_q[b].h[0]));
                 CHECK(got[3] == float(want_q[b].h[1]));
                 for (int j = 0; j < 32; ++j) CHECK(got[4 + j] == float(want_q[b].q[j]));
+            }
+            // The order of the sum of squares is kNormThreads', whatever the block: blocks of 1, 3, 8 and 32 warps
+            // (the device's) give the same bits, rows and blocks.
+            for (int threads : {32, 96, 1024}) {
+                INFO(threads << " threads");
+                CHECK(cuda::host::rmsnorm_quantized(x, w, n, dim, 1e-5f, threads) == both);
             }
         }
     }

@@ -11,6 +11,7 @@
 #include "common/half.h"
 #include "cpu/ops.h"
 #include "cpu/thread_pool.h"
+#include "cpu/vecdot.h"
 #include "engine/kv_cache.h"
 #include "model/dequant.h"
 #include "synth/synth.h"
@@ -434,6 +435,29 @@ TEST_CASE("a quantized K on the GPU: the key offsets and the bytes whatever the 
     }
 }
 
+TEST_CASE("quantize_act makes the CPU's activation blocks bit for bit", "[cuda][kernels]") {
+    // A warp per block: the largest magnitude and the sums of q (each half, both) by shuffles. Among the blocks an
+    // all-zero one (d = 0), one value throughout, and halves far apart.
+    const int64_t count = 32 * 300;
+    std::vector<float> x = randn(size_t(count), 47, 3.0f);
+    std::fill(x.begin() + 64, x.begin() + 96, 0.0f);
+    std::fill(x.begin() + 96, x.begin() + 128, -7.5f);
+    for (int j = 128; j < 160; ++j) x[size_t(j)] = j < 144 ? 1e-3f : 40.0f;
+    std::vector<cpu::BlockA32> want(size_t(count / 32));
+    cpu::quantize_a32(x.data(), want.data(), count);
+    const std::vector<float> got = ct::quantize_act(x);
+    REQUIRE(got.size() == want.size() * 36);
+    for (size_t b = 0; b < want.size(); ++b) {
+        const float* g = got.data() + b * 36;
+        INFO("block " << b);
+        REQUIRE(g[0] == want[b].d);
+        REQUIRE(g[1] == float(want[b].sum[0] + want[b].sum[1]));
+        REQUIRE(g[2] == float(want[b].sum[0]));
+        REQUIRE(g[3] == float(want[b].sum[1]));
+        for (int j = 0; j < 32; ++j) REQUIRE(g[4 + j] == float(want[b].q[j]));
+    }
+}
+
 TEST_CASE("rmsnorm and swiglu match the CPU ops", "[cuda][kernels]") {
     const int n = 3, dim = 896;
     const std::vector<float> x = randn(size_t(n * dim), 23, 3.0f), w = randn(size_t(dim), 29);
@@ -455,6 +479,12 @@ TEST_CASE("rmsnorm and swiglu match the CPU ops", "[cuda][kernels]") {
         REQUIRE(blk[3] == h[1]);
         REQUIRE(blk[1] == h[0] + h[1]);
     }
+    // The device's blocks of kNormThreads give the bits of the host emulation's blocks of 256 (the sum of squares in
+    // kNormThreads' order whatever the block), rows and ActBlocks; a 4096-wide row too (4 values a thread).
+    REQUIRE(both == kvgen::cuda::host::rmsnorm_quantized(x, w, n, dim, 1e-5f));
+    const std::vector<float> x4k = randn(size_t(2 * 4096), 41, 2.0f), w4k = randn(4096, 43);
+    REQUIRE(ct::rmsnorm_quantized(x4k, w4k, 2, 4096, 1e-5f) ==
+            kvgen::cuda::host::rmsnorm_quantized(x4k, w4k, 2, 4096, 1e-5f));
 
     const std::vector<float> g = randn(4099, 31, 4.0f), u = randn(4099, 37);
     std::vector<float> sw = g;

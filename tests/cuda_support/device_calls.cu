@@ -196,13 +196,10 @@ std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>
     return out.get();
 }
 
-std::vector<float> rmsnorm_quantized(const std::vector<float>& x, const std::vector<float>& w, int n, int dim,
-                                     float eps) {
-    Dev<float> dx(x), dw(w), out(x.size());
-    Dev<ActBlock> xq(x.size() / 32);
-    kvgen::cuda::rmsnorm(out.p, xq.p, dx.p, dw.p, n, dim, eps, nullptr);
-    std::vector<float> result = out.get();  // the f32 rows, then each block as d, s, h[0], h[1], q[0..31]
-    for (const ActBlock& a : xq.get()) {
+namespace {
+// Each block as d, s, h[0], h[1], q[0..31], after `result`.
+std::vector<float> append_blocks(std::vector<float> result, const std::vector<ActBlock>& blocks) {
+    for (const ActBlock& a : blocks) {
         result.push_back(a.d);
         result.push_back(float(a.s));
         result.push_back(float(a.h[0]));
@@ -210,6 +207,22 @@ std::vector<float> rmsnorm_quantized(const std::vector<float>& x, const std::vec
         for (int16_t q : a.q) result.push_back(float(q));
     }
     return result;
+}
+}  // namespace
+
+std::vector<float> rmsnorm_quantized(const std::vector<float>& x, const std::vector<float>& w, int n, int dim,
+                                     float eps) {
+    Dev<float> dx(x), dw(w), out(x.size());
+    Dev<ActBlock> xq(x.size() / 32);
+    kvgen::cuda::rmsnorm(out.p, xq.p, dx.p, dw.p, n, dim, eps, nullptr);
+    return append_blocks(out.get(), xq.get());  // the f32 rows, then the blocks
+}
+
+std::vector<float> quantize_act(const std::vector<float>& x) {
+    Dev<float> dx(x);
+    Dev<ActBlock> xq(x.size() / 32);
+    kvgen::cuda::quantize_act(xq.p, dx.p, int64_t(x.size()), nullptr);
+    return append_blocks({}, xq.get());
 }
 
 std::vector<float> swiglu(const std::vector<float>& gate, const std::vector<float>& up) {

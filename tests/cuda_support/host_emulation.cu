@@ -124,7 +124,7 @@ std::vector<HostActBlock> host_blocks(const std::vector<ActBlock>& blocks) {
     return out;
 }
 
-std::vector<HostActBlock> quantize_act(const std::vector<float>& x) {
+std::vector<HostActBlock> quantize_act_items(const std::vector<float>& x) {
     return host_blocks(act_blocks(x));
 }
 
@@ -642,19 +642,31 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q_in, co
 
 namespace kvgen::cuda::host {
 
-std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps) {
+std::vector<HostActBlock> quantize_act(const std::vector<float>& x) {
+    std::vector<ActBlock> a(x.size() / 32);
+    run_grid(int(a.size()), 1, 32, 0, [&](const HostThread& t) {  // quantize_act_kernel: a warp per block
+        quantize_act_warp(t, x[size_t(t.block_x()) * 32 + size_t(t.thread())], t.thread(), a[size_t(t.block_x())]);
+    });
+    return host_blocks(a);
+}
+
+std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps,
+                           int threads) {
+    if (threads % 32 != 0 || threads < 32 || threads > kNormThreads) throw Error("rmsnorm: a block of 32 k threads");
     std::vector<float> out(x.size(), NAN);
-    run_grid(n, 1, 256, 32,
-             [&](const HostThread& t) { rmsnorm_body(t, 256, x.data(), w.data(), out.data(), nullptr, dim, eps); });
+    run_grid(n, 1, threads, kNormWarps, [&](const HostThread& t) {
+        rmsnorm_body(t, threads, x.data(), w.data(), out.data(), nullptr, dim, eps);
+    });
     return out;
 }
 
 std::vector<float> rmsnorm_quantized(const std::vector<float>& x, const std::vector<float>& w, int n, int dim,
-                                     float eps) {
+                                     float eps, int threads) {
+    if (threads % 32 != 0 || threads < 32 || threads > kNormThreads) throw Error("rmsnorm: a block of 32 k threads");
     std::vector<float> out(x.size(), NAN);
     std::vector<ActBlock> xq(x.size() / 32);
-    run_grid(n, 1, 256, 32, [&](const HostThread& t) {
-        rmsnorm_body(t, 256, x.data(), w.data(), out.data(), xq.data(), dim, eps);
+    run_grid(n, 1, threads, kNormWarps, [&](const HostThread& t) {
+        rmsnorm_body(t, threads, x.data(), w.data(), out.data(), xq.data(), dim, eps);
     });
     for (const ActBlock& a : xq) {
         out.push_back(a.d);

@@ -58,6 +58,8 @@ std::vector<float> swiglu(const std::vector<float>& gate, const std::vector<floa
 // (36 floats).
 std::vector<float> rmsnorm_quantized(const std::vector<float>& x, const std::vector<float>& w, int n, int dim,
                                      float eps);
+// The ActBlocks quantize_act makes of x (a multiple of 32 values), 36 floats each as above.
+std::vector<float> quantize_act(const std::vector<float>& x);
 // W x through matvec_split with rows [0, q_rows) to one buffer, the next k_rows to a second and the rest to a third,
 // read back and concatenated (= W x when the split is right).
 std::vector<float> matvec_qkv(const HostWeight& w, const std::vector<float>& x, int64_t q_rows, int64_t k_rows);
@@ -109,6 +111,8 @@ struct HostActBlock {
     int16_t q[32];
 };
 std::vector<HostActBlock> quantize_act(const std::vector<float>& x);
+// The same blocks by quantize_act_item, one after another: the inputs the host's integer products take.
+std::vector<HostActBlock> quantize_act_items(const std::vector<float>& x);
 // y = W x in integers with matvec_int_kernel's blocks and their sums (Q4_0, Q8_0, Q4_K, Q6_K); for n tokens x
 // [n][cols], y [n][rows], in the launches the device makes (up to 8 tokens each).
 std::vector<float> matvec_int(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
@@ -126,10 +130,12 @@ std::vector<float> matvec_glu_int_quantized(GgmlType type, const uint8_t* gate, 
 // [n][rows] = x[n][cols] . W^T with the short-prompt kernel's lane body (matvec_batch_lane, NT = 16).
 std::vector<float> matvec_batch(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                                 const std::vector<float>& x, int n);
-// The element-wise kernels' bodies on the host (elementwise.cuh); arguments as their cuda::testing twins.
-std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps);
+// The element-wise kernels' bodies on the host (elementwise.cuh); arguments as their cuda::testing twins. The norm
+// with blocks of `threads` threads (a multiple of 32, at most kNormThreads; the device's block is kNormThreads).
+std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps,
+                           int threads = 256);
 std::vector<float> rmsnorm_quantized(const std::vector<float>& x, const std::vector<float>& w, int n, int dim,
-                                     float eps);
+                                     float eps, int threads = 256);
 std::vector<float> rope(const std::vector<float>& x, int n, int n_heads, int pos0, const Config& c,
                         const std::vector<float>& freq_factors);
 std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos0, int n, int n_ctx);
