@@ -5,7 +5,8 @@
 // decode steps; where the backend gives a generated token the same bits as a prompt token
 // (Backend::decode_matches_prompt: the CPU backend, for the usual weight types) they are reused as they are, and
 // elsewhere they are evaluated again as prompt tokens, in one batch. Either way the conversation's cache is exactly
-// a single run's over the same transcript.
+// a single run's over the same transcript where prompt tokens get the same bits in any batch (the CPU); the GPU picks
+// its kernels by the batch size, so there it is within rounding of one.
 #include <cstdint>
 #include <functional>
 #include <string>

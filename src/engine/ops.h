@@ -15,9 +15,10 @@
 
 namespace kvgen {
 
-// What a step computes. A prompt's tokens (Prefill) are computed the same way whatever batch they come in: a prompt
-// split into other batches, or partly loaded from a prompt-cache file, gives the same numbers to the last bit. A
-// generated token (Decode, one at a time) may take a faster path (the CPU's 16-bit integer activations).
+// What a step computes. On the CPU a prompt's tokens (Prefill) are computed the same way whatever batch they come in:
+// a prompt split into other batches, or partly loaded from a prompt-cache file, gives the same numbers to the last
+// bit. A generated token (Decode, one at a time) may take a faster path (the CPU's 16-bit integer activations). The
+// CUDA backend picks its kernels by the batch size instead (one token, 2 to 16, more), whatever the pass.
 enum class Pass { Prefill, Decode };
 
 // The activations of one step, each sized for the backend's batch (n_batch tokens), outermost dimension first.
