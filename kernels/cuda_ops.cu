@@ -98,6 +98,8 @@ private:
     bool graphs_;
     bool int_matvec_;  // Settings::cuda_int_matvec
     bool pdl_;         // Settings::cuda_pdl on a device that has it (sm_90 and later)
+    bool qkv_store_;   // Settings::cuda_qkv_store
+    bool kv_stored_ = false;      // the last norm_qkv() also rotated Q and K and stored K and V (QkvStore)
     bool att_quantized_ = false;  // the last attention() also wrote its output into xq_
     bool glu_quantized_ = false;  // the last norm_swiglu() also wrote its output into hq_
     bool flash_;       // Settings::cuda_flash_attention
@@ -134,6 +136,7 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
       graphs_(s.cuda_graphs),
       int_matvec_(s.cuda_int_matvec),
       pdl_(false),
+      qkv_store_(s.cuda_qkv_store),
       flash_(s.cuda_flash_attention) {
     KVGEN_CUDA_CHECK(cudaSetDevice(device_));
     int major = 0;
@@ -295,19 +298,37 @@ void CudaOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int 
     const bool in_int = n <= kMvMaxTokens && (L.fused_qkv ? use_int(L.qkv)
                                                            : use_int(L.wq) && use_int(L.wk) && use_int(L.wv));
     rmsnorm(xn_, in_int ? xq_ : nullptr, x, L.attn_norm, n, c_.n_embd, c_.rms_eps, stream_);
+    // Over an f16 cache the integer products also rotate Q and K and store K and V (rope_store_kv then has nothing
+    // left to do); a quantized cache stores whole rows, in rope_store_kv's launch.
+    kv_stored_ = in_int && qkv_store_ && kv_.k_type == KvType::F16 && kv_.v_type == KvType::F16;
+    const int64_t qd = L.wq.rows, kvd = L.wk.rows;
+    auto store = [&](int64_t q_end, int64_t k_end) {
+        QkvStore st;
+        st.kc = reinterpret_cast<__half*>(layer_k(l));
+        st.vc = reinterpret_cast<__half*>(layer_v(l));
+        st.q_end = q_end;
+        st.k_end = k_end;
+        st.cos_t = cos_;
+        st.sin_t = sin_;
+        st.d_pos0 = d_step_;
+        st.half_rope = c_.rope_dim / 2;
+        st.kv = kv_;
+        return st;
+    };
     if (L.fused_qkv && (in_int || n == 1)) {
-        const int64_t qd = L.wq.rows, kvd = L.wk.rows;
         const RowSplit qkv{{q, k, v}, {qd, qd + kvd}};
-        if (in_int)
-            matvec_int(qkv, L.qkv, xq_, n, false, pdl_, stream_);  // xq_: quantized by the norm
+        const QkvStore st = store(qd, qd + kvd);
+        if (in_int)  // xq_: quantized by the norm
+            matvec_int(qkv, L.qkv, xq_, n, false, pdl_, stream_, kv_stored_ ? &st : nullptr);
         else
             matvec_split(qkv, L.qkv, xn_, stream_);
         return;
     }
     if (in_int) {  // Q, K and V of different types (a Q4_K_M file's Q6_K V)
-        matvec_int(RowSplit::one(q, L.wq.rows), L.wq, xq_, n, false, pdl_, stream_);
-        matvec_int(RowSplit::one(k, L.wk.rows), L.wk, xq_, n, false, pdl_, stream_);
-        matvec_int(RowSplit::one(v, L.wv.rows), L.wv, xq_, n, false, pdl_, stream_);
+        const QkvStore sq = store(qd, qd), sk = store(0, kvd), sv = store(0, 0);
+        matvec_int(RowSplit::one(q, qd), L.wq, xq_, n, false, pdl_, stream_, kv_stored_ ? &sq : nullptr);
+        matvec_int(RowSplit::one(k, kvd), L.wk, xq_, n, false, pdl_, stream_, kv_stored_ ? &sk : nullptr);
+        matvec_int(RowSplit::one(v, L.wv.rows), L.wv, xq_, n, false, pdl_, stream_, kv_stored_ ? &sv : nullptr);
         return;
     }
     proj(q, L.wq, xn_, n, false);
@@ -319,6 +340,10 @@ void CudaOps::rope_store_kv(float* q, float* k, const float* v, int l, int n) {
     // Q is rotated, and K on its way into the cache, in one launch. The key offsets follow from the first
     // kKvOffsetPositions rows as stored and are taken from every row past them: a step that writes the last of those
     // rows stores the rows before it, sets the layer's offsets, then stores the rest (with Q).
+    if (kv_stored_) {  // done by the Q|K|V products (norm_qkv)
+        kv_stored_ = false;
+        return;
+    }
     const int split = sets_offsets_ ? kKvOffsetPositions - pos0_ : 0;
     if (split > 0) {
         store_kv(layer_k(l), layer_v(l), k, v, cos_, sin_, layer_offsets(l), d_step_, 0, split, kv_, c_.rope_dim,

@@ -81,14 +81,42 @@ KVGEN_HD void rope_tables_item(int g, const int* __restrict__ d_pos0, int half, 
     sin_t[g] = float(sin(theta));
 }
 
-// Item g = (token, head, pair j < half) of x [n][n_heads][head_dim].
-// One RoPE pair (a, b) turned by the angle whose cosine and sine are c and sn.
+// One RoPE pair (a, b) turned by the angle whose cosine and sine are c and sn. The fused multiply-adds are written
+// out, so that every kernel that turns a pair (and the host tests) rounds it the same way whatever the compiler
+// contracts.
 KVGEN_HD void rope_pair(float& a, float& b, float c, float sn) {
-    const float ra = a * c - b * sn, rb = a * sn + b * c;
+    const float ra = fmaf(a, c, -(b * sn)), rb = fmaf(a, sn, b * c);
     a = ra;
     b = rb;
 }
 
+// The epilogue of a Q|K|V product with QkvStore (matvec.cuh), called by every lane of the block's first warp (the
+// shuffle): lane t holds v, the sum of row `row` for token i of the step, valid where the block owns that row and the
+// launch that token; the other row of its RoPE pair (row ^ 1: segments and heads start at even rows) is lane
+// t ^ pair_lane's. The arithmetic of rope_item and store_kv_item, so the bits of rope_store_kv's launch.
+#pragma nv_exec_check_disable
+template <class Ctx>
+KVGEN_HD void qkv_store_row(const Ctx& ctx, float v, bool valid, int64_t row, int i, int pair_lane, const RowSplit& y,
+                            int64_t rows, const QkvStore& st) {
+    const float other = ctx.shfl_xor(v, pair_lane);
+    if (!valid) return;
+    const bool query = row < st.q_end, value = row >= st.k_end;
+    const int64_t local = query ? row : row - (value ? st.k_end : st.q_end);
+    const int hd = st.kv.head_dim, d = int(local % hd), j = d / 2;
+    float out = v;
+    if (!value && j < st.half_rope) {
+        float a = d % 2 == 0 ? v : other, b = d % 2 == 0 ? other : v;
+        rope_pair(a, b, st.cos_t[int64_t(i) * st.half_rope + j], st.sin_t[int64_t(i) * st.half_rope + j]);
+        out = d % 2 == 0 ? a : b;
+    }
+    if (query) {
+        *y.at(row, i, rows) = out;
+        return;
+    }
+    (value ? st.vc : st.kc)[st.kv.row(int(local / hd), *st.d_pos0 + i) + d] = __float2half_rn(out);
+}
+
+// Item g = (token, head, pair j < half) of x [n][n_heads][head_dim].
 KVGEN_HD void rope_item(int64_t g, float* __restrict__ x, const float* __restrict__ cos_t,
                         const float* __restrict__ sin_t, int n_heads, int head_dim, int half) {
     const int j = int(g % half);

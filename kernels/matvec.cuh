@@ -1,6 +1,9 @@
 #pragma once
 // The per-lane body of the decode matrix-vector kernel, compiled for the host too so that the CPU-only CI runs the
 // kernel's own indexing (tests/test_cuda_host.cpp emulates the 32 lanes of a warp and its reduction).
+#include <cuda_fp16.h>
+
+#include "engine/kv_layout.h"
 #include "quant.cuh"
 
 namespace kvgen::cuda {
@@ -24,6 +27,22 @@ struct RowSplit {
         if (r < end[1]) return y[1] + i * (end[1] - end[0]) + (r - end[0]);
         return y[2] + i * (rows - end[1]) + (r - end[1]);
     }
+};
+
+// RoPE and the K/V store of an f16 cache folded into the product that makes Q, K and V (qkv_store_row,
+// elementwise.cuh), instead of rope_store_kv's launch: of the product's rows, [0, q_end) are queries, rotated and
+// written where RowSplit says; [q_end, k_end) keys, rotated and stored as f16 into kc; [k_end, rows) values, stored
+// into vc; token i of the step at position *d_pos0 + i, turned by row i of the RoPE tables cos_t / sin_t ([n][half_rope],
+// pairs from half_rope on unturned). kc and vc: one layer's first K and V row, laid out as kv says. kc null: none.
+struct QkvStore {
+    __half* kc = nullptr;
+    __half* vc = nullptr;
+    int64_t q_end = 0, k_end = 0;
+    const float* cos_t = nullptr;
+    const float* sin_t = nullptr;
+    const int* d_pos0 = nullptr;
+    int half_rope = 0;
+    KvLayout kv;
 };
 
 // A row whose length is not a multiple of 32 (float types only): lane l takes weights l, l + 32, ...; the sum over

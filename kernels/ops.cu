@@ -208,10 +208,12 @@ __device__ __forceinline__ float block_rows_sum(const float (&acc)[R][NT], float
 // grid = rows / R, block = 32 mvi_warps(n_units) threads: the block's threads stride over the units of its R rows
 // (matvec_int_thread) for n <= NT tokens, x the tokens' ActBlocks one after another. At most 128 registers (two
 // blocks of up to 256 threads per SM), so that every row's loads are issued before the first is used.
+// With st.kc (accumulate 0), a Q|K|V product that rotates Q and K and stores K and V into an f16 cache itself
+// (qkv_store_row) instead of writing k and v.
 template <GgmlType T, int NT>
 __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
     matvec_int_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int n_units, int64_t rows,
-                      const ActBlock* __restrict__ x, int n, RowSplit y, int i0, int accumulate) {
+                      const ActBlock* __restrict__ x, int n, RowSplit y, int i0, int accumulate, QkvStore st) {
     if constexpr (NT > 1) pdl_trigger();  // a prompt's next launch over the same weight may start loading them
     constexpr int R = mvi_rows<T>(1, NT);
     __shared__ float part[kMviMaxWarps][R * NT];
@@ -221,7 +223,13 @@ __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
     matvec_int_thread<T>(ws, row_bytes, n_units, rows, r0, threadIdx.x, blockDim.x, x, n, acc);
     const float v = block_rows_sum(acc[0], part);
     const int r = threadIdx.x / NT, i = threadIdx.x % NT;
-    if (r < R && i < n && r0 + r < rows) {
+    const bool valid = r < R && i < n && r0 + r < rows;  // threads t < R NT: row r0 + t / NT, token t % NT
+    if (st.kc) {
+        static_assert(R % 2 == 0 && R * NT <= kWarp, "a block's RoPE pairs in its first warp");
+        if (threadIdx.x < kWarp) qkv_store_row(DeviceThread{nullptr}, v, valid, r0 + r, i0 + i, NT, y, rows, st);
+        return;
+    }
+    if (valid) {
         float* out = y.at(r0 + r, i0 + i, rows);
         *out = accumulate ? *out + v : v;
     }
@@ -521,8 +529,9 @@ void launch(void (*kernel)(Params...), unsigned grid, unsigned block, bool pdl, 
 }  // namespace
 
 void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n, bool accumulate, bool pdl,
-                cudaStream_t s) {
+                cudaStream_t s, const QkvStore* store) {
     KVGEN_ASSERT(n >= 1 && n <= kMvMaxTokens);
+    KVGEN_ASSERT(!store || (store->kc && store->vc && !accumulate && w.rows % 2 == 0 && store->kv.head_dim % 2 == 0));
     const bool ok = int_matvec_ok(w) && dispatch_int_type(w.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
         const int n_units = int(w.cols / 32);
@@ -530,7 +539,7 @@ void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n,
             constexpr int NT = decltype(nt)::value;
             launch(matvec_int_kernel<T, NT>, grid_for(w.rows, mvi_rows<T>(1, NT)), unsigned(32 * mvi_warps(n_units)),
                    pdl, s, w.data, w.row_bytes, n_units, w.rows, x + int64_t(i0) * n_units, m, y, i0,
-                   accumulate ? 1 : 0);
+                   accumulate ? 1 : 0, store ? *store : QkvStore{});
         });
     });
     if (!ok) throw Error(fmt::format("CUDA: no integer product for {}", ggml_type_name(w.type)));

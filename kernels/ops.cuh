@@ -49,8 +49,11 @@ void matvec_split(const RowSplit& y, const DevWeight& w, const float* x, cudaStr
 // runs. Twins: cpu::quantize_a32 and the double-precision product of the dequantized rows.
 bool int_matvec_ok(const DevWeight& w);
 void quantize_act(ActBlock* out, const float* x, int64_t count, cudaStream_t s);
+// With store (an f16 cache; not accumulate), the product's rows are queries, keys and values as QkvStore says: Q
+// rotated into y, K rotated and K and V stored into the cache at the step's positions, as rope_store_kv would (the
+// same bits; k and v are not written).
 void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n, bool accumulate, bool pdl,
-                cudaStream_t s);
+                cudaStream_t s, const QkvStore* store = nullptr);
 // y[i][r] = silu(gate[r] . x[i]) * (up[r] . x[i]) in integers (glu_fusable and int_matvec_ok), n <= kMvMaxTokens.
 // With yq (may be null; one token, gate.rows a multiple of 32), y is also written as gate.rows / 32 ActBlocks for
 // the down projection, the blocks quantize_act makes of it; counters: gate.rows / 32 ints, zero before the first

@@ -18,7 +18,9 @@
 #      raw CSV as OUTDIR/ncu-SHAPE-TYPE.csv.gz; and for the first type of each shape, pp16 and pp512 at depths 0 and
 #      4096 with --cuda-attention warp (the CUDA-core prefill attention) beside the default tensor-core one
 #      (SHAPE-T-warpattn), and pp512 / tg128 at those depths with --kv-type q8_0 and q4_0 (SHAPE-T-kvq8_0, -kvq4_0);
-#      for every file, tg128 with --cuda-pdl on (SHAPE-T-pdl: programmatic dependent launch of the decode products);
+#      for every file, tg128 with --cuda-pdl on (SHAPE-T-pdl: programmatic dependent launch of the decode products),
+#      and for the quantized ones pp16 and tg128 with --cuda-kv-store kernel (SHAPE-T-storekernel: RoPE and the K/V
+#      store in their own launch, not in the Q|K|V products);
 #   4. the KV cache comparison (scripts/bench-kv.sh, --device cuda) on the first shape's Q4_K_M file (7B; without
 #      Q4_K_M in --types, the first type's): 128, 256, 512 tokens, and where the cached and recomputed tokens part (step, top-2 logit margin, logit difference).
 #
@@ -225,6 +227,12 @@ for shape in "${shapes[@]}"; do
         cp "$work/speed/$name.inspect.json" "$work/speed/$name-pdl.inspect.json"
         "$kvgen" -m "$f" --bench --device "$dev" --cuda-pdl on -p 0 -n 128 -d 0 -r 2 -o json \
             >"$work/speed/$name-pdl.bench.json" 2>>"$out/log.txt" || log "$name: bench with --cuda-pdl on failed"
+        if [[ $t != F16 ]]; then  # RoPE and the K/V store in a launch of their own, not the Q|K|V products' epilogue
+            cp "$work/speed/$name.inspect.json" "$work/speed/$name-storekernel.inspect.json"
+            "$kvgen" -m "$f" --bench --device "$dev" --cuda-kv-store kernel -p 16 -n 128 -d 0 -r 2 -o json \
+                >"$work/speed/$name-storekernel.bench.json" 2>>"$out/log.txt" ||
+                log "$name: bench with --cuda-kv-store kernel failed"
+        fi
         if [[ $t == "${speed_types[0]}" ]]; then  # prefill attention on the CUDA cores, to compare with the tensor cores
             cp "$work/speed/$name.inspect.json" "$work/speed/$name-warpattn.inspect.json"
             "$kvgen" -m "$f" --bench --device "$dev" --cuda-attention warp -p 16,512 -n 0 -d "0,$attn_depth" -r 2 \

@@ -192,6 +192,11 @@ int main(int argc, char** argv) {
                    "before it drains (programmatic dependent launch; in graphs it needs CUDA 12.3 or later); off "
                    "(the default) launches it after")
         ->check(CLI::IsMember({"on", "off"}));
+    std::string cuda_kv_store = "product";
+    app.add_option("--cuda-kv-store", cuda_kv_store,
+                   "CUDA with an f16 KV cache: product (the integer Q|K|V products of up to 16 tokens rotate Q and K "
+                   "and store K and V themselves, the default) or kernel (a launch of its own after them, to compare)")
+        ->check(CLI::IsMember({"product", "kernel"}));
     std::string math = "exact";
     app.add_option("--math", math,
                    "CPU products of quantized weights: exact (activations rounded to 16 bits, the default), fast "
@@ -289,6 +294,7 @@ int main(int argc, char** argv) {
         kvgen::math_mode_from_name(math, &gen.run.math);
         gen.run.cuda_flash_attention = cuda_attention == "mma";
         gen.run.cuda_pdl = cuda_pdl == "on";
+        gen.run.cuda_qkv_store = cuda_kv_store == "product";
         kvgen::apply_llama_settings(llama, gen.run, app.count("--kv-type") > 0);
         if (!llama.n_gpu_layers.empty() && gen.run.device != "cpu" && gen.run.device != "auto")
             kvgen::resolve_device(gen.run.device, fmt::format("-ngl {}", llama.n_gpu_layers));

@@ -180,6 +180,11 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
             std::unique_ptr<Backend> pdl_launch = cuda::make_backend(m, go);
             go.cuda_graphs = true;
             std::unique_ptr<Backend> pdl_graph = cuda::make_backend(m, go);
+            // RoPE and the K/V store in their own launch (--cuda-kv-store kernel) instead of the integer Q|K|V
+            // products' epilogue: the same bits
+            go.cuda_pdl = false;
+            go.cuda_qkv_store = false;
+            std::unique_ptr<Backend> store_launch = cuda::make_backend(m, go);
             // 12 tokens: the integer products of a prompt in two launches (8 + 4), programmatic ones under PDL
             std::vector<int32_t> seq = {1, 504, 3158, 282, 1649, 314, 42, 1000, 77, 2048, 15, 600};
             const int n0 = int(seq.size());
@@ -188,6 +193,7 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
             REQUIRE(a == b);
             REQUIRE(copy(pdl_launch->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
             REQUIRE(copy(pdl_graph->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
+            REQUIRE(copy(store_launch->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
             for (int step = 0; step < 20; ++step) {
                 const int32_t id = argmax(a);
                 seq.push_back(id);
@@ -198,6 +204,7 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
                 REQUIRE(a == b);  // the same kernels on the same data: bit for bit
                 REQUIRE(copy(pdl_launch->forward(&id, 1, pos, Pass::Decode), n_vocab) == a);
                 REQUIRE(copy(pdl_graph->forward(&id, 1, pos, Pass::Decode), n_vocab) == a);
+                REQUIRE(copy(store_launch->forward(&id, 1, pos, Pass::Decode), n_vocab) == a);
             }
             // The whole sequence again in one prefill (what --no-kv-cache does each step) against the last decode step
             // (with an f16 cache: a q4_0 one rounds the two ways' keys apart by its own steps).

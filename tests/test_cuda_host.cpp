@@ -388,6 +388,54 @@ TEST_CASE("the integer products of a short prompt, run on the host: each token t
         }
 }
 
+TEST_CASE("the Q|K|V product's epilogue rotates Q and K and stores K and V: the bits of rope_store_kv's launch",
+          "[cuda-host]") {
+    // One product over Q|K|V, and Q, K and V as three products (a Q4_K_M file's Q6_K V); one token and prompts in one
+    // and two launches (NT 1, 4, 8), blocks of 2 and 4 rows; a partial rotation; positions 0 and 37.
+    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
+        for (int rope_dim : {64, 32})
+            for (int n : {1, 3, 8, 13}) {
+                GgmlType t;
+                REQUIRE(ggml_type_from_name(name, &t));
+                Config c = test::attention_config(4, 2, 64);
+                c.rope_dim = rope_dim;
+                const int64_t cols = 256, qd = 256, kvd = 128, rows = qd + 2 * kvd;
+                const int n_ctx = 64, pos0 = n == 3 ? 37 : 0;
+                INFO(name << " rope_dim " << rope_dim << " n " << n << " pos0 " << pos0);
+                const RandomRows w = random_rows(t, rows, cols, 21);
+                const std::vector<float> x = test::randn(size_t(n * cols), 22, 2.0f);
+                // the plain product, then RoPE and the store as their own kernels' bodies do them
+                const std::vector<float> y = cuda::host::matvec_int(t, w.bytes.data(), rows, cols, x, n);
+                std::vector<float> q(size_t(n * qd)), k(size_t(n * kvd)), v(size_t(n * kvd));
+                for (int i = 0; i < n; ++i) {
+                    const float* yi = y.data() + size_t(i) * rows;
+                    std::copy(yi, yi + qd, q.begin() + i * qd);
+                    std::copy(yi + qd, yi + qd + kvd, k.begin() + i * kvd);
+                    std::copy(yi + qd + kvd, yi + rows, v.begin() + i * kvd);
+                }
+                const std::vector<float> want_q = cuda::host::rope(q, n, c.n_heads, pos0, c, {});
+                const std::vector<float> want_k = cuda::host::store_k(c, k, pos0, n, n_ctx);
+                std::vector<float> want_v = v;
+                for (float& e : want_v) e = fp16_to_fp32(fp32_to_fp16(e));
+                const cuda::host::QkvStored one =
+                    cuda::host::matvec_int_qkv_store(t, w.bytes.data(), rows, cols, x, n, c, pos0, n_ctx, qd, qd + kvd);
+                CHECK(one.q == want_q);
+                CHECK(one.k == want_k);
+                CHECK(one.v == want_v);
+                // Q, K and V as three products, each with its own segment
+                const int64_t rb = int64_t(w.bytes.size()) / rows;
+                const uint8_t* wq = w.bytes.data();
+                const uint8_t* wk = wq + qd * rb;
+                const uint8_t* wv = wk + kvd * rb;
+                const auto sq = cuda::host::matvec_int_qkv_store(t, wq, qd, cols, x, n, c, pos0, n_ctx, qd, qd);
+                const auto sk = cuda::host::matvec_int_qkv_store(t, wk, kvd, cols, x, n, c, pos0, n_ctx, 0, kvd);
+                const auto sv = cuda::host::matvec_int_qkv_store(t, wv, kvd, cols, x, n, c, pos0, n_ctx, 0, 0);
+                CHECK(sq.q == want_q);
+                CHECK(sk.k == want_k);
+                CHECK(sv.v == want_v);
+            }
+}
+
 TEST_CASE("the SwiGLU product quantizes its output for the down projection: the blocks quantize_act makes of it",
           "[cuda-host]") {
     // 96 rows: three 32-row groups of 16 blocks each, the last block of a group to finish quantizing it (the blocks

@@ -435,6 +435,34 @@ TEST_CASE("a quantized K on the GPU: the key offsets and the bytes whatever the 
     }
 }
 
+TEST_CASE("the Q|K|V products' epilogue stores K and V as rope_store_kv's launch does, bit for bit",
+          "[cuda][kernels]") {
+    // One product over Q|K|V and three products (a Q4_K_M file's Q6_K V); a token and prompts of one and two launches;
+    // a partial rotation; positions 0 and 1000.
+    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
+        for (int rope_dim : {128, 64})
+            for (int n : {1, 5, 12}) {
+                GgmlType t;
+                REQUIRE(ggml_type_from_name(name, &t));
+                Config c = test::attention_config(8, 2, 128);
+                c.rope_dim = rope_dim;
+                const int64_t cols = 1024, qd = 8 * 128, kvd = 2 * 128;
+                const int pos0 = n == 5 ? 1000 : 0;
+                INFO(name << " rope_dim " << rope_dim << " n " << n << " pos0 " << pos0);
+                const std::vector<uint8_t> bq = random_weights(t, qd, cols, 51), bk = random_weights(t, kvd, cols, 53),
+                                           bv = random_weights(t, kvd, cols, 57);
+                const ct::HostWeight wq{t, qd, cols, &bq}, wk{t, kvd, cols, &bk}, wv{t, kvd, cols, &bv};
+                const std::vector<float> x = randn(size_t(n * cols), 59, 2.0f);
+                for (bool one : {true, false}) {
+                    INFO((one ? "one product" : "three products"));
+                    const auto [fold, launch] = ct::qkv_store(wq, wk, wv, one, x, n, c, pos0, 2048);
+                    REQUIRE(fold.q == launch.q);
+                    REQUIRE(fold.k == launch.k);
+                    REQUIRE(fold.v == launch.v);
+                }
+            }
+}
+
 TEST_CASE("quantize_act makes the CPU's activation blocks bit for bit", "[cuda][kernels]") {
     // A warp per block: the largest magnitude and the sums of q (each half, both) by shuffles. Among the blocks an
     // all-zero one (d = 0), one value throughout, and halves far apart.

@@ -33,6 +33,8 @@ struct Settings {
                                   // that have them
     bool cuda_flash_attention = true;  // CUDA: prefill attention on the tensor cores where head_dim has the kernel
     bool cuda_pdl = false;  // CUDA (sm_90+): integer products start as the kernel before them drains (--cuda-pdl)
+    bool cuda_qkv_store = true;  // CUDA, an f16 cache: the integer Q|K|V products rotate Q and K and store K and V
+                                 // themselves, without a launch of their own (--cuda-kv-store)
     bool progress = true;         // CUDA: weight upload progress on stderr
     bool all_logits = false;      // logits for every position of a batch, not only the last (perplexity)
     MathMode math = MathMode::Exact;  // --math

@@ -302,6 +302,64 @@ std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos
     return stored_k(c, nullptr, k, pos0, n, n_ctx);
 }
 
+std::pair<QkvStored, QkvStored> qkv_store(const HostWeight& wq, const HostWeight& wk, const HostWeight& wv,
+                                          bool one_product, const std::vector<float>& x, int n, const Config& c,
+                                          int pos0, int n_ctx) {
+    RopeDev r(n, pos0, c, {});
+    const KvLayout kv = KvLayout::of(c, n_ctx, KvType::F16);
+    const int64_t qd = wq.rows, kvd = wk.rows, cols = wq.cols;
+    std::vector<uint8_t> all(*wq.bytes);  // Q|K|V as one matrix (one type)
+    all.insert(all.end(), wk.bytes->begin(), wk.bytes->end());
+    all.insert(all.end(), wv.bytes->begin(), wv.bytes->end());
+    const HostWeight wqkv{wq.type, qd + 2 * kvd, cols, &all};
+    Dev<uint8_t> bq(device_bytes(wq)), bk(device_bytes(wk)), bv(device_bytes(wv)), bqkv(device_bytes(wqkv));
+    Dev<float> dx(x);
+    Dev<ActBlock> xq(x.size() / 32);
+    quantize_act(xq.p, dx.p, int64_t(x.size()), nullptr);
+    auto run = [&](bool fold) {
+        Dev<float> q(size_t(n) * size_t(qd)), k(size_t(n) * size_t(kvd)), v(size_t(n) * size_t(kvd));
+        Dev<__half> kc(size_t(kv.layer_elems())), vc(size_t(kv.layer_elems()));
+        poison(q);
+        auto store = [&](int64_t q_end, int64_t k_end) {
+            QkvStore st;
+            st.kc = kc.p;
+            st.vc = vc.p;
+            st.q_end = q_end;
+            st.k_end = k_end;
+            st.cos_t = r.cos_t.p;
+            st.sin_t = r.sin_t.p;
+            st.d_pos0 = r.pos.p;
+            st.half_rope = c.rope_dim / 2;
+            st.kv = kv;
+            return st;
+        };
+        const QkvStore all3 = store(qd, qd + kvd), sq = store(qd, qd), sk = store(0, kvd), sv = store(0, 0);
+        if (one_product) {
+            kvgen::cuda::matvec_int(RowSplit{{q.p, k.p, v.p}, {qd, qd + kvd}}, dev_weight(wqkv, bqkv), xq.p, n, false,
+                                    false, nullptr, fold ? &all3 : nullptr);
+        } else {
+            kvgen::cuda::matvec_int(RowSplit::one(q.p, qd), dev_weight(wq, bq), xq.p, n, false, false, nullptr,
+                                    fold ? &sq : nullptr);
+            kvgen::cuda::matvec_int(RowSplit::one(k.p, kvd), dev_weight(wk, bk), xq.p, n, false, false, nullptr,
+                                    fold ? &sk : nullptr);
+            kvgen::cuda::matvec_int(RowSplit::one(v.p, kvd), dev_weight(wv, bv), xq.p, n, false, false, nullptr,
+                                    fold ? &sv : nullptr);
+        }
+        if (!fold)
+            rope_store_kv(q.p, reinterpret_cast<uint8_t*>(kc.p), reinterpret_cast<uint8_t*>(vc.p), k.p, v.p,
+                          r.cos_t.p, r.sin_t.p, nullptr, r.pos.p, 0, n, c.n_heads, kv, c.rope_dim, nullptr);
+        QkvStored out;
+        out.q = q.get();
+        const std::vector<float> kh = halves_to_floats(kc.get()), vh = halves_to_floats(vc.get());
+        for (const auto& [cache, dst] : {std::pair{&kh, &out.k}, std::pair{&vh, &out.v}})
+            for (int i = 0; i < n; ++i)
+                for (int h = 0; h < c.n_kv_heads; ++h)
+                    for (int j = 0; j < c.head_dim; ++j) dst->push_back((*cache)[size_t(kv.row(h, pos0 + i) + j)]);
+        return out;
+    };
+    return {run(true), run(false)};
+}
+
 std::vector<float> rope_q_after_store(const Config& c, const std::vector<float>& q, int pos0, int n) {
     RopeDev r(n, pos0, c, {});
     const KvLayout kv = KvLayout::of(c, 64, KvType::Q8_0);

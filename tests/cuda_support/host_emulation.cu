@@ -729,6 +729,62 @@ std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos
     return out;
 }
 
+QkvStored matvec_int_qkv_store(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
+                               const std::vector<float>& x, int n, const Config& c, int pos0, int n_ctx, int64_t q_end,
+                               int64_t k_end) {
+    const uint8_t* const w[1] = {bytes};
+    const std::vector<float> y = matvec_int_blocks<1>(type, w, rows, cols, x, n)[0];  // the blocks' sums
+    std::vector<float> cs, sn;
+    host_rope_tables(n, pos0, c, {}, &cs, &sn);
+    const KvLayout kv = KvLayout::of(c, n_ctx, KvType::F16);
+    std::vector<__half> kc(size_t(kv.layer_elems()), __float2half(NAN)), vc(kc);
+    QkvStored out;
+    out.q.assign(size_t(n) * size_t(q_end), NAN);
+    std::vector<float> unused(size_t(n) * size_t(rows), NAN);  // RowSplit's k and v: never written
+    const RowSplit split{{out.q.data(), unused.data(), unused.data()}, {q_end, k_end}};
+    QkvStore st;
+    st.kc = kc.data();
+    st.vc = vc.data();
+    st.q_end = q_end;
+    st.k_end = k_end;
+    st.cos_t = cs.data();
+    st.sin_t = sn.data();
+    st.d_pos0 = &pos0;
+    st.half_rope = c.rope_dim / 2;
+    st.kv = kv;
+    // matvec_int_kernel's epilogue, block by block in each launch: lane t of the first warp holds row r0 + t / NT
+    // for token i0 + t % NT
+    const bool ok = dispatch_int_type(type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        int_launches(n, [&](auto nt, int i0, int m) {
+            constexpr int NT = decltype(nt)::value, R = mvi_rows<T>(1, NT);
+            for (int64_t r0 = 0; r0 < rows; r0 += R)
+                run_grid(1, 1, 32, 0, [&](const HostThread& t) {
+                    const int r = t.thread() / NT, i = t.thread() % NT;
+                    const bool valid = r < R && i < m && r0 + r < rows;
+                    const float v = valid ? y[size_t(i0 + i) * size_t(rows) + size_t(r0 + r)] : 0.0f;
+                    qkv_store_row(t, v, valid, r0 + r, i0 + i, NT, split, rows, st);
+                });
+        });
+    });
+    if (!ok) throw Error(fmt::format("no integer product for {}", ggml_type_name(type)));
+    for (float u : unused)
+        if (!std::isnan(u)) throw Error("matvec_int with QkvStore wrote RowSplit's k or v");
+    // the cache rows of the product's key and value heads, [n][heads][head_dim]
+    auto rows_of = [&](const std::vector<__half>& cache, int64_t seg_rows) {
+        const int heads = int(seg_rows / c.head_dim);
+        std::vector<float> r(size_t(n) * size_t(seg_rows));
+        for (int i = 0; i < n; ++i)
+            for (int h = 0; h < heads; ++h)
+                for (int d = 0; d < c.head_dim; ++d)
+                    r[(size_t(i) * heads + h) * c.head_dim + d] = __half2float(cache[size_t(kv.row(h, pos0 + i) + d)]);
+        return r;
+    };
+    out.k = rows_of(kc, k_end - q_end);
+    out.v = rows_of(vc, rows - k_end);
+    return out;
+}
+
 std::vector<float> get_rows(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                             const std::vector<int32_t>& ids) {
     std::vector<float> out(ids.size() * size_t(cols), NAN);

@@ -3,6 +3,7 @@
 // through the launcher the backend uses on a device (device_calls.cu), for the [cuda] tests. cuda::host: the kernels'
 // bodies run on the host (host_emulation.cu), for the CPU-only tests. Declared without CUDA types.
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "engine/kv_layout.h"
@@ -10,6 +11,12 @@
 #include "gguf/ggml_types.h"
 
 namespace kvgen::cuda::testing {
+
+// A step's queries [n][q rows] as written (rotated), and the K and V cache rows of its key and value heads read back,
+// [n][heads][head_dim] (QkvStore).
+struct QkvStored {
+    std::vector<float> q, k, v;
+};
 
 // A KV cache as the device holds it, copied to the host: every layer's K rows, then V rows, each
 // [n_layers][n_kv_heads][n_ctx][row bytes] (0xee where never written), and the key offsets, f32
@@ -60,6 +67,12 @@ std::vector<float> rmsnorm_quantized(const std::vector<float>& x, const std::vec
                                      float eps);
 // The ActBlocks quantize_act makes of x (a multiple of 32 values), 36 floats each as above.
 std::vector<float> quantize_act(const std::vector<float>& x);
+// A step's Q, K and V products in integers (one matrix Q|K|V, or three) over an f16 cache of n_ctx positions with c's
+// heads, tokens x [n][cols] at positions pos0..: .first with RoPE and the store in the products' epilogue (QkvStore),
+// .second with rope_store_kv's launch after them.
+std::pair<QkvStored, QkvStored> qkv_store(const HostWeight& wq, const HostWeight& wk, const HostWeight& wv,
+                                          bool one_product, const std::vector<float>& x, int n, const Config& c,
+                                          int pos0, int n_ctx);
 // W x through matvec_split with rows [0, q_rows) to one buffer, the next k_rows to a second and the rest to a third,
 // read back and concatenated (= W x when the split is right).
 std::vector<float> matvec_qkv(const HostWeight& w, const std::vector<float>& x, int64_t q_rows, int64_t k_rows);
@@ -138,6 +151,13 @@ std::vector<float> rmsnorm_quantized(const std::vector<float>& x, const std::vec
                                      float eps, int threads = 256);
 std::vector<float> rope(const std::vector<float>& x, int n, int n_heads, int pos0, const Config& c,
                         const std::vector<float>& freq_factors);
+// A Q|K|V product in integers (matvec_int, n tokens x [n][cols]) with RoPE and the f16 K/V store in its epilogue
+// (QkvStore): rows [0, q_end) queries, [q_end, k_end) keys, the rest values, at positions pos0.. of an f16 cache of
+// n_ctx positions with c's heads and RoPE.
+using testing::QkvStored;
+QkvStored matvec_int_qkv_store(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
+                               const std::vector<float>& x, int n, const Config& c, int pos0, int n_ctx, int64_t q_end,
+                               int64_t k_end);
 std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos0, int n, int n_ctx);
 std::vector<float> get_rows(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                             const std::vector<int32_t>& ids);
