@@ -278,7 +278,7 @@ fi
 # --- report -------------------------------------------------------------------------------------------------------
 skipped_list=$(printf '%s\n' "${skipped[@]+"${skipped[@]}"}")
 python3 - "$out" "$work" "$gpu" "$peak" "$cuda_rc" "$host_rc" "$kv_status" "$((SECONDS - t0))" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" "$skipped_list" "$kv_name" "$mode" "$types" "$ncu_status" "$kv_parting" <<'PY'
-import glob, json, os, sys, datetime
+import array, datetime, glob, json, math, os, sys
 
 (out, work, gpu, peak, cuda_rc, host_rc, kv_status, secs, commit, skipped, kv_name, mode, types, ncu_status,
  kv_parting) = sys.argv[1:16]
@@ -290,24 +290,33 @@ rep = {"date": datetime.date.today().isoformat(), "gpu": gpu.strip(), "commit": 
 
 # correctness: the CUDA run against the CPU run, logits compared while the two greedy paths agree
 cmp_runs = sorted(glob.glob(f"{work}/cmp/*.cpu.json"))
-if cmp_runs:
-    import numpy as np  # only here: --quick runs no comparison and needs none
+
+
+def f32(path):  # the standard library only: a machine may lack numpy
+    a = array.array("f")
+    with open(path, "rb") as fh:
+        a.frombytes(fh.read())
+    return a
+
+
 for cj in cmp_runs:
     name = os.path.basename(cj)[:-len(".cpu.json")]
     gj = f"{work}/cmp/{name}.cuda.json"
     row = {"model": name}
     try:
         c, g = json.load(open(cj)), json.load(open(gj))
-        lc = np.fromfile(f"{work}/cmp/{name}.cpu.f32", dtype=np.float32)
-        lg = np.fromfile(f"{work}/cmp/{name}.cuda.f32", dtype=np.float32)
-        n_vocab = lc.size // len(c["tokens"])
+        lc, lg = f32(f"{work}/cmp/{name}.cpu.f32"), f32(f"{work}/cmp/{name}.cuda.f32")
+        n_vocab = len(lc) // len(c["tokens"])
         same = 0
         while same < min(len(c["tokens"]), len(g["tokens"])) and c["tokens"][same] == g["tokens"][same]:
             same += 1
         rows = min(same + 1, len(c["tokens"]), len(g["tokens"]))  # logits of step i depend on tokens < i
-        a, b = lc[: rows * n_vocab].reshape(rows, n_vocab), lg[: rows * n_vocab].reshape(rows, n_vocab)
-        rel = float(np.max(np.abs(a - b)) / max(1e-9, float(np.max(np.abs(a)))))
-        nrmse = float(np.sqrt(np.mean((a - b) ** 2)) / max(1e-9, float(np.std(a))))
+        m = rows * n_vocab
+        a, diff = lc[:m], [x - y for x, y in zip(lc[:m], lg[:m])]
+        rel = max(abs(d) for d in diff) / max(1e-9, max(abs(x) for x in a))
+        mean = sum(a) / m
+        std = math.sqrt(sum((x - mean) ** 2 for x in a) / m)
+        nrmse = math.sqrt(sum(d * d for d in diff) / m) / max(1e-9, std)
         row.update({"tokens": len(c["tokens"]), "same_tokens": same, "max_rel_diff": rel, "nrmse": nrmse,
                     "cpu_decode_tok_s": c["decode_tok_s"], "cuda_decode_tok_s": g["decode_tok_s"]})
     except Exception as e:  # a run that failed: say so in the report
