@@ -320,6 +320,8 @@ std::pair<QkvStored, QkvStored> qkv_store(const HostWeight& wq, const HostWeight
         Dev<float> q(size_t(n) * size_t(qd)), k(size_t(n) * size_t(kvd)), v(size_t(n) * size_t(kvd));
         Dev<__half> kc(size_t(kv.layer_elems())), vc(size_t(kv.layer_elems()));
         poison(q);
+        poison(kc);  // a row not written reads as NaN, which equals nothing
+        poison(vc);
         auto store = [&](int64_t q_end, int64_t k_end) {
             QkvStore st;
             st.kc = kc.p;
