@@ -32,8 +32,9 @@ struct RowSplit {
 // RoPE and the K/V store of an f16 cache folded into the product that makes Q, K and V (qkv_store_row,
 // elementwise.cuh), instead of rope_store_kv's launch: of the product's rows, [0, q_end) are queries, rotated and
 // written where RowSplit says; [q_end, k_end) keys, rotated and stored as f16 into kc; [k_end, rows) values, stored
-// into vc; token i of the step at position *d_pos0 + i, turned by row i of the RoPE tables cos_t / sin_t ([n][half_rope],
-// pairs from half_rope on unturned). kc and vc: one layer's first K and V row, laid out as kv says. kc null: none.
+// into vc; token i of the step at position *d_pos0 + i, turned by row i of the RoPE tables cos_t / sin_t
+// ([n][half_rope], pairs from half_rope on unturned). kc and vc: one layer's first K and V row, laid out as kv says.
+// kc null: none.
 struct QkvStore {
     __half* kc = nullptr;
     __half* vc = nullptr;
