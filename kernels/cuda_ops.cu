@@ -206,6 +206,7 @@ void CudaOps::release() {
 // note: the GPU chooses its kernels by the batch size alone (one token, 2 to 16, more); Pass does not change them.
 void CudaOps::begin(const int32_t* tokens, int n, int pos0, Pass) {
     pos0_ = pos0;
+    kv_stored_ = false;
     sets_offsets_ = kv_.k_offsets() && pos0 < kKvOffsetPositions && pos0 + n >= kKvOffsetPositions;
     h_step_[0] = pos0;
     h_step_[1] = n;

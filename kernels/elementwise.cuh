@@ -30,7 +30,8 @@ KVGEN_HD void get_rows_item(int64_t g, const uint8_t* __restrict__ w, int64_t ro
 }
 
 // The threads rmsnorm_kernel gives a row, and the order of its sum of squares: thread t of kNormThreads sums x[j]^2
-// for j = t, t + kNormThreads, ... one after another, each warp's 32 sums by the butterfly, then the kNormWarps warps'
+// for j = t, t + kNormThreads, ... one after another (fused multiply-adds, written out so that the host rounds them as
+// the device does), each warp's 32 sums by the butterfly, then the kNormWarps warps'
 // sums by the butterfly of one warp. The order is fixed by kNormThreads, not by the block: a block of fewer threads
 // (a multiple of 32) takes the sums of several of those warps per warp and gets the same bits.
 constexpr int kNormThreads = 1024;
@@ -52,7 +53,7 @@ KVGEN_HD void rmsnorm_body(const Ctx& ctx, int block_threads, const float* __res
     float* part = ctx.shared();
     for (int vw = t / 32; vw < kNormWarps; vw += block_threads / 32) {  // the same trip count for the whole warp
         float ss = 0.0f;
-        for (int j = 32 * vw + lane; j < dim; j += kNormThreads) ss += xi[j] * xi[j];
+        for (int j = 32 * vw + lane; j < dim; j += kNormThreads) ss = fmaf(xi[j], xi[j], ss);  // as nvcc contracts
         ss = ctx.warp_sum(ss);
         if (lane == 0) part[vw] = ss;
     }

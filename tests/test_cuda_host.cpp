@@ -391,7 +391,8 @@ TEST_CASE("the integer products of a short prompt, run on the host: each token t
 TEST_CASE("the Q|K|V product's epilogue rotates Q and K and stores K and V: the bits of rope_store_kv's launch",
           "[cuda-host]") {
     // One product over Q|K|V, and Q, K and V as three products (a Q4_K_M file's Q6_K V); one token and prompts in one
-    // and two launches (NT 1, 4, 8), blocks of 2 and 4 rows; a partial rotation; positions 0 and 37.
+    // and two launches (NT 1, 4, 8), blocks of 2 and 4 rows; a partial rotation; positions 0 and 37 (13 tokens: the
+    // second launch's from position 45).
     for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
         for (int rope_dim : {64, 32})
             for (int n : {1, 3, 8, 13}) {
@@ -400,7 +401,7 @@ TEST_CASE("the Q|K|V product's epilogue rotates Q and K and stores K and V: the 
                 Config c = test::attention_config(4, 2, 64);
                 c.rope_dim = rope_dim;
                 const int64_t cols = 256, qd = 256, kvd = 128, rows = qd + 2 * kvd;
-                const int n_ctx = 64, pos0 = n == 3 ? 37 : 0;
+                const int n_ctx = 64, pos0 = n == 3 || n == 13 ? 37 : 0;
                 INFO(name << " rope_dim " << rope_dim << " n " << n << " pos0 " << pos0);
                 const RandomRows w = random_rows(t, rows, cols, 21);
                 const std::vector<float> x = test::randn(size_t(n * cols), 22, 2.0f);

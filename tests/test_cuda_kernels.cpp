@@ -438,7 +438,7 @@ TEST_CASE("a quantized K on the GPU: the key offsets and the bytes whatever the 
 TEST_CASE("the Q|K|V products' epilogue stores K and V as rope_store_kv's launch does, bit for bit",
           "[cuda][kernels]") {
     // One product over Q|K|V and three products (a Q4_K_M file's Q6_K V); a token and prompts of one and two launches;
-    // a partial rotation; positions 0 and 1000.
+    // a partial rotation; positions 0, 1000 and 700 (the second launch's tokens from position 708).
     for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
         for (int rope_dim : {128, 64})
             for (int n : {1, 5, 12}) {
@@ -447,7 +447,7 @@ TEST_CASE("the Q|K|V products' epilogue stores K and V as rope_store_kv's launch
                 Config c = test::attention_config(8, 2, 128);
                 c.rope_dim = rope_dim;
                 const int64_t cols = 1024, qd = 8 * 128, kvd = 2 * 128;
-                const int pos0 = n == 5 ? 1000 : 0;
+                const int pos0 = n == 1 ? 0 : n == 5 ? 1000 : 700;
                 INFO(name << " rope_dim " << rope_dim << " n " << n << " pos0 " << pos0);
                 const std::vector<uint8_t> bq = random_weights(t, qd, cols, 51), bk = random_weights(t, kvd, cols, 53),
                                            bv = random_weights(t, kvd, cols, 57);
@@ -508,11 +508,12 @@ TEST_CASE("rmsnorm and swiglu match the CPU ops", "[cuda][kernels]") {
         REQUIRE(blk[1] == h[0] + h[1]);
     }
     // The device's blocks of kNormThreads give the bits of the host emulation's blocks of 256 (the sum of squares in
-    // kNormThreads' order whatever the block), rows and ActBlocks; a 4096-wide row too (4 values a thread).
+    // kNormThreads' order whatever the block), rows and ActBlocks; 64 rows 4096 wide too (4 values a thread, summed by
+    // fused multiply-adds on both sides: rounded apart, several of 64 rows would differ).
     REQUIRE(both == kvgen::cuda::host::rmsnorm_quantized(x, w, n, dim, 1e-5f));
-    const std::vector<float> x4k = randn(size_t(2 * 4096), 41, 2.0f), w4k = randn(4096, 43);
-    REQUIRE(ct::rmsnorm_quantized(x4k, w4k, 2, 4096, 1e-5f) ==
-            kvgen::cuda::host::rmsnorm_quantized(x4k, w4k, 2, 4096, 1e-5f));
+    const std::vector<float> x4k = randn(size_t(64 * 4096), 41, 2.0f), w4k = randn(4096, 43);
+    REQUIRE(ct::rmsnorm_quantized(x4k, w4k, 64, 4096, 1e-5f) ==
+            kvgen::cuda::host::rmsnorm_quantized(x4k, w4k, 64, 4096, 1e-5f));
 
     const std::vector<float> g = randn(4099, 31, 4.0f), u = randn(4099, 37);
     std::vector<float> sw = g;
