@@ -304,17 +304,8 @@ void CudaOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int 
     kv_stored_ = in_int && qkv_store_ && kv_.k_type == KvType::F16 && kv_.v_type == KvType::F16;
     const int64_t qd = L.wq.rows, kvd = L.wk.rows;
     auto store = [&](int64_t q_end, int64_t k_end) {
-        QkvStore st;
-        st.kc = reinterpret_cast<__half*>(layer_k(l));
-        st.vc = reinterpret_cast<__half*>(layer_v(l));
-        st.q_end = q_end;
-        st.k_end = k_end;
-        st.cos_t = cos_;
-        st.sin_t = sin_;
-        st.d_pos0 = d_step_;
-        st.half_rope = c_.rope_dim / 2;
-        st.kv = kv_;
-        return st;
+        return QkvStore{reinterpret_cast<__half*>(layer_k(l)), reinterpret_cast<__half*>(layer_v(l)), q_end, k_end,
+                        cos_, sin_, d_step_, c_.rope_dim / 2, kv_};
     };
     if (L.fused_qkv && (in_int || n == 1)) {
         const RowSplit qkv{{q, k, v}, {qd, qd + kvd}};

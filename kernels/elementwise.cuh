@@ -31,9 +31,9 @@ KVGEN_HD void get_rows_item(int64_t g, const uint8_t* __restrict__ w, int64_t ro
 
 // The threads rmsnorm_kernel gives a row, and the order of its sum of squares: thread t of kNormThreads sums x[j]^2
 // for j = t, t + kNormThreads, ... one after another (fused multiply-adds, written out so that the host rounds them as
-// the device does), each warp's 32 sums by the butterfly, then the kNormWarps warps'
-// sums by the butterfly of one warp. The order is fixed by kNormThreads, not by the block: a block of fewer threads
-// (a multiple of 32) takes the sums of several of those warps per warp and gets the same bits.
+// the device does), each warp's 32 sums by the butterfly, then the kNormWarps warps' sums by the butterfly of one
+// warp. The order is fixed by kNormThreads, not by the block: a block of fewer threads (a multiple of 32) takes the
+// sums of several of those warps per warp and gets the same bits.
 constexpr int kNormThreads = 1024;
 constexpr int kNormWarps = kNormThreads / 32;
 static_assert(kNormWarps == 32, "the warps' sums are one warp's butterfly");

@@ -323,17 +323,7 @@ std::pair<QkvStored, QkvStored> qkv_store(const HostWeight& wq, const HostWeight
         poison(kc);  // a row not written reads as NaN, which equals nothing
         poison(vc);
         auto store = [&](int64_t q_end, int64_t k_end) {
-            QkvStore st;
-            st.kc = kc.p;
-            st.vc = vc.p;
-            st.q_end = q_end;
-            st.k_end = k_end;
-            st.cos_t = r.cos_t.p;
-            st.sin_t = r.sin_t.p;
-            st.d_pos0 = r.pos.p;
-            st.half_rope = c.rope_dim / 2;
-            st.kv = kv;
-            return st;
+            return QkvStore{kc.p, vc.p, q_end, k_end, r.cos_t.p, r.sin_t.p, r.pos.p, c.rope_dim / 2, kv};
         };
         const QkvStore all3 = store(qd, qd + kvd), sq = store(qd, qd), sk = store(0, kvd), sv = store(0, 0);
         if (one_product) {

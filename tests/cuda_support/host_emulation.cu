@@ -742,16 +742,7 @@ QkvStored matvec_int_qkv_store(GgmlType type, const uint8_t* bytes, int64_t rows
     out.q.assign(size_t(n) * size_t(q_end), NAN);
     std::vector<float> unused(size_t(n) * size_t(rows), NAN);  // RowSplit's k and v: never written
     const RowSplit split{{out.q.data(), unused.data(), unused.data()}, {q_end, k_end}};
-    QkvStore st;
-    st.kc = kc.data();
-    st.vc = vc.data();
-    st.q_end = q_end;
-    st.k_end = k_end;
-    st.cos_t = cs.data();
-    st.sin_t = sn.data();
-    st.d_pos0 = &pos0;
-    st.half_rope = c.rope_dim / 2;
-    st.kv = kv;
+    const QkvStore st{kc.data(), vc.data(), q_end, k_end, cs.data(), sn.data(), &pos0, c.rope_dim / 2, kv};
     // matvec_int_kernel's epilogue, block by block in each launch: lane t of the first warp holds row r0 + t / NT
     // for token i0 + t % NT
     const bool ok = dispatch_int_type(type, [&](auto tag) {
