@@ -212,7 +212,10 @@ KVGEN_HD void load_unit_acts(const ActBlock* __restrict__ x, int u, UnitActs& a)
 }
 
 // A unit's weight bytes of one row, loaded (load_unit) before any is used, so that a lane has every row's loads in
-// flight at once; unit_dot then dots them with the unit's activations, in float.
+// flight at once; unit_dot then dots them with the unit's activations and adds the result to acc, in float. Every
+// multiply-add there is written out as fmaf: nvcc would otherwise fuse some products and sums into multiply-adds of
+// its own choosing, and the host (built without contraction) would round them apart, so the device's sums are the
+// host emulation's bit for bit.
 template <GgmlType T>
 struct UnitWeights;
 
@@ -225,7 +228,7 @@ KVGEN_HD void load_unit(const uint8_t* __restrict__ row, int u, int n_units, Uni
     w.q = ld16(row + 16 * u);
     w.d = ld_u16(row + 16 * n_units + 2 * u);
 }
-KVGEN_HD float unit_dot(const UnitWeights<GgmlType::Q4_0>& w, int, const UnitActs& a) {
+KVGEN_HD float unit_dot(const UnitWeights<GgmlType::Q4_0>& w, int, const UnitActs& a, float acc) {
     uint32_t v[4], q[8];
     words_of(w.q, v);
 #pragma unroll
@@ -234,7 +237,7 @@ KVGEN_HD float unit_dot(const UnitWeights<GgmlType::Q4_0>& w, int, const UnitAct
         q[m + 4] = (v[m] >> 4) & 0x0f0f0f0fu;  // weights 16 + 4m ..
     }
     // note: the nibbles go in unsigned (0..15); the offset of 8 comes back through the activations' sum.
-    return half_bits(w.d) * a.d[0] * float(dot_words<8>(q, a.xw) - 8 * a.s[0]);
+    return fmaf(half_bits(w.d) * a.d[0], float(dot_words<8>(q, a.xw) - 8 * a.s[0]), acc);
 }
 
 template <>
@@ -247,11 +250,11 @@ KVGEN_HD void load_unit(const uint8_t* __restrict__ row, int u, int n_units, Uni
     w.q[1] = ld16(row + 32 * u + 16);
     w.d = ld_u16(row + 32 * n_units + 2 * u);
 }
-KVGEN_HD float unit_dot(const UnitWeights<GgmlType::Q8_0>& w, int, const UnitActs& a) {
+KVGEN_HD float unit_dot(const UnitWeights<GgmlType::Q8_0>& w, int, const UnitActs& a, float acc) {
     uint32_t q[8];
     words_of(w.q[0], q);
     words_of(w.q[1], q + 4);
-    return half_bits(w.d) * a.d[0] * float(dot_words<8>(q, a.xw));
+    return fmaf(half_bits(w.d) * a.d[0], float(dot_words<8>(q, a.xw)), acc);
 }
 
 template <>
@@ -264,7 +267,7 @@ KVGEN_HD void load_unit(const uint8_t* __restrict__ row, int u, int, UnitWeights
     w.head = ld16(b);
     w.q = ld16(b + 16 + 16 * (u % 8));
 }
-KVGEN_HD float unit_dot(const UnitWeights<GgmlType::Q4_K>& w, int u, const UnitActs& a) {
+KVGEN_HD float unit_dot(const UnitWeights<GgmlType::Q4_K>& w, int u, const UnitActs& a, float acc) {
     const uint32_t packed[3] = {w.head.y, w.head.z, w.head.w};
     uint32_t v[4], lo[4], hi[4], sc, mn;
     words_of(w.q, v);
@@ -277,7 +280,9 @@ KVGEN_HD float unit_dot(const UnitWeights<GgmlType::Q4_K>& w, int u, const UnitA
     const float d = half_bits(uint16_t(w.head.x & 0xffffu)), dmin = half_bits(uint16_t(w.head.x >> 16));
     const int dot0 = int(sc & 0xffu) * dot_words<4>(lo, a.xw), dot1 = int(sc >> 8) * dot_words<4>(hi, a.xw + 8);
     const int min0 = int(mn & 0xffu) * a.s[0], min1 = int(mn >> 8) * a.s[1];
-    return d * (a.d[0] * float(dot0) + a.d[1] * float(dot1)) - dmin * (a.d[0] * float(min0) + a.d[1] * float(min1));
+    const float sd = fmaf(a.d[1], float(dot1), a.d[0] * float(dot0));
+    const float sm = fmaf(a.d[1], float(min1), a.d[0] * float(min0));
+    return acc + fmaf(d, sd, -(dmin * sm));
 }
 
 template <>
@@ -297,7 +302,7 @@ KVGEN_HD void load_unit(const uint8_t* __restrict__ row, int u, int n_units, Uni
     w.sc1 = int(int8_t(ld_u8(sc + 4)));
     w.d = ld_u16(row + 208 * n_super + 2 * sb);
 }
-KVGEN_HD float unit_dot(const UnitWeights<GgmlType::Q6_K>& w, int u, const UnitActs& a) {
+KVGEN_HD float unit_dot(const UnitWeights<GgmlType::Q6_K>& w, int u, const UnitActs& a, float acc) {
     const int qa = (u % 8) / 2 % 2;
     uint32_t lv[4], hv[4], wa[4], wb[4];
     words_of(w.l, lv);
@@ -310,7 +315,7 @@ KVGEN_HD float unit_dot(const UnitWeights<GgmlType::Q6_K>& w, int u, const UnitA
     }
     const int dot0 = w.sc0 * (dot_words<4>(wa, a.xw) - 32 * a.s[0]);
     const int dot1 = w.sc1 * (dot_words<4>(wb, a.xw + 8) - 32 * a.s[1]);
-    return half_bits(w.d) * (a.d[0] * float(dot0) + a.d[1] * float(dot1));
+    return fmaf(half_bits(w.d), fmaf(a.d[1], float(dot1), a.d[0] * float(dot0)), acc);
 }
 
 // A block of the integer products: mvi_warps(n_units) warps share R rows of NM matrices of one shape (NM = 2:
@@ -420,7 +425,7 @@ KVGEN_HD void matvec_int_thread(const uint8_t* const (&w)[NM], int64_t row_bytes
 #pragma unroll
             for (int m = 0; m < NM; ++m)
 #pragma unroll
-                for (int r = 0; r < R; ++r) acc[m][r][i] += unit_dot(wu[m][r], u, a);
+                for (int r = 0; r < R; ++r) acc[m][r][i] = unit_dot(wu[m][r], u, a, acc[m][r][i]);
         }
         u += n_threads;
         if (u < n_units)
