@@ -357,6 +357,10 @@ for md in sorted(glob.glob(f"{work}/ncu/*.md")):
     js = f"{work}/ncu/{name}.json"
     rep["per_kernel"][name] = json.load(open(js)) if os.path.exists(js) else {"error": per_kernel_md[name]}
 
+# a decode graph that did not capture runs launch by launch (slower, and the speed rows would not say why)
+graph_fails = sum("graph capture failed" in line for line in open(f"{out}/log.txt", errors="replace"))
+rep["graph_capture_failures"] = graph_fails
+
 json.dump(rep, open(f"{out}/report.json", "w"), indent=2)
 
 L = [f"# kvgen GPU check ({mode}), {rep['date']}", "",
@@ -371,6 +375,8 @@ if mode == "full":
              + (f". {kv_parting}" if kv_parting else ""))
 if rep["skipped"]:
     L.append(f"- skipped for time: {', '.join(rep['skipped'])}")
+if graph_fails:
+    L.append(f"- CUDA graph capture FAILED in {graph_fails} run(s): those decoded launch by launch (log.txt)")
 if mode == "full":
     L += ["", "## CPU vs CUDA (greedy, 32 tokens)", "",
           "| model | same tokens | max abs logit diff / max abs logit | nrmse | CPU tg t/s | CUDA tg t/s |",
