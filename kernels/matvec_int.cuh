@@ -280,8 +280,8 @@ KVGEN_HD float unit_dot(const UnitWeights<GgmlType::Q4_K>& w, int u, const UnitA
     const float d = half_bits(uint16_t(w.head.x & 0xffffu)), dmin = half_bits(uint16_t(w.head.x >> 16));
     const int dot0 = int(sc & 0xffu) * dot_words<4>(lo, a.xw), dot1 = int(sc >> 8) * dot_words<4>(hi, a.xw + 8);
     const int min0 = int(mn & 0xffu) * a.s[0], min1 = int(mn >> 8) * a.s[1];
-    const float sd = fmaf(a.d[1], float(dot1), a.d[0] * float(dot0));
-    const float sm = fmaf(a.d[1], float(min1), a.d[0] * float(min0));
+    const float sd = fmaf(a.d[0], float(dot0), a.d[1] * float(dot1));
+    const float sm = fmaf(a.d[0], float(min0), a.d[1] * float(min1));
     return acc + fmaf(d, sd, -(dmin * sm));
 }
 
@@ -315,7 +315,7 @@ KVGEN_HD float unit_dot(const UnitWeights<GgmlType::Q6_K>& w, int u, const UnitA
     }
     const int dot0 = w.sc0 * (dot_words<4>(wa, a.xw) - 32 * a.s[0]);
     const int dot1 = w.sc1 * (dot_words<4>(wb, a.xw + 8) - 32 * a.s[1]);
-    return fmaf(half_bits(w.d), fmaf(a.d[1], float(dot1), a.d[0] * float(dot0)), acc);
+    return fmaf(half_bits(w.d), fmaf(a.d[0], float(dot0), a.d[1] * float(dot1)), acc);
 }
 
 // A block of the integer products: mvi_warps(n_units) warps share R rows of NM matrices of one shape (NM = 2:
