@@ -31,10 +31,6 @@ static_assert(kMvMaxTokens == kIntBatchTokens, "the memory plan's tokens of an i
 
 constexpr size_t kReserve = size_t(512) << 20;  // the CUDA context, cuBLAS's workspace and kernels
 
-// The tokens a forward pass takes (Settings::batch_size, at most kCudaMaxBatch) and the rows of logits kept.
-int cuda_batch(const Settings& s, int n_ctx) { return std::min(s.batch_size(n_ctx), kCudaMaxBatch); }
-int cuda_logits_rows(const Settings& s, int n_ctx) { return s.all_logits ? cuda_batch(s, n_ctx) : 1; }
-
 std::string gib(double bytes) { return fmt::format("{:.2f} GiB", bytes / double(1ull << 30)); }
 
 int sm_count_of(int device) {
@@ -135,8 +131,8 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
     : c_(model.config),
       device_(device),
       kv_(KvLayout::of(model.config, s.context_size(model.config), s.kv_type_k, s.kv_type_v)),
-      n_batch_(cuda_batch(s, kv_.n_ctx)),
-      n_logits_(cuda_logits_rows(s, kv_.n_ctx)),
+      n_batch_(s.batch_size(kv_.n_ctx)),
+      n_logits_(s.logits_rows(kv_.n_ctx)),
       graphs_(s.cuda_graphs),
       int_matvec_(s.cuda_int_matvec),
       pdl_(false),
@@ -448,8 +444,8 @@ CudaMemoryPlan plan_memory(const Model& model, const Settings& s) {
     const Config& c = model.config;
     const KvLayout kv = KvLayout::of(c, s.context_size(c), s.kv_type_k, s.kv_type_v);
     // note: the split count depends on the device; the most there can be keeps the plan an upper bound.
-    const int splits = attention_max_splits(kv), n_batch = cuda_batch(s, kv.n_ctx);
-    const MemoryPlan p = plan_memory(model, kv, n_batch, cuda_logits_rows(s, kv.n_ctx),
+    const int splits = attention_max_splits(kv), n_batch = s.batch_size(kv.n_ctx);
+    const MemoryPlan p = plan_memory(model, kv, n_batch, s.logits_rows(kv.n_ctx),
                                      attention_partials(c.n_heads, c.head_dim, splits, n_batch));
     return CudaMemoryPlan{p.weights, p.kv_cache, p.buffers};
 }

@@ -18,9 +18,6 @@ struct Region {
 
 constexpr size_t kActBlockBytes = 80;  // sizeof(ActBlock), matvec_int.cuh
 constexpr int kIntBatchTokens = 16;    // kMvMaxTokens, matvec.cuh: the most tokens an integer product takes
-// The most tokens one forward pass on the GPU takes (a longer batch goes in passes of this many): the warp prefill
-// attention has a row of blocks per 4 queries, the finest of the prefill grids (ops.cu), and a grid at most 65535 rows.
-constexpr int kCudaMaxBatch = 4 * 65535;
 
 // The prefill GEMM of a quantized weight decodes it to f16 a chunk of rows at a time (gemm_weight, ops.cuh): at most
 // kGemmChunkElems weights (16 MiB of f16, a third of an H100/H200 L2 cache, so the chunk is read back from L2), in

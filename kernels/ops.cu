@@ -807,11 +807,6 @@ void attention_decode(float* out, ActBlock* xq, float* partials, int* counters, 
     KVGEN_CUDA_LAUNCHED("attention_combine");
 }
 
-// A batch of kCudaMaxBatch tokens fits the prefill grids' rows: a row per kAttnWarps queries (warp kernel), per
-// kFaRows / 8 (flash, 8 heads a block; splits only for short prompts, at most 512 blocks).
-static_assert((kCudaMaxBatch + kAttnWarps - 1) / kAttnWarps <= 65535, "the warp prefill grid's rows");
-static_assert((kCudaMaxBatch + kFaRows / 8 - 1) / (kFaRows / 8) <= 65535, "the flash prefill grid's rows");
-
 void attention_prefill(float* out, const float* q, const uint8_t* k_cache, const uint8_t* v_cache,
                        const float* k_offsets, const int* d_pos0, int n, int n_heads, const KvLayout& kv,
                        bool tensor_cores, int splits, float* partials, cudaStream_t s) {

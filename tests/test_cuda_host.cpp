@@ -200,14 +200,6 @@ TEST_CASE("the CUDA memory plan counts weights, the f16 KV cache and buffers", "
     const cuda::CudaMemoryPlan v_only = cuda::plan_memory(m, s);
     CHECK(v_only.kv_cache >= KvLayout::of(c, 1000, KvType::F16, KvType::Q8_0).bytes());
     CHECK(v_only.kv_cache < KvLayout::of(c, 1000, KvType::F16, KvType::Q8_0).bytes() + 3 * 256);
-    // A batch past the prefill grids' limit is taken kCudaMaxBatch tokens a pass: buffers for that many.
-    s = Settings{};
-    s.n_ctx = s.n_batch = cuda::kCudaMaxBatch + 1000;
-    const cuda::CudaMemoryPlan beyond = cuda::plan_memory(m, s);
-    s.n_batch = cuda::kCudaMaxBatch;
-    CHECK(beyond.buffers == cuda::plan_memory(m, s).buffers);
-    s.n_batch = cuda::kCudaMaxBatch - 1;
-    CHECK(beyond.buffers > cuda::plan_memory(m, s).buffers);
 }
 
 TEST_CASE("the CUDA memory plan places every region inside one allocation, none overlapping", "[cuda-host]") {
