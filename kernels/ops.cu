@@ -6,6 +6,7 @@
 #include "attention.cuh"
 #include "cuda_common.cuh"
 #include "elementwise.cuh"
+#include "engine/settings.h"
 #include "flash_attention.cuh"
 #include "kv_quant.cuh"
 #include "matvec.cuh"
@@ -806,6 +807,11 @@ void attention_decode(float* out, ActBlock* xq, float* partials, int* counters, 
     attention_combine_kernel<<<n_heads, 128, 0, s>>>(partials, d_pos0, splits, kv.head_dim, out, xq);
     KVGEN_CUDA_LAUNCHED("attention_combine");
 }
+
+// The largest batch fits the prefill grids' rows (at most 65535): a row per kAttnWarps queries in the warp kernel, per
+// kFaRows / 8 in flash attention (8 heads a block; splits only for short prompts, at most 512 blocks).
+static_assert((kMaxBatch + kAttnWarps - 1) / kAttnWarps <= 65535, "the warp prefill grid's rows");
+static_assert((kMaxBatch + kFaRows / 8 - 1) / (kFaRows / 8) <= 65535, "the flash prefill grid's rows");
 
 void attention_prefill(float* out, const float* q, const uint8_t* k_cache, const uint8_t* v_cache,
                        const float* k_offsets, const int* d_pos0, int n, int n_heads, const KvLayout& kv,

@@ -11,6 +11,8 @@ struct Config;
 
 // The context a run gets when none is asked for: the model's trained context, at most this.
 constexpr int kDefaultCtx = 4096;
+// The largest batch (-b) a run may ask for (the CUDA prefill kernels' grids are sized to take it in one pass).
+constexpr int kMaxBatch = 1 << 16;
 
 // How a run multiplies quantized weights (--math). Exact: activations rounded to 16-bit integers per block (the
 // default: logits within a few parts in 10^4 of the exact math at integer speed). Fast: 8-bit activations, as
