@@ -141,6 +141,43 @@ if cmp -s "$tmp/pc1.out" "$tmp/pc3.out" && grep -q "warning: --prompt-cache .*tr
 else
     fail "--prompt-cache truncated file: $(cat "$tmp/pc3.err")"
 fi
+# A file saved by a run whose context shifted holds the rows as the prompt computed them (the prompt's; with
+# --prompt-cache-all every position's before the first shift), so a later hit gives the cold run's tokens and logits.
+pc_long="The KV cache keeps the keys and values of every earlier token so that a new token attends to them without \
+computing them again"
+pc_hit() {  # pc_hit NAME FILE PROMPT: a hit on FILE gives the cold run's text and logits
+    "$kvgen" -m "$ref" -p "$3" -n 8 --temp 0 -t 1 --prompt-cache "$2" --prompt-cache-ro --dump-logits "$tmp/hit.f32" \
+        >"$tmp/hit.out" 2>"$tmp/hit.err"
+    "$kvgen" -m "$ref" -p "$3" -n 8 --temp 0 -t 1 --dump-logits "$tmp/cold.f32" >"$tmp/cold.out" 2>/dev/null
+    if cmp -s "$tmp/hit.f32" "$tmp/cold.f32" && cmp -s "$tmp/hit.out" "$tmp/cold.out" &&
+        grep -q "prompt cache = .* [1-9][0-9]* tokens reused" "$tmp/hit.err"; then
+        pass
+    else
+        fail "$1: $(cat "$tmp/hit.err")"
+    fi
+}
+"$kvgen" -m "$ref" -p "$pc_long" -c 48 -n 40 --temp 0 --ignore-eos -t 1 --prompt-cache "$tmp/shift.cache" \
+    >/dev/null 2>"$tmp/shift.err"
+grep -q "context shifts = " "$tmp/shift.err" || fail "--prompt-cache and a context shift: no shift"
+pc_hit "--prompt-cache saved by a run that shifted" "$tmp/shift.cache" "$pc_long"
+"$kvgen" -m "$ref" -p "$pc_long" -c 48 -n 40 --temp 0 --ignore-eos -t 1 --prompt-cache "$tmp/shift-all.cache" \
+    --prompt-cache-all --json "$tmp/shift-all.json" >/dev/null 2>&1
+pc_text=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["text"][:40])' "$tmp/shift-all.json")
+pc_hit "--prompt-cache-all saved by a run that shifted" "$tmp/shift-all.cache" "$pc_long$pc_text"
+# rows another --math computed are not reused; a file that is not a prompt cache (a model) is never overwritten
+"$kvgen" "${pc_args[@]}" --prompt-cache "$tmp/p.cache" --math fast >/dev/null 2>"$tmp/pcm.err"
+if grep -q "warning: --prompt-cache .*computed with --math exact (this run: fast); not used" "$tmp/pcm.err"; then
+    pass
+else
+    fail "--prompt-cache with another --math: $(cat "$tmp/pcm.err")"
+fi
+cp "$ref" "$tmp/model-copy.gguf"
+expect_error "--prompt-cache naming a model" "model-copy.gguf: not a kvgen prompt-cache file; it is not overwritten" \
+    "$kvgen" "${pc_args[@]}" --prompt-cache "$tmp/model-copy.gguf"
+if cmp -s "$ref" "$tmp/model-copy.gguf"; then pass; else fail "--prompt-cache overwrote a model"; fi
+mkfifo "$tmp/fifo"
+expect_error "--prompt-cache naming a FIFO" "not a regular file" timeout 20 "$kvgen" "${pc_args[@]}" \
+    --prompt-cache "$tmp/fifo"
 expect_error "--prompt-cache with --no-kv-cache" "which --no-kv-cache turns off" "$kvgen" "${pc_args[@]}" \
     --prompt-cache "$tmp/p.cache" --no-kv-cache
 expect_error "--prompt-cache-all without --prompt-cache" "only applies to --prompt-cache" "$kvgen" "${pc_args[@]}" \
@@ -243,6 +280,25 @@ for type in F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K Q4_K_
         fail "kvgen-synth $type: $(cat "$tmp/err")"
     fi
 done
+# --prompt-cache-all where a generated token's K/V differ in their last bits from a prompt token's (Q5_0 on the
+# CPU): only the prompt's rows are saved, and a hit on prompt + answer is exactly the cold run.
+q5="$tmp/synth-Q5_0.gguf"
+if [[ -f $q5 ]]; then
+    q5_args=(-m "$q5" -n 6 --temp 0 -t 1 --ignore-eos)
+    "$kvgen" "${q5_args[@]}" -p "The KV cache keeps the keys" --prompt-cache "$tmp/q5.cache" --prompt-cache-all \
+        --json "$tmp/q5.json" >/dev/null 2>"$tmp/q5.err"
+    q5_text=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["text"])' "$tmp/q5.json")
+    "$kvgen" "${q5_args[@]}" -p "The KV cache keeps the keys$q5_text" --prompt-cache "$tmp/q5.cache" \
+        --prompt-cache-ro --dump-logits "$tmp/q5hit.f32" >"$tmp/q5hit.out" 2>/dev/null
+    "$kvgen" "${q5_args[@]}" -p "The KV cache keeps the keys$q5_text" --dump-logits "$tmp/q5cold.f32" \
+        >"$tmp/q5cold.out" 2>/dev/null
+    if grep -q "only the prompt's are saved" "$tmp/q5.err" && cmp -s "$tmp/q5hit.f32" "$tmp/q5cold.f32" &&
+        cmp -s "$tmp/q5hit.out" "$tmp/q5cold.out"; then
+        pass
+    else
+        fail "--prompt-cache-all on Q5_0: $(cat "$tmp/q5.err")"
+    fi
+fi
 expect_ok "synth Q4_K_M mixes types" "Q6_K" "$kvgen" -m "$tmp/synth-Q4_K_M.gguf" --inspect
 if ls "$tmp"/*.tmp.* >/dev/null 2>&1; then fail "kvgen-synth left a temporary file"; else pass; fi
 

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <iterator>
 
+#include <sys/stat.h>
+
 #include "cli/prompt_cache.h"
 #include "cpu/cpu_backend.h"
 #include "engine/generator.h"
@@ -96,12 +98,12 @@ TEST_CASE("a prompt-cache hit gives exactly the tokens and logits of a cold run"
             {  // the stored run writes the file
                 auto b = backend_for(model, kv);
                 const Run first = generate(model, *b, stored, 0, temp);
-                save_prompt_cache(path, *b, fp, stored, 1.0);
+                save_prompt_cache(path, *b, fp, MathMode::Exact, stored, 1.0);
             }
             auto cold_backend = backend_for(model, kv);
             const Run cold = generate(model, *cold_backend, c.prompt, 0, temp);
             auto hit_backend = backend_for(model, kv);
-            const PromptCacheLoad pc = load_prompt_cache(path, *hit_backend, fp, c.prompt);
+            const PromptCacheLoad pc = load_prompt_cache(path, *hit_backend, fp, MathMode::Exact, c.prompt);
             CHECK(pc.problem.empty());
             CHECK(pc.n_file == int(stored.size()));
             CHECK(pc.n_reused > 0);
@@ -127,7 +129,7 @@ TEST_CASE("a prompt-cache file that does not belong is refused with its reason, 
     {
         auto b = backend_for(model);
         generate(model, *b, prompt, 0, 0.0f);
-        save_prompt_cache(path, *b, fp, prompt, 1.0);
+        save_prompt_cache(path, *b, fp, MathMode::Exact, prompt, 1.0);
     }
     std::string good;
     {
@@ -140,7 +142,7 @@ TEST_CASE("a prompt-cache file that does not belong is refused with its reason, 
     };
     auto problem = [&](const Model& m, uint64_t f, KvType kv) {
         auto b = backend_for(m, kv);
-        const PromptCacheLoad pc = load_prompt_cache(path, *b, f, prompt);
+        const PromptCacheLoad pc = load_prompt_cache(path, *b, f, MathMode::Exact, prompt);
         CHECK(b->n_past() == (pc.problem.empty() ? pc.n_reused : 0));
         return pc.problem;
     };
@@ -150,10 +152,10 @@ TEST_CASE("a prompt-cache file that does not belong is refused with its reason, 
     {  // a quantized K's offsets cover the dimensions that turn slowly over the context: another -c, others
         auto b = backend_for(model, KvType::Q4_0);
         generate(model, *b, prompt, 0, 0.0f);
-        save_prompt_cache(path, *b, fp, prompt, 1.0);
+        save_prompt_cache(path, *b, fp, MathMode::Exact, prompt, 1.0);
         REQUIRE(b->kv_layout().k_offset_dim0 != backend_for(model, KvType::Q4_0, 8000)->kv_layout().k_offset_dim0);
         auto other_ctx = backend_for(model, KvType::Q4_0, 8000);
-        const PromptCacheLoad pc = load_prompt_cache(path, *other_ctx, fp, prompt);
+        const PromptCacheLoad pc = load_prompt_cache(path, *other_ctx, fp, MathMode::Exact, prompt);
         CHECK(pc.problem.find("another --ctx-size") != std::string::npos);
         CHECK(other_ctx->n_past() == 0);
         write(good);
@@ -163,25 +165,54 @@ TEST_CASE("a prompt-cache file that does not belong is refused with its reason, 
         const uint32_t v1 = 1;
         std::memcpy(old.data() + 8, &v1, 4);  // after the 8-byte magic
         write(old);
-        CHECK(problem(model, fp, KvType::F16) == "format version 1 (this kvgen reads 2)");
+        CHECK(problem(model, fp, KvType::F16) == "format version 1 (this kvgen reads 3)");
         write(good);
     }
+    {  // rows computed with another --math are not this run's: the products round activations differently
+        auto b = backend_for(model);
+        generate(model, *b, prompt, 0, 0.0f);
+        save_prompt_cache(path, *b, fp, MathMode::Fast, prompt, 1.0);
+        auto exact = backend_for(model);
+        const PromptCacheLoad pc = load_prompt_cache(path, *exact, fp, MathMode::Exact, prompt);
+        CHECK(pc.problem == "its rows were computed with --math fast (this run: exact)");
+        CHECK(prompt_cache_foreign(path).empty());
+        CHECK(exact->n_past() == 0);
+        write(good);
+    }
+    auto foreign = [&] { return !prompt_cache_foreign(path).empty(); };
     write(good.substr(0, good.size() - 100));
     CHECK(problem(model, fp, KvType::F16).find("truncated") != std::string::npos);
+    CHECK_FALSE(foreign());  // a cache file, damaged: the next save replaces it
+    write(good.substr(0, 5));
+    CHECK_FALSE(foreign());
+    write("");
+    CHECK_FALSE(foreign());
     std::string flipped = good;
     flipped[flipped.size() / 2] = char(flipped[flipped.size() / 2] ^ 0x40);
     write(flipped);
     CHECK(problem(model, fp, KvType::F16).find("checksum") != std::string::npos);
     write("GGUF and then nothing that a prompt cache would hold, but long enough to have a header and more........");
     CHECK(problem(model, fp, KvType::F16) == "not a kvgen prompt-cache file");
+    CHECK(foreign());  // another kind of file (a model given by mistake): never overwritten
     write("short");
     CHECK(problem(model, fp, KvType::F16).find("too short") != std::string::npos);
+    CHECK(foreign());
     std::remove(path.c_str());
     CHECK(problem(model, fp, KvType::F16).empty());  // no file: nothing to say, a cold run
+    CHECK_FALSE(foreign());
+    {  // a directory or a FIFO is refused at once (a FIFO is not waited on) and never overwritten
+        auto b = backend_for(model);
+        CHECK(load_prompt_cache(test::temp_dir(), *b, fp, MathMode::Exact, prompt).problem == "it is a directory");
+        CHECK(prompt_cache_foreign(test::temp_dir()) == "it is a directory");
+        REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
+        CHECK(problem(model, fp, KvType::F16) == "not a regular file");
+        CHECK(prompt_cache_foreign(path) == "not a regular file");
+        std::remove(path.c_str());
+    }
     // a refused file leaves the cache empty, so the run is exactly a cold one
     write(flipped);
     auto b = backend_for(model);
-    const PromptCacheLoad pc = load_prompt_cache(path, *b, fp, prompt);
+    const PromptCacheLoad pc = load_prompt_cache(path, *b, fp, MathMode::Exact, prompt);
     REQUIRE_FALSE(pc.problem.empty());
     const Run refused = generate(model, *b, prompt, pc.n_reused, 0.0f);
     auto cold_backend = backend_for(model);

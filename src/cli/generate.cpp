@@ -91,6 +91,14 @@ std::string timing_line(const char* label, double ms, int n, const char* unit) {
 int run_generate(const GenerateCliOptions& opt) {
     if (!opt.json_path.empty()) check_writable(opt.json_path);
     if (!opt.dump_logits_path.empty()) check_writable(opt.dump_logits_path);
+    const bool prompt_cache = !opt.prompt_cache_path.empty();
+    if (prompt_cache && !opt.prompt_cache_ro) {
+        check_writable(opt.prompt_cache_path);
+        const std::string foreign = prompt_cache_foreign(opt.prompt_cache_path);
+        if (!foreign.empty())
+            throw Error(fmt::format("--prompt-cache {}: {}; it is not overwritten (name another file)",
+                                    opt.prompt_cache_path, foreign));
+    }
     resolve_device(opt.run.device);  // a missing device fails before the model loads
 
     const auto t_load = std::chrono::steady_clock::now();
@@ -124,11 +132,10 @@ int run_generate(const GenerateCliOptions& opt) {
     g.kv_cache = opt.kv_cache;
     g.sampler = opt.sampler;
     g.sampler.seed = seed;
-    const bool prompt_cache = !opt.prompt_cache_path.empty();
     const uint64_t fingerprint = prompt_cache ? model_fingerprint(model) : 0;
     PromptCacheLoad pc;
     if (prompt_cache) {
-        pc = load_prompt_cache(opt.prompt_cache_path, backend, fingerprint, prompt);
+        pc = load_prompt_cache(opt.prompt_cache_path, backend, fingerprint, opt.run.math, prompt);
         if (!pc.problem.empty())
             spdlog::warn("--prompt-cache {}: {}; not used (the prompt is computed)", opt.prompt_cache_path, pc.problem);
         g.n_reused = pc.n_reused;
@@ -148,6 +155,35 @@ int run_generate(const GenerateCliOptions& opt) {
     } else {
         g.n_keep = n_bos;
     }
+    // The file gets the rows a later run reuses exactly as a cold run would compute them: the prompt's, saved as
+    // soon as they are computed; with --prompt-cache-all every position's, at the end or, when the context fills,
+    // before the first shift moves them. A generated token's rows come from a decode pass, which only some backends
+    // compute with a prompt's bits (Backend::decode_matches_prompt); elsewhere the prompt's alone are saved.
+    const bool save_all = opt.prompt_cache_all && backend.decode_matches_prompt();
+    if (opt.prompt_cache_all && !save_all)
+        spdlog::warn("--prompt-cache-all: on {}, this model's weight types give a generated token's K/V other bits "
+                     "than a prompt token's; only the prompt's are saved, so that a later run reuses exactly what a "
+                     "cold run computes",
+                     selected.device);
+    int n_saved = 0;
+    double save_ms = 0;
+    auto save_rows = [&](const GenerateStats& s, int n_rows) {
+        if (!prompt_cache || opt.prompt_cache_ro) return;
+        // note: a file that holds these rows already is left as it is
+        if (n_rows == s.n_prompt && pc.problem.empty() && pc.n_file == n_rows && pc.n_reused + 1 == n_rows) return;
+        const auto ts = std::chrono::steady_clock::now();
+        std::vector<int32_t> rows = prompt;
+        rows.insert(rows.end(), s.tokens.begin(), s.tokens.end());
+        rows.resize(size_t(n_rows));
+        const double compute_ms = pc.saved_ms + s.prefill_ms + (n_rows > s.n_prompt ? s.decode_ms : 0.0);
+        save_prompt_cache(opt.prompt_cache_path, backend, fingerprint, opt.run.math, rows, compute_ms);
+        n_saved = n_rows;
+        save_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ts).count();
+    };
+    if (!save_all) g.after_prefill = [&](const GenerateStats& s) { save_rows(s, s.n_prompt); };
+    g.before_shift = [&](const GenerateStats& s) {
+        if (save_all && s.n_shifts == 0) save_rows(s, backend.n_past());
+    };
     LogitsFile dump(opt.dump_logits_path, c.n_vocab);
     TextStream stream(tok, opt.special);
     std::string generated;
@@ -188,21 +224,7 @@ int run_generate(const GenerateCliOptions& opt) {
     // On a terminal the shell's prompt then starts on a line of its own; a pipe gets exactly the generated text.
     if (::isatty(STDOUT_FILENO) && last_out != '\n') write_out("\n");
     const bool quiet = stdout_closed && !was_interrupted;  // the reader has gone: no timings, no warnings
-    // The prompt's K/V (with --prompt-cache-all, every computed position's) into the file, unless it holds exactly
-    // them already.
-    std::vector<int32_t> computed = prompt;
-    computed.insert(computed.end(), st.tokens.begin(), st.tokens.end());
-    computed.resize(size_t(opt.prompt_cache_all ? backend.n_past() : std::min<int>(st.n_prompt, backend.n_past())));
-    const bool save = prompt_cache && !opt.prompt_cache_ro &&
-                      !(pc.problem.empty() && pc.n_file == int(computed.size()) &&
-                        pc.n_reused + 1 == int(computed.size()) && !opt.prompt_cache_all);
-    double save_ms = 0;
-    if (save) {
-        const auto ts = std::chrono::steady_clock::now();
-        const double compute_ms = pc.saved_ms + st.prefill_ms + (opt.prompt_cache_all ? st.decode_ms : 0.0);
-        save_prompt_cache(opt.prompt_cache_path, backend, fingerprint, computed, compute_ms);
-        save_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ts).count();
-    }
+    if (save_all && st.n_shifts == 0) save_rows(st, backend.n_past());
     if (st.stop == "context" && !quiet)
         spdlog::warn("stopped: the context of {} tokens is full (raise --ctx-size)", backend.n_ctx());
 
@@ -217,7 +239,7 @@ int run_generate(const GenerateCliOptions& opt) {
             t += fmt::format("kvgen: {:>16} = {:10.2f} ms / {:5d} tokens reused of {} in the file (computing them "
                              "took {:.2f} ms){}\n",
                              "prompt cache", pc.load_ms, st.n_reused, pc.n_file, pc.saved_ms,
-                             save ? fmt::format("; {} tokens saved in {:.2f} ms", computed.size(), save_ms) : "");
+                             n_saved > 0 ? fmt::format("; {} tokens saved in {:.2f} ms", n_saved, save_ms) : "");
         t += timing_line("prompt eval time", st.prefill_ms, st.n_prompt - st.n_reused, "tokens");
         t += timing_line("eval time", st.decode_ms, n_decode, "runs");
         t += fmt::format("kvgen: {:>16} = {:10.2f} ms / {:5d} tokens\n", "total time", total_ms, st.n_prompt + n_gen);
@@ -259,7 +281,7 @@ int run_generate(const GenerateCliOptions& opt) {
             j["prompt_cache"] = {{"path", opt.prompt_cache_path}, {"problem", pc.problem},
                                  {"file_tokens", pc.n_file},      {"reused_tokens", st.n_reused},
                                  {"load_ms", pc.load_ms},         {"saved_compute_ms", pc.saved_ms},
-                                 {"saved_tokens", save ? int(computed.size()) : 0}};
+                                 {"saved_tokens", n_saved}};
         j["decode_tok_s"] = st.decode_ms > 0 ? 1000.0 * n_decode / st.decode_ms : 0.0;
         j["token_ms"] = st.token_ms;
         j["kv_cache_bytes"] = backend.kv_bytes();

@@ -21,7 +21,8 @@ namespace {
 
 constexpr char kMagic[8] = {'K', 'V', 'G', 'P', 'C', 'A', 'C', 'H'};
 // 2: K rows of a quantized cache past the first kKvOffsetPositions carry key offsets (engine/kv_offset.h).
-constexpr uint32_t kVersion = 2;
+// 3: the --math mode that computed the rows.
+constexpr uint32_t kVersion = 3;
 
 struct Header {
     char magic[8];
@@ -30,6 +31,8 @@ struct Header {
     uint32_t n_layers, n_kv_heads, head_dim;
     uint32_t n_tokens;
     uint32_t k_offset_dim0;  // the first dimension of the key offsets (head_dim: none)
+    uint32_t math;           // MathMode
+    uint32_t unused;
     uint64_t model;     // model_fingerprint
     double compute_ms;  // what computing the rows took
 };
@@ -57,12 +60,13 @@ uint64_t checksum(const char* p, size_t n) {
 
 // The whole file in one read; false with errno set when it cannot be read (ENOENT: it does not exist).
 bool read_whole(const std::string& path, std::string* out) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // note: O_NONBLOCK, so that a FIFO given as the file is refused below instead of waiting for a writer.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return false;
     struct stat st{};
     bool ok = ::fstat(fd, &st) == 0;
     if (ok && !S_ISREG(st.st_mode)) {
-        errno = EISDIR;
+        errno = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
         ok = false;
     }
     if (ok) {
@@ -83,6 +87,11 @@ bool read_whole(const std::string& path, std::string* out) {
     ::close(fd);
     errno = e;
     return ok;
+}
+
+// Whether bytes could be the start of a prompt-cache file (a file cut short in its magic included).
+bool is_cache_start(const std::string& bytes) {
+    return std::memcmp(bytes.data(), kMagic, std::min(bytes.size(), sizeof(kMagic))) == 0;
 }
 
 // The bytes a file of n tokens takes.
@@ -108,13 +117,38 @@ uint64_t model_fingerprint(const Model& model) {
     return h;
 }
 
-PromptCacheLoad load_prompt_cache(const std::string& path, Backend& backend, uint64_t model,
+std::string prompt_cache_foreign(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return "";  // none (or unreadable: writing it will say why)
+    struct stat st{};
+    std::string why;
+    if (::fstat(fd, &st) == 0) {
+        if (S_ISDIR(st.st_mode)) {
+            why = "it is a directory";
+        } else if (!S_ISREG(st.st_mode)) {
+            why = "not a regular file";
+        } else {
+            std::string start(sizeof(kMagic), '\0');
+            const ssize_t got = ::read(fd, start.data(), start.size());
+            start.resize(size_t(std::max<ssize_t>(got, 0)));
+            if (!is_cache_start(start)) why = "not a kvgen prompt-cache file";
+        }
+    }
+    ::close(fd);
+    return why;
+}
+
+PromptCacheLoad load_prompt_cache(const std::string& path, Backend& backend, uint64_t model, MathMode math,
                                   const std::vector<int32_t>& prompt) {
     PromptCacheLoad r;
     const auto t0 = std::chrono::steady_clock::now();
     std::string bytes;
     if (!read_whole(path, &bytes)) {
-        if (errno != ENOENT) r.problem = fmt::format("cannot read it: {}", std::strerror(errno));
+        if (errno == EISDIR || errno == EINVAL) {
+            r.problem = errno == EISDIR ? "it is a directory" : "not a regular file";
+        } else if (errno != ENOENT) {
+            r.problem = fmt::format("cannot read it: {}", std::strerror(errno));
+        }
         return r;
     }
     const KvLayout& kv = backend.kv_layout();
@@ -140,6 +174,10 @@ PromptCacheLoad load_prompt_cache(const std::string& path, Backend& backend, uin
     } else if (h.n_layers != uint32_t(kv.n_layers) || h.n_kv_heads != uint32_t(kv.n_kv_heads) ||
                h.head_dim != uint32_t(kv.head_dim)) {
         r.problem = "another head layout";
+    } else if (h.math != uint32_t(math)) {
+        r.problem = fmt::format("its rows were computed with --math {} (this run: {})",
+                                h.math <= uint32_t(MathMode::F32) ? math_mode_name(MathMode(h.math)) : "unknown",
+                                math_mode_name(math));
     } else if (h.k_offset_dim0 != uint32_t(std::min(kv.k_offset_dim0, kv.head_dim))) {
         // note: which dimensions carry key offsets follows from the context size (KvLayout::of)
         r.problem = "its quantized keys' offsets cover other dimensions (written with another --ctx-size)";
@@ -177,8 +215,8 @@ PromptCacheLoad load_prompt_cache(const std::string& path, Backend& backend, uin
     return r;
 }
 
-void save_prompt_cache(const std::string& path, Backend& backend, uint64_t model, const std::vector<int32_t>& tokens,
-                       double compute_ms) {
+void save_prompt_cache(const std::string& path, Backend& backend, uint64_t model, MathMode math,
+                       const std::vector<int32_t>& tokens, double compute_ms) {
     const KvLayout& kv = backend.kv_layout();
     const int n = int(tokens.size());
     KVGEN_ASSERT(n <= kv.n_ctx);
@@ -192,6 +230,7 @@ void save_prompt_cache(const std::string& path, Backend& backend, uint64_t model
     h.head_dim = uint32_t(kv.head_dim);
     h.n_tokens = uint32_t(n);
     h.k_offset_dim0 = uint32_t(std::min(kv.k_offset_dim0, kv.head_dim));
+    h.math = uint32_t(math);
     h.model = model;
     h.compute_ms = compute_ms;
     std::string bytes(size_t(file_bytes(kv, uint64_t(n))), '\0');

@@ -5,13 +5,15 @@
 // A file is a header, the tokens (int32), K as [n_layers][n_kv_heads][n_tokens][k_row_bytes] and V likewise (the
 // rows exactly as the KV cache holds them, so a file from the CPU loads on the GPU and back when the types match),
 // then an FNV-1a of everything before it. The header names the format version, the model (a fingerprint of its
-// metadata, tokenizer, tensor shapes and samples of every tensor's bytes), the KV types and the head layout; a file
-// that differs in any of them, or is damaged, is not used. Files are written whole or not at all.
+// metadata, tokenizer, tensor shapes and samples of every tensor's bytes), the KV types, the head layout and the
+// --math mode; a file that differs in any of them, or is damaged, is not used. Files are written whole or not at
+// all.
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/settings.h"
 #include "model/weights.h"
 
 namespace kvgen {
@@ -28,17 +30,21 @@ struct PromptCacheLoad {
     std::string problem;  // why the file was not used ("" when it was, or when it does not exist)
 };
 
+// Why `path` is not to be replaced by a prompt-cache file: it exists and is not one (nor one cut short), as a model
+// given by mistake, a directory or a FIFO; "" when it may be written.
+std::string prompt_cache_foreign(const std::string& path);
+
 // Loads `path` into the backend's cache: the K/V of the longest common prefix of the file's tokens and `prompt`, at
 // most prompt.size() - 1 tokens (the last prompt token is always evaluated, for its logits); the backend's n_past
 // becomes n_reused. A missing file is no problem; one from another model, KV type or layout, or damaged, is reported
-// in `problem` and leaves the cache empty.
-PromptCacheLoad load_prompt_cache(const std::string& path, Backend& backend, uint64_t model,
+// in `problem` and leaves the cache empty. math: the run's --math (rows computed in another mode are not used).
+PromptCacheLoad load_prompt_cache(const std::string& path, Backend& backend, uint64_t model, MathMode math,
                                   const std::vector<int32_t>& prompt);
 
 // Writes `tokens` (positions 0 .. tokens.size() of the backend's cache hold their K/V) to `path`, atomically;
 // compute_ms: what computing those rows took (carried into later loads' saved_ms). Throws kvgen::Error when the
 // file cannot be written.
-void save_prompt_cache(const std::string& path, Backend& backend, uint64_t model, const std::vector<int32_t>& tokens,
-                       double compute_ms);
+void save_prompt_cache(const std::string& path, Backend& backend, uint64_t model, MathMode math,
+                       const std::vector<int32_t>& tokens, double compute_ms);
 
 }  // namespace kvgen

@@ -47,6 +47,7 @@ GenerateStats Generator::run(const std::vector<int32_t>& prompt, const GenerateO
     const float* logits = prefill(backend_, seq.data(), st.n_reused, int(seq.size()));
     st.prefill_ms = ms_since(t0);
     st.n_evaluated = int(seq.size()) - st.n_reused;
+    if (opt.after_prefill) opt.after_prefill(st);
     double step_ms = st.prefill_ms;
     if (opt.n_predict == 0) {  // the prompt alone: its K/V are in the cache, nothing is sampled
         st.stop = "n_predict";
@@ -75,17 +76,21 @@ GenerateStats Generator::run(const std::vector<int32_t>& prompt, const GenerateO
             st.stop = "n_predict";
             break;
         }
-        t0 = std::chrono::steady_clock::now();
-        if (int(ctx.size()) >= backend_.n_ctx()) {
+        const bool full = int(ctx.size()) >= backend_.n_ctx();
+        const int n_keep = std::clamp(opt.n_keep, 0, int(ctx.size()) - 1);
+        const int n_discard = (int(ctx.size()) - 1 - n_keep) / 2;
+        if (full) {
             // Full: shift (keep n_keep, drop half of the rest), or stop.
-            const int n_past = int(ctx.size()) - 1, n_keep = std::clamp(opt.n_keep, 0, n_past);
-            const int n_discard = (n_past - n_keep) / 2;
             // note: only a run with a length to reach shifts; -n -1 means "until the end of generation or a full
             // context", and a model that never ends its text would otherwise run forever.
             if (!opt.shift_cache || opt.n_predict < 0 || n_discard < 1) {
                 st.stop = "context";
                 break;
             }
+            if (opt.before_shift) opt.before_shift(st);  // outside the step's time
+        }
+        t0 = std::chrono::steady_clock::now();
+        if (full) {
             if (opt.kv_cache) opt.shift_cache(n_keep, n_discard);
             ctx.erase(ctx.begin() + n_keep, ctx.begin() + n_keep + n_discard);
             ++st.n_shifts;

@@ -11,18 +11,6 @@
 
 namespace kvgen {
 
-struct GenerateOptions {
-    int n_predict = -1;  // -1: until end of generation or a full context
-    bool kv_cache = true;
-    int n_reused = 0;  // leading prompt tokens whose K/V the backend's cache already holds (a prompt-cache hit)
-    SamplerOptions sampler;
-    // Context shift: when the context is full before n_predict tokens (n_predict >= 0), shift_cache(n_keep,
-    // n_discard) drops cache positions [n_keep, n_keep + n_discard) (shift_kv_cache, context_shift.h), with n_discard
-    // half of the positions after n_keep, and generation goes on. Null, or n_predict -1: stop with "context".
-    std::function<void(int n_keep, int n_discard)> shift_cache;
-    int n_keep = 0;
-};
-
 struct GenerateStats {
     int n_prompt = 0;
     int n_reused = 0;             // prompt tokens taken from the cache, not evaluated (GenerateOptions::n_reused)
@@ -35,6 +23,24 @@ struct GenerateStats {
     int n_shifts = 0;              // context shifts
     int n_evaluated = 0;           // tokens run through the forward pass (every one again at each --no-kv-cache step)
     std::vector<int32_t> cached;   // the tokens whose K/V the cache holds at the end, position 0 first
+};
+
+struct GenerateOptions {
+    int n_predict = -1;  // -1: until end of generation or a full context
+    bool kv_cache = true;
+    int n_reused = 0;  // leading prompt tokens whose K/V the backend's cache already holds (a prompt-cache hit)
+    SamplerOptions sampler;
+    // Context shift: when the context is full before n_predict tokens (n_predict >= 0), shift_cache(n_keep,
+    // n_discard) drops cache positions [n_keep, n_keep + n_discard) (shift_kv_cache, context_shift.h), with n_discard
+    // half of the positions after n_keep, and generation goes on. Null, or n_predict -1: stop with "context".
+    std::function<void(int n_keep, int n_discard)> shift_cache;
+    int n_keep = 0;
+    // Called once the prompt's K/V are in the cache (the stats so far: n_prompt, n_reused, prefill_ms).
+    std::function<void(const GenerateStats&)> after_prefill;
+    // Called before each context shift, outside the step's time. Before the first (stats.n_shifts 0), cache
+    // positions [0, n_past) hold the first n_past tokens of prompt + stats.tokens as they were computed; later ones
+    // find the rows after n_keep moved already.
+    std::function<void(const GenerateStats&)> before_shift;
 };
 
 // Throws kvgen::Error when a prompt of n_prompt tokens leaves no room in a context of n_ctx to generate.
