@@ -340,6 +340,11 @@ int main(int argc, char** argv) {
                 !gen.kv_cache)
                 throw kvgen::Error("--conversation reads its messages from the terminal; it takes -p/-sys as the "
                                    "system message and no -f, --prompt-cache, --no-kv-cache or other mode");
+            if (!gen.dump_logits_path.empty() || gen.ignore_eos || gen.display_prompt)
+                throw kvgen::Error("--conversation ends each answer at its end-of-turn token and prints only the "
+                                   "answers: it takes no --dump-logits, --ignore-eos or --display-prompt");
+            if (app.count("-p") && (app.count("--system-prompt") || !system_file.empty()))
+                throw kvgen::Error("--conversation takes its system message from -p or from -sys/-sysf, not both");
             if (!system_file.empty()) gen.system_prompt = kvgen::read_prompt_file(system_file);
             gen.model_path = model;
             gen.prompt = escape ? kvgen::process_escapes(prompt) : prompt;

@@ -248,6 +248,29 @@ PY
 else
     fail "conversation in a terminal: $(tail -c 1500 "$tmp/cnv.log")"
 fi
+# Conversation from a pipe: a blank line is no message, CRLF line ends and spaces around /exit are taken as typed;
+# a message that cannot fit the context is one error line and exit status 1; flags it cannot honour are refused.
+if printf '  \r\nHi\r\n /exit \nnot reached\n' |
+    "$kvgen" -m "$default" -cnv -n 4 --temp 0 -t 1 --json "$tmp/cnv.json" >/dev/null 2>"$tmp/cnv.err" &&
+    python3 -c 'import json,sys; t=json.load(open(sys.argv[1]))["turns"]; assert [x["message"] for x in t] == ["Hi"], t' \
+        "$tmp/cnv.json"; then
+    pass
+else
+    fail "conversation from a pipe: $(cat "$tmp/cnv.err")"
+fi
+rc=0
+printf 'This message is far too long to fit into a context of only sixteen tokens, whatever the model\n' |
+    "$kvgen" -m "$default" -cnv -c 16 -n 4 -t 1 >/dev/null 2>"$tmp/cnv.err" || rc=$?
+if [[ $rc -eq 1 ]] && grep -q "^kvgen: error: the conversation with this message has [0-9]* tokens but the context holds 16" \
+    "$tmp/cnv.err"; then
+    pass
+else
+    fail "conversation: a message longer than the context: exit status $rc: $(cat "$tmp/cnv.err")"
+fi
+expect_error "conversation with --ignore-eos" "takes no --dump-logits, --ignore-eos" "$kvgen" -m "$default" -cnv \
+    --ignore-eos
+expect_error "conversation with -p and -sys" "from -p or from -sys/-sysf, not both" "$kvgen" -m "$default" -cnv -p a \
+    -sys b
 expect_error "generate: vocabulary-only file" "vocabulary-only" "$kvgen" -m "$spm" -p hi
 printf 'Once upon a time, there was a little girl.\n' >"$tmp/short.txt"
 for _ in $(seq 40); do echo "The quick brown fox jumps over the lazy dog, and the cat watches it from the wall."; done \

@@ -9,7 +9,6 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
 
 #include "cli/backend_select.h"
 #include "cli/format.h"
@@ -38,9 +37,13 @@ TurnResult Conversation::answer(const std::string& message, const std::function<
         const int n_past = backend_.n_past(), n_keep = std::clamp(g_.n_keep, 0, n_past);
         const int n_discard = std::max(n_past - n_keep, 0) / 2;
         if (!g_.shift_cache || n_discard < 1)
-            throw Error(fmt::format("the conversation ({} tokens with this message) no longer fits the context of "
-                                    "{} (raise --ctx-size)",
-                                    tokens_.size() + added.size(), n_ctx));
+            throw Error(fmt::format("the conversation with this message has {} tokens but the context holds {}{} "
+                                    "(raise --ctx-size{})",
+                                    tokens_.size() + added.size(), n_ctx,
+                                    turns_ > 0 && g_.shift_cache ? fmt::format(", {} of them kept by a context shift",
+                                                                               n_keep)
+                                                                 : "",
+                                    turns_ > 0 && g_.shift_cache ? " or lower --keep" : ""));
         g_.shift_cache(n_keep, n_discard);
         tokens_.erase(tokens_.begin() + n_keep, tokens_.begin() + n_keep + n_discard);
         prompt_rows_ = prompt_rows_ > n_keep + n_discard ? prompt_rows_ - n_discard : std::min(prompt_rows_, n_keep);
@@ -113,11 +116,15 @@ int run_conversation(const GenerateCliOptions& opt) {
             std::fputs("\n> ", stdout);
             std::fflush(stdout);
         }
-        if (!std::getline(std::cin, line) || line == "/exit") break;
-        if (line.empty()) {
+        if (!std::getline(std::cin, line)) break;
+        if (!line.empty() && line.back() == '\r') line.pop_back();  // a line typed or saved with CRLF
+        const size_t first = line.find_first_not_of(" \t"), last = line.find_last_not_of(" \t");
+        if (first == std::string::npos) {  // nothing to answer
             --turn;
             continue;
         }
+        if (line.substr(first, last - first + 1) == "/exit") break;
+        clear_interrupt();  // a Ctrl-C at the prompt (a line typed ahead was waiting) stopped no answer
         TextStream stream(tok, opt.special);
         std::string answer;
         bool stdout_closed = false, reversed = false;
@@ -134,9 +141,9 @@ int run_conversation(const GenerateCliOptions& opt) {
                 reversed = reverse.found(answer, id);
                 return !interrupted() && !stdout_closed && !reversed;
             });
-        } catch (const Error& e) {
-            spdlog::error("{}", e.what());
-            break;
+        } catch (const Error&) {
+            if (terminal) std::fputs("\n", stdout);
+            throw;  // one error line and exit status 1, as a prompt that does not fit the context
         }
         out(stream.finish());
         if (!answer.empty() && answer.back() != '\n') out("\n");
