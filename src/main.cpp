@@ -141,7 +141,7 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(-1, 1 << 30));
     app.add_option("-c,--ctx-size", gen.run.n_ctx,
                    fmt::format("context size in tokens (default: min(model context, {}))", kvgen::kDefaultCtx))
-        ->check(CLI::Range(1, 1 << 24));
+        ->check(CLI::Range(1, kvgen::kMaxCtx));
     app.add_option("-b,--batch-size", gen.run.n_batch, "prompt tokens per forward pass")
         ->check(CLI::Range(1, kvgen::kMaxBatch));
     app.add_option("-t,--threads", gen.run.n_threads, "threads (default: physical cores)")->check(CLI::Range(1, 1024));

@@ -289,6 +289,10 @@ if "$kvgen" -m "$ref" --perplexity -f "$tmp/long.txt" -c 64 -t 1 >"$tmp/ppl.out"
 else
     fail "perplexity: $(cat "$tmp/ppl.out" "$tmp/ppl.err")"
 fi
+expect_error "bench: a depth past any context" "needs 2147483648 positions, more than a context holds" "$kvgen" \
+    -m "$ref" --bench -p 1 -n 0 -d 2147483647
+mkfifo "$tmp/model-fifo"
+expect_error "a FIFO as the model" "model-fifo: not a regular file" timeout 20 "$kvgen" -m "$tmp/model-fifo" -p hi
 expect_error "generate: unwritable --json" "cannot write" "$kvgen" -m "$ref" -p hi --json /nonexistent-dir/x.json
 expect_error "generate: --chat without a template" "chat_template" "$kvgen" -m "$ref" -p hi --chat
 

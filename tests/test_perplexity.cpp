@@ -8,6 +8,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
 
 #include "cli/perplexity.h"
 #include "cpu/cpu_backend.h"
@@ -98,6 +101,37 @@ TEST_CASE("KL divergence against a base run: zero against itself, small for a q8
     const PerplexityResult q = run_perplexity(opt);
     CHECK(q.kl > same.kl);
     CHECK(q.kl < 0.5);
+    {  // a damaged file: a token id outside the vocabulary, a record count that does not match, too few records
+        std::string good;
+        {
+            std::ifstream in(base, std::ios::binary);
+            good.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+        }
+        auto write = [&](const std::string& bytes) {
+            std::ofstream out(base, std::ios::binary | std::ios::trunc);
+            out.write(bytes.data(), std::streamsize(bytes.size()));
+        };
+        const size_t header = 56, n_records_at = 40;  // KlHeader: the record count after magic, 4 words, 2 hashes
+        uint64_t n_records = 0;
+        std::memcpy(&n_records, good.data() + n_records_at, 8);
+        const size_t record = (good.size() - header) / n_records;
+        std::string bad = good;
+        const int32_t outside = 1 << 30;
+        std::memcpy(bad.data() + header + record * (n_records / 2), &outside, 4);
+        write(bad);
+        CHECK_THROWS_WITH(run_perplexity(opt), Catch::Contains("a token id outside the vocabulary"));
+        bad = good;
+        const uint64_t huge = uint64_t(1) << 62;
+        std::memcpy(bad.data() + n_records_at, &huge, 8);
+        write(bad);
+        CHECK_THROWS_WITH(run_perplexity(opt), Catch::Contains("does not match its header"));
+        bad = good.substr(0, good.size() - record);
+        const uint64_t fewer = n_records - 1;
+        std::memcpy(bad.data() + n_records_at, &fewer, 8);
+        write(bad);
+        CHECK_THROWS_WITH(run_perplexity(opt), Catch::Contains("does not match its header"));
+        write(good);
+    }
     opt.text = "A different text. " + text;  // other tokens in the scored chunks
     CHECK_THROWS_WITH(run_perplexity(opt), Catch::Contains("another text"));
     opt.text = text;

@@ -103,10 +103,6 @@ std::vector<int> parse_int_list(const std::string& text, const char* option, int
 void run_bench(const BenchOptions& opt) {
     if (opt.output != "md" && opt.output != "json" && opt.output != "csv")
         throw Error(fmt::format("-o '{}': expected md, json or csv", opt.output));
-    resolve_device(opt.run.device);  // a missing device fails before the model loads
-    const Model model = Model::load(opt.model_path);
-    const Config& c = model.config;
-
     std::vector<Test> tests;
     for (int d : opt.depths) {
         const std::string at = d > 0 ? fmt::format(" @ d{}", d) : "";
@@ -116,7 +112,16 @@ void run_bench(const BenchOptions& opt) {
             if (n > 0) tests.push_back({fmt::format("tg{}{}", n, at), 0, n, d, {}});
     }
     int need = 1;
-    for (const Test& t : tests) need = std::max(need, t.depth + t.n_prompt + t.n_gen);
+    for (const Test& t : tests) {
+        const int64_t positions = int64_t(t.depth) + t.n_prompt + t.n_gen;
+        if (positions > kMaxCtx)
+            throw Error(fmt::format("{} needs {} positions, more than a context holds ({})", t.name, positions,
+                                    kMaxCtx));
+        need = std::max(need, int(positions));
+    }
+    resolve_device(opt.run.device);  // a missing device fails before the model loads
+    const Model model = Model::load(opt.model_path);
+    const Config& c = model.config;
 
     Settings run = opt.run;
     run.n_ctx = need;

@@ -90,6 +90,7 @@ PerplexityResult run_perplexity(const PerplexityOptions& opt) {
                                 "-c or give a longer text)",
                                 opt.text_path, r.n_tokens, r.n_ctx, 2 * r.n_ctx));
     r.n_chunks = r.n_tokens / r.n_ctx;
+    const int first = r.n_ctx / 2;  // each chunk's rows first .. n_ctx - 2 are scored
 
     // The KL base: what identifies the vocabulary and the scored text.
     uint64_t vocab_hash = fnv1a(&c.n_vocab, sizeof(c.n_vocab));
@@ -116,10 +117,15 @@ PerplexityResult run_perplexity(const PerplexityOptions& opt) {
         if (head.n_ctx != uint32_t(r.n_ctx))
             throw bad(fmt::format("made with -c {}, this run has -c {}", head.n_ctx, r.n_ctx));
         if (head.tokens_hash != tokens_hash) throw bad(fmt::format("made from another text than {}", opt.text_path));
-        if (bytes.size() != sizeof(KlHeader) + head.n_records * sizeof(KlRecord))
+        // note: the text and -c fix how many tokens are scored, and so how many records the file holds
+        const uint64_t n_scored = uint64_t(r.n_chunks) * uint64_t(r.n_ctx - first - 1);
+        if (head.n_records != n_scored || bytes.size() != sizeof(KlHeader) + n_scored * sizeof(KlRecord))
             throw bad("truncated or damaged (its size does not match its header)");
-        base.resize(size_t(head.n_records));
+        base.resize(size_t(n_scored));
         std::memcpy(base.data(), bytes.data() + sizeof(KlHeader), base.size() * sizeof(KlRecord));
+        for (const KlRecord& rec : base)
+            for (int32_t id : rec.id)
+                if (id < 0 || id >= c.n_vocab) throw bad("damaged (a token id outside the vocabulary)");
     }
     if (!opt.kl_base_path.empty()) check_writable(opt.kl_base_path);
 
@@ -128,7 +134,6 @@ PerplexityResult run_perplexity(const PerplexityOptions& opt) {
     run.all_logits = true;
     SelectedBackend selected = make_backend(model, run);
     Backend& backend = *selected.backend;
-    const int first = r.n_ctx / 2;
     std::fprintf(stderr,
                  "kvgen: perplexity of %s: %d tokens, %d chunks of %d (the last %d tokens of each scored), batch %d, "
                  "device %s, KV cache %s\n",

@@ -11,6 +11,8 @@ struct Config;
 
 // The context a run gets when none is asked for: the model's trained context, at most this.
 constexpr int kDefaultCtx = 4096;
+// The largest context (-c) a run may ask for.
+constexpr int kMaxCtx = 1 << 24;
 // The largest batch (-b) a run may ask for (the CUDA prefill kernels' grids are sized to take it in one pass).
 constexpr int kMaxBatch = 1 << 16;
 

@@ -149,7 +149,8 @@ bool mul_ok(uint64_t a, uint64_t b, uint64_t* out) {
 }  // namespace
 
 GgufFile GgufFile::open(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // note: O_NONBLOCK, so that a FIFO is refused below instead of waiting for a writer (the file is mapped)
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) throw Error(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
     struct stat st {};
     if (::fstat(fd, &st) != 0) {
