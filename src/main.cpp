@@ -255,6 +255,7 @@ int main(int argc, char** argv) {
     // A reader that goes away (kvgen ... | head) makes writes fail instead of killing the process; each mode stops
     // quietly when its output is gone.
     std::signal(SIGPIPE, SIG_IGN);
+    kvgen::install_cleanup_handlers();  // no half-written file left behind by SIGTERM, SIGHUP or SIGINT
     try {
         app.parse(translated_args(app, argc, argv));
     } catch (const CLI::CallForHelp& e) {
@@ -282,6 +283,13 @@ int main(int argc, char** argv) {
         only_with(app, "--keep", generating, "generation");
         only_with(app, "--prompt-cache-all", app.count("--prompt-cache") > 0, "--prompt-cache");
         only_with(app, "--prompt-cache-ro", app.count("--prompt-cache") > 0, "--prompt-cache");
+        for (const char* name : {"--model", "--json", "--file", "--system-prompt-file", "--dump-logits",
+                                 "--prompt-cache", "--kl-divergence-base", "--kl-divergence"})
+            if (app.count(name) && app.get_option(name)->as<std::string>().empty())
+                throw kvgen::Error(fmt::format("{}: the file name is empty", name));
+        for (const char* name : {"--dump-logits", "--prompt-cache", "--kl-divergence-base"})
+            if (app.count(name) && app.get_option(name)->as<std::string>() == "-")
+                throw kvgen::Error(fmt::format("{} -: its data is binary; name a file, not standard output", name));
         if (!gen.prompt_cache_path.empty() && !gen.kv_cache)
             throw kvgen::Error("--prompt-cache reuses the KV cache, which --no-kv-cache turns off");
         if (gen.prompt_cache_all && gen.prompt_cache_ro)

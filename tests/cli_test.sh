@@ -293,6 +293,34 @@ expect_error "bench: a depth past any context" "needs 2147483648 positions, more
     -m "$ref" --bench -p 1 -n 0 -d 2147483647
 mkfifo "$tmp/model-fifo"
 expect_error "a FIFO as the model" "model-fifo: not a regular file" timeout 20 "$kvgen" -m "$tmp/model-fifo" -p hi
+expect_error "an empty model path" "--model: the file name is empty" "$kvgen" -m "" -p hi
+expect_error "an empty --json path" "--json: the file name is empty" "$kvgen" -m "$ref" -p hi --json ""
+expect_error "--dump-logits to stdout" "--dump-logits -: its data is binary" "$kvgen" -m "$ref" -p hi --dump-logits -
+# stdout that fails (a full disk) is an error, not a quiet exit 0; a reader that goes away (| head) is quiet
+rc=0
+"$kvgen" -m "$ref" -p hi -n 4 --no-perf >/dev/full 2>"$tmp/full.err" || rc=$?
+if [[ $rc -eq 1 ]] && grep -q "^kvgen: error: standard output: write failed: No space left on device" "$tmp/full.err"; then
+    pass
+else
+    fail "stdout on a full disk: exit status $rc: $(cat "$tmp/full.err")"
+fi
+# SIGTERM in the middle of a run that writes --dump-logits leaves neither the file nor its temporary
+mkdir "$tmp/term"
+"$kvgen" -m "$ref" -p hi -n 1000000 --ignore-eos -t 1 --dump-logits "$tmp/term/l.f32" >/dev/null 2>&1 &
+term_pid=$!
+for _ in $(seq 100); do
+    compgen -G "$tmp/term/l.f32.tmp.*" >/dev/null && break
+    sleep 0.1
+done
+written=$(ls "$tmp/term")
+kill -TERM "$term_pid"
+rc=0
+wait "$term_pid" || rc=$?
+if [[ -n $written && $rc -eq 143 && -z $(ls -A "$tmp/term") ]]; then
+    pass
+else
+    fail "SIGTERM while writing: exit status $rc; before: '$written'; after: '$(ls "$tmp/term")'"
+fi
 expect_error "generate: unwritable --json" "cannot write" "$kvgen" -m "$ref" -p hi --json /nonexistent-dir/x.json
 expect_error "generate: --chat without a template" "chat_template" "$kvgen" -m "$ref" -p hi --chat
 

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdio>
 #include <iostream>
 #include <random>
@@ -128,11 +129,11 @@ int run_conversation(const GenerateCliOptions& opt) {
         TextStream stream(tok, opt.special);
         std::string answer;
         bool stdout_closed = false, reversed = false;
+        int stdout_error = 0;
         auto out = [&](const std::string& s) {
             if (s.empty() || stdout_closed) return;
             answer += s;
-            if (std::fwrite(s.data(), 1, s.size(), stdout) != s.size() || std::fflush(stdout) != 0)
-                stdout_closed = true;
+            stdout_closed = !write_stdout(s, &stdout_error);
         };
         TurnResult r;
         try {
@@ -147,6 +148,8 @@ int run_conversation(const GenerateCliOptions& opt) {
         }
         out(stream.finish());
         if (!answer.empty() && answer.back() != '\n') out("\n");
+        if (stdout_error != 0)
+            throw Error(fmt::format("standard output: write failed: {}", std::strerror(stdout_error)));
         const bool stopped = interrupted();
         const int n_gen = int(r.tokens.size());
         std::fprintf(stderr,

@@ -6,10 +6,12 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include <fmt/format.h>
 
+#include "cli/signals.h"
 #include "common/error.h"
 
 namespace kvgen {
@@ -45,11 +47,21 @@ std::string dir_of(const std::string& path) {
 void check_writable(const std::string& path) {
     if (path == "-") return;
     if (path.empty()) throw Error("output path is empty");
-    const std::string dir = dir_of(path);
+    struct stat st {};
+    std::string resolved = path;
+    if (::stat(path.c_str(), &st) == 0) {
+        if (S_ISDIR(st.st_mode)) throw Error(fmt::format("{}: is a directory", path));
+        if (::access(path.c_str(), W_OK) != 0)
+            throw Error(fmt::format("{}: cannot write: {}", path, std::strerror(errno)));
+        if (!S_ISREG(st.st_mode)) return;  // written directly (OutputFile)
+        if (char* real = ::realpath(path.c_str(), nullptr)) {  // the temporary goes beside a link's target
+            resolved = real;
+            std::free(real);
+        }
+    }
+    const std::string dir = dir_of(resolved);
     if (::access(dir.c_str(), W_OK) != 0)
         throw Error(fmt::format("{}: cannot write (directory '{}': {})", path, dir, std::strerror(errno)));
-    if (::access(path.c_str(), F_OK) == 0 && ::access(path.c_str(), W_OK) != 0)
-        throw Error(fmt::format("{}: cannot write: {}", path, std::strerror(errno)));
 }
 
 std::string read_text_file(const std::string& path) {
@@ -82,32 +94,86 @@ std::string read_text_file(const std::string& path) {
     return out;
 }
 
-void write_text_file(const std::string& path, const std::string& text) {
+OutputFile::OutputFile(const std::string& path) : path_(path) {
     if (path == "-") {
-        std::fwrite(text.data(), 1, text.size(), stdout);
-        std::fflush(stdout);
+        std::fflush(stdout);  // what stdio holds goes first
+        fd_ = STDOUT_FILENO;
         return;
     }
-    std::string tmp = path + ".tmp.XXXXXX";
-    const int fd = ::mkstemp(tmp.data());
-    if (fd < 0) throw Error(fmt::format("{}: cannot create: {}", path, std::strerror(errno)));
-    size_t done = 0;
-    while (done < text.size()) {
-        const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            const int e = errno;
-            ::close(fd);
-            ::unlink(tmp.c_str());
-            throw Error(fmt::format("{}: write failed: {}", path, std::strerror(e)));
+    if (path.empty()) throw Error("output path is empty");
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+        if (S_ISDIR(st.st_mode)) throw Error(fmt::format("{}: is a directory", path));
+        // note: O_NONBLOCK, so that a FIFO nobody reads is an error (ENXIO) instead of a wait; cleared after
+        fd_ = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK);
+        if (fd_ < 0)
+            throw Error(fmt::format("{}: cannot open: {}", path,
+                                    errno == ENXIO ? "a FIFO that nobody reads" : std::strerror(errno)));
+        ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK);
+        return;
+    }
+    target_ = path;
+    if (::access(path.c_str(), F_OK) == 0) {  // replace what a symbolic link points to, keeping its mode
+        if (char* real = ::realpath(path.c_str(), nullptr)) {
+            target_ = real;
+            std::free(real);
         }
-        done += size_t(n);
+        mode_ = st.st_mode & 07777;
     }
-    if (::fchmod(fd, 0644) != 0 || ::close(fd) != 0 || ::rename(tmp.c_str(), path.c_str()) != 0) {
-        const int e = errno;
-        ::unlink(tmp.c_str());
-        throw Error(fmt::format("{}: cannot finish writing: {}", path, std::strerror(e)));
+    tmp_ = target_ + ".tmp.XXXXXX";
+    fd_ = ::mkstemp(tmp_.data());
+    if (fd_ < 0) throw Error(fmt::format("{}: cannot create: {}", path, std::strerror(errno)));
+    slot_ = register_temporary(tmp_);
+}
+
+OutputFile::~OutputFile() {
+    if (fd_ < 0) return;  // committed
+    if (fd_ != STDOUT_FILENO) ::close(fd_);
+    if (!tmp_.empty()) {
+        ::unlink(tmp_.c_str());
+        unregister_temporary(slot_);
     }
+}
+
+void OutputFile::write(const void* data, size_t n) {
+    KVGEN_ASSERT(fd_ >= 0);
+    const char* p = static_cast<const char*>(data);
+    for (size_t done = 0; done < n;) {
+        const ssize_t w = ::write(fd_, p + done, n - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) throw Error(fmt::format("{}: write failed: {}", path_, std::strerror(w < 0 ? errno : EIO)));
+        done += size_t(w);
+    }
+}
+
+void OutputFile::commit() {
+    KVGEN_ASSERT(fd_ >= 0);
+    if (tmp_.empty()) {  // stdout, or written directly
+        const int fd = fd_;
+        fd_ = -1;
+        if (fd != STDOUT_FILENO && ::close(fd) != 0)
+            throw Error(fmt::format("{}: write failed: {}", path_, std::strerror(errno)));
+        return;
+    }
+    const bool ok =
+        ::fchmod(fd_, mode_) == 0 && ::close(fd_) == 0 && ::rename(tmp_.c_str(), target_.c_str()) == 0;
+    const int e = errno;
+    fd_ = -1;
+    if (!ok) ::unlink(tmp_.c_str());
+    unregister_temporary(slot_);
+    if (!ok) throw Error(fmt::format("{}: cannot finish writing: {}", path_, std::strerror(e)));
+}
+
+bool write_stdout(const std::string& text, int* error) {
+    if (std::fwrite(text.data(), 1, text.size(), stdout) == text.size() && std::fflush(stdout) == 0) return true;
+    if (errno != EPIPE) *error = errno;
+    return false;
+}
+
+void write_text_file(const std::string& path, const std::string& text) {
+    OutputFile f(path);
+    f.write(text.data(), text.size());
+    f.commit();
 }
 
 }  // namespace kvgen

@@ -4,10 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 
 #include <fmt/format.h>
@@ -44,39 +44,22 @@ size_t current_rss_bytes() {
     return size_t(resident) * size_t(::sysconf(_SC_PAGESIZE));
 }
 
-// Raw float32 rows, written to a temporary beside the target and renamed into place when complete.
+// Raw float32 rows (--dump-logits), written whole or not at all (OutputFile).
 class LogitsFile {
 public:
-    LogitsFile(const std::string& path, int n_vocab) : path_(path), n_vocab_(n_vocab) {
-        if (path.empty()) return;
-        tmp_ = path + ".tmp." + std::to_string(::getpid());
-        f_ = std::fopen(tmp_.c_str(), "wb");
-        if (!f_) throw Error(fmt::format("{}: cannot create: {}", path, std::strerror(errno)));
-    }
-    ~LogitsFile() {
-        if (f_) {
-            std::fclose(f_);
-            std::remove(tmp_.c_str());
-        }
+    LogitsFile(const std::string& path, int n_vocab) : n_vocab_(n_vocab) {
+        if (!path.empty()) f_ = std::make_unique<OutputFile>(path);
     }
     void row(const float* logits) {
-        if (f_ && std::fwrite(logits, 4, size_t(n_vocab_), f_) != size_t(n_vocab_))
-            throw Error(fmt::format("{}: write failed", path_));
+        if (f_) f_->write(logits, size_t(n_vocab_) * sizeof(float));
     }
     void commit() {
-        if (!f_) return;
-        const bool ok = std::fclose(f_) == 0;
-        f_ = nullptr;
-        if (!ok || std::rename(tmp_.c_str(), path_.c_str()) != 0) {
-            std::remove(tmp_.c_str());
-            throw Error(fmt::format("{}: cannot finish writing", path_));
-        }
+        if (f_) f_->commit();
     }
 
 private:
-    std::string path_, tmp_;
     int n_vocab_;
-    std::FILE* f_ = nullptr;
+    std::unique_ptr<OutputFile> f_;
 };
 
 std::string timing_line(const char* label, double ms, int n, const char* unit) {
@@ -188,10 +171,11 @@ int run_generate(const GenerateCliOptions& opt) {
     TextStream stream(tok, opt.special);
     std::string generated;
     bool stdout_closed = false;  // the reader went away (kvgen ... | head): stop quietly
+    int stdout_error = 0;        // or writing failed otherwise (a full disk): stop with an error
     char last_out = '\n';        // the last byte written to stdout
     auto write_out = [&](const std::string& s) {
         if (s.empty() || stdout_closed) return;
-        if (std::fwrite(s.data(), 1, s.size(), stdout) != s.size() || std::fflush(stdout) != 0) stdout_closed = true;
+        stdout_closed = !write_stdout(s, &stdout_error);
         last_out = s.back();
     };
     auto emit = [&](const std::string& s) {
@@ -217,6 +201,7 @@ int run_generate(const GenerateCliOptions& opt) {
         },
         is_eog, c.n_vocab);
     emit(stream.finish());
+    if (stdout_error != 0) throw Error(fmt::format("standard output: write failed: {}", std::strerror(stdout_error)));
     dump.commit();
     const bool was_interrupted = interrupted();
     if (was_interrupted) st.stop = "interrupted";
