@@ -554,3 +554,14 @@ TEST_CASE("a quantized KV cache on a head_dim that is not a multiple of 32 is re
     const Config c = test::attention_config(2, 2, 4);
     CHECK_THROWS_WITH(KvCache(c, 8, KvType::Q8_0), Catch::Contains("head_dim is 4"));
 }
+
+TEST_CASE("a KV cache leaves room for the model's mapped weights", "[engine][kv]") {
+    const Config c = test::attention_config(2, 2, 32);
+    CHECK_NOTHROW(KvCache(c, 8, KvType::F16, KvType::F16, 1 << 20));
+    // weights that take all the memory there is leave the cache none (where the machine says what it has)
+    if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+        std::fclose(f);
+        CHECK_THROWS_WITH(KvCache(c, 8, KvType::F16, KvType::F16, uint64_t(1) << 60),
+                          Catch::Contains("of them for the model, a tenth kept free): at most 0 positions fit"));
+    }
+}

@@ -23,7 +23,7 @@ CpuOps::CpuOps(const Model& model, const Settings& s)
       n_batch_(s.batch_size(s.context_size(model.config))),
       n_logits_(s.logits_rows(s.context_size(model.config))),
       pool_(s.n_threads > 0 ? s.n_threads : ThreadPool::physical_cores()),
-      kv_(model.config, s.context_size(model.config), s.kv_type_k, s.kv_type_v),
+      kv_(model.config, s.context_size(model.config), s.kv_type_k, s.kv_type_v, model.file.file_size()),
       rope_(RopeFreqs::of(model)),
       math_(s.math) {
     const ModelWeights& w = model.weights;

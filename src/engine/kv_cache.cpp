@@ -92,7 +92,7 @@ void kv_offset_of_rows(KvType t, const void* rows, int64_t row_bytes, int head_d
     kv_offset_from_sum(offset, head_dim, dim0 < head_dim ? dim0 : head_dim);
 }
 
-KvCache::KvCache(const Config& c, int n_ctx, KvType k_type, KvType v_type)
+KvCache::KvCache(const Config& c, int n_ctx, KvType k_type, KvType v_type, uint64_t resident_bytes)
     : layout_(KvLayout::of(c, n_ctx, k_type, v_type)) {
     if (layout_.quantized() && c.head_dim % 32 != 0)
         throw Error(fmt::format("--kv-type {}: quantized cache rows are blocks of 32 values, and this model's head_dim "
@@ -104,11 +104,15 @@ KvCache::KvCache(const Config& c, int n_ctx, KvType k_type, KvType v_type)
         return Error(fmt::format("cannot allocate the KV cache: {} bytes needed for {} positions{} (lower --ctx-size)",
                                  bytes, n_ctx, why));
     };
-    if (available != 0 && bytes > available)
-        throw fail(fmt::format(", {} bytes available: at most {} positions fit at {} ({} bytes each; a quantized "
-                               "--kv-type holds more)",
-                               available, available / uint64_t(layout_.bytes_per_token()), layout_.types_name(),
-                               layout_.bytes_per_token()));
+    // note: the weights' pages count as available while they are cached; the cache must leave them room, or every
+    // step reads the model from disk again, and a tenth for the rest (the run's buffers, the system)
+    const uint64_t keep = resident_bytes + available / 10;
+    const uint64_t room = available > keep ? available - keep : 0;
+    if (available != 0 && bytes > room)
+        throw fail(fmt::format(", {} bytes available ({} of them for the model, a tenth kept free): at most {} "
+                               "positions fit at {} ({} bytes each; a quantized --kv-type holds more)",
+                               available, resident_bytes, room / uint64_t(layout_.bytes_per_token()),
+                               layout_.types_name(), layout_.bytes_per_token()));
     rotated_.resize(size_t(c.head_dim));
     if (layout_.k_offsets()) k_offset_.assign(size_t(int64_t(c.n_layers) * c.n_kv_heads * c.head_dim), 0.0f);
     k_.reset(std::calloc(layout_.k_bytes(), 1));

@@ -23,9 +23,10 @@ void kv_offset_of_rows(KvType t, const void* rows, int64_t row_bytes, int head_d
 
 class KvCache {
 public:
-    // Throws kvgen::Error giving the bytes needed when the memory cannot be had, or for a quantized type on a
-    // head_dim that is not a multiple of 32.
-    KvCache(const Config& c, int n_ctx, KvType k_type, KvType v_type);
+    // Throws kvgen::Error giving the bytes needed when the memory cannot be had (with resident_bytes, what the run
+    // keeps in memory besides the cache: the mapped weights), or for a quantized type on a head_dim that is not a
+    // multiple of 32.
+    KvCache(const Config& c, int n_ctx, KvType k_type, KvType v_type, uint64_t resident_bytes = 0);
     KvCache(const Config& c, int n_ctx, KvType type) : KvCache(c, n_ctx, type, type) {}
 
     const KvLayout& layout() const { return layout_; }
