@@ -31,6 +31,10 @@ expect_same "-ngl 0 runs on the CPU" "$kvgen" "${gen[@]}" -ngl 0 -- "$kvgen" "${
 if python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["device"] == "cpu"' "$tmp/ngl.json"; then pass; else fail "-ngl 0: device is not cpu"; fi
 expect_same "--n-gpu-layers 0" "$kvgen" "${gen[@]}" --n-gpu-layers 0 -- "$kvgen" "${gen[@]}" --device cpu
 expect_error "-ngl 0 with --device cuda" "disagree" "$kvgen" "${gen[@]}" -ngl 0 --device cuda
+expect_error "-ngl past 64 bits is still a GPU count" "disagree" "$kvgen" "${gen[@]}" -ngl 9223372036854775808 \
+    --device cpu
+expect_same "-ngl 000 runs on the CPU" "$kvgen" "${gen[@]}" -ngl 000 -- "$kvgen" "${gen[@]}" --device cpu
+expect_error "a CUDA index past any machine" "expected cpu, cuda, cudaN" "$kvgen" "${gen[@]}" --device cuda99999999999
 expect_error "-ngl lots" "-ngl/--n-gpu-layers 'lots'" "$kvgen" "${gen[@]}" -ngl lots
 if "$kvgen" --list-devices | grep -q '^  cuda0:'; then
     expect_ok "-ngl 99 runs on the GPU" "" "$kvgen" "${gen[@]}" -ngl 99

@@ -18,6 +18,7 @@ struct MiniSpec {
     std::string retype;        // a tensor to store as IQ4_NL (a type kvgen does not compute with)
     bool with_output = true;
     bool with_head_count = true;
+    uint64_t n_heads = 2;
 };
 
 // A minimal LLaMA: n_embd 32, 1 layer, 2 heads of 16 (1 KV head), n_ff 64, vocab 16, F32 weights.
@@ -29,7 +30,7 @@ std::vector<uint8_t> mini_model(const MiniSpec& s) {
     w.set(s.arch + ".embedding_length", u32(32));
     w.set(s.arch + ".block_count", u32(1));
     w.set(s.arch + ".feed_forward_length", u32(64));
-    if (s.with_head_count) w.set(s.arch + ".attention.head_count", u32(2));
+    if (s.with_head_count) w.set(s.arch + ".attention.head_count", u32(s.n_heads));
     w.set(s.arch + ".attention.head_count_kv", u32(1));
     w.set("tokenizer.ggml.tokens", GgufValue::string_array(std::vector<std::string>(16, "t")));
     auto add = [&](const std::string& name, std::vector<int64_t> ne) {
@@ -121,6 +122,12 @@ TEST_CASE("model errors name what is wrong", "[model]") {
     MiniSpec s;
     s.arch = "gpt2";
     CHECK_THROWS_WITH(bind_mini(s), Catch::Contains("unsupported architecture 'gpt2'"));
+    s.arch = std::string("gp\0t\x01x", 6);  // control bytes and a NUL cannot cut or garble the message
+    CHECK_THROWS_WITH(bind_mini(s), Catch::Contains("unsupported architecture 'gp?t?x' (kvgen runs 'llama' models)"));
+
+    s = MiniSpec{};
+    s.n_heads = 32;  // n_embd 32: heads of one dimension, which RoPE cannot turn
+    CHECK_THROWS_WITH(bind_mini(s), Catch::Contains("a head dimension of 1 (RoPE turns pairs"));
 
     s = MiniSpec{};
     s.omit = "blk.0.ffn_up.weight";

@@ -126,7 +126,9 @@ std::string normalize_device(const std::string& value) {
     const std::string v = lower(value);
     if (v == "cpu" || v == "none") return "cpu";
     if (v == "auto" || v == "cuda") return v;
-    if (v.rfind("cuda", 0) == 0 && v.size() > 4 && is_integer(v.substr(4)) && v[4] != '-' && v[4] != '+')
+    // note: at most 4 digits, so the index fits an int (no machine has 10,000 GPUs)
+    if (v.rfind("cuda", 0) == 0 && v.size() > 4 && v.size() <= 8 && is_integer(v.substr(4)) && v[4] != '-' &&
+        v[4] != '+')
         return "cuda" + std::to_string(std::stoi(v.substr(4)));
     throw Error(
         fmt::format("--device '{}': expected cpu, cuda, cudaN (CUDA0 as llama.cpp names it), none or auto", value));
@@ -141,8 +143,8 @@ void apply_llama_settings(const LlamaSettings& s, Settings& run, bool kv_type_gi
             want = "auto";
         } else if (v == "all") {
             want = "cuda";
-        } else if (is_integer(v) && std::stoll(v) >= 0) {
-            want = std::stoll(v) > 0 ? "cuda" : "cpu";
+        } else if (is_integer(v) && v[0] != '-') {  // any count of layers, however large: 0 or more than 0
+            want = v.find_first_not_of("+0") != std::string::npos ? "cuda" : "cpu";
         } else {
             throw Error(
                 fmt::format("-ngl/--n-gpu-layers '{}': expected a number of layers, auto or all", s.n_gpu_layers));

@@ -17,7 +17,9 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 void check_prompt_fits(int n_prompt, int n_ctx) {
     if (n_prompt >= n_ctx)
-        throw Error(fmt::format("prompt has {} tokens but the context holds {} (raise --ctx-size)", n_prompt, n_ctx));
+        throw Error(fmt::format("prompt has {} tokens and the context holds {}, which leaves no room to generate "
+                                "(raise --ctx-size)",
+                                n_prompt, n_ctx));
 }
 
 const float* prefill(Backend& backend, const int32_t* tokens, int from, int to) {

@@ -71,9 +71,17 @@ std::string gguf_architecture(const GgufFile& f) {
 
 Config Config::from_gguf(const GgufFile& f) {
     const std::string arch = gguf_architecture(f);
-    if (arch.empty()) throw Error(fmt::format("{}: no general.architecture key", f.path()));
-    if (arch != "llama")
-        throw Error(fmt::format("{}: unsupported architecture '{}' (kvgen runs 'llama' models)", f.path(), arch));
+    if (arch.empty()) {
+        const GgufValue* v = f.find("general.architecture");
+        throw Error(v ? fmt::format("{}: metadata key 'general.architecture' is not a non-empty string", f.path())
+                      : fmt::format("{}: no general.architecture key", f.path()));
+    }
+    if (arch != "llama") {
+        // note: printable ASCII only, so a name with control bytes or a NUL cannot cut or garble the line
+        std::string shown;
+        for (char ch : arch.substr(0, 64)) shown += ch >= 0x20 && ch < 0x7f ? ch : '?';
+        throw Error(fmt::format("{}: unsupported architecture '{}' (kvgen runs 'llama' models)", f.path(), shown));
+    }
 
     Config c;
     const Keys k(f, "llama.");
@@ -97,6 +105,9 @@ Config Config::from_gguf(const GgufFile& f) {
                                     c.n_heads));
         c.head_dim = c.n_embd / c.n_heads;
     }
+    if (c.head_dim < 2)
+        throw Error(fmt::format("{}: a head dimension of {} (RoPE turns pairs of dimensions: at least 2)", f.path(),
+                                c.head_dim));
     const int value_len = k.integer("attention.value_length", 1, 4096, &c.head_dim);
     if (value_len != c.head_dim)
         throw Error(fmt::format("{}: key length {} differs from value length {} (unsupported)", f.path(), c.head_dim,
