@@ -122,6 +122,20 @@ expect_ok "generate: --math f32" "." "$kvgen" -m "$ref" -p "The KV cache" -n 4 -
 expect_ok "generate: --math fast" "." "$kvgen" -m "$ref" -p "The KV cache" -n 4 --temp 0 -t 1 --math fast
 expect_ok "bench: --math fast" "CPU --math fast" "$kvgen" -m "$ref" --bench -p 8 -n 2 -r 1 -t 1 --math fast
 
+# A token's numbers do not depend on the instruction set: the AVX-512, AVX2 and portable kernels give the same logits.
+for m in open-gqa-Q8_0 open-mha-F16; do
+    for isa in native avx2 generic; do
+        KVGEN_ISA=$([[ $isa == native ]] || echo "$isa") "$kvgen" -m "$shared/testdata/ref/$m.gguf" -t 1 --temp 0 -n 6 \
+            -p "The KV cache keeps the keys and values of every earlier token" --dump-logits "$tmp/isa-$isa.f32" \
+            >/dev/null 2>&1
+    done
+    if cmp -s "$tmp/isa-native.f32" "$tmp/isa-avx2.f32" && cmp -s "$tmp/isa-native.f32" "$tmp/isa-generic.f32"; then
+        pass
+    else
+        fail "$m: the logits differ between the AVX-512, AVX2 and portable kernels"
+    fi
+done
+
 # --prompt-cache: the second run reuses the first's prompt and prints the same text; a damaged file is a warning
 # and a cold run; the file is never left half-written.
 pc_args=(-m "$ref" -p "The KV cache keeps the keys and values of every earlier token" -n 8 --temp 0 -t 1)
