@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one prepared run on a GPU machine (budget: 8 minutes on one H200; --quick: 2). Builds Release for the visible
+# A whole check of a GPU machine (about 8 minutes on one H200; --quick: about 2). Builds Release for the visible
 # GPU, runs the [cuda] tests, compares CPU and CUDA generations, benchmarks, profiles per kernel, and writes
 # OUTDIR/report.md + OUTDIR/report.json.
 #
@@ -33,9 +33,9 @@
 # Later stages are skipped, and the report says so, when the time budget (KVGEN_GPU_BUDGET_S, default 450; 240 with
 # --quick) runs out. KVGEN_GPU_CHECK_DRY=1 rehearses the script on a machine without a GPU (CPU device, tiny
 # shapes): it checks the script, not the GPU; there KVGEN_GPU_CHECK_NCU_CSV=FILE (an earlier ncu CSV, .gz or not)
-# stands in for the profile. Needs the team's shared folder (../shared, ./shared or .shared, or KVGEN_SHARED) for
-# test data, and always unpacks its device-deps/ (into build-gpu/deps): the GPU machine's image has some of the
-# libraries but not PCRE2.
+# stands in for the profile. Needs the test-data folder (../shared, ./shared or .shared, or KVGEN_SHARED): its
+# testdata/ holds the reference models, and its device-deps/, when there, prebuilt libraries for a machine without a
+# package registry (unpacked into build-gpu/deps).
 set -euo pipefail
 
 usage() { sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"; }
