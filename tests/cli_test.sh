@@ -219,6 +219,19 @@ else
     fail "--no-context-shift: $(cat "$tmp/ncs.err")"
 fi
 expect_error "--keep -2" "keep" "$kvgen" -m "$ref" -p hi --keep -2
+# a shift that would keep everything says which setting to change; -ro on a missing file says there is none
+"$kvgen" -m "$ref" -p "Once upon a time there" -c 8 -n 20 --keep -1 --temp 0 --no-perf >/dev/null 2>"$tmp/keep.err"
+if grep -q "a context shift that keeps 7 frees none (raise --ctx-size or lower --keep)" "$tmp/keep.err"; then
+    pass
+else
+    fail "--keep -1 in a full context: $(cat "$tmp/keep.err")"
+fi
+"$kvgen" -m "$ref" -p hi -n 2 --no-perf --prompt-cache "$tmp/none.cache" --prompt-cache-ro >/dev/null 2>"$tmp/ro.err"
+if grep -q "none.cache: no such file, and --prompt-cache-ro writes none" "$tmp/ro.err"; then
+    pass
+else
+    fail "--prompt-cache-ro on a missing file: $(cat "$tmp/ro.err")"
+fi
 
 # Conversation mode through a real terminal (a pty): three turns typed at the "> " prompt, then /exit. Turns 2 and 3
 # take the conversation so far from the cache, the previous answer included, and prefill only that answer's last

@@ -121,6 +121,9 @@ int run_generate(const GenerateCliOptions& opt) {
         pc = load_prompt_cache(opt.prompt_cache_path, backend, fingerprint, opt.run.math, prompt);
         if (!pc.problem.empty())
             spdlog::warn("--prompt-cache {}: {}; not used (the prompt is computed)", opt.prompt_cache_path, pc.problem);
+        else if (opt.prompt_cache_ro && ::access(opt.prompt_cache_path.c_str(), F_OK) != 0)
+            spdlog::warn("--prompt-cache {}: no such file, and --prompt-cache-ro writes none (the prompt is computed)",
+                         opt.prompt_cache_path);
         g.n_reused = pc.n_reused;
     }
     // Context shift: --keep N prompt tokens after BOS (llama.cpp's rule; -1: the whole prompt); without --keep, the
@@ -210,8 +213,14 @@ int run_generate(const GenerateCliOptions& opt) {
     if (::isatty(STDOUT_FILENO) && last_out != '\n') write_out("\n");
     const bool quiet = stdout_closed && !was_interrupted;  // the reader has gone: no timings, no warnings
     if (save_all && st.n_shifts == 0) save_rows(st, backend.n_past());
-    if (st.stop == "context" && !quiet)
-        spdlog::warn("stopped: the context of {} tokens is full (raise --ctx-size)", backend.n_ctx());
+    if (st.stop == "context" && !quiet) {
+        if (opt.context_shift && opt.n_predict >= 0)  // a shift was allowed, and would have freed no position
+            spdlog::warn("stopped: the context of {} tokens is full, and a context shift that keeps {} frees none "
+                         "(raise --ctx-size or lower --keep)",
+                         backend.n_ctx(), g.n_keep);
+        else
+            spdlog::warn("stopped: the context of {} tokens is full (raise --ctx-size)", backend.n_ctx());
+    }
 
     const int n_gen = int(st.tokens.size());
     const int n_decode = std::max(0, n_gen - 1);
