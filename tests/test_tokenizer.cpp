@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "gguf/gguf.h"
+#include "gguf/gguf_writer.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_impl.h"
@@ -341,4 +342,15 @@ TEST_CASE("encoding 1 MiB of English text", "[tokenizer][speed]") {
         WARN(tok->model_name() << " tokenizer: 1 MiB of English -> " << ids.size() << " tokens in " << ms << " ms");
         CHECK(tok->decode(ids) == text);
     }
+}
+
+TEST_CASE("a token_type list of floats is ignored as a missing one, not an error without a key", "[tokenizer]") {
+    GgufWriter w;
+    w.set("general.architecture", GgufValue::string("llama"));
+    w.set("tokenizer.ggml.model", GgufValue::string("llama"));
+    w.set("tokenizer.ggml.tokens", GgufValue::string_array({"<unk>", "<s>", "</s>", "a"}));
+    w.set("tokenizer.ggml.token_type", GgufValue::numbers(GgufValueType::F32, std::vector<float>{2, 3, 3, 1}));
+    const GgufFile f = GgufFile::parse(w.to_bytes([](size_t, uint8_t*, uint64_t) {}), "floats.gguf");
+    const Tokenizer tok = Tokenizer::from_gguf(f);
+    CHECK(tok.token_type(1) == TokenType::Normal);
 }

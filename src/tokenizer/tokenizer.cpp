@@ -88,7 +88,8 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
         for (size_t i = 0; i < n; ++i) t.scores_[i] = float(s->number_at(i));
     t.types_.assign(n, TokenType::Normal);
     if (const GgufValue* ty = f.find("tokenizer.ggml.token_type");
-        ty && ty->is_array() && ty->size() == n && !ty->raw().empty() && !ty->is_float()) {
+        ty && ty->is_array() && ty->size() == n && !ty->raw().empty() && ty->elem_type() != GgufValueType::F32 &&
+        ty->elem_type() != GgufValueType::F64) {  // note: types that are not integers are ignored, as a missing key
         for (size_t i = 0; i < n; ++i) {
             const int64_t v = ty->integer_at(i);
             t.types_[i] = (v >= 1 && v <= 6) ? TokenType(v) : TokenType::Normal;
