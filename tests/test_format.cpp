@@ -4,8 +4,6 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 
 #include "cli/format.h"
 #include "engine/kv_layout.h"
@@ -34,10 +32,6 @@ TEST_CASE("KV cache cost of LLaMA-2 13B is 800 KiB per token at f16", "[format][
 }
 
 namespace {
-std::string slurp(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
 bool temporaries_beside(const std::string& dir) {
     for (const auto& e : std::filesystem::directory_iterator(dir))
         if (e.path().filename().string().find(".tmp.") != std::string::npos) return true;
@@ -55,10 +49,10 @@ TEST_CASE("an output file is whole or absent; through a link its target is repla
         f.write("new", 3);
         CHECK(temporaries_beside(dir));
     }
-    CHECK(slurp(path) == "old\n");
+    CHECK(test::read_text(path) == "old\n");
     CHECK_FALSE(temporaries_beside(dir));
     write_text_file(path, "new\n");
-    CHECK(slurp(path) == "new\n");
+    CHECK(test::read_text(path) == "new\n");
     // a symbolic link keeps pointing at its target, which gets the text
     write_text_file(target, "target\n");
     std::remove(path.c_str());
@@ -68,7 +62,7 @@ TEST_CASE("an output file is whole or absent; through a link its target is repla
     struct stat st {};
     REQUIRE(::lstat(path.c_str(), &st) == 0);
     CHECK(S_ISLNK(st.st_mode));
-    CHECK(slurp(target) == "through the link\n");
+    CHECK(test::read_text(target) == "through the link\n");
     // a character device is written, not replaced; one that fails says so
     check_writable("/dev/null");
     write_text_file("/dev/null", "nothing\n");

@@ -9,8 +9,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 
 #include "cli/perplexity.h"
 #include "cpu/cpu_backend.h"
@@ -102,15 +100,8 @@ TEST_CASE("KL divergence against a base run: zero against itself, small for a q8
     CHECK(q.kl > same.kl);
     CHECK(q.kl < 0.5);
     {  // a damaged file: a token id outside the vocabulary, a record count that does not match, too few records
-        std::string good;
-        {
-            std::ifstream in(base, std::ios::binary);
-            good.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-        }
-        auto write = [&](const std::string& bytes) {
-            std::ofstream out(base, std::ios::binary | std::ios::trunc);
-            out.write(bytes.data(), std::streamsize(bytes.size()));
-        };
+        const std::string good = test::read_text(base);
+        auto write = [&](const std::string& bytes) { test::write_text(base, bytes); };
         const size_t header = 56, n_records_at = 40;  // KlHeader: the record count after magic, 4 words, 2 hashes
         uint64_t n_records = 0;
         std::memcpy(&n_records, good.data() + n_records_at, 8);

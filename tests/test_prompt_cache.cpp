@@ -4,8 +4,6 @@
 // leaves an empty cache.
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 
 #include <sys/stat.h>
 
@@ -131,15 +129,8 @@ TEST_CASE("a prompt-cache file that does not belong is refused with its reason, 
         generate(model, *b, prompt, 0, 0.0f);
         save_prompt_cache(path, *b, fp, MathMode::Exact, prompt, 1.0);
     }
-    std::string good;
-    {
-        std::ifstream in(path, std::ios::binary);
-        good.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    }
-    auto write = [&](const std::string& bytes) {
-        std::ofstream out(path, std::ios::binary | std::ios::trunc);
-        out.write(bytes.data(), std::streamsize(bytes.size()));
-    };
+    const std::string good = test::read_text(path);
+    auto write = [&](const std::string& bytes) { test::write_text(path, bytes); };
     auto problem = [&](const Model& m, uint64_t f, KvType kv) {
         auto b = backend_for(m, kv);
         const PromptCacheLoad pc = load_prompt_cache(path, *b, f, MathMode::Exact, prompt);

@@ -20,6 +20,17 @@ inline std::vector<uint8_t> read_bytes(const std::string& path) {
     return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
+// A file's bytes as a string ("" when it cannot be read), and a file made of these bytes (for damaging a good one).
+inline std::string read_text(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+inline void write_text(const std::string& path, const std::string& bytes) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), std::streamsize(bytes.size()));
+    REQUIRE(out.good());
+}
+
 inline bool file_exists(const std::string& path) { return std::ifstream(path).good(); }
 
 // A directory of this test process's own under /tmp (made on first use, removed at exit once the tests have
