@@ -288,9 +288,10 @@ else
 fi
 rc=0
 printf 'This message is far too long to fit into a context of only sixteen tokens, whatever the model\n' |
-    "$kvgen" -m "$default" -cnv -c 16 -n 4 -t 1 >/dev/null 2>"$tmp/cnv.err" || rc=$?
+    "$kvgen" -m "$default" -cnv -c 16 -n 4 -t 1 --json "$tmp/cnv-err.json" >/dev/null 2>"$tmp/cnv.err" || rc=$?
 if [[ $rc -eq 1 ]] && grep -q "^kvgen: error: the conversation with this message has [0-9]* tokens but the context holds 16" \
-    "$tmp/cnv.err"; then
+    "$tmp/cnv.err" && python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["turns"] == [] and \
+"context holds 16" in d["error"], d' "$tmp/cnv-err.json"; then
     pass
 else
     fail "conversation: a message longer than the context: exit status $rc: $(cat "$tmp/cnv.err")"
@@ -349,6 +350,18 @@ if [[ -n $written && $rc -eq 143 && -z $(ls -A "$tmp/term") ]]; then
 else
     fail "SIGTERM while writing: exit status $rc; before: '$written'; after: '$(ls "$tmp/term")'"
 fi
+# a hangup that the run started ignoring (nohup) stays ignored
+(
+    trap '' HUP
+    exec "$kvgen" -m "$ref" -p hi -n 1000000 --ignore-eos -t 1 --no-perf >/dev/null 2>&1
+) &
+hup_pid=$!
+sleep 1
+kill -HUP "$hup_pid" 2>/dev/null || true
+sleep 0.5
+if kill -0 "$hup_pid" 2>/dev/null; then pass; else fail "an ignored SIGHUP ended the run"; fi
+kill -TERM "$hup_pid" 2>/dev/null || true
+wait "$hup_pid" 2>/dev/null || true
 expect_error "generate: unwritable --json" "cannot write" "$kvgen" -m "$ref" -p hi --json /nonexistent-dir/x.json
 expect_error "generate: --chat without a template" "chat_template" "$kvgen" -m "$ref" -p hi --chat
 
@@ -436,8 +449,10 @@ else
     echo "note: running as root, which can read any file: the unreadable-file case is checked as non-root only"
 fi
 
-# SIGINT stops at the next token, prints the timings, writes the report marked interrupted, exits 130.
-"$kvgen" -m "$ref" -p "Hello" -n 100000 --ignore-eos --temp 0 -c 4096 --json "$tmp/int.json" \
+# SIGINT stops at the next token, prints the timings, writes the report marked interrupted, exits 130. (A script's
+# background job starts with SIGINT ignored, which kvgen keeps, as nohup's SIGHUP: the job gets SIGINT's default back.)
+python3 -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])' \
+    "$kvgen" -m "$ref" -p "Hello" -n 100000 --ignore-eos --temp 0 -c 4096 --json "$tmp/int.json" \
     >"$tmp/int.out" 2>"$tmp/int.err" &
 pid=$!
 for _ in $(seq 1 100); do [[ -s $tmp/int.out ]] && break; sleep 0.1; done

@@ -63,6 +63,24 @@ TEST_CASE("an output file is whole or absent; through a link its target is repla
     REQUIRE(::lstat(path.c_str(), &st) == 0);
     CHECK(S_ISLNK(st.st_mode));
     CHECK(test::read_text(target) == "through the link\n");
+    // a link to a file that does not exist yet: the file is made there, the link kept
+    std::remove(target.c_str());
+    write_text_file(path, "made through the link\n");
+    REQUIRE(::lstat(path.c_str(), &st) == 0);
+    CHECK(S_ISLNK(st.st_mode));
+    CHECK(test::read_text(target) == "made through the link\n");
+    // a new file gets the mode the umask allows, as open(2) gives; an existing one keeps its mode
+    std::remove(path.c_str());
+    std::remove(target.c_str());
+    const mode_t old_mask = ::umask(077);
+    write_text_file(path, "private\n");
+    ::umask(old_mask);
+    REQUIRE(::stat(path.c_str(), &st) == 0);
+    CHECK((st.st_mode & 0777) == 0600);
+    REQUIRE(::chmod(path.c_str(), 0640) == 0);
+    write_text_file(path, "again\n");
+    REQUIRE(::stat(path.c_str(), &st) == 0);
+    CHECK((st.st_mode & 0777) == 0640);
     // a character device is written, not replaced; one that fails says so
     check_writable("/dev/null");
     write_text_file("/dev/null", "nothing\n");

@@ -123,6 +123,19 @@ TEST_CASE("KL divergence against a base run: zero against itself, small for a q8
         CHECK_THROWS_WITH(run_perplexity(opt), Catch::Contains("does not match its header"));
         write(good);
     }
+    {  // a run that compares with one base and writes another: the new file holds this run's records alone
+        const std::string base2 = std::string(dir) + "/base2.kld";
+        opt.kl_base_path = base2;
+        const PerplexityResult both = run_perplexity(opt);
+        CHECK(both.have_kl);
+        opt.kl_base_path.clear();
+        opt.kl_path = base2;
+        const PerplexityResult again = run_perplexity(opt);
+        CHECK(again.kl < 1e-6);
+        CHECK(again.base_ppl == both.ppl);
+        opt.kl_path = base;
+        std::remove(base2.c_str());
+    }
     opt.text = "A different text. " + text;  // other tokens in the scored chunks
     CHECK_THROWS_WITH(run_perplexity(opt), Catch::Contains("another text"));
     opt.text = text;

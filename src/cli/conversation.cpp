@@ -111,6 +111,18 @@ int run_conversation(const GenerateCliOptions& opt) {
     const ReversePrompts reverse(tok, opt.reverse_prompts);
     const bool terminal = ::isatty(STDIN_FILENO) != 0;
     nlohmann::ordered_json turns = nlohmann::json::array();
+    // The report of the turns answered, also when an error ends the conversation (with the error in it).
+    auto write_report = [&](const std::string& error) {
+        if (opt.json_path.empty()) return;
+        nlohmann::ordered_json j;
+        j["model"] = opt.model_path;
+        j["device"] = selected.device;
+        j["n_ctx"] = backend.n_ctx();
+        j["turns"] = turns;
+        j["conversation_tokens"] = conv.tokens();
+        if (!error.empty()) j["error"] = error;
+        write_text_file(opt.json_path, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+    };
     std::string line;
     for (int turn = 1;; ++turn) {
         if (terminal) {
@@ -142,14 +154,18 @@ int run_conversation(const GenerateCliOptions& opt) {
                 reversed = reverse.found(answer, id);
                 return !interrupted() && !stdout_closed && !reversed;
             });
-        } catch (const Error&) {
+        } catch (const Error& e) {
             if (terminal) std::fputs("\n", stdout);
+            write_report(e.what());
             throw;  // one error line and exit status 1, as a prompt that does not fit the context
         }
         out(stream.finish());
         if (!answer.empty() && answer.back() != '\n') out("\n");
-        if (stdout_error != 0)
-            throw Error(fmt::format("standard output: write failed: {}", std::strerror(stdout_error)));
+        if (stdout_error != 0) {
+            const Error e(fmt::format("standard output: write failed: {}", std::strerror(stdout_error)));
+            write_report(e.what());
+            throw e;
+        }
         const bool stopped = interrupted();
         const int n_gen = int(r.tokens.size());
         std::fprintf(stderr,
@@ -174,15 +190,7 @@ int run_conversation(const GenerateCliOptions& opt) {
         if (stopped) clear_interrupt();
     }
     if (terminal) std::fputs("\n", stdout);
-    if (!opt.json_path.empty()) {
-        nlohmann::ordered_json j;
-        j["model"] = opt.model_path;
-        j["device"] = selected.device;
-        j["n_ctx"] = backend.n_ctx();
-        j["turns"] = turns;
-        j["conversation_tokens"] = conv.tokens();
-        write_text_file(opt.json_path, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
-    }
+    write_report("");
     return 0;
 }
 

@@ -6,7 +6,6 @@
 
 #include <cerrno>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -37,6 +36,22 @@ std::string human_count(double n) {
 }
 
 namespace {
+// The file a path names once symbolic links are followed (they may point to one that does not exist yet); the path
+// itself when it is not a link.
+std::string link_target(std::string path) {
+    for (int hops = 0; hops < 40; ++hops) {
+        struct stat st {};
+        if (::lstat(path.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) break;
+        std::string to(size_t(st.st_size > 0 ? st.st_size : 4096) + 1, '\0');
+        const ssize_t n = ::readlink(path.c_str(), to.data(), to.size());
+        if (n <= 0 || size_t(n) >= to.size()) break;
+        to.resize(size_t(n));
+        const size_t slash = path.find_last_of('/');
+        path = to[0] == '/' || slash == std::string::npos ? to : path.substr(0, slash + 1) + to;
+    }
+    return path;
+}
+
 std::string dir_of(const std::string& path) {
     const size_t slash = path.find_last_of('/');
     if (slash == std::string::npos) return ".";
@@ -48,18 +63,13 @@ void check_writable(const std::string& path) {
     if (path == "-") return;
     if (path.empty()) throw Error("output path is empty");
     struct stat st {};
-    std::string resolved = path;
     if (::stat(path.c_str(), &st) == 0) {
         if (S_ISDIR(st.st_mode)) throw Error(fmt::format("{}: is a directory", path));
         if (::access(path.c_str(), W_OK) != 0)
             throw Error(fmt::format("{}: cannot write: {}", path, std::strerror(errno)));
         if (!S_ISREG(st.st_mode)) return;  // written directly (OutputFile)
-        if (char* real = ::realpath(path.c_str(), nullptr)) {  // the temporary goes beside a link's target
-            resolved = real;
-            std::free(real);
-        }
     }
-    const std::string dir = dir_of(resolved);
+    const std::string dir = dir_of(link_target(path));  // the temporary goes beside a link's target
     if (::access(dir.c_str(), W_OK) != 0)
         throw Error(fmt::format("{}: cannot write (directory '{}': {})", path, dir, std::strerror(errno)));
 }
@@ -112,13 +122,13 @@ OutputFile::OutputFile(const std::string& path) : path_(path) {
         ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK);
         return;
     }
-    target_ = path;
-    if (::access(path.c_str(), F_OK) == 0) {  // replace what a symbolic link points to, keeping its mode
-        if (char* real = ::realpath(path.c_str(), nullptr)) {
-            target_ = real;
-            std::free(real);
-        }
-        mode_ = st.st_mode & 07777;
+    target_ = link_target(path);  // replace what a symbolic link points to (even one that does not exist yet)
+    if (::access(path.c_str(), F_OK) == 0) {
+        mode_ = st.st_mode & 07777;  // keeping its mode
+    } else {
+        const mode_t mask = ::umask(0);  // a new file as open(2) would make it
+        ::umask(mask);
+        mode_ = 0666 & ~mask;
     }
     tmp_ = target_ + ".tmp.XXXXXX";
     fd_ = ::mkstemp(tmp_.data());

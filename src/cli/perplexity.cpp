@@ -100,7 +100,7 @@ PerplexityResult run_perplexity(const PerplexityOptions& opt) {
     }
     const uint64_t tokens_hash = fnv1a(tokens.data(), size_t(r.n_chunks) * size_t(r.n_ctx) * sizeof(int32_t),
                                      fnv1a(&r.n_ctx, sizeof(r.n_ctx)));
-    std::vector<KlRecord> base;  // read (kl_path) or written (kl_base_path)
+    std::vector<KlRecord> base, out;  // read (kl_path); written (kl_base_path): both may be given
     KlHeader head{};
     if (!opt.kl_path.empty()) {
         const std::string bytes = read_text_file(opt.kl_path);
@@ -159,7 +159,7 @@ PerplexityResult run_perplexity(const PerplexityOptions& opt) {
                 const double v = -ls.lp(row, chunk[size_t(j + 1)]);
                 nll += v;
                 nll2 += v * v;
-                if (!opt.kl_base_path.empty()) base.push_back(top_of(row, c.n_vocab, ls, idx));
+                if (!opt.kl_base_path.empty()) out.push_back(top_of(row, c.n_vocab, ls, idx));
                 if (!opt.kl_path.empty()) {
                     const KlRecord& b = base[size_t(r.n_scored)];
                     double d = 0, q_top = 0;
@@ -211,13 +211,13 @@ PerplexityResult run_perplexity(const PerplexityOptions& opt) {
         h.top = kKlTop;
         h.vocab_hash = vocab_hash;
         h.tokens_hash = tokens_hash;
-        h.n_records = base.size();
+        h.n_records = out.size();
         h.base_ppl = r.ppl;
         std::string bytes(reinterpret_cast<const char*>(&h), sizeof(h));
-        bytes.append(reinterpret_cast<const char*>(base.data()), base.size() * sizeof(KlRecord));
+        bytes.append(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(KlRecord));
         write_text_file(opt.kl_base_path, bytes);
         std::fprintf(stderr, "kvgen: perplexity: the distributions of %zu tokens saved to %s for --kl-divergence\n",
-                     base.size(), opt.kl_base_path.c_str());
+                     out.size(), opt.kl_base_path.c_str());
     }
 
     if (!opt.json_path.empty()) {

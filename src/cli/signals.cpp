@@ -37,7 +37,11 @@ extern "C" void on_sigint(int sig) {
     if (g_interrupted.exchange(true)) terminate_now(sig);  // the second Ctrl-C: end now
 }
 
+// Installs handler for sig, unless the process started with sig ignored (nohup, a background job of a script):
+// that stays as it was.
 void handle(int sig, void (*handler)(int)) {
+    struct sigaction old {};
+    if (sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) return;
     struct sigaction sa {};
     sa.sa_handler = handler;
     sigemptyset(&sa.sa_mask);

@@ -2,7 +2,8 @@
 // SIGINT stops generation at the next token (the run then reports and exits 130; a second SIGINT ends it at once).
 // SIGPIPE is ignored: a closed stdout is seen as a failed write, and generation ends quietly. SIGTERM, SIGHUP and an
 // uncaught SIGINT end the process as their default action does, after removing the temporaries of files being
-// written (register_temporary), so that no half-written file is left beside its target.
+// written (register_temporary), so that no half-written file is left beside its target. A signal the process
+// started with ignored (nohup) stays ignored.
 #include <string>
 
 namespace kvgen {
