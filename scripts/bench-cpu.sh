@@ -27,27 +27,30 @@ threads=2 prompt_len=128 gen=64 nocache_gen=256 rounds=1 models=()
 while (($#)); do
     case $1 in
         -h | --help) sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"; exit 0 ;;
-        --threads) threads=$2; shift 2 ;;
-        --prompt) prompt_len=$2; shift 2 ;;
-        --gen) gen=$2; shift 2 ;;
-        --nocache-gen) nocache_gen=$2; shift 2 ;;
-        --rounds) rounds=$2; shift 2 ;;
-        -*) echo "bench-cpu.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+        --threads) need_value "$@"; threads=$2; shift 2 ;;
+        --prompt) need_value "$@"; prompt_len=$2; shift 2 ;;
+        --gen) need_value "$@"; gen=$2; shift 2 ;;
+        --nocache-gen) need_value "$@"; nocache_gen=$2; shift 2 ;;
+        --rounds) need_value "$@"; rounds=$2; shift 2 ;;
+        -*) die "unknown option $1 (see --help)" ;;
         *) models+=("$1"); shift ;;
     esac
+done
+for v in "--rounds $rounds" "--prompt $prompt_len" "--gen $gen" "--nocache-gen $nocache_gen" "--threads $threads"; do
+    [[ ${v#* } =~ ^[1-9][0-9]*$ ]] || die "${v%% *} takes a positive integer, not '${v#* }'"
 done
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export KVGEN="$root/build/kvgen"
 kvgen="$root/build/kvgen" synth="$root/build/kvgen-synth" default="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 for tool in "$kvgen" "$synth"; do
-    [[ -x $tool ]] || { echo "bench-cpu.sh: $tool missing: run scripts/setup.sh" >&2; exit 1; }
+    [[ -x $tool ]] || die "$tool missing: run scripts/setup.sh"
 done
-command -v python3 >/dev/null || { echo "bench-cpu.sh: python3 is required" >&2; exit 1; }
+command -v python3 >/dev/null || die "python3 is required"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 made=""
 if ((${#models[@]} == 0)); then
-    [[ -f $default ]] || { echo "bench-cpu.sh: $default missing: run models/fetch-default.sh" >&2; exit 1; }
+    [[ -f $default ]] || die "$default missing: run models/fetch-default.sh"
     models=("$default")
     for type in Q4_K_M Q8_0; do
         echo "bench-cpu: making a TinyLlama-1.1B-shaped $type file" >&2
@@ -56,8 +59,7 @@ if ((${#models[@]} == 0)); then
     done
     made="; tinyllama-1.1b-TYPE.gguf made by \`build/kvgen-synth tinyllama-1.1b --type TYPE --vocab ${default#"$root/"} -o FILE\`"
 fi
-for m in "${models[@]}"; do [[ -f $m ]] || { echo "bench-cpu.sh: $m: no such file" >&2; exit 1; }; done
-[[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "bench-cpu.sh: --rounds takes a positive integer, not '$rounds'" >&2; exit 2; }
+for m in "${models[@]}"; do [[ -f $m ]] || die "$m: no such file"; done
 llama_bench=${LLAMA_BENCH:-}
 if [[ -n $llama_bench && ! -x $llama_bench ]]; then
     echo "bench-cpu.sh: LLAMA_BENCH=$llama_bench is not an executable" >&2

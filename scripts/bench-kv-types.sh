@@ -13,7 +13,8 @@
 # (--kl-divergence: mean KL over the base's top 32 tokens and the rest, same top token, PPL change). Decode:
 # kvgen --bench -p 0 -n 16 -d 0,DEPTH -r 2 (DEPTH at most the model's context less 16). CPU device.
 # Writes to DIR (default bench-kv-types-out): results.md (command, date, commit, machine, the table), results.csv,
-# and kv-types.png (perplexity against bytes per token; gnuplot, when installed). KVGEN_BIN names another build.
+# kv-types.png (perplexity against bytes per token; gnuplot, when installed), and each type's raw reports
+# (TYPE.ppl.json, TYPE.bench.json). KVGEN_BIN names another build.
 set -euo pipefail
 
 usage() { sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"; }
@@ -26,22 +27,24 @@ out="bench-kv-types-out"
 while (($#)); do
     case $1 in
         -h | --help) usage; exit 0 ;;
-        --types) types=$2; shift 2 ;;
-        --ctx) ctx=$2; shift 2 ;;
-        --depth) depth=$2; shift 2 ;;
-        --threads) threads=$2; shift 2 ;;
-        --text) text=$2; shift 2 ;;
-        --out) out=$2; shift 2 ;;
-        -*) echo "bench-kv-types.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+        --types) need_value "$@"; types=$2; shift 2 ;;
+        --ctx) need_value "$@"; ctx=$2; shift 2 ;;
+        --depth) need_value "$@"; depth=$2; shift 2 ;;
+        --threads) need_value "$@"; threads=$2; shift 2 ;;
+        --text) need_value "$@"; text=$2; shift 2 ;;
+        --out) need_value "$@"; out=$2; shift 2 ;;
+        -*) die "unknown option $1 (see --help)" ;;
         *) model=$1; shift ;;
     esac
 done
 kvgen="${KVGEN_BIN:-$root/build/kvgen}"
-[[ -x $kvgen ]] || { echo "bench-kv-types.sh: $kvgen missing: run scripts/setup.sh" >&2; exit 1; }
-[[ -f $model ]] || { echo "bench-kv-types.sh: model '$model' not found (models/fetch-default.sh)" >&2; exit 1; }
-[[ $ctx =~ ^[0-9]+$ && $depth =~ ^[0-9]+$ ]] || { echo "bench-kv-types.sh: --ctx and --depth take numbers" >&2; exit 2; }
+[[ -x $kvgen ]] || die "$kvgen missing: run scripts/setup.sh"
+[[ -f $model ]] || die "model '$model' not found (models/fetch-default.sh)"
+[[ $ctx =~ ^[0-9]+$ && $depth =~ ^[0-9]+$ ]] || die "--ctx and --depth take numbers"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp" "$out/base.kld"' EXIT
 run_context "$root"
 targs=()
 [[ -n $threads ]] && targs=(-t "$threads")
@@ -50,7 +53,7 @@ if [[ -z $text ]]; then
     if [[ ! -f $out/text/usr/share/games/fortunes/people ]]; then
         echo "bench-kv-types: fetching the Debian package fortunes" >&2
         (cd "$out" && rm -f fortunes_*.deb && apt-get download fortunes >/dev/null) ||
-            { echo "bench-kv-types.sh: apt-get download fortunes failed (give --text FILE)" >&2; exit 1; }
+            die "apt-get download fortunes failed (give --text FILE)"
         dpkg-deb -x "$out"/fortunes_*.deb "$out/text"
     fi
     text="$out/text/usr/share/games/fortunes/people"
@@ -71,14 +74,13 @@ for t in "${type_list[@]}"; do
     kl=(--kl-divergence-base "$out/base.kld")
     [[ -n $first ]] && kl=(--kl-divergence "$out/base.kld")
     echo "bench-kv-types: $t: perplexity" >&2
-    "$kvgen" -m "$model" --device cpu --perplexity -f "$text" -c "$ctx" --kv-type "$t" "${targs[@]}" "${kl[@]}" \
-        --json "$out/$f.ppl.json" >"$out/$f.ppl.txt" 2>"$out/$f.ppl.err" || { cat "$out/$f.ppl.err" >&2; exit 1; }
+    run_logged "$tmp/err" "$kvgen" -m "$model" --device cpu --perplexity -f "$text" -c "$ctx" --kv-type "$t" \
+        "${targs[@]}" "${kl[@]}" --json "$out/$f.ppl.json" >"$tmp/$f.ppl.txt"
     echo "bench-kv-types: $t: decode" >&2
-    "$kvgen" -m "$model" --device cpu --bench -p 0 -n 16 -d "0,$depth" -r 2 --kv-type "$t" "${targs[@]}" -o json \
-        >"$out/$f.bench.json" 2>/dev/null
+    run_logged "$tmp/err" "$kvgen" -m "$model" --device cpu --bench -p 0 -n 16 -d "0,$depth" -r 2 --kv-type "$t" \
+        "${targs[@]}" -o json >"$out/$f.bench.json"
     first=${first:-$t}
 done
-rm -f "$out/base.kld"
 
 python3 - "$out" "$types" "$invocation" "$date" "$commit" "$machine" "$text_name" "$n_text" "$ctx" "$depth" \
     "$(basename "$model")" <<'PY'

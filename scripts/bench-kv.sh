@@ -32,27 +32,28 @@ threads="" out="bench-kv-out"
 while (($#)); do
     case $1 in
         -h | --help) usage; exit 0 ;;
-        --device) device=$2; shift 2 ;;
-        --lengths) lengths=$2; shift 2 ;;
-        --runs) runs=$2; shift 2 ;;
-        --nocache-runs) nocache_runs=$2; shift 2 ;;
-        --threads) threads=$2; shift 2 ;;
-        --out) out=$2; shift 2 ;;
-        -*) echo "bench-kv.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+        --device) need_value "$@"; device=$2; shift 2 ;;
+        --lengths) need_value "$@"; lengths=$2; shift 2 ;;
+        --runs) need_value "$@"; runs=$2; shift 2 ;;
+        --nocache-runs) need_value "$@"; nocache_runs=$2; shift 2 ;;
+        --threads) need_value "$@"; threads=$2; shift 2 ;;
+        --out) need_value "$@"; out=$2; shift 2 ;;
+        -*) die "unknown option $1 (see --help)" ;;
         *) model=$1; shift ;;
     esac
 done
 kvgen="${KVGEN_BIN:-$root/build/kvgen}"  # KVGEN_BIN: another build's binary
-[[ -x $kvgen ]] || { echo "bench-kv.sh: $kvgen missing: run scripts/setup.sh" >&2; exit 1; }
-[[ -f $model ]] || { echo "bench-kv.sh: model '$model' not found (models/fetch-default.sh fetches the default)" >&2; exit 1; }
-command -v python3 >/dev/null || { echo "bench-kv.sh: python3 is required" >&2; exit 1; }
+[[ -x $kvgen ]] || die "$kvgen missing: run scripts/setup.sh"
+[[ -f $model ]] || die "model '$model' not found (models/fetch-default.sh fetches the default)"
+command -v python3 >/dev/null || die "python3 is required"
 plots=1
 if ! command -v gnuplot >/dev/null; then
     plots=0
     echo "bench-kv.sh: gnuplot is not installed (scripts/setup.sh installs it): tables only, no plots" >&2
 fi
-[[ $lengths =~ ^[0-9]+(,[0-9]+)*$ ]] || { echo "bench-kv.sh: --lengths takes numbers like 64,128,256" >&2; exit 2; }
-[[ $runs =~ ^[1-9][0-9]*$ && $nocache_runs =~ ^[1-9][0-9]*$ ]] || { echo "bench-kv.sh: --runs takes a number >= 1" >&2; exit 2; }
+[[ $lengths =~ ^[0-9]+(,[0-9]+)*$ && ! ,$lengths, =~ ,0*[01], ]] ||
+    die "--lengths takes numbers of at least 2, like 64,128,256"
+[[ $runs =~ ^[1-9][0-9]*$ && $nocache_runs =~ ^[1-9][0-9]*$ ]] || die "--runs takes a number >= 1"
 max=$(tr ',' '\n' <<<"$lengths" | sort -n | tail -n 1)
 mkdir -p "$out"
 rm -f "$out/total-time.png" "$out/token-latency.png"

@@ -9,7 +9,8 @@
 #
 # usage: scripts/bench-prompt-cache.sh [MODEL.gguf] [--tokens 1000] [--threads T] [--device cpu|cuda] [--out DIR]
 #
-# Writes DIR/results.md (command, date, commit, machine, the table); default DIR bench-prompt-cache-out.
+# Writes DIR/results.md (command, date, commit, machine, the table); default DIR bench-prompt-cache-out. Beside it
+# stay what the runs read and wrote: prefix.txt, a.txt, b.txt, prefix.cache, cold.txt and the JSON reports.
 # KVGEN_BIN names another build.
 set -euo pipefail
 
@@ -22,22 +23,25 @@ model="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf" tokens=1000 threads="" devi
 while (($#)); do
     case $1 in
         -h | --help) usage; exit 0 ;;
-        --tokens) tokens=$2; shift 2 ;;
-        --threads) threads=$2; shift 2 ;;
-        --device) device=$2; shift 2 ;;
-        --out) out=$2; shift 2 ;;
-        -*) echo "bench-prompt-cache.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+        --tokens) need_value "$@"; tokens=$2; shift 2 ;;
+        --threads) need_value "$@"; threads=$2; shift 2 ;;
+        --device) need_value "$@"; device=$2; shift 2 ;;
+        --out) need_value "$@"; out=$2; shift 2 ;;
+        -*) die "unknown option $1 (see --help)" ;;
         *) model=$1; shift ;;
     esac
 done
 kvgen="${KVGEN_BIN:-$root/build/kvgen}"
 text=/usr/share/common-licenses/GPL-3
-[[ -x $kvgen ]] || { echo "bench-prompt-cache.sh: $kvgen missing: run scripts/setup.sh" >&2; exit 1; }
-[[ -f $model ]] || { echo "bench-prompt-cache.sh: model '$model' not found (models/fetch-default.sh)" >&2; exit 1; }
-[[ -f $text ]] || { echo "bench-prompt-cache.sh: $text missing (Debian package base-files)" >&2; exit 1; }
-[[ $tokens =~ ^[0-9]+$ ]] || { echo "bench-prompt-cache.sh: --tokens takes a number" >&2; exit 2; }
+[[ -x $kvgen ]] || die "$kvgen missing: run scripts/setup.sh"
+[[ -f $model ]] || die "model '$model' not found (models/fetch-default.sh)"
+[[ -f $text ]] || die "$text missing (Debian package base-files)"
+[[ $tokens =~ ^[1-9][0-9]*$ ]] || die "--tokens takes a positive number"
+[[ -z $threads || $threads =~ ^[1-9][0-9]*$ ]] || die "--threads takes a positive number"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
 run_context "$root"
 args=(-m "$model" --device "$device" -n 16 --temp 0 --no-display-prompt)
 [[ -n $threads ]] && args+=(-t "$threads")
@@ -46,7 +50,7 @@ args=(-m "$model" --device "$device" -n 16 --temp 0 --no-display-prompt)
 lines=1
 while :; do
     head -n "$lines" "$text" >"$out/prefix.txt"
-    n=$("$kvgen" -m "$model" --tokenize -f "$out/prefix.txt" | wc -w)
+    n=$(run_logged "$tmp/err" "$kvgen" -m "$model" --tokenize -f "$out/prefix.txt" | wc -w)
     ((n >= tokens || lines > 700)) && break
     lines=$((lines + 10))
 done
@@ -54,23 +58,25 @@ done
 { cat "$out/prefix.txt"; printf '\nQuestion: must I give the source code with the program?\nAnswer:'; } >"$out/b.txt"
 rm -f "$out/prefix.cache"
 echo "bench-prompt-cache: prefix of $n tokens; run 1 (computes and saves)" >&2
-"$kvgen" "${args[@]}" -f "$out/a.txt" --prompt-cache "$out/prefix.cache" --json "$out/1.json" >/dev/null 2>"$out/1.err"
+run_logged "$tmp/err" "$kvgen" "${args[@]}" -f "$out/a.txt" --prompt-cache "$out/prefix.cache" --json "$out/1.json" \
+    >/dev/null
 echo "bench-prompt-cache: run 2 (another question, the prefix from the file)" >&2
-"$kvgen" "${args[@]}" -f "$out/b.txt" --prompt-cache "$out/prefix.cache" --prompt-cache-ro --json "$out/2.json" \
-    --dump-logits "$out/2.logits" >/dev/null 2>"$out/2.err"
+run_logged "$tmp/err" "$kvgen" "${args[@]}" -f "$out/b.txt" --prompt-cache "$out/prefix.cache" --prompt-cache-ro \
+    --json "$out/2.json" --dump-logits "$tmp/2.logits" >/dev/null
 echo "bench-prompt-cache: run 3 (the same question, cold)" >&2
-"$kvgen" "${args[@]}" -f "$out/b.txt" --json "$out/3.json" --dump-logits "$out/3.logits" >/dev/null 2>"$out/3.err"
+run_logged "$tmp/err" "$kvgen" "${args[@]}" -f "$out/b.txt" --json "$out/3.json" --dump-logits "$tmp/3.logits" >/dev/null
 same_logits=no
-cmp -s "$out/2.logits" "$out/3.logits" && same_logits=yes
+cmp -s "$tmp/2.logits" "$tmp/3.logits" && same_logits=yes
 file_bytes=$(stat -c %s "$out/prefix.cache")
 echo "bench-prompt-cache: a three-turn conversation with the prefix as its system message" >&2
 printf '%s\n' "May I sell copies of the program?" "Must I give the source code with it?" \
     "May I add my own terms to the license?" |
-    "$kvgen" -m "$model" --device "$device" -n 32 --temp 0 ${threads:+-t "$threads"} -cnv -sysf "$out/prefix.txt" \
-        --json "$out/cnv.json" >/dev/null 2>"$out/cnv.err"
+    run_logged "$tmp/err" "$kvgen" -m "$model" --device "$device" -n 32 --temp 0 ${threads:+-t "$threads"} -cnv \
+        -sysf "$out/prefix.txt" --json "$out/cnv.json" >/dev/null
 : >"$out/cold.txt"
 for n_turn in $(python3 -c 'import json,sys; print(" ".join(str(t["reused_tokens"] + t["prefilled_tokens"]) for t in json.load(open(sys.argv[1]))["turns"]))' "$out/cnv.json"); do
-    "$kvgen" -m "$model" --device "$device" ${threads:+-t "$threads"} --bench -p "$n_turn" -n 0 -r 1 -o json 2>/dev/null |
+    run_logged "$tmp/err" "$kvgen" -m "$model" --device "$device" ${threads:+-t "$threads"} --bench -p "$n_turn" -n 0 \
+        -r 1 -o json |
         python3 -c 'import json,sys; e=json.load(sys.stdin)[0]; print(1000.0 * e["n_prompt"] / e["avg_ts"])' >>"$out/cold.txt"
 done
 

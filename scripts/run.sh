@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Set-up, fetch the default model if missing, then one generation with the KV cache and the same one without it
-# (--no-kv-cache), printing both timings. Extra arguments go to both kvgen runs.
+# (--no-kv-cache), printing both timings. Arguments, when given, replace the default ones in both kvgen runs.
 set -euo pipefail
+default_args=(--chat -p "What is the capital of France? Answer in two sentences." -n 64 --temp 0)
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then
-    echo "usage: scripts/run.sh [KVGEN ARGS...]   (default: --chat -p 'What is the capital of France?' -n 64)"
+    echo "usage: scripts/run.sh [KVGEN ARGS...]   (default: ${default_args[*]:0:2} '${default_args[2]}' ${default_args[*]:3})"
     exit 0
 fi
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -11,9 +12,10 @@ cd "$root"
 scripts/setup.sh >&2  # its progress on stderr: stdout carries only the generated text
 models/fetch-default.sh
 args=("$@")
-if ((${#args[@]} == 0)); then args=(--chat -p "What is the capital of France? Answer in two sentences." -n 64 --temp 0); fi
+if ((${#args[@]} == 0)); then args=("${default_args[@]}"); fi
+kvgen="${KVGEN_BUILD_DIR:-build}/kvgen"
 echo "== with the KV cache ==" >&2
-build/kvgen "${args[@]}"
+"$kvgen" "${args[@]}"
 echo >&2
 echo "== without the KV cache (every step recomputes the whole sequence) ==" >&2
-build/kvgen --no-kv-cache "${args[@]}"
+"$kvgen" --no-kv-cache "${args[@]}"

@@ -23,7 +23,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
 packages=(cmake ninja-build g++ pkg-config libcli11-dev libfmt-dev libspdlog-dev catch2 nlohmann-json3-dev
-    libpcre2-dev shellcheck unzip gnuplot-nox)
+    libpcre2-dev shellcheck unzip gnuplot-nox python3)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,6 +1,27 @@
-# Shared by the benchmark scripts (sourced): a command line written back as one line, and the machine and source a
-# measurement was taken on.
+# Shared by the benchmark scripts (sourced): errors in one line, a command line written back as one line, and the
+# machine and source a measurement was taken on.
 # shellcheck shell=bash disable=SC2034  # date, commit and machine are read by the scripts that source this file
+
+# die MESSAGE: "SCRIPT: error: MESSAGE" on stderr, exit status 1.
+die() {
+    echo "$(basename "$0"): error: $*" >&2
+    exit 1
+}
+
+# need_value "$@" (in an option loop, $1 the option): dies unless a value follows it.
+need_value() {
+    (($# >= 2)) || die "$1 needs a value (see --help)"
+}
+
+# run_logged ERRFILE CMD...: runs CMD with its stderr in ERRFILE; when it fails, dies with CMD's error line (kvgen's
+# "kvgen: error: ..."), or the last line it wrote.
+run_logged() {
+    local err=$1 rc=0
+    shift
+    "$@" 2>"$err" || rc=$?
+    ((rc == 0)) && return 0
+    die "$(basename "$1") failed (exit status $rc): $(grep -m 1 'error:' "$err" || tail -n 1 "$err")"
+}
 
 # words ARGS...: the arguments as one line a shell reads back, quoted only where needed.
 words() {
