@@ -14,7 +14,7 @@
 # kvgen --bench -p 0 -n 16 -d 0,DEPTH -r 2 (DEPTH at most the model's context less 16). CPU device.
 # Writes to DIR (default bench-kv-types-out): results.md (command, date, commit, machine, the table), results.csv,
 # kv-types.png (perplexity against bytes per token; gnuplot, when installed), and each type's raw reports
-# (TYPE.ppl.json, TYPE.bench.json). KVGEN_BIN names another build.
+# (TYPE.ppl.json, TYPE.bench.json) and the model's --inspect report (inspect.json). KVGEN_BIN names another build.
 set -euo pipefail
 
 usage() { sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"; }

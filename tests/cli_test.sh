@@ -318,6 +318,11 @@ if "$kvgen" -m "$ref" --perplexity -f "$tmp/long.txt" -c 64 -t 1 >"$tmp/ppl.out"
 else
     fail "perplexity: $(cat "$tmp/ppl.out" "$tmp/ppl.err")"
 fi
+expect_ok "bench: the KV types in the markdown table when not f16" "| CPU | 1 | q8_0 | q4_0 | pp8 |" "$kvgen" -m "$ref" \
+    --bench -p 8 -n 0 -r 1 -t 1 --kv-type q8_0/q4_0
+expect_ok "bench: csv names the math mode and the KV types" ",1,fast,f16,f16,pp8," "$kvgen" -m "$ref" --bench -p 8 \
+    -n 0 -r 1 -t 1 --math fast -o csv
+expect_error "bench: nothing to measure" "nothing to measure" "$kvgen" -m "$ref" --bench -p 0 -n 0
 expect_error "bench: a depth past any context" "needs 2147483648 positions, more than a context holds" "$kvgen" \
     -m "$ref" --bench -p 1 -n 0 -d 2147483647
 mkfifo "$tmp/model-fifo"

@@ -111,6 +111,7 @@ void run_bench(const BenchOptions& opt) {
         for (int n : opt.n_gen)
             if (n > 0) tests.push_back({fmt::format("tg{}{}", n, at), 0, n, d, {}});
     }
+    if (tests.empty()) throw Error("--bench: every -p and -n is 0, so there is nothing to measure");
     int need = 1;
     for (const Test& t : tests) {
         const int64_t positions = int64_t(t.depth) + t.n_prompt + t.n_gen;
@@ -157,23 +158,31 @@ void run_bench(const BenchOptions& opt) {
         *sd = v.size() > 1 ? std::sqrt(*sd / double(v.size() - 1)) : 0.0;
     };
 
+    // The KV cache's element types, as llama-bench names them (the markdown table shows them when not f16).
+    const std::string type_k = kv_type_name(run.kv_type_k), type_v = kv_type_name(run.kv_type_v);
+    const bool kv_types = run.kv_type_k != KvType::F16 || run.kv_type_v != KvType::F16;
     std::string out;
     if (opt.output == "md") {
-        out += "| model | size | params | backend | threads | test | t/s |\n";
-        out += "| --- | ---: | ---: | --- | ---: | ---: | ---: |\n";
+        out += kv_types ? "| model | size | params | backend | threads | type_k | type_v | test | t/s |\n"
+                        : "| model | size | params | backend | threads | test | t/s |\n";
+        out += kv_types ? "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n"
+                        : "| --- | ---: | ---: | --- | ---: | ---: | ---: |\n";
         for (const Test& t : tests) {
             double avg, sd;
             stats(t.tok_s, &avg, &sd);
-            out += fmt::format("| {} | {} | {} | {} | {} | {} | {:.2f} ± {:.2f} |\n", label, human_bytes(double(bytes)),
-                               human_count(double(params)), backend_name, selected.n_threads, t.name, avg, sd);
+            out += fmt::format("| {} | {} | {} | {} | {} | {}{} | {:.2f} ± {:.2f} |\n", label, human_bytes(double(bytes)),
+                               human_count(double(params)), backend_name, selected.n_threads,
+                               kv_types ? fmt::format("{} | {} | ", type_k, type_v) : "", t.name, avg, sd);
         }
     } else if (opt.output == "csv") {
-        out += "model,size,params,backend,threads,kv_cache,test,n_prompt,n_gen,n_depth,avg_ts,stddev_ts\n";
+        out += "model,size,params,backend,threads,kv_cache,math,type_k,type_v,test,n_prompt,n_gen,n_depth,avg_ts,"
+               "stddev_ts\n";
         for (const Test& t : tests) {
             double avg, sd;
             stats(t.tok_s, &avg, &sd);
-            out += fmt::format("\"{}\",{},{},{},{},{},{},{},{},{},{:.4f},{:.4f}\n", label, bytes, params,
-                               backend_base, selected.n_threads, opt.kv_cache ? 1 : 0, t.name, t.n_prompt, t.n_gen, t.depth, avg, sd);
+            out += fmt::format("\"{}\",{},{},{},{},{},{},{},{},{},{},{},{},{:.4f},{:.4f}\n", label, bytes, params,
+                               backend_base, selected.n_threads, opt.kv_cache ? 1 : 0, math_mode_name(run.math), type_k,
+                               type_v, t.name, t.n_prompt, t.n_gen, t.depth, avg, sd);
         }
     } else {
         nlohmann::ordered_json arr = nlohmann::ordered_json::array();
@@ -183,6 +192,7 @@ void run_bench(const BenchOptions& opt) {
             arr.push_back({{"model", label},         {"model_file", opt.model_path}, {"size", bytes},
                            {"params", params},       {"backend", backend_base},      {"threads", selected.n_threads},
                            {"kv_cache", opt.kv_cache}, {"math", math_mode_name(run.math)},
+                           {"type_k", type_k},       {"type_v", type_v},
                            {"test", t.name},             {"n_prompt", t.n_prompt},
                            {"n_gen", t.n_gen},       {"n_depth", t.depth},          {"avg_ts", avg},
                            {"stddev_ts", sd},        {"samples_ts", t.tok_s},      {"device", selected.description}});
