@@ -49,6 +49,8 @@ spm="$shared/testdata/vocab/ggml-vocab-llama-spm.gguf"
 expect_ok "tokenize SPM with BOS" "^1 15043 3186$" "$kvgen" -m "$spm" --tokenize -p "Hello world"
 expect_ok "tokenize --no-bos" "^15043 3186$" "$kvgen" -m "$spm" --tokenize -p "Hello world" --no-bos
 expect_ok "tokenize -v pieces" "15043 -> ' Hello'" "$kvgen" -m "$spm" --tokenize -p "Hello world" -v
+expect_ok "tokenize -v: a backslash piece is escaped, not taken for an escape" "59 -> '\\\\\\\\'" "$kvgen" \
+    -m "$shared/testdata/vocab/ggml-vocab-gpt-2.gguf" --tokenize --no-escape -p 'a\nb' -v
 expect_ok "tokenize GPT-2" "^15496 995$" "$kvgen" -m "$shared/testdata/vocab/ggml-vocab-gpt-2.gguf" --tokenize -p "Hello world"
 printf 'Hello world' >"$tmp/prompt.txt"
 expect_ok "tokenize -f FILE" "^1 15043 3186$" "$kvgen" -m "$spm" --tokenize -f "$tmp/prompt.txt"
@@ -322,6 +324,8 @@ expect_ok "bench: the KV types in the markdown table when not f16" "| CPU | 1 | 
     --bench -p 8 -n 0 -r 1 -t 1 --kv-type q8_0/q4_0
 expect_ok "bench: csv names the math mode and the KV types" ",1,fast,f16,f16,pp8," "$kvgen" -m "$ref" --bench -p 8 \
     -n 0 -r 1 -t 1 --math fast -o csv
+expect_ok "bench: size and params as llama-bench prints them" "| 5.19 MiB | 5.11 M | CPU |" "$kvgen" -m "$ref" --bench \
+    -p 8 -n 0 -r 1 -t 1
 expect_error "bench: nothing to measure" "nothing to measure" "$kvgen" -m "$ref" --bench -p 0 -n 0
 expect_error "bench: a depth past any context" "needs 2147483648 positions, more than a context holds" "$kvgen" \
     -m "$ref" --bench -p 1 -n 0 -d 2147483647

@@ -77,6 +77,15 @@ std::string model_label(const Model& m, int64_t* params, uint64_t* bytes) {
     return fmt::format("llama {} {}", human_count(double(*params)), main_type);
 }
 
+// The markdown table's size and params as llama-bench prints them: "5.19 MiB", "3.56 GiB"; "5.11 M", "6.74 B".
+std::string bench_size(uint64_t bytes) {
+    const double mib = double(bytes) / (1024.0 * 1024.0);
+    return mib < 1024.0 ? fmt::format("{:.2f} MiB", mib) : fmt::format("{:.2f} GiB", mib / 1024.0);
+}
+std::string bench_params(int64_t n) {
+    return n < 1000000000 ? fmt::format("{:.2f} M", double(n) / 1e6) : fmt::format("{:.2f} B", double(n) / 1e9);
+}
+
 }  // namespace
 
 std::vector<int> parse_int_list(const std::string& text, const char* option, int min_value) {
@@ -170,8 +179,8 @@ void run_bench(const BenchOptions& opt) {
         for (const Test& t : tests) {
             double avg, sd;
             stats(t.tok_s, &avg, &sd);
-            out += fmt::format("| {} | {} | {} | {} | {} | {}{} | {:.2f} ± {:.2f} |\n", label, human_bytes(double(bytes)),
-                               human_count(double(params)), backend_name, selected.n_threads,
+            out += fmt::format("| {} | {} | {} | {} | {} | {}{} | {:.2f} ± {:.2f} |\n", label, bench_size(bytes),
+                               bench_params(params), backend_name, selected.n_threads,
                                kv_types ? fmt::format("{} | {} | ", type_k, type_v) : "", t.name, avg, sd);
         }
     } else if (opt.output == "csv") {

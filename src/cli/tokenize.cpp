@@ -29,6 +29,7 @@ std::string quoted(const std::string& s) {
         if (c == '\n') out += "\\n";
         else if (c == '\t') out += "\\t";
         else if (c == '\'') out += "\\'";
+        else if (c == '\\') out += "\\\\";
         else if (n == 0 || static_cast<unsigned char>(c) < 0x20) out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
         else out += c;
         ++i;
