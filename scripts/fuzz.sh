@@ -9,11 +9,19 @@ if [[ ${1:-} == -h || ${1:-} == --help ]]; then
     exit 0
 fi
 seconds=${1:-60}
-[[ $seconds =~ ^[0-9]+$ ]] || { echo "fuzz.sh: SECONDS must be a number" >&2; exit 2; }
+[[ $seconds =~ ^[0-9]+$ ]] || { echo "fuzz.sh: error: SECONDS must be a number" >&2; exit 1; }
 targets=(gguf tokenize)
 [[ -n ${2:-} ]] && targets=("$2")
+[[ ${targets[0]} == gguf || ${targets[0]} == tokenize ]] ||
+    { echo "fuzz.sh: error: unknown target '${targets[0]}' (gguf or tokenize)" >&2; exit 1; }
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
+# The test-data folder the seeds come from, where the tests and gpu-check.sh look for it.
+shared=""
+for d in "${KVGEN_SHARED:-}" ../shared shared .shared; do
+    if [[ -n $d && -d $d/testdata ]]; then shared=$(cd "$d" && pwd); break; fi
+done
+[[ -n $shared ]] || { echo "fuzz.sh: error: no test-data folder with testdata/ (set KVGEN_SHARED)" >&2; exit 1; }
 scripts/setup.sh --no-build
 missing=()
 for p in clang libclang-rt-14-dev; do
@@ -23,7 +31,6 @@ if ((${#missing[@]})); then
     echo "fuzz: installing ${missing[*]}" >&2
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-shared=$(cd "$root/../shared" && pwd)
 build="build-fuzz"
 CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVGEN_CUDA=OFF \
     -DKVGEN_FUZZ=ON -DBUILD_TESTING=OFF -DKVGEN_SANITIZE=address,undefined >"$build.log" 2>&1 ||
