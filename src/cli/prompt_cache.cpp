@@ -145,7 +145,7 @@ PromptCacheLoad load_prompt_cache(const std::string& path, Backend& backend, uin
     std::string bytes;
     if (!read_whole(path, &bytes)) {
         if (errno == EISDIR || errno == EINVAL) {
-            r.problem = errno == EISDIR ? "it is a directory" : "not a regular file";
+            r.problem = prompt_cache_foreign(path);  // a directory or not a regular file: says which
         } else if (errno != ENOENT) {
             r.problem = fmt::format("cannot read it: {}", std::strerror(errno));
         }
