@@ -25,6 +25,7 @@
 #include "cli/prompt.h"
 #include "cli/signals.h"
 #include "cli/tokenize.h"
+#include "common/build_info.h"
 #include "common/error.h"
 #include "cpu/thread_pool.h"
 
@@ -101,7 +102,8 @@ void only_with(const CLI::App& app, const char* option, bool mode, const char* m
 
 int main(int argc, char** argv) {
     CLI::App app{"kvgen: text generation for LLaMA-style GGUF models, built around the KV cache", "kvgen"};
-    app.set_version_flag("--version", "kvgen 0.1.0");
+    app.set_version_flag("--version", fmt::format("kvgen {} (build {}, commit {})", kvgen::version(),
+                                                   kvgen::build_number(), kvgen::build_commit()));
     app.footer(
         "llama.cpp spellings are accepted: -ngl N (0: CPU, N > 0: GPU), -dev, -fa, -ctk/-ctv, -tb, -sys, -sysf, -st, "
         "-no-cnv, -sp.\n-r is the reverse prompt when generating and the repetition count with --bench (as in "
@@ -235,8 +237,9 @@ int main(int argc, char** argv) {
     app.add_option("--repetitions", repetitions, "--bench: -r N timed runs per test (after a warm-up)")
         ->check(CLI::Range(1, 1000));
     app.add_option("-d,--n-depth", depths, "--bench: tokens already in the KV cache, e.g. 0,1024,4096");
-    app.add_option("-o,--output-format", output_format, "--bench: md, json or csv")
-        ->check(CLI::IsMember({"md", "json", "csv"}));
+    app.add_option("-o,--output-format", output_format,
+                   "--bench: md (the table), csv, json, jsonl or sql (llama-bench's fields, then kvgen's own)")
+        ->check(CLI::IsMember({"md", "csv", "json", "jsonl", "sql"}));
     app.add_flag("--perplexity", perplexity,
                  "measure perplexity on the text of -f FILE as llama-perplexity does: chunks of -c tokens, the second "
                  "half of each scored");

@@ -322,8 +322,49 @@ else
 fi
 expect_ok "bench: the KV types in the markdown table when not f16" "| CPU | 1 | q8_0 | q4_0 | pp8 |" "$kvgen" -m "$ref" \
     --bench -p 8 -n 0 -r 1 -t 1 --kv-type q8_0/q4_0
-expect_ok "bench: csv names the math mode and the KV types" ",1,fast,f16,f16,pp8," "$kvgen" -m "$ref" --bench -p 8 \
-    -n 0 -r 1 -t 1 --math fast -o csv
+expect_ok "--version: the version, build number and commit" "^kvgen [0-9.]* (build [0-9]*, commit [0-9a-z-]*)$" \
+    "$kvgen" --version
+# csv, json, jsonl and sql: llama-bench's field names, the same fields in each, values that agree with each other.
+for format in csv json jsonl sql; do
+    "$kvgen" -m "$ref" --bench -p 8 -n 2 -r 2 -t 1 --math fast -o "$format" >"$tmp/bench.$format" 2>"$tmp/err" ||
+        fail "bench -o $format: $(cat "$tmp/err")"
+done
+commit=$(git -C "$src" rev-parse --short=7 HEAD 2>/dev/null || echo unknown)
+if python3 - "$tmp/bench" "$commit" <<'PY'; then
+import csv, json, sqlite3, sys
+base, commit = sys.argv[1], sys.argv[2]
+rows = json.load(open(base + ".json"))
+lines = [json.loads(line) for line in open(base + ".jsonl")]
+assert [r["test"] for r in rows] == [r["test"] for r in lines] == ["pp8", "tg2"], rows
+llama_bench = ["build_commit", "build_number", "cpu_info", "gpu_info", "backends", "model_filename", "model_type",
+               "model_size", "model_n_params", "n_batch", "n_threads", "type_k", "type_v", "use_mmap", "n_prompt",
+               "n_gen", "n_depth", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts", "samples_ns",
+               "samples_ts"]
+for r in rows:
+    assert list(r)[:len(llama_bench)] == llama_bench, list(r)
+    assert r["build_commit"].split("-")[0] == commit or commit == "unknown", (r["build_commit"], commit)
+    assert r["backends"] == "CPU" and r["math"] == "fast" and r["n_threads"] == 1 and r["type_k"] == "f16"
+    n = r["n_prompt"] + r["n_gen"]
+    assert len(r["samples_ns"]) == len(r["samples_ts"]) == 2
+    for ns, ts in zip(r["samples_ns"], r["samples_ts"]):
+        assert abs(ns * ts / 1e9 - n) < 1e-3 * n, (ns, ts, n)
+    assert abs(r["avg_ns"] - sum(r["samples_ns"]) / 2) <= 1
+with open(base + ".csv", newline="") as f:
+    table = list(csv.DictReader(f))
+scalars = [k for k in rows[0] if not isinstance(rows[0][k], list)]
+assert list(table[0]) == scalars, list(table[0])
+assert open(base + ".csv").read().splitlines()[1].startswith('"'), "csv values are quoted"
+assert [(t["test"], t["math"], t["kv_cache"], t["n_prompt"]) for t in table] == [("pp8", "fast", "1", "8"),
+                                                                                 ("tg2", "fast", "1", "0")], table
+db = sqlite3.connect(":memory:")
+db.executescript(open(base + ".sql").read())
+got = db.execute("SELECT test, n_gen, avg_ns > 0, avg_ts > 0, model_filename FROM kvgen_bench ORDER BY n_gen")
+assert got.fetchall() == [(r["test"], r["n_gen"], 1, 1, r["model_filename"]) for r in rows]
+PY
+    pass
+else
+    fail "bench: csv, json, jsonl and sql outputs"
+fi
 expect_ok "bench: size and params as llama-bench prints them" "| 5.19 MiB | 5.11 M | CPU |" "$kvgen" -m "$ref" --bench \
     -p 8 -n 0 -r 1 -t 1
 expect_error "bench: nothing to measure" "nothing to measure" "$kvgen" -m "$ref" --bench -p 0 -n 0
@@ -385,6 +426,12 @@ for type in F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K Q4_K_
         fail "kvgen-synth $type: $(cat "$tmp/err")"
     fi
 done
+# --bench's model column: what general.file_type says the file mostly is (as llama-bench names it), else the type
+# of most of its bytes (kvgen-synth records no file type for a k-quant alone).
+expect_ok "bench: the model column from general.file_type" "| llama [0-9.]*[KM] Q4_K - Medium | " "$kvgen" \
+    -m "$tmp/synth-Q4_K_M.gguf" --bench -p 4 -n 0 -r 1 -t 1
+expect_ok "bench: the model column without general.file_type" "| llama [0-9.]*[KM] Q5_K | " "$kvgen" \
+    -m "$tmp/synth-Q5_K.gguf" --bench -p 4 -n 0 -r 1 -t 1
 # --prompt-cache-all where a generated token's K/V differ in their last bits from a prompt token's (Q5_0 on the
 # CPU): only the prompt's rows are saved, and a hit on prompt + answer is exactly the cold run.
 q5="$tmp/synth-Q5_0.gguf"

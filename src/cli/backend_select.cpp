@@ -49,7 +49,11 @@ SelectedBackend make_backend(const Model& model, const Settings& s) {
                                     math_mode_name(s.math)));
 #if defined(KVGEN_HAVE_CUDA)
         out.backend = cuda::make_backend(model, s);
-        out.description = cuda::describe_device(cuda_device_index(s.device));
+        const int index = cuda_device_index(s.device);
+        out.description = cuda::describe_device(index);
+        std::string why;
+        for (const cuda::DeviceInfo& d : cuda::list_devices(&why))
+            if (d.id == index) out.gpu_name = d.name;
         return out;
 #else
         throw Error("--device cuda: this build has no CUDA backend (configure with -DKVGEN_CUDA=ON; use --device cpu)");

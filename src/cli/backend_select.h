@@ -15,6 +15,7 @@ struct SelectedBackend {
     std::string device;       // "cpu" or "cuda"
     std::string description;  // "cpu (2 threads, avx512-vnni kernels)", "cuda0 (NVIDIA H200, 132 SMs, 139.8 GiB)"
     int n_threads = 0;        // CPU threads (0 for CUDA)
+    std::string gpu_name;     // the CUDA device's name ("NVIDIA H200"); empty on the CPU
 };
 
 // "cpu" or "cuda": where a --device value (as normalize_device returns it) runs on this machine; auto picks cuda

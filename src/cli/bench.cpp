@@ -4,16 +4,20 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <map>
 #include <random>
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include "cli/format.h"
-#include "common/error.h"
 #include "cli/backend_select.h"
+#include "cli/format.h"
+#include "common/build_info.h"
+#include "common/error.h"
+#include "cpu/cpu_features.h"
 #include "engine/generator.h"
 #include "model/weights.h"
 
@@ -28,7 +32,8 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 struct Test {
     std::string name;  // pp512, tg128 @ d1024
     int n_prompt = 0, n_gen = 0, depth = 0;
-    std::vector<double> tok_s;
+    std::string time;                    // when its runs began, UTC, as llama-bench's test_time
+    std::vector<double> seconds, tok_s;  // each timed run
 };
 
 // Fills the cache with `depth` tokens (untimed), in batches.
@@ -67,13 +72,22 @@ std::string model_label(const Model& m, int64_t* params, uint64_t* bytes) {
         *bytes += t.nbytes;
         if (t.n_dims == 2) by_type[ggml_type_name(t.type)] += t.nbytes;
     }
+    // What the file says it mostly is ("Q4_K - Medium", as llama-bench names it), else the type of most bytes.
     std::string main_type;
-    uint64_t most = 0;
-    for (const auto& [name, b] : by_type)
-        if (b > most) {
-            most = b;
-            main_type = name;
-        }
+    const GgufValue* file_type = m.file.find("general.file_type");
+    int64_t file_type_value = -1;
+    if (file_type && file_type->is_integer() && file_type->as_f64() >= 0 && file_type->as_f64() < 1024)
+        file_type_value = int64_t(file_type->as_f64());
+    if (const char* name = gguf_file_type_name(file_type_value)) {
+        main_type = name;
+    } else {
+        uint64_t most = 0;
+        for (const auto& [type, b] : by_type)
+            if (b > most) {
+                most = b;
+                main_type = type;
+            }
+    }
     return fmt::format("llama {} {}", human_count(double(*params)), main_type);
 }
 
@@ -84,6 +98,65 @@ std::string bench_size(uint64_t bytes) {
 }
 std::string bench_params(int64_t n) {
     return n < 1000000000 ? fmt::format("{:.2f} M", double(n) / 1e6) : fmt::format("{:.2f} B", double(n) / 1e9);
+}
+
+std::string utc_now() {
+    const std::time_t now = std::time(nullptr);
+    std::tm tm{};
+    gmtime_r(&now, &tm);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return buf;
+}
+
+// One value of a result row as csv and sql print it: bools as 1/0, floats with six decimals.
+std::string value_text(const nlohmann::ordered_json& v) {
+    if (v.is_string()) return v.get<std::string>();
+    if (v.is_boolean()) return v.get<bool>() ? "1" : "0";
+    if (v.is_number_float()) return fmt::format("{:.6f}", v.get<double>());
+    return v.dump();
+}
+
+std::string replace_all(std::string s, char from, const char* to) {
+    std::string out;
+    for (char ch : s) out += ch == from ? std::string(to) : std::string(1, ch);
+    return out;
+}
+
+enum class TableFormat { Csv, Sql };
+
+// The rows (one per test, every row with the same fields) as llama-bench's csv (a header, then every value quoted)
+// or sql (a table, then an INSERT per row). The per-run arrays are json's alone.
+std::string table_text(const std::vector<nlohmann::ordered_json>& rows, TableFormat format) {
+    std::vector<std::string> columns;
+    for (const auto& [key, v] : rows.front().items())
+        if (!v.is_array()) columns.push_back(key);
+    std::string out;
+    if (format == TableFormat::Csv) {
+        out = fmt::format("{}\n", fmt::join(columns, ","));
+        for (const auto& r : rows) {
+            std::vector<std::string> cells;
+            for (const std::string& c : columns)
+                cells.push_back("\"" + replace_all(value_text(r[c]), '"', "\"\"") + "\"");
+            out += fmt::format("{}\n", fmt::join(cells, ","));
+        }
+        return out;
+    }
+    std::vector<std::string> defs;
+    for (const std::string& c : columns) {
+        const auto& v = rows.front()[c];
+        defs.push_back(fmt::format("  {} {}", c, v.is_string() ? "TEXT" : v.is_number_float() ? "REAL" : "INTEGER"));
+    }
+    out = fmt::format("CREATE TABLE IF NOT EXISTS kvgen_bench (\n{}\n);\n", fmt::join(defs, ",\n"));
+    for (const auto& r : rows) {
+        std::vector<std::string> cells;
+        for (const std::string& c : columns)
+            cells.push_back(r[c].is_string() ? "'" + replace_all(value_text(r[c]), '\'', "''") + "'"
+                                             : value_text(r[c]));
+        out += fmt::format("INSERT INTO kvgen_bench ({}) VALUES ({});\n", fmt::join(columns, ", "),
+                           fmt::join(cells, ", "));
+    }
+    return out;
 }
 
 }  // namespace
@@ -110,15 +183,16 @@ std::vector<int> parse_int_list(const std::string& text, const char* option, int
 }
 
 void run_bench(const BenchOptions& opt) {
-    if (opt.output != "md" && opt.output != "json" && opt.output != "csv")
-        throw Error(fmt::format("-o '{}': expected md, json or csv", opt.output));
+    if (opt.output != "md" && opt.output != "json" && opt.output != "jsonl" && opt.output != "csv" &&
+        opt.output != "sql")
+        throw Error(fmt::format("-o '{}': expected md, csv, json, jsonl or sql", opt.output));
     std::vector<Test> tests;
     for (int d : opt.depths) {
         const std::string at = d > 0 ? fmt::format(" @ d{}", d) : "";
         for (int p : opt.n_prompt)
-            if (p > 0) tests.push_back({fmt::format("pp{}{}", p, at), p, 0, d, {}});
+            if (p > 0) tests.push_back({fmt::format("pp{}{}", p, at), p, 0, d, {}, {}, {}});
         for (int n : opt.n_gen)
-            if (n > 0) tests.push_back({fmt::format("tg{}{}", n, at), 0, n, d, {}});
+            if (n > 0) tests.push_back({fmt::format("tg{}{}", n, at), 0, n, d, {}, {}, {}});
     }
     if (tests.empty()) throw Error("--bench: every -p and -n is 0, so there is nothing to measure");
     int need = 1;
@@ -147,9 +221,13 @@ void run_bench(const BenchOptions& opt) {
 
     for (Test& t : tests) {
         std::fprintf(stderr, "kvgen: bench %s: warm-up + %d runs\n", t.name.c_str(), opt.repetitions);
+        t.time = utc_now();
         run_once(backend, tokens, t, opt.kv_cache);
         const int n = t.n_prompt > 0 ? t.n_prompt : t.n_gen;
-        for (int r = 0; r < opt.repetitions; ++r) t.tok_s.push_back(n / run_once(backend, tokens, t, opt.kv_cache));
+        for (int r = 0; r < opt.repetitions; ++r) {
+            t.seconds.push_back(run_once(backend, tokens, t, opt.kv_cache));
+            t.tok_s.push_back(n / t.seconds.back());
+        }
     }
 
     int64_t params = 0;
@@ -183,30 +261,59 @@ void run_bench(const BenchOptions& opt) {
                                bench_params(params), backend_name, selected.n_threads,
                                kv_types ? fmt::format("{} | {} | ", type_k, type_v) : "", t.name, avg, sd);
         }
+        std::fwrite(out.data(), 1, out.size(), stdout);
+        std::fflush(stdout);
+        return;
+    }
+    // json, jsonl, csv and sql print the same fields: llama-bench's names where it has the field, then kvgen's own
+    // (the test's name, whether the cache was on, the math mode, the device as the logs describe it).
+    std::vector<nlohmann::ordered_json> rows;
+    for (const Test& t : tests) {
+        double avg, sd, avg_ns, sd_ns;
+        stats(t.tok_s, &avg, &sd);
+        std::vector<double> ns;
+        for (double s : t.seconds) ns.push_back(std::round(s * 1e9));
+        stats(ns, &avg_ns, &sd_ns);
+        nlohmann::ordered_json r;
+        r["build_commit"] = build_commit();
+        r["build_number"] = build_number();
+        r["cpu_info"] = cpu::model_name();
+        r["gpu_info"] = selected.gpu_name;
+        r["backends"] = backend_base;
+        r["model_filename"] = opt.model_path;
+        r["model_type"] = label;
+        r["model_size"] = bytes;
+        r["model_n_params"] = params;
+        r["n_batch"] = run.n_batch;
+        r["n_threads"] = selected.n_threads;
+        r["type_k"] = type_k;
+        r["type_v"] = type_v;
+        r["use_mmap"] = true;
+        r["n_prompt"] = t.n_prompt;
+        r["n_gen"] = t.n_gen;
+        r["n_depth"] = t.depth;
+        r["test_time"] = t.time;
+        r["avg_ns"] = int64_t(std::llround(avg_ns));
+        r["stddev_ns"] = int64_t(std::llround(sd_ns));
+        r["avg_ts"] = avg;
+        r["stddev_ts"] = sd;
+        r["samples_ns"] = nlohmann::ordered_json::array();
+        for (double x : ns) r["samples_ns"].push_back(int64_t(x));
+        r["samples_ts"] = t.tok_s;
+        r["test"] = t.name;
+        r["kv_cache"] = opt.kv_cache;
+        r["math"] = math_mode_name(run.math);
+        r["device"] = selected.description;
+        rows.push_back(std::move(r));
+    }
+    if (opt.output == "json") {
+        out = nlohmann::ordered_json(rows).dump(2) + "\n";
+    } else if (opt.output == "jsonl") {
+        for (const auto& r : rows) out += r.dump() + "\n";
     } else if (opt.output == "csv") {
-        out += "model,size,params,backend,threads,kv_cache,math,type_k,type_v,test,n_prompt,n_gen,n_depth,avg_ts,"
-               "stddev_ts\n";
-        for (const Test& t : tests) {
-            double avg, sd;
-            stats(t.tok_s, &avg, &sd);
-            out += fmt::format("\"{}\",{},{},{},{},{},{},{},{},{},{},{},{},{:.4f},{:.4f}\n", label, bytes, params,
-                               backend_base, selected.n_threads, opt.kv_cache ? 1 : 0, math_mode_name(run.math), type_k,
-                               type_v, t.name, t.n_prompt, t.n_gen, t.depth, avg, sd);
-        }
+        out = table_text(rows, TableFormat::Csv);
     } else {
-        nlohmann::ordered_json arr = nlohmann::ordered_json::array();
-        for (const Test& t : tests) {
-            double avg, sd;
-            stats(t.tok_s, &avg, &sd);
-            arr.push_back({{"model", label},         {"model_file", opt.model_path}, {"size", bytes},
-                           {"params", params},       {"backend", backend_base},      {"threads", selected.n_threads},
-                           {"kv_cache", opt.kv_cache}, {"math", math_mode_name(run.math)},
-                           {"type_k", type_k},       {"type_v", type_v},
-                           {"test", t.name},             {"n_prompt", t.n_prompt},
-                           {"n_gen", t.n_gen},       {"n_depth", t.depth},          {"avg_ts", avg},
-                           {"stddev_ts", sd},        {"samples_ts", t.tok_s},      {"device", selected.description}});
-        }
-        out = arr.dump(2) + "\n";
+        out = table_text(rows, TableFormat::Sql);
     }
     std::fwrite(out.data(), 1, out.size(), stdout);
     std::fflush(stdout);

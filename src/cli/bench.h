@@ -13,7 +13,7 @@ struct BenchOptions {
     std::vector<int> depths = {0};      // tokens already in the cache when a test starts
     int repetitions = 5;
     bool kv_cache = true;       // false: each decode step recomputes the whole sequence
-    std::string output = "md";  // md, json, csv
+    std::string output = "md";  // md, csv, json, jsonl, sql
     Settings run;               // its n_ctx is set to what the tests need
 };
 

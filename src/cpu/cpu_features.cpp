@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 
 namespace kvgen::cpu {
 
@@ -43,6 +44,20 @@ bool has_avx2() {
 bool has_avx512_vnni() {
     static const bool yes = detect_avx512_vnni();
     return yes;
+}
+
+std::string model_name() {
+    std::ifstream in("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(in, line)) {
+        if (line.rfind("model name", 0) != 0) continue;
+        const size_t colon = line.find(':');
+        if (colon == std::string::npos) break;
+        const size_t start = line.find_first_not_of(" \t", colon + 1);
+        if (start != std::string::npos) return line.substr(start, line.find_last_not_of(" \t") + 1 - start);
+        break;
+    }
+    return "unknown";
 }
 
 }  // namespace kvgen::cpu

@@ -31,7 +31,24 @@ constexpr Entry kTypes[] = {
 // The order users see in messages: float types first, then the legacy and k-quants.
 constexpr uint32_t kSupportedOrder[] = {0, 1, 30, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14};
 
+// general.file_type values for the types kvgen computes with (7-9 are Q8_0, Q5_0, Q5_1; 5 and 6 were retired).
+constexpr struct {
+    int64_t value;
+    const char* name;
+} kFileTypes[] = {
+    {0, "all F32"},       {1, "F16"},           {2, "Q4_0"},          {3, "Q4_1"},          {4, "Q4_1, some F16"},
+    {7, "Q8_0"},          {8, "Q5_0"},          {9, "Q5_1"},          {10, "Q2_K - Medium"}, {11, "Q3_K - Small"},
+    {12, "Q3_K - Medium"}, {13, "Q3_K - Large"}, {14, "Q4_K - Small"}, {15, "Q4_K - Medium"}, {16, "Q5_K - Small"},
+    {17, "Q5_K - Medium"}, {18, "Q6_K"},         {21, "Q2_K - Small"}, {32, "BF16"},
+};
+
 }  // namespace
+
+const char* gguf_file_type_name(int64_t file_type) {
+    for (const auto& f : kFileTypes)
+        if (f.value == file_type) return f.name;
+    return nullptr;
+}
 
 const GgmlTypeInfo* ggml_type_info(uint32_t id) {
     for (const Entry& e : kTypes) {

@@ -44,6 +44,10 @@ std::string ggml_supported_types();  // "F32, F16, BF16, Q4_0, ..."
 // Parses a type name ("q4_k" or "Q4_K"); returns false when unknown.
 bool ggml_type_from_name(const std::string& name, GgmlType* out);
 
+// The name of a general.file_type value (what a GGUF file is "mostly", as llama.cpp's quantizer records it):
+// 15 -> "Q4_K - Medium", 2 -> "Q4_0"; nullptr for a value without one.
+const char* gguf_file_type_name(int64_t file_type);
+
 // Bytes of one row of ne0 weights; ne0 must be a multiple of the block size.
 inline int64_t ggml_row_bytes(const GgmlTypeInfo& info, int64_t ne0) {
     return ne0 / info.block_size * info.type_size;

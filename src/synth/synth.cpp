@@ -235,6 +235,13 @@ GgufWriter synth_layout(const SynthOptions& opt, const GgufFile& vocab) {
     w.set("general.architecture", GgufValue::string("llama"));
     w.set("general.name", GgufValue::string(fmt::format("synthetic {} {}", s.name.empty() ? "custom" : s.name,
                                                         opt.type)));
+    // general.file_type as llama.cpp's quantizer records it, for the types whose files here are what it makes
+    // (one type throughout, or Q4_K_M's mixture); the k-quants alone have none.
+    const std::pair<const char*, int> file_types[] = {{"F32", 0},  {"F16", 1},  {"BF16", 32}, {"Q4_0", 2},
+                                                      {"Q4_1", 3}, {"Q5_0", 8}, {"Q5_1", 9},   {"Q8_0", 7},
+                                                      {"Q6_K", 18}, {"Q4_K_M", 15}};
+    for (const auto& [name, value] : file_types)
+        if (opt.type == name) w.set("general.file_type", u32(uint64_t(value)));
     w.set("llama.context_length", u32(uint64_t(s.n_ctx)));
     w.set("llama.embedding_length", u32(uint64_t(s.n_embd)));
     w.set("llama.block_count", u32(uint64_t(s.n_layers)));
