@@ -37,7 +37,7 @@ constexpr int kFaWarps = 4;
 constexpr int kFaThreads = 32 * kFaWarps;
 constexpr int kFaRows = 16 * kFaWarps;  // (query, head) rows per block
 constexpr int kFaTile = 64;             // cache positions per tile
-constexpr int kFaVStride = kFaTile + 8;  // halves per row of the transposed V tile (36 words: no bank conflicts)
+constexpr int kFaVStride = kFaTile + 8;  // halves per transposed V row (36 words: fragment reads in 32 banks)
 template <int HD>
 constexpr int kFaKStride = HD + 8;  // halves per K row in shared memory (HD / 2 + 4 words: no bank conflicts)
 // Floats of shared memory a block needs: the K tile [kFaTile][HD + 8] and the transposed V tile [HD][kFaTile + 8].
@@ -196,9 +196,14 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
     const float* koff = k_offsets ? k_offsets + int64_t(g) * HD : nullptr;
     for (int t0 = t_begin; t0 < t_end; t0 += kFaTile) {
         // The tile: K as [position][d], V transposed to [d][position] (B fragments of both are then one 32-bit load);
-        // positions past block_last as zeros, so that masked weights multiply zeros.
+        // positions past block_last as zeros, so that masked weights multiply zeros. A warp's 32 lanes take 16
+        // consecutive positions of 16 dimensions (two lanes a row's 32-byte sector): each transposed V store then
+        // fills 8 consecutive words in two rows of the tile, a 2-way bank conflict (lanes taking a row's dimensions,
+        // as for K, would hit one bank 8- or 16-way), and each 8 lanes' K stores, HD / 2 + 4 words apart, cover
+        // the 32 banks.
         for (int u = tid; u < kFaTile * HD / 8; u += kFaThreads) {
-            const int p = u / (HD / 8), d = (u % (HD / 8)) * 8;
+            constexpr int PG = kFaTile / 16;  // groups of 16 positions
+            const int c = u / 32, p = 16 * (c % PG) + u % 16, d = 8 * (2 * (c / PG) + u % 32 / 16);
             uint4 k4 = make_uint4(0, 0, 0, 0), v4 = make_uint4(0, 0, 0, 0);
             if (t0 + p <= block_last) {
                 k4 = kv_load8_f16(kv.k_type, kg + int64_t(t0 + p) * krb, d,
