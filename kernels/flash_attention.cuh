@@ -71,7 +71,10 @@ KVGEN_HD uint32_t load_u32(const __half* p) {
 // Values d .. d + 7 of a cached row as eight f16 (a quantized row's d * q rounded to f16: within 2^-12 of itself,
 // as an f16 cache holds K and V). add (a quantized row only; null: none): eight values added before the rounding.
 KVGEN_HD uint4 kv_load8_f16(KvType t, const uint8_t* row, int d, const float* add = nullptr) {
-    if (t == KvType::F16) return *reinterpret_cast<const uint4*>(row + 2 * d);
+    if (t == KvType::F16) {
+        check_aligned(row + 2 * d, 16);
+        return *reinterpret_cast<const uint4*>(row + 2 * d);
+    }
     float f[8];
     kv_load<8>(t, row, d, f);
     if (add)
@@ -210,6 +213,7 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
                                   koff && t0 + p >= kKvOffsetPositions ? koff + d : nullptr);
                 v4 = kv_load8_f16(kv.v_type, vg + int64_t(t0 + p) * vrb, d);
             }
+            check_aligned(ks + p * KS + d, 16);
             *reinterpret_cast<uint4*>(ks + p * KS + d) = k4;
             __half vh[8];
             memcpy(vh, &v4, sizeof(vh));

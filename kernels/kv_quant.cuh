@@ -55,9 +55,12 @@ KVGEN_HD void load_halves(const __half* p, float (&out)[E]) {
     } else if constexpr (E % 4 == 0) {
 #pragma unroll
         for (int e = 0; e < E; e += 4) {
+            check_aligned(p + e, 8);
             const uint2 u = *reinterpret_cast<const uint2*>(p + e);
-            const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
-            const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+            __half2 ha, hb;
+            memcpy(&ha, &u.x, sizeof(ha));
+            memcpy(&hb, &u.y, sizeof(hb));
+            const float2 a = __half22float2(ha), b = __half22float2(hb);
             out[e] = a.x;
             out[e + 1] = a.y;
             out[e + 2] = b.x;
@@ -66,6 +69,7 @@ KVGEN_HD void load_halves(const __half* p, float (&out)[E]) {
     } else if constexpr (E % 2 == 0) {
 #pragma unroll
         for (int e = 0; e < E; e += 2) {
+            check_aligned(p + e, 4);
             const float2 a = __half22float2(*reinterpret_cast<const __half2*>(p + e));
             out[e] = a.x;
             out[e + 1] = a.y;

@@ -56,6 +56,14 @@ KVGEN_HD uint4 ld16(const uint8_t* p) {
 #endif
 }
 
+// Where a kernel reads or writes `bytes` (8 or 16) at p with one vector access: on the host a misaligned p throws, as
+// ld16 does, since the device would fault; nothing on the device.
+KVGEN_HD void check_aligned(const void* p, unsigned bytes) {
+#if !defined(__CUDA_ARCH__)
+    if (reinterpret_cast<uintptr_t>(p) % bytes != 0) throw std::logic_error("a vector access at a misaligned address");
+#endif
+}
+
 // One byte, and two at a 2-byte aligned address, through the read-only path on the device.
 KVGEN_HD uint8_t ld_u8(const uint8_t* p) {
 #if defined(__CUDA_ARCH__)

@@ -484,6 +484,13 @@ TEST_CASE("float rows that are not whole 32-weight chunks: the ragged decoders a
     }
 }
 
+TEST_CASE("host emulation: a shuffle or mma.sync after a lane of the warp returned is an error, as on the device",
+          "[cuda-host]") {
+    CHECK_THROWS_WITH(cuda::host::warp_after_a_lane_returned(0), Catch::Contains("which has returned"));
+    CHECK_THROWS_WITH(cuda::host::warp_after_a_lane_returned(1), Catch::Contains("mma.sync with thread 31"));
+    CHECK_NOTHROW(cuda::host::warp_after_a_lane_returned(2));
+}
+
 TEST_CASE("the CUDA attention kernels' bodies, run on the host, match cpu::attention", "[cuda-host]") {
     struct Shape {
         int n_heads, n_kv, hd;

@@ -9,6 +9,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <random>
 #include <vector>
@@ -277,6 +278,10 @@ class FiberBlock {
                 current_ = int(i);
                 swapcontext(&main_, &fibers_[i].ctx);
                 ran = true;
+                if (error_) {  // the other threads stay suspended; their stacks go with the block
+                    g_block = outer;
+                    std::rethrow_exception(error_);
+                }
             }
             bool live = false, released = false;
             for (const Fiber& f : fibers_) live = live || !f.done;
@@ -320,6 +325,10 @@ class FiberBlock {
         const int lane = current_ % 32, base = current_ - lane, gid = lane >> 2, tig = lane & 3;
         frags_[size_t(current_)] = {a[0], a[1], a[2], a[3], b[0], b[1]};
         wait(kWarp);
+        // note: mma.sync.aligned needs every lane of the warp; one that returned early leaves the device undefined
+        for (int i = base; i < base + 32; ++i)
+            if (size_t(i) >= fibers_.size() || fibers_[size_t(i)].done)
+                throw Error(fmt::format("host emulation: mma.sync with thread {} of the warp gone", i));
         auto half_of = [](uint32_t reg, int k) {
             const uint16_t bits = uint16_t(k & 1 ? reg >> 16 : reg & 0xffffu);
             __half h;
@@ -348,7 +357,7 @@ class FiberBlock {
         const int lane = current_ % 32, base = current_ - lane;
         exch_[size_t(current_)] = v;
         wait(kWarp);
-        const float p = exch_[size_t(base + (lane ^ o))];
+        const float p = exch_[source(base + (lane ^ o))];
         wait(kWarp);
         return p;
     }
@@ -360,7 +369,7 @@ class FiberBlock {
         for (int o = first; o > 0; o >>= 1) {
             exch_[size_t(current_)] = v;
             wait(kWarp);
-            const float p = exch_[size_t(base + (lane ^ o))];
+            const float p = exch_[source(base + (lane ^ o))];
             wait(kWarp);
             v = op(v, p);
         }
@@ -368,6 +377,14 @@ class FiberBlock {
     }
 
   private:
+    // The lane a shuffle reads: one that has returned holds no value on the device (undefined there), so the tests
+    // fail instead of reading what it left here.
+    size_t source(int i) const {
+        if (size_t(i) >= fibers_.size() || fibers_[size_t(i)].done)
+            throw Error(fmt::format("host emulation: a shuffle reads thread {}, which has returned", i));
+        return size_t(i);
+    }
+
     struct Fiber {
         ucontext_t ctx{};
         std::vector<char> stack;
@@ -375,9 +392,14 @@ class FiberBlock {
         Wait wait = kNone;
     };
 
+    // note: an exception cannot unwind past a fiber's first frame, so it is kept here and rethrown by run()
     static void entry(int i) {
         FiberBlock* b = g_block;
-        (*b->body_)(i);
+        try {
+            (*b->body_)(i);
+        } catch (...) {
+            if (!b->error_) b->error_ = std::current_exception();
+        }
         b->fibers_[size_t(i)].done = true;
     }
 
@@ -402,6 +424,7 @@ class FiberBlock {
     std::vector<Fiber> fibers_;
     ucontext_t main_{};
     const std::function<void(int)>* body_ = nullptr;
+    std::exception_ptr error_;
 };
 
 // The HostThread context the attention bodies see.
@@ -440,6 +463,19 @@ void run_grid(int gx, int gy, int threads, size_t shared_floats, Body body) {
 }
 
 }  // namespace
+
+void warp_after_a_lane_returned(int kind) {
+    run_grid(1, 1, 32, 0, [&](const HostThread& t) {
+        if (kind != 2 && t.thread() == 31) return;
+        if (kind == 1) {
+            float c[4] = {0, 0, 0, 0};
+            const uint32_t a[4] = {0, 0, 0, 0}, b[2] = {0, 0};
+            t.mma(c, a, b);
+        } else {
+            t.warp_sum(1.0f);
+        }
+    });
+}
 
 std::vector<float> dequantize_rows(GgmlType type, const uint8_t* bytes, int64_t cols, int64_t r0, int64_t n_rows) {
     const DeviceRows dev = device_rows(type, bytes, r0 + n_rows, cols);

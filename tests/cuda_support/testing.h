@@ -183,6 +183,9 @@ int attention_max_splits(const KvLayout& kv);
 // (attention_partials).
 int attention_prefill_splits(int n_heads, const KvLayout& kv, int n, int pos0, int sm_count);
 int64_t attention_partials(int n_heads, int head_dim, int splits, int n_batch);
+// The emulator's own check: one warp whose lane 31 returns before the others shuffle (kind 0) or multiply with
+// mma.sync (kind 1), which the device leaves undefined; throws kvgen::Error saying so. Kind 2: no lane returns.
+void warp_after_a_lane_returned(int kind);
 using testing::KvBytes;
 // store_step and kv_write with the kernels' items run on the host (store_kv_item, store_kv_row_item, kv_offset_item).
 void store_step(KvBytes& cache, int l, const float* k, const float* v, int pos0, int n);
