@@ -37,6 +37,10 @@ std::vector<DeviceInfo> list_devices(std::string* why_none) {
         if (why_none) *why_none = "no CUDA device is visible";
         return out;
     }
+    // note: reading a device's free memory makes it current; the caller's current device is put back after, so a
+    // backend already running on one device is not moved to another by a later listing
+    int current = 0;
+    const bool restore = cudaGetDevice(&current) == cudaSuccess;
     for (int i = 0; i < n; ++i) {
         cudaDeviceProp p{};
         if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
@@ -53,6 +57,7 @@ std::vector<DeviceInfo> list_devices(std::string* why_none) {
         }
         out.push_back(d);
     }
+    if (restore) cudaSetDevice(current);
     if (out.empty() && why_none) *why_none = "CUDA devices are present but their properties cannot be read";
     return out;
 }

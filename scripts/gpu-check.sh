@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# A whole check of a GPU machine (about 8 minutes on one H200; --quick: about 2). Builds Release for the visible
-# GPU, runs the [cuda] tests, compares CPU and CUDA generations, benchmarks, profiles per kernel, and writes
-# OUTDIR/report.md + OUTDIR/report.json.
+# A whole check of a GPU machine (about 8 minutes on one H200, the default budget's bound; --quick: about 2).
+# Builds Release for the visible GPU, runs the [cuda] tests, compares CPU and CUDA generations, benchmarks, profiles
+# per kernel, and writes OUTDIR/report.md + OUTDIR/report.json.
 #
 # usage: scripts/gpu-check.sh [--quick] [--types T,T] OUTDIR
 #
@@ -22,7 +22,8 @@
 #      and for the quantized ones pp16 and tg128 with --cuda-kv-store kernel (SHAPE-T-storekernel: RoPE and the K/V
 #      store in their own launch, not in the Q|K|V products);
 #   4. the KV cache comparison (scripts/bench-kv.sh, --device cuda) on the first shape's Q4_K_M file (7B; without
-#      Q4_K_M in --types, the first type's): 128, 256, 512 tokens, and where the cached and recomputed tokens part (step, top-2 logit margin, logit difference).
+#      Q4_K_M in --types, the first type's): 128, 256, 512 tokens, and where the cached and recomputed tokens part
+#      (step, top-2 logit margin, logit difference).
 #
 #   --quick       the loop while tuning kernels (about 2 minutes): the incremental build, the [cuda] tests, the 7B
 #                 shape in each --types with pp4, pp16, pp512 and tg128 at depth 0 (pp4, pp16 and tg128 also with
@@ -30,12 +31,16 @@
 #                 stage 2 or 4
 #   --types T,T   weight types of stage 3 (default F16,Q8_0,Q4_0,Q4_K_M; with --quick, Q4_K_M)
 #
-# Later stages are skipped, and the report says so, when the time budget (KVGEN_GPU_BUDGET_S, default 450; 240 with
-# --quick) runs out. KVGEN_GPU_CHECK_DRY=1 rehearses the script on a machine without a GPU (CPU device, tiny
+# Later stages are skipped, and the report says so, when the time budget (KVGEN_GPU_BUDGET_S, default 420; 240 with
+# --quick) runs out; any one command is stopped 60 s past it, and the report is rewritten after every stage (marked
+# partial until the end), so a run cut short still leaves its figures. OUTDIR gets at most 8 files: log.txt,
+# cuda-tests.txt (read its first failure: a device fault fails every later test case too), report.md, report.json,
+# ncu-SHAPE-TYPE.csv.gz per profile, kv-results.md. KVGEN_GPU_CHECK_DRY=1 rehearses the script on a machine without a GPU (CPU device, tiny
 # shapes): it checks the script, not the GPU; there KVGEN_GPU_CHECK_NCU_CSV=FILE (an earlier ncu CSV, .gz or not)
-# stands in for the profile. Needs the test-data folder (../shared, ./shared or .shared, or KVGEN_SHARED): its
-# testdata/ holds the reference models, and its device-deps/, when there, prebuilt libraries for a machine without a
-# package registry (unpacked into build-gpu/deps).
+# stands in for the profile. Needs the test-data folder (../shared, ./shared or .shared, or KVGEN_SHARED; on a lent
+# machine that receives the checkout alone, copy it into the checkout as ./shared): its testdata/ holds the reference
+# models, and its device-deps/, when there, prebuilt libraries for a machine without a package registry (unpacked
+# into build-gpu/deps).
 set -euo pipefail
 
 usage() { sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"; }
@@ -57,18 +62,24 @@ mkdir -p "$outdir"
 out=$(cd "$outdir" && pwd)
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-budget=${KVGEN_GPU_BUDGET_S:-$((quick ? 240 : 450))}
+budget=${KVGEN_GPU_BUDGET_S:-$((quick ? 240 : 420))}
 peak=${KVGEN_PEAK_GBS:-4800}
 t0=$SECONDS
 log() { echo "gpu-check [$((SECONDS - t0)) s]: $*" | tee -a "$out/log.txt" >&2; }
 left() { echo $((budget - (SECONDS - t0))); }
+# bounded CMD...: CMD, stopped if it runs until 60 s past the budget (a hang must not take a lent machine's time)
+bounded() { timeout -k 5 "$(($(left) + 60 > 10 ? $(left) + 60 : 10))" "$@"; }
 : >"$out/log.txt"
 
 shared=""
 for d in "${KVGEN_SHARED:-}" ../shared shared .shared; do
     if [[ -n $d && -d $d/testdata ]]; then shared=$(cd "$d" && pwd); break; fi
 done
-[[ -n $shared ]] || { echo "gpu-check: error: no shared folder with testdata/ (set KVGEN_SHARED)" >&2; exit 1; }
+# note: on a lent device machine only the checkout travels: copy the test-data folder into it as ./shared first.
+[[ -n $shared ]] || {
+    echo "gpu-check: error: no test-data folder with testdata/ (../shared, ./shared, .shared or KVGEN_SHARED)" >&2
+    exit 1
+}
 dry=0 dev=cuda shapes=(llama2-7b llama2-13b) cmp_shape=smollm2-135m kv_lengths=128,256,512 depths=0,1024,4096
 attn_depth=4096
 ((quick)) && shapes=(llama2-7b) depths=0
@@ -94,7 +105,8 @@ fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/kvgen-gpu.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVGEN_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" \
-    -DKVGEN_SHARED_DIR="$shared" >"$work/build.log" 2>&1 || { tail -n 30 "$work/build.log" | tee -a "$out/log.txt"; exit 1; }
+    -DKVGEN_SHARED_DIR="$shared" >"$work/build.log" 2>&1 ||
+    { tail -n 30 "$work/build.log" | tee -a "$out/log.txt"; exit 1; }
 # Only what runs here: the host-emulated kernel tests and the CPU tests belong to scripts/test.sh on the CPU, and
 # here they would spend device time (the host tests alone take about 1.5 minutes) repeating what it checks.
 if ! cmake --build "$build" -j "$(nproc)" --target kvgen kvgen-synth kvgen_cuda_tests >>"$work/build.log" 2>&1; then
@@ -104,11 +116,24 @@ fi
 kvgen="$root/$build/kvgen" synth="$root/$build/kvgen-synth"
 log "built"
 
+# The report, rewritten after every stage from what is there (scripts/lib/gpu_report.py): a run stopped early
+# still leaves its figures. write_report STATE: "complete", or the stage just finished.
+cuda_rc=-1 kv_status="not run" kv_parting="" kv_name="" ncu_status="not reached" skipped=()
+write_report() {
+    local state=$1 skipped_list
+    skipped_list=$(printf '%s\n' "${skipped[@]+"${skipped[@]}"}")
+    python3 scripts/lib/gpu_report.py "$out" "$work" "$gpu" "$peak" "$cuda_rc" "$kv_status" "$((SECONDS - t0))" \
+        "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" "$skipped_list" "$kv_name" "$mode" "$types" \
+        "$ncu_status" "$kv_parting" "$state"
+}
+
 set +e
-"$build/tests/kvgen_cuda_tests" --durations yes >"$out/cuda-tests.txt" 2>&1
+# note: a device fault is sticky for the process, so every test case after a faulting one fails too: read the first
+timeout -k 5 240 "$build/tests/kvgen_cuda_tests" --durations yes >"$out/cuda-tests.txt" 2>&1
 cuda_rc=$?
 set -e
 log "[cuda] tests: exit $cuda_rc ($(tail -n 2 "$out/cuda-tests.txt" | tr '\n' ' '))"
+write_report "the [cuda] tests" >/dev/null
 
 vocab="$shared/testdata/vocab/ggml-vocab-llama-spm.gguf"
 
@@ -117,19 +142,20 @@ mkdir -p "$work/cmp"
 cmp_models=()
 ((quick)) || for f in "$shared"/testdata/ref/*.gguf "$shared"/testdata/tiny/*.gguf; do cmp_models+=("$f"); done
 ((quick)) || for t in F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K Q4_K_M; do
-    "$synth" "$cmp_shape" --type "$t" --vocab "$vocab" -o "$work/cmp/$cmp_shape-$t.gguf" >/dev/null 2>&1
+    "$synth" "$cmp_shape" --type "$t" --vocab "$vocab" -o "$work/cmp/$cmp_shape-$t.gguf" >/dev/null 2>&1 ||
+        { log "kvgen-synth $cmp_shape $t failed"; continue; }
     cmp_models+=("$work/cmp/$cmp_shape-$t.gguf")
 done
 for m in "${cmp_models[@]+"${cmp_models[@]}"}"; do
     name=$(basename "$m" .gguf)
     for d in cpu cuda; do
-        "$kvgen" -m "$m" -p "Once upon a time, there was a little" -n 32 --temp 0 --ignore-eos \
+        bounded "$kvgen" -m "$m" -p "Once upon a time, there was a little" -n 32 --temp 0 --ignore-eos \
             --device "$([[ $d == cuda ]] && echo "$dev" || echo cpu)" \
             --json "$work/cmp/$name.$d.json" --dump-logits "$work/cmp/$name.$d.f32" >/dev/null \
             2>"$work/cmp/$name.$d.err" || log "$name on $d failed: $(tail -n 1 "$work/cmp/$name.$d.err")"
     done
 done
-((quick)) || log "correctness runs done (${#cmp_models[@]} models)"
+((quick)) || { log "correctness runs done (${#cmp_models[@]} models)"; write_report "the correctness runs" >/dev/null; }
 
 # --- 3. speed, and per kernel --------------------------------------------------------------------------------------
 # The KV comparison's model, and the full run's one per-kernel profile: the first shape in Q4_K_M (or the first type).
@@ -155,7 +181,7 @@ ncu_pass() {
     shift 2
     if [[ -n $ncu ]]; then
         # note: --log-file keeps ncu's CSV apart from kvgen's generated text on stdout.
-        "$ncu" --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \
+        bounded "$ncu" --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \
             --log-file "$work/ncu/$name.csv" "$kvgen" -m "$f" -p "$ncu_prompt" -n "$ncu_gen" --temp 0 --ignore-eos \
             --device "$dev" --no-perf "$@" >/dev/null 2>"$work/ncu/$name.err" || return 1
     else
@@ -180,8 +206,8 @@ profile_kernels() {
         log "$name: no decode step in the profile; profiling again with --no-cuda-graphs"
         rc=0
         ncu_pass "$f" "$name" --no-cuda-graphs || rc=$?
-        ((rc == 0)) && sed -i "1s/^/Decode without the CUDA graph (kvgen --no-cuda-graphs): ncu did not profile the graph's kernels. /" \
-            "$work/ncu/$name.md"
+        local why="Decode without the CUDA graph (kvgen --no-cuda-graphs): ncu did not profile the graph's kernels."
+        ((rc == 0)) && sed -i "1s/^/$why /" "$work/ncu/$name.md"
     fi
     if ((rc == 0)); then
         gzip -c "$work/ncu/$name.csv" >"$out/ncu-$name.csv.gz"
@@ -205,47 +231,51 @@ profile_kernels() {
 }
 
 mkdir -p "$work/speed" "$work/ncu"
-skipped=()
 for shape in "${shapes[@]}"; do
+    # seconds a shape's runs take at most (2026-11-30: a 7B type about 40 s, a 13B 60-100 s with its larger files)
+    need=70
+    [[ $shape == *13b ]] && need=120
     for t in "${speed_types[@]}"; do
         name="$shape-$t"
-        if (($(left) < 60)); then skipped+=("$name"); continue; fi
+        if (($(left) < need)); then skipped+=("$name"); continue; fi
         f="$work/speed/$name.gguf"
         "$synth" "$shape" --type "$t" --vocab "$vocab" --threads "$(nproc)" -o "$f" >/dev/null 2>&1 ||
             { log "$name: kvgen-synth failed"; continue; }
-        "$kvgen" -m "$f" --inspect --json "$work/speed/$name.inspect.json" >/dev/null
+        "$kvgen" -m "$f" --inspect --json "$work/speed/$name.inspect.json" >/dev/null ||
+            { log "$name: kvgen --inspect failed"; rm -f "$f"; continue; }
         prompts=16,512  # a chat turn (the products of up to 16 tokens, split attention at depth) and the GEMM
         ((quick)) && prompts=4,16,512
-        "$kvgen" -m "$f" --bench --device "$dev" -p "$prompts" -n 128 -d "$depths" -r 2 -o json \
+        bounded "$kvgen" -m "$f" --bench --device "$dev" -p "$prompts" -n 128 -d "$depths" -r 2 -o json \
             >"$work/speed/$name.bench.json" 2>>"$out/log.txt" || log "$name: bench failed"
         if ((quick)); then  # the products of up to 16 tokens on f32 activations, to compare with the integer ones
             cp "$work/speed/$name.inspect.json" "$work/speed/$name-f32matvec.inspect.json"
-            "$kvgen" -m "$f" --bench --device "$dev" --cuda-matvec f32 -p 4,16 -n 128 -d 0 -r 2 -o json \
+            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-matvec f32 -p 4,16 -n 128 -d 0 -r 2 -o json \
                 >"$work/speed/$name-f32matvec.bench.json" 2>>"$out/log.txt" || log "$name: f32 matvec bench failed"
         fi
         # the decode products launched programmatically (--cuda-pdl on), to compare with the default launches
         cp "$work/speed/$name.inspect.json" "$work/speed/$name-pdl.inspect.json"
-        "$kvgen" -m "$f" --bench --device "$dev" --cuda-pdl on -p 0 -n 128 -d 0 -r 2 -o json \
+        bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-pdl on -p 0 -n 128 -d 0 -r 2 -o json \
             >"$work/speed/$name-pdl.bench.json" 2>>"$out/log.txt" || log "$name: bench with --cuda-pdl on failed"
         if [[ $t != F16 ]]; then  # RoPE and the K/V store in a launch of their own, not the Q|K|V products' epilogue
             cp "$work/speed/$name.inspect.json" "$work/speed/$name-storekernel.inspect.json"
-            "$kvgen" -m "$f" --bench --device "$dev" --cuda-kv-store kernel -p 16 -n 128 -d 0 -r 2 -o json \
+            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-kv-store kernel -p 16 -n 128 -d 0 -r 2 -o json \
                 >"$work/speed/$name-storekernel.bench.json" 2>>"$out/log.txt" ||
                 log "$name: bench with --cuda-kv-store kernel failed"
         fi
-        if [[ $t == "${speed_types[0]}" ]]; then  # prefill attention on the CUDA cores, to compare with the tensor cores
+        # the first type: prefill attention on the CUDA cores, to compare with the tensor cores
+        if [[ $t == "${speed_types[0]}" ]]; then
             cp "$work/speed/$name.inspect.json" "$work/speed/$name-warpattn.inspect.json"
-            "$kvgen" -m "$f" --bench --device "$dev" --cuda-attention warp -p 16,512 -n 0 -d "0,$attn_depth" -r 2 \
-                -o json >"$work/speed/$name-warpattn.bench.json" 2>>"$out/log.txt" ||
+            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-attention warp -p 16,512 -n 0 \
+                -d "0,$attn_depth" -r 2 -o json >"$work/speed/$name-warpattn.bench.json" 2>>"$out/log.txt" ||
                 log "$name: bench with --cuda-attention warp failed"
             for kvt in q8_0 q4_0; do  # a quantized KV cache: decode and prefill at depth
                 cp "$work/speed/$name.inspect.json" "$work/speed/$name-kv$kvt.inspect.json"
-                "$kvgen" -m "$f" --bench --device "$dev" --kv-type "$kvt" -p 512 -n 128 -d "0,$attn_depth" -r 2 \
-                    -o json >"$work/speed/$name-kv$kvt.bench.json" 2>>"$out/log.txt" ||
+                bounded "$kvgen" -m "$f" --bench --device "$dev" --kv-type "$kvt" -p 512 -n 128 \
+                    -d "0,$attn_depth" -r 2 -o json >"$work/speed/$name-kv$kvt.bench.json" 2>>"$out/log.txt" ||
                     log "$name: bench with --kv-type $kvt failed"
             done
             if ((quick)); then  # and the tensor cores at that depth (the full run has it in its depths)
-                "$kvgen" -m "$f" --bench --device "$dev" -p 16,512 -n 0 -d "$attn_depth" -r 2 -o json \
+                bounded "$kvgen" -m "$f" --bench --device "$dev" -p 16,512 -n 0 -d "$attn_depth" -r 2 -o json \
                     >"$work/speed/$name.deep.json" 2>>"$out/log.txt" || log "$name: deep bench failed"
             fi
         fi
@@ -255,152 +285,30 @@ for shape in "${shapes[@]}"; do
             profile_kernels "$f" "$name"
         fi
         if [[ $name == "$kv_name" ]] && ((!quick)); then mv "$f" "$work/kv-model.gguf"; else rm -f "$f"; fi
+        write_report "$name's speed runs" >/dev/null
     done
 done
 
 # --- 4. the KV cache comparison -----------------------------------------------------------------------------------
-kv_status="not run" kv_parting=""
+# note: bench-kv.sh writes 4-6 files; its results.md alone comes back (a lent machine returns at most 8 files)
 ((quick)) && kv_status="not run (--quick)"
 if [[ -f $work/kv-model.gguf ]] && (($(left) > 30)); then
-    if KVGEN_BIN="$kvgen" scripts/bench-kv.sh "$work/kv-model.gguf" --device "$dev" --lengths "$kv_lengths" --runs 1 \
-        --nocache-runs 1 --out "$out/kv" >>"$out/log.txt" 2>&1; then
+    if bounded env KVGEN_BIN="$kvgen" scripts/bench-kv.sh "$work/kv-model.gguf" --device "$dev" \
+        --lengths "$kv_lengths" --runs 1 --nocache-runs 1 --out "$work/kv" >>"$out/log.txt" 2>&1; then
         kv_status="ok"
+        cp "$work/kv/results.md" "$out/kv-results.md"
     else
         kv_status="failed (log.txt)"
     fi
     # bench-kv.sh's sentence on where the cached and recomputed tokens part, for the report's summary
-    kv_parting=$(grep -m 1 '^Cached vs recomputed:' "$out/kv/results.md" 2>/dev/null || true)
+    kv_parting=$(grep -m 1 '^Cached vs recomputed:' "$work/kv/results.md" 2>/dev/null || true)
     log "KV cache comparison: $kv_status${kv_parting:+; $kv_parting}"
 elif [[ -f $work/kv-model.gguf ]]; then
     kv_status="skipped: time budget"
 fi
 
 # --- report -------------------------------------------------------------------------------------------------------
-skipped_list=$(printf '%s\n' "${skipped[@]+"${skipped[@]}"}")
-python3 - "$out" "$work" "$gpu" "$peak" "$cuda_rc" "$kv_status" "$((SECONDS - t0))" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" "$skipped_list" "$kv_name" "$mode" "$types" "$ncu_status" "$kv_parting" <<'PY'
-import array, datetime, glob, json, math, os, sys
-
-(out, work, gpu, peak, cuda_rc, kv_status, secs, commit, skipped, kv_name, mode, types, ncu_status,
- kv_parting) = sys.argv[1:15]
-peak = float(peak)
-rep = {"date": datetime.date.today().isoformat(), "gpu": gpu.strip(), "commit": commit, "seconds": int(secs),
-       "mode": mode, "types": types.split(","), "cuda_tests_exit": int(cuda_rc),
-       "peak_gbs": peak, "correctness": [], "speed": [], "per_kernel": {}, "ncu": ncu_status, "kv_cache": kv_status,
-       "kv_parting": kv_parting, "skipped": [s for s in skipped.split("\n") if s]}
-
-# correctness: the CUDA run against the CPU run, logits compared while the two greedy paths agree
-cmp_runs = sorted(glob.glob(f"{work}/cmp/*.cpu.json"))
-
-
-def f32(path):  # the standard library only: a machine may lack numpy
-    a = array.array("f")
-    with open(path, "rb") as fh:
-        a.frombytes(fh.read())
-    return a
-
-
-for cj in cmp_runs:
-    name = os.path.basename(cj)[:-len(".cpu.json")]
-    gj = f"{work}/cmp/{name}.cuda.json"
-    row = {"model": name}
-    try:
-        c, g = json.load(open(cj)), json.load(open(gj))
-        lc, lg = f32(f"{work}/cmp/{name}.cpu.f32"), f32(f"{work}/cmp/{name}.cuda.f32")
-        n_vocab = len(lc) // len(c["tokens"])
-        same = 0
-        while same < min(len(c["tokens"]), len(g["tokens"])) and c["tokens"][same] == g["tokens"][same]:
-            same += 1
-        rows = min(same + 1, len(c["tokens"]), len(g["tokens"]))  # logits of step i depend on tokens < i
-        m = rows * n_vocab
-        a, diff = lc[:m], [x - y for x, y in zip(lc[:m], lg[:m])]
-        rel = max(abs(d) for d in diff) / max(1e-9, max(abs(x) for x in a))
-        mean = sum(a) / m
-        std = math.sqrt(sum((x - mean) ** 2 for x in a) / m)
-        nrmse = math.sqrt(sum(d * d for d in diff) / m) / max(1e-9, std)
-        row.update({"tokens": len(c["tokens"]), "same_tokens": same, "max_rel_diff": rel, "nrmse": nrmse,
-                    "cpu_decode_tok_s": c["decode_tok_s"], "cuda_decode_tok_s": g["decode_tok_s"]})
-    except Exception as e:  # a run that failed: say so in the report
-        row["error"] = str(e)
-    rep["correctness"].append(row)
-
-# speed: tokens/s and bandwidth (weights + the KV cache read at that depth) against the peak
-for ij in sorted(glob.glob(f"{work}/speed/*.inspect.json")):
-    name = os.path.basename(ij)[:-len(".inspect.json")]
-    info = json.load(open(ij))
-    wbytes = info["weight_bytes_per_token"]
-    kv_tok = info.get("kv_cache", {}).get("bytes_per_token", 0)
-    for kvt in ("q8_0", "q4_0"):  # a run with --kv-type: its cache's bytes
-        if name.endswith("-kv" + kvt):
-            kv_tok = (info.get("kv_cache_types", {}).get(kvt) or {}).get("bytes_per_token", kv_tok)
-    row = {"model": name, "weight_bytes_per_token": wbytes, "tests": []}
-    for part in ("bench", "deep"):
-        p = f"{work}/speed/{name}.{part}.json"
-        if not os.path.exists(p) or os.path.getsize(p) == 0:
-            continue
-        for t in json.load(open(p)):
-            e = {"test": t["test"], "n_depth": t["n_depth"], "tok_s": t["avg_ts"], "stddev": t["stddev_ts"]}
-            if t["n_gen"] > 0:
-                read = wbytes + kv_tok * (t["n_depth"] + t["n_gen"] / 2)
-                e["gb_s"] = read * t["avg_ts"] / 1e9
-                e["pct_peak"] = 100.0 * e["gb_s"] / peak
-            row["tests"].append(e)
-    rep["speed"].append(row)
-
-# 77: the test binary found no GPU (a dry run's case; on the GPU machine, a failure all the same)
-cuda_word = {0: "passed", 77: "skipped: no GPU found (exit 77)"}.get(int(cuda_rc), f"FAILED (exit {cuda_rc})")
-
-# per kernel: ncu_sum.py's tables (or why there are none)
-per_kernel_md = {}
-for md in sorted(glob.glob(f"{work}/ncu/*.md")):
-    name = os.path.basename(md)[:-len(".md")]
-    per_kernel_md[name] = open(md).read().strip()
-    js = f"{work}/ncu/{name}.json"
-    rep["per_kernel"][name] = json.load(open(js)) if os.path.exists(js) else {"error": per_kernel_md[name]}
-
-# a decode graph that did not capture runs launch by launch (slower, and the speed rows would not say why)
-graph_fails = sum("graph capture failed" in line for line in open(f"{out}/log.txt", errors="replace"))
-rep["graph_capture_failures"] = graph_fails
-
-json.dump(rep, open(f"{out}/report.json", "w"), indent=2)
-
-L = [f"# kvgen GPU check ({mode}), {rep['date']}", "",
-     f"GPU: {rep['gpu']}; commit {commit}; {secs} s; weight types {types}; peak bandwidth taken as {peak:.0f} GB/s.",
-     "",
-     f"- `[cuda]` tests: {cuda_word} "
-     "(cuda-tests.txt); the host-emulated kernel tests run on the CPU (scripts/test.sh), not here",
-     f"- per-kernel profile: {ncu_status}",
-     ]
-if mode == "full":
-    L.append(f"- KV cache comparison ({kv_name} shape): {kv_status}" + (" (kv/results.md)" if kv_status == "ok" else "")
-             + (f". {kv_parting}" if kv_parting else ""))
-if rep["skipped"]:
-    L.append(f"- skipped for time: {', '.join(rep['skipped'])}")
-if graph_fails:
-    L.append(f"- CUDA graph capture FAILED in {graph_fails} run(s): those decoded launch by launch (log.txt)")
-if mode == "full":
-    L += ["", "## CPU vs CUDA (greedy, 32 tokens)", "",
-          "| model | same tokens | max abs logit diff / max abs logit | nrmse | CPU tg t/s | CUDA tg t/s |",
-          "| --- | ---: | ---: | ---: | ---: | ---: |"]
-for r in rep["correctness"]:
-    if "error" in r:
-        L.append(f"| {r['model']} | error: {r['error']} | | | | |")
-    else:
-        L.append(f"| {r['model']} | {r['same_tokens']}/{r['tokens']} | {r['max_rel_diff']:.2e} | {r['nrmse']:.2e} "
-                 f"| {r['cpu_decode_tok_s']:.1f} | {r['cuda_decode_tok_s']:.1f} |")
-L += ["", "## Speed (`kvgen --bench --device cuda`)", "",
-      "| model | weights GB | test | t/s | GB/s read | % of peak |", "| --- | ---: | --- | ---: | ---: | ---: |"]
-for r in rep["speed"]:
-    for e in r["tests"]:
-        bw = f"{e['gb_s']:.0f} | {e['pct_peak']:.0f}%" if "gb_s" in e else " | "
-        L.append(f"| {r['model']} | {r['weight_bytes_per_token'] / 1e9:.2f} | {e['test']} | "
-                 f"{e['tok_s']:.1f} ± {e['stddev']:.1f} | {bw} |")
-for name, md in per_kernel_md.items():
-    L += ["", f"## Per kernel (ncu): {name}, a 3-token prompt and 3 generated tokens", "", md]
-if kv_status == "ok" and os.path.exists(f"{out}/kv/results.md"):
-    L += ["", f"## KV cache on the GPU ({kv_name} shape)", "", open(f"{out}/kv/results.md").read()]
-open(f"{out}/report.md", "w").write("\n".join(L) + "\n")
-print("\n".join(L))
-PY
+write_report complete
 log "report: $out/report.md"
 # A dry run has no GPU: its [cuda] tests skip (exit 77), which is no failure there.
 ((cuda_rc == 0 || (dry && cuda_rc == 77)))
