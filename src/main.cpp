@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <unistd.h>
 
@@ -93,6 +94,22 @@ std::vector<std::string> translated_args(const CLI::App& app, int argc, char** a
     return args;
 }
 
+// -t: a thread count from 1 to 1024, or with --bench a list of them ("1,2,4"); empty when not given.
+std::vector<int> thread_list(const std::string& text, bool bench) {
+    if (text.empty()) return {};
+    std::vector<int> out;
+    try {
+        out = kvgen::parse_int_list(text, "-t", 1);
+    } catch (const kvgen::Error&) {
+        out.clear();
+    }
+    const bool fits = !out.empty() && *std::max_element(out.begin(), out.end()) <= 1024;
+    if (!fits || (!bench && out.size() > 1))
+        throw kvgen::Error(fmt::format("-t/--threads '{}': expected a number of threads from 1 to 1024{}", text,
+                                       bench ? ", or a comma-separated list of them" : ""));
+    return out;
+}
+
 // Refuses an option that only means something in another mode, rather than ignoring it.
 void only_with(const CLI::App& app, const char* option, bool mode, const char* mode_name) {
     if (!mode && app.count(option) > 0) throw kvgen::Error(fmt::format("{} only applies to {}", option, mode_name));
@@ -110,6 +127,8 @@ int main(int argc, char** argv) {
         "llama-completion and llama-bench).");
 
     std::string model;
+    std::vector<std::string> models;  // -m, given once (or several times with --bench)
+    std::string threads;              // -t: a count (a list with --bench)
     std::string json_path;
     bool inspect = false;
     bool verbose = false;
@@ -124,7 +143,10 @@ int main(int argc, char** argv) {
     std::string prompt, prompt_file, system_file;
     kvgen::TokenizeOptions tok_opt;
     kvgen::LlamaSettings llama;
-    app.add_option("-m,--model", model, fmt::format("GGUF model file (default: {})", kDefaultModel));
+    app.add_option("-m,--model", models,
+                   fmt::format("GGUF model file (default: {}; --bench: -m again for each model to measure)",
+                               kDefaultModel))
+        ->allow_extra_args(false);
     app.add_flag("--inspect", inspect, "print the model's architecture, tensor types and KV cache cost, then exit");
     app.add_option("--json", json_path, "write a machine-readable report to this file ('-' for stdout with --inspect)");
     app.add_option("-p,--prompt", prompt, "prompt text");
@@ -146,7 +168,7 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(1, kvgen::kMaxCtx));
     app.add_option("-b,--batch-size", gen.run.n_batch, "prompt tokens per forward pass")
         ->check(CLI::Range(1, kvgen::kMaxBatch));
-    app.add_option("-t,--threads", gen.run.n_threads, "threads (default: physical cores)")->check(CLI::Range(1, 1024));
+    app.add_option("-t,--threads", threads, "threads (default: physical cores; --bench: a list, e.g. 1,2,4)");
     app.add_option("--threads-batch", llama.threads_batch, "llama.cpp's -tb: kvgen uses -t for prompt and generation")
         ->check(CLI::Range(1, 1024));
     app.add_option("--temp", gen.sampler.temp, "temperature (0: greedy)")->check(finite_range(0.0, 100.0));
@@ -286,7 +308,14 @@ int main(int argc, char** argv) {
         only_with(app, "--keep", generating, "generation");
         only_with(app, "--prompt-cache-all", app.count("--prompt-cache") > 0, "--prompt-cache");
         only_with(app, "--prompt-cache-ro", app.count("--prompt-cache") > 0, "--prompt-cache");
-        for (const char* name : {"--model", "--json", "--file", "--system-prompt-file", "--dump-logits",
+        if (models.size() > 1 && !bench)
+            throw kvgen::Error(fmt::format("-m given {} times: only --bench measures several models", models.size()));
+        for (const std::string& m : models)
+            if (m.empty()) throw kvgen::Error("--model: the file name is empty");
+        if (!models.empty()) model = models.front();
+        const std::vector<int> thread_counts = thread_list(threads, bench);
+        if (!thread_counts.empty()) gen.run.n_threads = thread_counts.front();
+        for (const char* name : {"--json", "--file", "--system-prompt-file", "--dump-logits",
                                  "--prompt-cache", "--kl-divergence-base", "--kl-divergence"})
             if (app.count(name) && app.get_option(name)->as<std::string>().empty())
                 throw kvgen::Error(fmt::format("{}: the file name is empty", name));
@@ -330,7 +359,8 @@ int main(int argc, char** argv) {
         if (!json_path.empty()) kvgen::check_writable(json_path);
         if (bench) {
             kvgen::BenchOptions b;
-            b.model_path = model;
+            b.model_paths = models.empty() ? std::vector<std::string>{model} : models;
+            b.threads = thread_counts;
             if (!prompt.empty()) b.n_prompt = kvgen::parse_int_list(prompt, "-p", 0);
             if (app.count("-n")) b.n_gen = {std::max(0, gen.n_predict)};
             b.depths = kvgen::parse_int_list(depths, "-d", 0);

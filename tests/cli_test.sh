@@ -426,6 +426,21 @@ for type in F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K Q4_K_
         fail "kvgen-synth $type: $(cat "$tmp/err")"
     fi
 done
+# several models (-m again) and thread counts (-t a list), as llama-bench: every model with every count, in turn
+if "$kvgen" --bench -m "$ref" -m "$tmp/synth-Q4_0.gguf" -t 1,2 -p 4 -n 0 -r 1 -o jsonl 2>"$tmp/err" |
+    python3 -c '
+import json, sys
+rows = [json.loads(line) for line in sys.stdin]
+got = [(r["model_filename"].rsplit("/", 1)[-1], r["n_threads"], r["test"]) for r in rows]
+assert got == [(m, t, "pp4") for m in ("open-gqa-Q8_0.gguf", "synth-Q4_0.gguf") for t in (1, 2)], got'; then
+    pass
+else
+    fail "bench: two models and two thread counts ($(cat "$tmp/err"))"
+fi
+expect_error "-m twice without --bench" "only --bench measures several models" "$kvgen" -m "$ref" -m "$ref" -p hi
+expect_error "-t list without --bench" "expected a number of threads from 1 to 1024$" "$kvgen" -m "$ref" -p hi -t 1,2
+expect_error "bench: a thread count past 1024" "or a comma-separated list of them" "$kvgen" -m "$ref" --bench -t 1,2000
+expect_error "bench: a second model that is not there" "cannot open" "$kvgen" --bench -m "$ref" -m "$tmp/none.gguf"
 # --bench's model column: what general.file_type says the file mostly is (as llama-bench names it), else the type
 # of most of its bytes (kvgen-synth records no file type for a k-quant alone).
 expect_ok "bench: the model column from general.file_type" "| llama [0-9.]*[KM] Q4_K - Medium | " "$kvgen" \

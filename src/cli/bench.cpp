@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <map>
 #include <random>
@@ -123,41 +124,90 @@ std::string replace_all(std::string s, char from, const char* to) {
     return out;
 }
 
-enum class TableFormat { Csv, Sql };
+// Mean and sample standard deviation.
+void stats(const std::vector<double>& v, double* avg, double* sd) {
+    *avg = 0;
+    for (double x : v) *avg += x;
+    *avg /= double(v.size());
+    *sd = 0;
+    for (double x : v) *sd += (x - *avg) * (x - *avg);
+    *sd = v.size() > 1 ? std::sqrt(*sd / double(v.size() - 1)) : 0.0;
+}
 
-// The rows (one per test, every row with the same fields) as llama-bench's csv (a header, then every value quoted)
-// or sql (a table, then an INSERT per row). The per-run arrays are json's alone.
-std::string table_text(const std::vector<nlohmann::ordered_json>& rows, TableFormat format) {
-    std::vector<std::string> columns;
-    for (const auto& [key, v] : rows.front().items())
-        if (!v.is_array()) columns.push_back(key);
-    std::string out;
-    if (format == TableFormat::Csv) {
-        out = fmt::format("{}\n", fmt::join(columns, ","));
-        for (const auto& r : rows) {
+// Result rows as each test ends: the markdown table, or llama-bench's csv (a header, then every value quoted), json
+// lines or sql (a table, then an INSERT per row), which stay valid as they grow; json, one document, at the end.
+// Every row has the same fields; the per-run arrays are json's alone.
+class RowPrinter {
+  public:
+    RowPrinter(std::string format, bool kv_types) : format_(std::move(format)), kv_types_(kv_types) {}
+
+    void add(const nlohmann::ordered_json& r, const std::string& md_cells) {
+        std::string out;
+        if (format_ == "json") {
+            json_.push_back(r);
+            return;
+        }
+        if (rows_++ == 0) out = header(r);
+        if (format_ == "md") {
+            out += md_cells;
+        } else if (format_ == "jsonl") {
+            out += r.dump() + "\n";
+        } else if (format_ == "csv") {
             std::vector<std::string> cells;
-            for (const std::string& c : columns)
+            for (const std::string& c : columns_)
                 cells.push_back("\"" + replace_all(value_text(r[c]), '"', "\"\"") + "\"");
             out += fmt::format("{}\n", fmt::join(cells, ","));
+        } else {
+            std::vector<std::string> cells;
+            for (const std::string& c : columns_)
+                cells.push_back(r[c].is_string() ? "'" + replace_all(value_text(r[c]), '\'', "''") + "'"
+                                                 : value_text(r[c]));
+            out += fmt::format("INSERT INTO kvgen_bench ({}) VALUES ({});\n", fmt::join(columns_, ", "),
+                               fmt::join(cells, ", "));
         }
-        return out;
+        emit(out);
     }
-    std::vector<std::string> defs;
-    for (const std::string& c : columns) {
-        const auto& v = rows.front()[c];
-        defs.push_back(fmt::format("  {} {}", c, v.is_string() ? "TEXT" : v.is_number_float() ? "REAL" : "INTEGER"));
+
+    void finish() {
+        if (format_ == "json") emit(json_.dump(2) + "\n");
     }
-    out = fmt::format("CREATE TABLE IF NOT EXISTS kvgen_bench (\n{}\n);\n", fmt::join(defs, ",\n"));
-    for (const auto& r : rows) {
-        std::vector<std::string> cells;
-        for (const std::string& c : columns)
-            cells.push_back(r[c].is_string() ? "'" + replace_all(value_text(r[c]), '\'', "''") + "'"
-                                             : value_text(r[c]));
-        out += fmt::format("INSERT INTO kvgen_bench ({}) VALUES ({});\n", fmt::join(columns, ", "),
-                           fmt::join(cells, ", "));
+
+    // The reader went away (kvgen --bench ... | head): nothing more to measure.
+    bool closed() const { return closed_; }
+
+  private:
+    void emit(const std::string& text) {
+        int error = 0;
+        if (closed_ || write_stdout(text, &error)) return;
+        if (error != 0) throw Error(fmt::format("standard output: write failed: {}", std::strerror(error)));
+        closed_ = true;
     }
-    return out;
-}
+
+    std::string header(const nlohmann::ordered_json& r) {
+        if (format_ == "md")
+            return kv_types_ ? "| model | size | params | backend | threads | type_k | type_v | test | t/s |\n"
+                               "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n"
+                             : "| model | size | params | backend | threads | test | t/s |\n"
+                               "| --- | ---: | ---: | --- | ---: | ---: | ---: |\n";
+        for (const auto& [key, v] : r.items())
+            if (!v.is_array()) columns_.push_back(key);
+        if (format_ == "csv") return fmt::format("{}\n", fmt::join(columns_, ","));
+        if (format_ != "sql") return "";
+        std::vector<std::string> defs;
+        for (const std::string& c : columns_) {
+            const auto& v = r[c];
+            defs.push_back(fmt::format("  {} {}", c, v.is_string() ? "TEXT" : v.is_number_float() ? "REAL" : "INTEGER"));
+        }
+        return fmt::format("CREATE TABLE IF NOT EXISTS kvgen_bench (\n{}\n);\n", fmt::join(defs, ",\n"));
+    }
+
+    std::string format_;
+    bool kv_types_;
+    int rows_ = 0;
+    bool closed_ = false;
+    std::vector<std::string> columns_;
+    nlohmann::ordered_json json_ = nlohmann::ordered_json::array();
+};
 
 }  // namespace
 
@@ -186,137 +236,110 @@ void run_bench(const BenchOptions& opt) {
     if (opt.output != "md" && opt.output != "json" && opt.output != "jsonl" && opt.output != "csv" &&
         opt.output != "sql")
         throw Error(fmt::format("-o '{}': expected md, csv, json, jsonl or sql", opt.output));
-    std::vector<Test> tests;
+    std::vector<Test> plan;
     for (int d : opt.depths) {
         const std::string at = d > 0 ? fmt::format(" @ d{}", d) : "";
         for (int p : opt.n_prompt)
-            if (p > 0) tests.push_back({fmt::format("pp{}{}", p, at), p, 0, d, {}, {}, {}});
+            if (p > 0) plan.push_back({fmt::format("pp{}{}", p, at), p, 0, d, {}, {}, {}});
         for (int n : opt.n_gen)
-            if (n > 0) tests.push_back({fmt::format("tg{}{}", n, at), 0, n, d, {}, {}, {}});
+            if (n > 0) plan.push_back({fmt::format("tg{}{}", n, at), 0, n, d, {}, {}, {}});
     }
-    if (tests.empty()) throw Error("--bench: every -p and -n is 0, so there is nothing to measure");
+    if (plan.empty()) throw Error("--bench: every -p and -n is 0, so there is nothing to measure");
     int need = 1;
-    for (const Test& t : tests) {
+    for (const Test& t : plan) {
         const int64_t positions = int64_t(t.depth) + t.n_prompt + t.n_gen;
         if (positions > kMaxCtx)
             throw Error(fmt::format("{} needs {} positions, more than a context holds ({})", t.name, positions,
                                     kMaxCtx));
         need = std::max(need, int(positions));
     }
+    if (opt.model_paths.empty()) throw Error("--bench: no model");
     resolve_device(opt.run.device);  // a missing device fails before the model loads
-    const Model model = Model::load(opt.model_path);
-    const Config& c = model.config;
-
-    Settings run = opt.run;
-    run.n_ctx = need;
-    SelectedBackend selected = make_backend(model, run);
-    Backend& backend = *selected.backend;
-    const bool cuda = selected.device == "cuda";
-    std::fprintf(stderr, "kvgen: bench on %s\n", selected.description.c_str());
-
-    std::mt19937 rng(1234);
-    std::uniform_int_distribution<int32_t> dist(0, c.n_vocab - 1);
-    std::vector<int32_t> tokens(static_cast<size_t>(need));
-    for (int32_t& t : tokens) t = dist(rng);
-
-    for (Test& t : tests) {
-        std::fprintf(stderr, "kvgen: bench %s: warm-up + %d runs\n", t.name.c_str(), opt.repetitions);
-        t.time = utc_now();
-        run_once(backend, tokens, t, opt.kv_cache);
-        const int n = t.n_prompt > 0 ? t.n_prompt : t.n_gen;
-        for (int r = 0; r < opt.repetitions; ++r) {
-            t.seconds.push_back(run_once(backend, tokens, t, opt.kv_cache));
-            t.tok_s.push_back(n / t.seconds.back());
-        }
-    }
-
-    int64_t params = 0;
-    uint64_t bytes = 0;
-    const std::string label = model_label(model, &params, &bytes);
-    const std::string backend_base = cuda ? "CUDA" : "CPU";
-    std::string backend_name = opt.kv_cache ? backend_base : backend_base + " (no KV cache)";
-    if (run.math != MathMode::Exact) backend_name += fmt::format(" --math {}", math_mode_name(run.math));
-    auto stats = [](const std::vector<double>& v, double* avg, double* sd) {
-        *avg = 0;
-        for (double x : v) *avg += x;
-        *avg /= double(v.size());
-        *sd = 0;
-        for (double x : v) *sd += (x - *avg) * (x - *avg);
-        *sd = v.size() > 1 ? std::sqrt(*sd / double(v.size() - 1)) : 0.0;
-    };
+    for (const std::string& path : opt.model_paths) Model::load(path);  // every file checked before any run
+    const std::vector<int> thread_counts = opt.threads.empty() ? std::vector<int>{opt.run.n_threads} : opt.threads;
 
     // The KV cache's element types, as llama-bench names them (the markdown table shows them when not f16).
-    const std::string type_k = kv_type_name(run.kv_type_k), type_v = kv_type_name(run.kv_type_v);
-    const bool kv_types = run.kv_type_k != KvType::F16 || run.kv_type_v != KvType::F16;
-    std::string out;
-    if (opt.output == "md") {
-        out += kv_types ? "| model | size | params | backend | threads | type_k | type_v | test | t/s |\n"
-                        : "| model | size | params | backend | threads | test | t/s |\n";
-        out += kv_types ? "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n"
-                        : "| --- | ---: | ---: | --- | ---: | ---: | ---: |\n";
-        for (const Test& t : tests) {
-            double avg, sd;
-            stats(t.tok_s, &avg, &sd);
-            out += fmt::format("| {} | {} | {} | {} | {} | {}{} | {:.2f} ± {:.2f} |\n", label, bench_size(bytes),
-                               bench_params(params), backend_name, selected.n_threads,
-                               kv_types ? fmt::format("{} | {} | ", type_k, type_v) : "", t.name, avg, sd);
+    const std::string type_k = kv_type_name(opt.run.kv_type_k), type_v = kv_type_name(opt.run.kv_type_v);
+    const bool kv_types = opt.run.kv_type_k != KvType::F16 || opt.run.kv_type_v != KvType::F16;
+    RowPrinter printer(opt.output, kv_types);
+    for (const std::string& path : opt.model_paths) {
+        const Model model = Model::load(path);
+        int64_t params = 0;
+        uint64_t bytes = 0;
+        const std::string label = model_label(model, &params, &bytes);
+        std::mt19937 rng(1234);
+        std::uniform_int_distribution<int32_t> dist(0, model.config.n_vocab - 1);
+        std::vector<int32_t> tokens(static_cast<size_t>(need));
+        for (int32_t& t : tokens) t = dist(rng);
+
+        for (int threads : thread_counts) {
+            Settings run = opt.run;
+            run.n_ctx = need;
+            run.n_threads = threads;
+            SelectedBackend selected = make_backend(model, run);
+            Backend& backend = *selected.backend;
+            const std::string backend_base = selected.device == "cuda" ? "CUDA" : "CPU";
+            std::string backend_name = opt.kv_cache ? backend_base : backend_base + " (no KV cache)";
+            if (run.math != MathMode::Exact) backend_name += fmt::format(" --math {}", math_mode_name(run.math));
+            std::fprintf(stderr, "kvgen: bench %s on %s\n", path.c_str(), selected.description.c_str());
+
+            for (Test t : plan) {
+                if (printer.closed()) return;
+                std::fprintf(stderr, "kvgen: bench %s: warm-up + %d runs\n", t.name.c_str(), opt.repetitions);
+                t.time = utc_now();
+                run_once(backend, tokens, t, opt.kv_cache);
+                const int n = t.n_prompt > 0 ? t.n_prompt : t.n_gen;
+                for (int r = 0; r < opt.repetitions; ++r) {
+                    t.seconds.push_back(run_once(backend, tokens, t, opt.kv_cache));
+                    t.tok_s.push_back(n / t.seconds.back());
+                }
+
+                // csv, json, jsonl and sql print the same fields: llama-bench's names where it has the field, then
+                // kvgen's own (the test's name, whether the cache was on, the math mode, the device as the log
+                // describes it).
+                double avg, sd, avg_ns, sd_ns;
+                stats(t.tok_s, &avg, &sd);
+                std::vector<double> ns;
+                for (double x : t.seconds) ns.push_back(std::round(x * 1e9));
+                stats(ns, &avg_ns, &sd_ns);
+                nlohmann::ordered_json r;
+                r["build_commit"] = build_commit();
+                r["build_number"] = build_number();
+                r["cpu_info"] = cpu::model_name();
+                r["gpu_info"] = selected.gpu_name;
+                r["backends"] = backend_base;
+                r["model_filename"] = path;
+                r["model_type"] = label;
+                r["model_size"] = bytes;
+                r["model_n_params"] = params;
+                r["n_batch"] = run.n_batch;
+                r["n_threads"] = selected.n_threads;
+                r["type_k"] = type_k;
+                r["type_v"] = type_v;
+                r["use_mmap"] = true;
+                r["n_prompt"] = t.n_prompt;
+                r["n_gen"] = t.n_gen;
+                r["n_depth"] = t.depth;
+                r["test_time"] = t.time;
+                r["avg_ns"] = int64_t(std::llround(avg_ns));
+                r["stddev_ns"] = int64_t(std::llround(sd_ns));
+                r["avg_ts"] = avg;
+                r["stddev_ts"] = sd;
+                r["samples_ns"] = nlohmann::ordered_json::array();
+                for (double x : ns) r["samples_ns"].push_back(int64_t(x));
+                r["samples_ts"] = t.tok_s;
+                r["test"] = t.name;
+                r["kv_cache"] = opt.kv_cache;
+                r["math"] = math_mode_name(run.math);
+                r["device"] = selected.description;
+                printer.add(r, fmt::format("| {} | {} | {} | {} | {} | {}{} | {:.2f} ± {:.2f} |\n", label,
+                                           bench_size(bytes), bench_params(params), backend_name, selected.n_threads,
+                                           kv_types ? fmt::format("{} | {} | ", type_k, type_v) : "", t.name, avg,
+                                           sd));
+            }
         }
-        std::fwrite(out.data(), 1, out.size(), stdout);
-        std::fflush(stdout);
-        return;
     }
-    // json, jsonl, csv and sql print the same fields: llama-bench's names where it has the field, then kvgen's own
-    // (the test's name, whether the cache was on, the math mode, the device as the logs describe it).
-    std::vector<nlohmann::ordered_json> rows;
-    for (const Test& t : tests) {
-        double avg, sd, avg_ns, sd_ns;
-        stats(t.tok_s, &avg, &sd);
-        std::vector<double> ns;
-        for (double s : t.seconds) ns.push_back(std::round(s * 1e9));
-        stats(ns, &avg_ns, &sd_ns);
-        nlohmann::ordered_json r;
-        r["build_commit"] = build_commit();
-        r["build_number"] = build_number();
-        r["cpu_info"] = cpu::model_name();
-        r["gpu_info"] = selected.gpu_name;
-        r["backends"] = backend_base;
-        r["model_filename"] = opt.model_path;
-        r["model_type"] = label;
-        r["model_size"] = bytes;
-        r["model_n_params"] = params;
-        r["n_batch"] = run.n_batch;
-        r["n_threads"] = selected.n_threads;
-        r["type_k"] = type_k;
-        r["type_v"] = type_v;
-        r["use_mmap"] = true;
-        r["n_prompt"] = t.n_prompt;
-        r["n_gen"] = t.n_gen;
-        r["n_depth"] = t.depth;
-        r["test_time"] = t.time;
-        r["avg_ns"] = int64_t(std::llround(avg_ns));
-        r["stddev_ns"] = int64_t(std::llround(sd_ns));
-        r["avg_ts"] = avg;
-        r["stddev_ts"] = sd;
-        r["samples_ns"] = nlohmann::ordered_json::array();
-        for (double x : ns) r["samples_ns"].push_back(int64_t(x));
-        r["samples_ts"] = t.tok_s;
-        r["test"] = t.name;
-        r["kv_cache"] = opt.kv_cache;
-        r["math"] = math_mode_name(run.math);
-        r["device"] = selected.description;
-        rows.push_back(std::move(r));
-    }
-    if (opt.output == "json") {
-        out = nlohmann::ordered_json(rows).dump(2) + "\n";
-    } else if (opt.output == "jsonl") {
-        for (const auto& r : rows) out += r.dump() + "\n";
-    } else if (opt.output == "csv") {
-        out = table_text(rows, TableFormat::Csv);
-    } else {
-        out = table_text(rows, TableFormat::Sql);
-    }
-    std::fwrite(out.data(), 1, out.size(), stdout);
-    std::fflush(stdout);
+    printer.finish();
 }
 
 }  // namespace kvgen
