@@ -95,8 +95,8 @@ std::vector<std::string> translated_args(const CLI::App& app, int argc, char** a
 }
 
 // -t: a thread count from 1 to 1024, or with --bench a list of them ("1,2,4"); empty when not given.
-std::vector<int> thread_list(const std::string& text, bool bench) {
-    if (text.empty()) return {};
+std::vector<int> thread_list(const std::string& text, bool given, bool bench) {
+    if (!given) return {};
     std::vector<int> out;
     try {
         out = kvgen::parse_int_list(text, "-t", 1);
@@ -106,7 +106,8 @@ std::vector<int> thread_list(const std::string& text, bool bench) {
     const bool fits = !out.empty() && *std::max_element(out.begin(), out.end()) <= 1024;
     if (!fits || (!bench && out.size() > 1))
         throw kvgen::Error(fmt::format("-t/--threads '{}': expected a number of threads from 1 to 1024{}", text,
-                                       bench ? ", or a comma-separated list of them" : ""));
+                                       bench ? ", or a comma-separated list of them"
+                                             : " (a list of them is for --bench)"));
     return out;
 }
 
@@ -146,7 +147,10 @@ int main(int argc, char** argv) {
     app.add_option("-m,--model", models,
                    fmt::format("GGUF model file (default: {}; --bench: -m again for each model to measure)",
                                kDefaultModel))
-        ->allow_extra_args(false);
+        ->expected(1)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+        ->allow_extra_args(false)
+        ->type_name("FILE");
     app.add_flag("--inspect", inspect, "print the model's architecture, tensor types and KV cache cost, then exit");
     app.add_option("--json", json_path, "write a machine-readable report to this file ('-' for stdout with --inspect)");
     app.add_option("-p,--prompt", prompt, "prompt text");
@@ -168,7 +172,8 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(1, kvgen::kMaxCtx));
     app.add_option("-b,--batch-size", gen.run.n_batch, "prompt tokens per forward pass")
         ->check(CLI::Range(1, kvgen::kMaxBatch));
-    app.add_option("-t,--threads", threads, "threads (default: physical cores; --bench: a list, e.g. 1,2,4)");
+    app.add_option("-t,--threads", threads, "threads, 1 to 1024 (default: physical cores; --bench: a list, e.g. 1,2,4)")
+        ->type_name("INT");
     app.add_option("--threads-batch", llama.threads_batch, "llama.cpp's -tb: kvgen uses -t for prompt and generation")
         ->check(CLI::Range(1, 1024));
     app.add_option("--temp", gen.sampler.temp, "temperature (0: greedy)")->check(finite_range(0.0, 100.0));
@@ -313,7 +318,10 @@ int main(int argc, char** argv) {
         for (const std::string& m : models)
             if (m.empty()) throw kvgen::Error("--model: the file name is empty");
         if (!models.empty()) model = models.front();
-        const std::vector<int> thread_counts = thread_list(threads, bench);
+        const std::vector<int> thread_counts = thread_list(threads, app.count("--threads") > 0, bench);
+        if (thread_counts.size() > 1 && llama.threads_batch > 0)
+            throw kvgen::Error("-tb/--threads-batch with a -t list: kvgen runs prompt processing and generation on "
+                               "the same threads, so each count of -t is both");
         if (!thread_counts.empty()) gen.run.n_threads = thread_counts.front();
         for (const char* name : {"--json", "--file", "--system-prompt-file", "--dump-logits",
                                  "--prompt-cache", "--kl-divergence-base", "--kl-divergence"})

@@ -438,9 +438,16 @@ else
     fail "bench: two models and two thread counts ($(cat "$tmp/err"))"
 fi
 expect_error "-m twice without --bench" "only --bench measures several models" "$kvgen" -m "$ref" -m "$ref" -p hi
-expect_error "-t list without --bench" "expected a number of threads from 1 to 1024$" "$kvgen" -m "$ref" -p hi -t 1,2
+expect_error "-t list without --bench" "a list of them is for --bench" "$kvgen" -m "$ref" -p hi -t 1,2
 expect_error "bench: a thread count past 1024" "or a comma-separated list of them" "$kvgen" -m "$ref" --bench -t 1,2000
 expect_error "bench: a second model that is not there" "cannot open" "$kvgen" --bench -m "$ref" -m "$tmp/none.gguf"
+# a later model that cannot run with the settings fails before the first row (head_dim 48 and a q8_0 cache)
+"$synth" tiny --type Q8_0 --vocab "$vocab" --n-embd 192 --n-heads 4 --n-kv-heads 4 -o "$tmp/hd48.gguf" >/dev/null 2>&1
+expect_error "bench: a later model that cannot run" "head_dim is 48" "$kvgen" --bench -m "$ref" -m "$tmp/hd48.gguf" \
+    --kv-type q8_0 -p 4 -n 0 -r 1 -o csv
+expect_error "-t with no value" "expected a number of threads" "$kvgen" -m "$ref" -p hi -t ''
+expect_error "bench: a list ending in a comma" "expected a comma-separated list" "$kvgen" -m "$ref" --bench -p 4,
+expect_error "bench: -tb with a -t list" "each count of -t is both" "$kvgen" -m "$ref" --bench -t 1,2 -tb 2
 # --bench's model column: what general.file_type says the file mostly is (as llama-bench names it), else the type
 # of most of its bytes (kvgen-synth records no file type for a k-quant alone).
 expect_ok "bench: the model column from general.file_type" "| llama [0-9.]*[KM] Q4_K - Medium | " "$kvgen" \

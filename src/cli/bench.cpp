@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "cli/backend_select.h"
 #include "cli/format.h"
@@ -151,7 +152,7 @@ class RowPrinter {
         if (format_ == "md") {
             out += md_cells;
         } else if (format_ == "jsonl") {
-            out += r.dump() + "\n";
+            out += r.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
         } else if (format_ == "csv") {
             std::vector<std::string> cells;
             for (const std::string& c : columns_)
@@ -169,7 +170,8 @@ class RowPrinter {
     }
 
     void finish() {
-        if (format_ == "json") emit(json_.dump(2) + "\n");
+        if (format_ == "json")
+            emit(json_.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n");
     }
 
     // The reader went away (kvgen --bench ... | head): nothing more to measure.
@@ -196,7 +198,8 @@ class RowPrinter {
         std::vector<std::string> defs;
         for (const std::string& c : columns_) {
             const auto& v = r[c];
-            defs.push_back(fmt::format("  {} {}", c, v.is_string() ? "TEXT" : v.is_number_float() ? "REAL" : "INTEGER"));
+            const char* type = v.is_string() ? "TEXT" : v.is_number_float() ? "REAL" : "INTEGER";
+            defs.push_back(fmt::format("  {} {}", c, type));
         }
         return fmt::format("CREATE TABLE IF NOT EXISTS kvgen_bench (\n{}\n);\n", fmt::join(defs, ",\n"));
     }
@@ -228,6 +231,9 @@ std::vector<int> parse_int_list(const std::string& text, const char* option, int
                                     min_value));
         out.push_back(v);
     }
+    if (!text.empty() && text.back() == ',')  // getline leaves no item after the last comma
+        throw Error(fmt::format("{} '{}': expected a comma-separated list of integers >= {}", option, text,
+                                min_value));
     if (out.empty()) throw Error(fmt::format("{}: empty list", option));
     return out;
 }
@@ -254,9 +260,20 @@ void run_bench(const BenchOptions& opt) {
         need = std::max(need, int(positions));
     }
     if (opt.model_paths.empty()) throw Error("--bench: no model");
-    resolve_device(opt.run.device);  // a missing device fails before the model loads
-    for (const std::string& path : opt.model_paths) Model::load(path);  // every file checked before any run
-    const std::vector<int> thread_counts = opt.threads.empty() ? std::vector<int>{opt.run.n_threads} : opt.threads;
+    const std::string device = resolve_device(opt.run.device);  // a missing device fails before the model loads
+    // Several models: each is set up once (its backend and KV cache made, then freed) before the first run, so a
+    // file or setting that does not suit one of them fails before any row is printed.
+    for (size_t i = 1; i < opt.model_paths.size(); ++i) Model::load(opt.model_paths[i]);
+    for (size_t i = 1; i < opt.model_paths.size(); ++i) {
+        Settings run = opt.run;
+        run.n_ctx = need;
+        make_backend(Model::load(opt.model_paths[i]), run);
+    }
+    std::vector<int> thread_counts = opt.threads.empty() ? std::vector<int>{opt.run.n_threads} : opt.threads;
+    if (device == "cuda" && thread_counts.size() > 1) {  // the GPU backend runs no CPU threads: one run is enough
+        spdlog::warn("-t {}: the CUDA backend does not use CPU threads; measuring once", fmt::join(thread_counts, ","));
+        thread_counts.resize(1);
+    }
 
     // The KV cache's element types, as llama-bench names them (the markdown table shows them when not f16).
     const std::string type_k = kv_type_name(opt.run.kv_type_k), type_v = kv_type_name(opt.run.kv_type_v);

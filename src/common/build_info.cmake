@@ -6,8 +6,19 @@ set(commit "unknown")
 set(number 0)
 find_package(Git QUIET)
 if(GIT_FOUND)
-    execute_process(COMMAND ${GIT_EXECUTABLE} -C ${SRC} rev-parse --short=7 HEAD
-                    OUTPUT_VARIABLE head RESULT_VARIABLE rc OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    # note: only SRC's own checkout counts: a source archive unpacked inside another repository has no commit
+    execute_process(COMMAND ${GIT_EXECUTABLE} -C ${SRC} rev-parse --show-toplevel
+                    OUTPUT_VARIABLE top RESULT_VARIABLE rc OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    get_filename_component(src_real ${SRC} REALPATH)
+    if(rc EQUAL 0 AND top)
+        get_filename_component(top ${top} REALPATH)
+    endif()
+    if(rc EQUAL 0 AND top STREQUAL src_real)
+        execute_process(COMMAND ${GIT_EXECUTABLE} -C ${SRC} rev-parse --short=7 HEAD
+                        OUTPUT_VARIABLE head RESULT_VARIABLE rc OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    else()
+        set(head "")
+    endif()
     if(rc EQUAL 0 AND head)
         set(commit ${head})
         execute_process(COMMAND ${GIT_EXECUTABLE} -C ${SRC} rev-list --count HEAD
