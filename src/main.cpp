@@ -303,6 +303,15 @@ int main(int argc, char** argv) {
     }
 
     try {
+        // note: one mode a run; a second would otherwise be dropped without a word
+        std::vector<std::string> modes;
+        for (const char* m : {"--bench", "--perplexity", "--inspect", "--tokenize", "--bench-memory", "--list-devices",
+                              "--conversation"})
+            if (app.count(m) > 0) modes.push_back(m);
+        if (modes.size() > 1)
+            throw kvgen::Error(fmt::format("{} and {} are different modes: give one", modes[0], modes[1]));
+        only_with(app, "--json", !bench && !bench_memory && !devices && !tokenize,
+                  "generation, --inspect and --perplexity (--bench prints json with -o json)");
         only_with(app, "--repetitions", bench, "--bench (-r is the reverse prompt when generating)");
         only_with(app, "--n-depth", bench, "--bench");
         only_with(app, "--output-format", bench, "--bench");

@@ -445,6 +445,8 @@ expect_error "bench: a second model that is not there" "cannot open" "$kvgen" --
 "$synth" tiny --type Q8_0 --vocab "$vocab" --n-embd 192 --n-heads 4 --n-kv-heads 4 -o "$tmp/hd48.gguf" >/dev/null 2>&1
 expect_error "bench: a later model that cannot run" "head_dim is 48" "$kvgen" --bench -m "$ref" -m "$tmp/hd48.gguf" \
     --kv-type q8_0 -p 4 -n 0 -r 1 -o csv
+expect_error "two modes" "--bench and --inspect are different modes" "$kvgen" -m "$ref" --bench --inspect
+expect_error "--json with --bench" "--bench prints json with -o json" "$kvgen" -m "$ref" --bench --json "$tmp/b.json"
 expect_error "-t with no value" "expected a number of threads" "$kvgen" -m "$ref" -p hi -t ''
 expect_error "bench: a list ending in a comma" "expected a comma-separated list" "$kvgen" -m "$ref" --bench -p 4,
 expect_error "bench: -tb with a -t list" "each count of -t is both" "$kvgen" -m "$ref" --bench -t 1,2 -tb 2
