@@ -165,8 +165,11 @@ int main(int argc, char** argv) {
                  "control tokens: parse their text in the prompt (e.g. <|im_start|>) and print them in the output");
     kvgen::GenerateCliOptions gen;
     std::string kv_type = kvgen::kv_types_name(gen.run.kv_type_k, gen.run.kv_type_v);
-    app.add_option("-n,--n-predict", gen.n_predict, "tokens to generate (-1: until end of generation or full context)")
-        ->check(CLI::Range(-1, 1 << 30));
+    std::string n_predict;  // -n: a count (a list with --bench)
+    app.add_option("-n,--n-predict", n_predict,
+                   "tokens to generate, -1 to 1073741824 (-1: until end of generation or full context; --bench: the "
+                   "decode tests, a list)")
+        ->type_name("INT");
     app.add_option("-c,--ctx-size", gen.run.n_ctx,
                    fmt::format("context size in tokens (default: min(model context, {}))", kvgen::kDefaultCtx))
         ->check(CLI::Range(1, kvgen::kMaxCtx));
@@ -264,6 +267,13 @@ int main(int argc, char** argv) {
     app.add_option("--repetitions", repetitions, "--bench: -r N timed runs per test (after a warm-up)")
         ->check(CLI::Range(1, 1000));
     app.add_option("-d,--n-depth", depths, "--bench: tokens already in the KV cache, e.g. 0,1024,4096");
+    std::vector<std::string> prompt_gen;
+    app.add_option("--prompt-gen", prompt_gen,
+                   "-pg P,N (llama-bench's): --bench a prompt of P tokens then N generated, timed together (ppP+tgN)")
+        ->expected(1)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+        ->allow_extra_args(false)
+        ->type_name("P,N");
     app.add_option("-o,--output-format", output_format,
                    "--bench: md (the table), csv, json, jsonl or sql (llama-bench's fields, then kvgen's own)")
         ->check(CLI::IsMember({"md", "csv", "json", "jsonl", "sql"}));
@@ -314,6 +324,27 @@ int main(int argc, char** argv) {
                   "generation, --inspect and --perplexity (--bench prints json with -o json)");
         only_with(app, "--repetitions", bench, "--bench (-r is the reverse prompt when generating)");
         only_with(app, "--n-depth", bench, "--bench");
+        only_with(app, "--prompt-gen", bench, "--bench");
+        if (app.count("--n-predict") > 0) {
+            if (bench) {
+                kvgen::parse_int_list(n_predict, "-n", 0);  // checked here, used below
+            } else {
+                size_t used = 0;
+                long long v = 0;
+                try {
+                    v = std::stoll(n_predict, &used);
+                } catch (const std::exception&) {
+                    used = 0;
+                }
+                if (n_predict.empty() || used != n_predict.size() || v < -1 || v > (1 << 30))
+                    throw kvgen::Error(fmt::format("-n/--n-predict '{}': expected a number of tokens from -1 to {}{}",
+                                                   n_predict, 1 << 30,
+                                                   n_predict.find(',') != std::string::npos
+                                                       ? " (a list of them is for --bench)"
+                                                       : ""));
+                gen.n_predict = int(v);
+            }
+        }
         only_with(app, "--output-format", bench, "--bench");
         only_with(app, "--kl-divergence-base", perplexity, "--perplexity");
         only_with(app, "--kl-divergence", perplexity, "--perplexity");
@@ -379,7 +410,13 @@ int main(int argc, char** argv) {
             b.model_paths = models.empty() ? std::vector<std::string>{model} : models;
             b.threads = thread_counts;
             if (!prompt.empty()) b.n_prompt = kvgen::parse_int_list(prompt, "-p", 0);
-            if (app.count("-n")) b.n_gen = {std::max(0, gen.n_predict)};
+            if (app.count("-n")) b.n_gen = kvgen::parse_int_list(n_predict, "-n", 0);
+            for (const std::string& pg : prompt_gen) {
+                const std::vector<int> v = kvgen::parse_int_list(pg, "-pg", 1);
+                if (v.size() != 2)
+                    throw kvgen::Error(fmt::format("-pg '{}': expected P,N (two numbers of tokens)", pg));
+                b.prompt_gen.emplace_back(v[0], v[1]);
+            }
             b.depths = kvgen::parse_int_list(depths, "-d", 0);
             b.repetitions = repetitions;
             b.kv_cache = gen.kv_cache;

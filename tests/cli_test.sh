@@ -437,6 +437,22 @@ assert got == [(m, t, "pp4") for m in ("open-gqa-Q8_0.gguf", "synth-Q4_0.gguf") 
 else
     fail "bench: two models and two thread counts ($(cat "$tmp/err"))"
 fi
+# -n takes a list with --bench, and -pg P,N times a prompt and its generation together (llama-bench's ppP+tgN)
+if "$kvgen" --bench -m "$ref" -p 0 -n 2,3 -pg 4,2 -d 0,8 -r 1 -t 1 -o jsonl 2>"$tmp/err" | python3 -c '
+import json, sys
+rows = [json.loads(line) for line in sys.stdin]
+got = [(r["test"], r["n_prompt"], r["n_gen"], r["n_depth"]) for r in rows]
+assert got == [("tg2", 0, 2, 0), ("tg3", 0, 3, 0), ("pp4+tg2", 4, 2, 0), ("tg2 @ d8", 0, 2, 8), ("tg3 @ d8", 0, 3, 8),
+               ("pp4+tg2 @ d8", 4, 2, 8)], got
+r = rows[2]
+assert all(abs(ns * ts / 1e9 - 6) < 1e-3 for ns, ts in zip(r["samples_ns"], r["samples_ts"])), r'; then
+    pass
+else
+    fail "bench: -n list and -pg ($(cat "$tmp/err"))"
+fi
+expect_error "-pg without --bench" "only applies to --bench" "$kvgen" -m "$ref" -p hi -pg 4,2
+expect_error "bench: -pg with one number" "expected P,N" "$kvgen" -m "$ref" --bench -pg 4
+expect_error "-n list without --bench" "a list of them is for --bench" "$kvgen" -m "$ref" -p hi -n 1,2
 expect_error "-m twice without --bench" "only --bench measures several models" "$kvgen" -m "$ref" -m "$ref" -p hi
 expect_error "-t list without --bench" "a list of them is for --bench" "$kvgen" -m "$ref" -p hi -t 1,2
 expect_error "bench: a thread count past 1024" "or a comma-separated list of them" "$kvgen" -m "$ref" --bench -t 1,2000

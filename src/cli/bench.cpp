@@ -44,17 +44,13 @@ void fill(Backend& b, const std::vector<int32_t>& tokens, int depth) {
     prefill(b, tokens.data(), 0, depth);
 }
 
-// Seconds for one repetition of a test.
+// Seconds for one repetition of a test: the prompt's prefill, then the generated tokens' decode steps.
 double run_once(Backend& b, const std::vector<int32_t>& tokens, const Test& t, bool kv_cache) {
     fill(b, tokens, t.depth);
-    if (t.n_prompt > 0) {
-        const auto t0 = Clock::now();
-        prefill(b, tokens.data(), t.depth, t.depth + t.n_prompt);
-        return seconds_since(t0);
-    }
     const auto t0 = Clock::now();
+    if (t.n_prompt > 0) prefill(b, tokens.data(), t.depth, t.depth + t.n_prompt);
     for (int k = 0; k < t.n_gen; ++k) {
-        const int pos = t.depth + k;
+        const int pos = t.depth + t.n_prompt + k;
         if (kv_cache) {
             b.forward(tokens.data() + pos, 1, pos, Pass::Decode);
         } else {  // recompute the whole sequence through the prefill path, as --no-kv-cache generation does
@@ -249,8 +245,10 @@ void run_bench(const BenchOptions& opt) {
             if (p > 0) plan.push_back({fmt::format("pp{}{}", p, at), p, 0, d, {}, {}, {}});
         for (int n : opt.n_gen)
             if (n > 0) plan.push_back({fmt::format("tg{}{}", n, at), 0, n, d, {}, {}, {}});
+        for (const auto& [p, n] : opt.prompt_gen)
+            plan.push_back({fmt::format("pp{}+tg{}{}", p, n, at), p, n, d, {}, {}, {}});
     }
-    if (plan.empty()) throw Error("--bench: every -p and -n is 0, so there is nothing to measure");
+    if (plan.empty()) throw Error("--bench: every -p and -n is 0 and there is no -pg, so there is nothing to measure");
     int need = 1;
     for (const Test& t : plan) {
         const int64_t positions = int64_t(t.depth) + t.n_prompt + t.n_gen;
@@ -305,7 +303,7 @@ void run_bench(const BenchOptions& opt) {
                 std::fprintf(stderr, "kvgen: bench %s: warm-up + %d runs\n", t.name.c_str(), opt.repetitions);
                 t.time = utc_now();
                 run_once(backend, tokens, t, opt.kv_cache);
-                const int n = t.n_prompt > 0 ? t.n_prompt : t.n_gen;
+                const int n = t.n_prompt + t.n_gen;
                 for (int r = 0; r < opt.repetitions; ++r) {
                     t.seconds.push_back(run_once(backend, tokens, t, opt.kv_cache));
                     t.tok_s.push_back(n / t.seconds.back());

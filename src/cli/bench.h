@@ -1,5 +1,6 @@
 #pragma once
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/settings.h"
@@ -11,6 +12,7 @@ struct BenchOptions {
     std::vector<int> threads;              // CPU thread counts, each in turn (empty: run.n_threads)
     std::vector<int> n_prompt = {512};     // prefill tests: pp<N>
     std::vector<int> n_gen = {128};        // decode tests: tg<N>
+    std::vector<std::pair<int, int>> prompt_gen;  // -pg P,N: a prompt of P then N generated, timed together
     std::vector<int> depths = {0};         // tokens already in the cache when a test starts
     int repetitions = 5;
     bool kv_cache = true;                  // false: each decode step recomputes the whole sequence

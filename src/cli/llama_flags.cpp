@@ -22,7 +22,7 @@ const Rename kRenames[] = {
     {"-fa", "--flash-attn"},    {"-ctk", "--cache-type-k"},         {"-ctv", "--cache-type-v"},
     {"-tb", "--threads-batch"}, {"-sys", "--system-prompt"},        {"-sysf", "--system-prompt-file"},
     {"-st", "--single-turn"},   {"-no-cnv", "--no-conversation"},   {"-sp", "--special"},
-    {"-cnv", "--conversation"},
+    {"-cnv", "--conversation"}, {"-pg", "--prompt-gen"},
 };
 
 struct Answer {
