@@ -111,6 +111,59 @@ std::vector<int> thread_list(const std::string& text, bool given, bool bench) {
     return out;
 }
 
+// The KV types --bench measures in turn: --kv-type A,B,C (each as --kv-type takes it, K/V for a pair), or -ctk and
+// -ctv lists as llama-bench takes them (every K type with every V type); empty for a single type (one value, or none:
+// the settings' own). Lists outside --bench, or with both spellings, are errors. The lists are taken out of *llama.
+std::vector<std::pair<kvgen::KvType, kvgen::KvType>> bench_kv_types(const std::string& kv_type, bool kv_type_given,
+                                                                     kvgen::LlamaSettings* llama, bool bench) {
+    auto has_comma = [](const std::string& t) { return t.find(',') != std::string::npos; };
+    const bool listed = has_comma(kv_type), k_listed = has_comma(llama->cache_type_k),
+               v_listed = has_comma(llama->cache_type_v);
+    if (!listed && !k_listed && !v_listed) return {};
+    if (!bench) throw kvgen::Error("a list of KV cache types (--kv-type, -ctk, -ctv) is for --bench");
+    auto split = [](const std::string& text, const char* option) {
+        std::vector<std::string> out;
+        size_t start = 0;
+        for (;;) {
+            const size_t comma = text.find(',', start);
+            out.push_back(text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+            if (out.back().empty())
+                throw kvgen::Error(fmt::format("{} '{}': expected a comma-separated list of KV cache types", option,
+                                               text));
+            if (comma == std::string::npos) return out;
+            start = comma + 1;
+        }
+    };
+    std::vector<std::pair<kvgen::KvType, kvgen::KvType>> out;
+    if (listed) {
+        if (!llama->cache_type_k.empty() || !llama->cache_type_v.empty())
+            throw kvgen::Error("--kv-type with a list and -ctk/-ctv: give the types one way");
+        for (const std::string& name : split(kv_type, "--kv-type")) {
+            kvgen::KvType k, v;
+            kvgen::kv_types_from_name(name, "--kv-type", &k, &v);
+            out.emplace_back(k, v);
+        }
+        return out;
+    }
+    if (kv_type_given) throw kvgen::Error("-ctk/-ctv lists and --kv-type: give the types one way");
+    std::vector<kvgen::KvType> ks{kvgen::KvType::F16}, vs{kvgen::KvType::F16};
+    auto types = [&](const std::string& text, const char* option) {
+        std::vector<kvgen::KvType> t;
+        for (std::string name : split(text, option)) {
+            for (char& c : name) c = char(std::tolower(static_cast<unsigned char>(c)));
+            t.push_back(kvgen::kv_type_from_name(name, option));
+        }
+        return t;
+    };
+    if (!llama->cache_type_k.empty()) ks = types(llama->cache_type_k, "-ctk");
+    if (!llama->cache_type_v.empty()) vs = types(llama->cache_type_v, "-ctv");
+    for (kvgen::KvType k : ks)
+        for (kvgen::KvType v : vs) out.emplace_back(k, v);
+    llama->cache_type_k.clear();
+    llama->cache_type_v.clear();
+    return out;
+}
+
 // Refuses an option that only means something in another mode, rather than ignoring it.
 void only_with(const CLI::App& app, const char* option, bool mode, const char* mode_name) {
     if (!mode && app.count(option) > 0) throw kvgen::Error(fmt::format("{} only applies to {}", option, mode_name));
@@ -378,6 +431,10 @@ int main(int argc, char** argv) {
             throw kvgen::Error(
                 "--reverse-prompt applies to generation, not --bench (where -r is the repetition count)");
         gen.run.device = kvgen::normalize_device(gen.run.device);
+        // --bench compares KV types in one run: --kv-type f16,q8_0,q8_0/q4_0, or -ctk and -ctv lists (every pair)
+        const std::vector<std::pair<kvgen::KvType, kvgen::KvType>> kv_types =
+            bench_kv_types(kv_type, app.count("--kv-type") > 0, &llama, bench);
+        if (!kv_types.empty()) kv_type = kvgen::kv_types_name(kv_types[0].first, kv_types[0].second);
         kvgen::kv_types_from_name(kv_type, "--kv-type", &gen.run.kv_type_k, &gen.run.kv_type_v);
         gen.run.cuda_int_matvec = cuda_matvec == "int16";
         kvgen::math_mode_from_name(math, &gen.run.math);
@@ -409,6 +466,7 @@ int main(int argc, char** argv) {
             kvgen::BenchOptions b;
             b.model_paths = models.empty() ? std::vector<std::string>{model} : models;
             b.threads = thread_counts;
+            b.kv_types = kv_types;
             if (!prompt.empty()) b.n_prompt = kvgen::parse_int_list(prompt, "-p", 0);
             if (app.count("-n")) b.n_gen = kvgen::parse_int_list(n_predict, "-n", 0);
             for (const std::string& pg : prompt_gen) {

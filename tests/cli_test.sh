@@ -450,6 +450,20 @@ assert all(abs(ns * ts / 1e9 - 6) < 1e-3 for ns, ts in zip(r["samples_ns"], r["s
 else
     fail "bench: -n list and -pg ($(cat "$tmp/err"))"
 fi
+# KV cache types in one --bench: a --kv-type list, or -ctk and -ctv lists (every pair, as llama-bench)
+if "$kvgen" --bench -m "$ref" -ctk f16,q8_0 -ctv q4_0,f16 -p 0 -n 2 -r 1 -t 1 -o jsonl 2>"$tmp/err" | python3 -c '
+import json, sys
+got = [(r["type_k"], r["type_v"]) for r in map(json.loads, sys.stdin)]
+assert got == [("f16", "q4_0"), ("f16", "f16"), ("q8_0", "q4_0"), ("q8_0", "f16")], got'; then
+    pass
+else
+    fail "bench: -ctk and -ctv lists ($(cat "$tmp/err"))"
+fi
+expect_ok "bench: a --kv-type list" "| q8_0 | q4_0 | tg2 |" "$kvgen" --bench -m "$ref" --kv-type f16,q8_0/q4_0 -p 0 \
+    -n 2 -r 1 -t 1
+expect_error "a --kv-type list without --bench" "is for --bench" "$kvgen" -m "$ref" -p hi --kv-type f16,q8_0
+expect_error "bench: --kv-type list and -ctk" "give the types one way" "$kvgen" --bench -m "$ref" --kv-type f16,q8_0 \
+    -ctk q8_0
 expect_error "-pg without --bench" "only applies to --bench" "$kvgen" -m "$ref" -p hi -pg 4,2
 expect_error "bench: -pg with one number" "expected P,N" "$kvgen" -m "$ref" --bench -pg 4
 expect_error "-n list without --bench" "a list of them is for --bench" "$kvgen" -m "$ref" -p hi -n 1,2
@@ -461,6 +475,8 @@ expect_error "bench: a second model that is not there" "cannot open" "$kvgen" --
 "$synth" tiny --type Q8_0 --vocab "$vocab" --n-embd 192 --n-heads 4 --n-kv-heads 4 -o "$tmp/hd48.gguf" >/dev/null 2>&1
 expect_error "bench: a later model that cannot run" "head_dim is 48" "$kvgen" --bench -m "$ref" -m "$tmp/hd48.gguf" \
     --kv-type q8_0 -p 4 -n 0 -r 1 -o csv
+expect_error "bench: a later KV type that cannot run" "head_dim is 48" "$kvgen" --bench -m "$tmp/hd48.gguf" \
+    --kv-type f16,q8_0 -p 4 -n 0 -r 1 -o csv
 expect_error "two modes" "--bench and --inspect are different modes" "$kvgen" -m "$ref" --bench --inspect
 expect_error "--json with --bench" "--bench prints json with -o json" "$kvgen" -m "$ref" --bench --json "$tmp/b.json"
 expect_error "-t with no value" "expected a number of threads" "$kvgen" -m "$ref" -p hi -t ''

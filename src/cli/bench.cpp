@@ -9,6 +9,8 @@
 #include <map>
 #include <random>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -259,24 +261,29 @@ void run_bench(const BenchOptions& opt) {
     }
     if (opt.model_paths.empty()) throw Error("--bench: no model");
     const std::string device = resolve_device(opt.run.device);  // a missing device fails before the model loads
-    // Several models: each is set up once (its backend and KV cache made, then freed) before the first run, so a
-    // file or setting that does not suit one of them fails before any row is printed.
+    const std::vector<std::pair<KvType, KvType>> kv_types =
+        opt.kv_types.empty() ? std::vector<std::pair<KvType, KvType>>{{opt.run.kv_type_k, opt.run.kv_type_v}}
+                             : opt.kv_types;
+    // Several models or KV types: each pair is set up once (its backend and KV cache made, then freed) before the
+    // first run, so a file or setting that does not suit one of them fails before any row is printed.
     for (size_t i = 1; i < opt.model_paths.size(); ++i) Model::load(opt.model_paths[i]);
-    for (size_t i = 1; i < opt.model_paths.size(); ++i) {
-        Settings run = opt.run;
-        run.n_ctx = need;
-        make_backend(Model::load(opt.model_paths[i]), run);
-    }
+    for (size_t i = 0; i < opt.model_paths.size(); ++i)
+        for (size_t j = i == 0 ? 1 : 0; j < kv_types.size(); ++j) {
+            Settings run = opt.run;
+            run.n_ctx = need;
+            std::tie(run.kv_type_k, run.kv_type_v) = kv_types[j];
+            make_backend(Model::load(opt.model_paths[i]), run);
+        }
     std::vector<int> thread_counts = opt.threads.empty() ? std::vector<int>{opt.run.n_threads} : opt.threads;
     if (device == "cuda" && thread_counts.size() > 1) {  // the GPU backend runs no CPU threads: one run is enough
         spdlog::warn("-t {}: the CUDA backend does not use CPU threads; measuring once", fmt::join(thread_counts, ","));
         thread_counts.resize(1);
     }
 
-    // The KV cache's element types, as llama-bench names them (the markdown table shows them when not f16).
-    const std::string type_k = kv_type_name(opt.run.kv_type_k), type_v = kv_type_name(opt.run.kv_type_v);
-    const bool kv_types = opt.run.kv_type_k != KvType::F16 || opt.run.kv_type_v != KvType::F16;
-    RowPrinter printer(opt.output, kv_types);
+    // The markdown table shows the KV cache's element types (as llama-bench names them) when one is not f16.
+    bool show_kv_types = false;
+    for (const auto& [k, v] : kv_types) show_kv_types = show_kv_types || k != KvType::F16 || v != KvType::F16;
+    RowPrinter printer(opt.output, show_kv_types);
     for (const std::string& path : opt.model_paths) {
         const Model model = Model::load(path);
         int64_t params = 0;
@@ -287,70 +294,75 @@ void run_bench(const BenchOptions& opt) {
         std::vector<int32_t> tokens(static_cast<size_t>(need));
         for (int32_t& t : tokens) t = dist(rng);
 
-        for (int threads : thread_counts) {
-            Settings run = opt.run;
-            run.n_ctx = need;
-            run.n_threads = threads;
-            SelectedBackend selected = make_backend(model, run);
-            Backend& backend = *selected.backend;
-            const std::string backend_base = selected.device == "cuda" ? "CUDA" : "CPU";
-            std::string backend_name = opt.kv_cache ? backend_base : backend_base + " (no KV cache)";
-            if (run.math != MathMode::Exact) backend_name += fmt::format(" --math {}", math_mode_name(run.math));
-            std::fprintf(stderr, "kvgen: bench %s on %s\n", path.c_str(), selected.description.c_str());
+        for (const auto& [kv_k, kv_v] : kv_types) {
+            for (int threads : thread_counts) {
+                Settings run = opt.run;
+                run.n_ctx = need;
+                run.n_threads = threads;
+                run.kv_type_k = kv_k;
+                run.kv_type_v = kv_v;
+                const std::string type_k = kv_type_name(kv_k), type_v = kv_type_name(kv_v);
+                SelectedBackend selected = make_backend(model, run);
+                Backend& backend = *selected.backend;
+                const std::string backend_base = selected.device == "cuda" ? "CUDA" : "CPU";
+                std::string backend_name = opt.kv_cache ? backend_base : backend_base + " (no KV cache)";
+                if (run.math != MathMode::Exact) backend_name += fmt::format(" --math {}", math_mode_name(run.math));
+                std::fprintf(stderr, "kvgen: bench %s on %s\n", path.c_str(), selected.description.c_str());
 
-            for (Test t : plan) {
-                if (printer.closed()) return;
-                std::fprintf(stderr, "kvgen: bench %s: warm-up + %d runs\n", t.name.c_str(), opt.repetitions);
-                t.time = utc_now();
-                run_once(backend, tokens, t, opt.kv_cache);
-                const int n = t.n_prompt + t.n_gen;
-                for (int r = 0; r < opt.repetitions; ++r) {
-                    t.seconds.push_back(run_once(backend, tokens, t, opt.kv_cache));
-                    t.tok_s.push_back(n / t.seconds.back());
+                for (Test t : plan) {
+                    if (printer.closed()) return;
+                    std::fprintf(stderr, "kvgen: bench %s: warm-up + %d runs\n", t.name.c_str(), opt.repetitions);
+                    t.time = utc_now();
+                    run_once(backend, tokens, t, opt.kv_cache);
+                    const int n = t.n_prompt + t.n_gen;
+                    for (int r = 0; r < opt.repetitions; ++r) {
+                        t.seconds.push_back(run_once(backend, tokens, t, opt.kv_cache));
+                        t.tok_s.push_back(n / t.seconds.back());
+                    }
+
+                    // csv, json, jsonl and sql print the same fields: llama-bench's names where it has the field, then
+                    // kvgen's own (the test's name, whether the cache was on, the math mode, the device as the log
+                    // describes it).
+                    double avg, sd, avg_ns, sd_ns;
+                    stats(t.tok_s, &avg, &sd);
+                    std::vector<double> ns;
+                    for (double x : t.seconds) ns.push_back(std::round(x * 1e9));
+                    stats(ns, &avg_ns, &sd_ns);
+                    nlohmann::ordered_json r;
+                    r["build_commit"] = build_commit();
+                    r["build_number"] = build_number();
+                    r["cpu_info"] = cpu::model_name();
+                    r["gpu_info"] = selected.gpu_name;
+                    r["backends"] = backend_base;
+                    r["model_filename"] = path;
+                    r["model_type"] = label;
+                    r["model_size"] = bytes;
+                    r["model_n_params"] = params;
+                    r["n_batch"] = run.n_batch;
+                    r["n_threads"] = selected.n_threads;
+                    r["type_k"] = type_k;
+                    r["type_v"] = type_v;
+                    r["use_mmap"] = true;
+                    r["n_prompt"] = t.n_prompt;
+                    r["n_gen"] = t.n_gen;
+                    r["n_depth"] = t.depth;
+                    r["test_time"] = t.time;
+                    r["avg_ns"] = int64_t(std::llround(avg_ns));
+                    r["stddev_ns"] = int64_t(std::llround(sd_ns));
+                    r["avg_ts"] = avg;
+                    r["stddev_ts"] = sd;
+                    r["samples_ns"] = nlohmann::ordered_json::array();
+                    for (double x : ns) r["samples_ns"].push_back(int64_t(x));
+                    r["samples_ts"] = t.tok_s;
+                    r["test"] = t.name;
+                    r["kv_cache"] = opt.kv_cache;
+                    r["math"] = math_mode_name(run.math);
+                    r["device"] = selected.description;
+                    const std::string kv_cells = show_kv_types ? fmt::format("{} | {} | ", type_k, type_v) : "";
+                    printer.add(r, fmt::format("| {} | {} | {} | {} | {} | {}{} | {:.2f} ± {:.2f} |\n", label,
+                                               bench_size(bytes), bench_params(params), backend_name,
+                                               selected.n_threads, kv_cells, t.name, avg, sd));
                 }
-
-                // csv, json, jsonl and sql print the same fields: llama-bench's names where it has the field, then
-                // kvgen's own (the test's name, whether the cache was on, the math mode, the device as the log
-                // describes it).
-                double avg, sd, avg_ns, sd_ns;
-                stats(t.tok_s, &avg, &sd);
-                std::vector<double> ns;
-                for (double x : t.seconds) ns.push_back(std::round(x * 1e9));
-                stats(ns, &avg_ns, &sd_ns);
-                nlohmann::ordered_json r;
-                r["build_commit"] = build_commit();
-                r["build_number"] = build_number();
-                r["cpu_info"] = cpu::model_name();
-                r["gpu_info"] = selected.gpu_name;
-                r["backends"] = backend_base;
-                r["model_filename"] = path;
-                r["model_type"] = label;
-                r["model_size"] = bytes;
-                r["model_n_params"] = params;
-                r["n_batch"] = run.n_batch;
-                r["n_threads"] = selected.n_threads;
-                r["type_k"] = type_k;
-                r["type_v"] = type_v;
-                r["use_mmap"] = true;
-                r["n_prompt"] = t.n_prompt;
-                r["n_gen"] = t.n_gen;
-                r["n_depth"] = t.depth;
-                r["test_time"] = t.time;
-                r["avg_ns"] = int64_t(std::llround(avg_ns));
-                r["stddev_ns"] = int64_t(std::llround(sd_ns));
-                r["avg_ts"] = avg;
-                r["stddev_ts"] = sd;
-                r["samples_ns"] = nlohmann::ordered_json::array();
-                for (double x : ns) r["samples_ns"].push_back(int64_t(x));
-                r["samples_ts"] = t.tok_s;
-                r["test"] = t.name;
-                r["kv_cache"] = opt.kv_cache;
-                r["math"] = math_mode_name(run.math);
-                r["device"] = selected.description;
-                printer.add(r, fmt::format("| {} | {} | {} | {} | {} | {}{} | {:.2f} ± {:.2f} |\n", label,
-                                           bench_size(bytes), bench_params(params), backend_name, selected.n_threads,
-                                           kv_types ? fmt::format("{} | {} | ", type_k, type_v) : "", t.name, avg,
-                                           sd));
             }
         }
     }

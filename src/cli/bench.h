@@ -3,6 +3,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/kv_layout.h"
 #include "engine/settings.h"
 
 namespace kvgen {
@@ -10,6 +11,7 @@ namespace kvgen {
 struct BenchOptions {
     std::vector<std::string> model_paths;  // each measured in turn, as llama-bench's -m a -m b
     std::vector<int> threads;              // CPU thread counts, each in turn (empty: run.n_threads)
+    std::vector<std::pair<KvType, KvType>> kv_types;  // K and V cache types, each in turn (empty: run's)
     std::vector<int> n_prompt = {512};     // prefill tests: pp<N>
     std::vector<int> n_gen = {128};        // decode tests: tg<N>
     std::vector<std::pair<int, int>> prompt_gen;  // -pg P,N: a prompt of P then N generated, timed together
