@@ -94,20 +94,23 @@ std::vector<std::string> translated_args(const CLI::App& app, int argc, char** a
     return args;
 }
 
-// -t: a thread count from 1 to 1024, or with --bench a list of them ("1,2,4"); empty when not given.
-std::vector<int> thread_list(const std::string& text, bool given, bool bench) {
+// -t or -b: a count from 1 to max, or with --bench a list of them ("1,2,4"); empty when not given. option and what
+// name it in the message ("-t/--threads", "threads").
+std::vector<int> count_list(const std::string& text, bool given, bool bench, const char* option, const char* what,
+                            int max) {
     if (!given) return {};
     std::vector<int> out;
     try {
-        out = kvgen::parse_int_list(text, "-t", 1);
+        out = kvgen::parse_int_list(text, option, 1);
     } catch (const kvgen::Error&) {
         out.clear();
     }
-    const bool fits = !out.empty() && *std::max_element(out.begin(), out.end()) <= 1024;
+    const bool fits = !out.empty() && *std::max_element(out.begin(), out.end()) <= max;
     if (!fits || (!bench && out.size() > 1))
-        throw kvgen::Error(fmt::format("-t/--threads '{}': expected a number of threads from 1 to 1024{}", text,
-                                       bench ? ", or a comma-separated list of them"
-                                             : " (a list of them is for --bench)"));
+        throw kvgen::Error(fmt::format("{} '{}': expected a number of {} from 1 to {}{}", option, text, what, max,
+                                       bench                                     ? ", or a comma-separated list of them"
+                                       : text.find(',') != std::string::npos ? " (a list of them is for --bench)"
+                                                                                 : ""));
     return out;
 }
 
@@ -226,8 +229,11 @@ int main(int argc, char** argv) {
     app.add_option("-c,--ctx-size", gen.run.n_ctx,
                    fmt::format("context size in tokens (default: min(model context, {}))", kvgen::kDefaultCtx))
         ->check(CLI::Range(1, kvgen::kMaxCtx));
-    app.add_option("-b,--batch-size", gen.run.n_batch, "prompt tokens per forward pass")
-        ->check(CLI::Range(1, kvgen::kMaxBatch));
+    std::string batch;  // -b: a count (a list with --bench)
+    app.add_option("-b,--batch-size", batch,
+                   fmt::format("prompt tokens per forward pass, 1 to {} (default: {}; --bench: a list)",
+                               kvgen::kMaxBatch, gen.run.n_batch))
+        ->type_name("INT");
     app.add_option("-t,--threads", threads, "threads, 1 to 1024 (default: physical cores; --bench: a list, e.g. 1,2,4)")
         ->type_name("INT");
     app.add_option("--threads-batch", llama.threads_batch, "llama.cpp's -tb: kvgen uses -t for prompt and generation")
@@ -411,7 +417,11 @@ int main(int argc, char** argv) {
         for (const std::string& m : models)
             if (m.empty()) throw kvgen::Error("--model: the file name is empty");
         if (!models.empty()) model = models.front();
-        const std::vector<int> thread_counts = thread_list(threads, app.count("--threads") > 0, bench);
+        const std::vector<int> thread_counts =
+            count_list(threads, app.count("--threads") > 0, bench, "-t/--threads", "threads", 1024);
+        const std::vector<int> batch_sizes =
+            count_list(batch, app.count("--batch-size") > 0, bench, "-b/--batch-size", "tokens", kvgen::kMaxBatch);
+        if (!batch_sizes.empty()) gen.run.n_batch = batch_sizes.front();
         if (thread_counts.size() > 1 && llama.threads_batch > 0)
             throw kvgen::Error("-tb/--threads-batch with a -t list: kvgen runs prompt processing and generation on "
                                "the same threads, so each count of -t is both");
@@ -466,6 +476,7 @@ int main(int argc, char** argv) {
             kvgen::BenchOptions b;
             b.model_paths = models.empty() ? std::vector<std::string>{model} : models;
             b.threads = thread_counts;
+            b.batches = batch_sizes;
             b.kv_types = kv_types;
             if (!prompt.empty()) b.n_prompt = kvgen::parse_int_list(prompt, "-p", 0);
             if (app.count("-n")) b.n_gen = kvgen::parse_int_list(n_predict, "-n", 0);

@@ -464,6 +464,10 @@ expect_ok "bench: a --kv-type list" "| q8_0 | q4_0 | tg2 |" "$kvgen" --bench -m 
 expect_error "a --kv-type list without --bench" "is for --bench" "$kvgen" -m "$ref" -p hi --kv-type f16,q8_0
 expect_error "bench: --kv-type list and -ctk" "give the types one way" "$kvgen" --bench -m "$ref" --kv-type f16,q8_0 \
     -ctk q8_0
+expect_ok "bench: a -b list, n_batch in the table" "| 1 | 4 | pp8 |" "$kvgen" --bench -m "$ref" -b 4,8 -p 8 -n 0 -r 1 \
+    -t 1
+expect_error "-b list without --bench" "a list of them is for --bench" "$kvgen" -m "$ref" -p hi -b 4,8
+expect_error "-b 0" "expected a number of tokens from 1 to 65536$" "$kvgen" -m "$ref" -p hi -b 0
 expect_error "-pg without --bench" "only applies to --bench" "$kvgen" -m "$ref" -p hi -pg 4,2
 expect_error "bench: -pg with one number" "expected P,N" "$kvgen" -m "$ref" --bench -pg 4
 expect_error "-n list without --bench" "a list of them is for --bench" "$kvgen" -m "$ref" -p hi -n 1,2

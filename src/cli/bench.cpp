@@ -7,6 +7,7 @@
 #include <cstring>
 #include <ctime>
 #include <map>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <tuple>
@@ -138,7 +139,9 @@ void stats(const std::vector<double>& v, double* avg, double* sd) {
 // Every row has the same fields; the per-run arrays are json's alone.
 class RowPrinter {
   public:
-    RowPrinter(std::string format, bool kv_types) : format_(std::move(format)), kv_types_(kv_types) {}
+    // kv_types, batch: the markdown table has type_k and type_v columns, and n_batch's.
+    RowPrinter(std::string format, bool kv_types, bool batch)
+        : format_(std::move(format)), kv_types_(kv_types), batch_(batch) {}
 
     void add(const nlohmann::ordered_json& r, const std::string& md_cells) {
         std::string out;
@@ -185,10 +188,10 @@ class RowPrinter {
 
     std::string header(const nlohmann::ordered_json& r) {
         if (format_ == "md")
-            return kv_types_ ? "| model | size | params | backend | threads | type_k | type_v | test | t/s |\n"
-                               "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n"
-                             : "| model | size | params | backend | threads | test | t/s |\n"
-                               "| --- | ---: | ---: | --- | ---: | ---: | ---: |\n";
+            return fmt::format("| model | size | params | backend | threads | {}{}test | t/s |\n"
+                               "| --- | ---: | ---: | --- | ---: | {}{}---: | ---: |\n",
+                               batch_ ? "n_batch | " : "", kv_types_ ? "type_k | type_v | " : "",
+                               batch_ ? "---: | " : "", kv_types_ ? "---: | ---: | " : "");
         for (const auto& [key, v] : r.items())
             if (!v.is_array()) columns_.push_back(key);
         if (format_ == "csv") return fmt::format("{}\n", fmt::join(columns_, ","));
@@ -203,7 +206,7 @@ class RowPrinter {
     }
 
     std::string format_;
-    bool kv_types_;
+    bool kv_types_, batch_;
     int rows_ = 0;
     bool closed_ = false;
     std::vector<std::string> columns_;
@@ -261,29 +264,47 @@ void run_bench(const BenchOptions& opt) {
     }
     if (opt.model_paths.empty()) throw Error("--bench: no model");
     const std::string device = resolve_device(opt.run.device);  // a missing device fails before the model loads
-    const std::vector<std::pair<KvType, KvType>> kv_types =
-        opt.kv_types.empty() ? std::vector<std::pair<KvType, KvType>>{{opt.run.kv_type_k, opt.run.kv_type_v}}
-                             : opt.kv_types;
-    // Several models or KV types: each pair is set up once (its backend and KV cache made, then freed) before the
-    // first run, so a file or setting that does not suit one of them fails before any row is printed.
-    for (size_t i = 1; i < opt.model_paths.size(); ++i) Model::load(opt.model_paths[i]);
-    for (size_t i = 0; i < opt.model_paths.size(); ++i)
-        for (size_t j = i == 0 ? 1 : 0; j < kv_types.size(); ++j) {
-            Settings run = opt.run;
-            run.n_ctx = need;
-            std::tie(run.kv_type_k, run.kv_type_v) = kv_types[j];
-            make_backend(Model::load(opt.model_paths[i]), run);
-        }
+    // The settings each model is measured with, in turn: every batch size, KV types and thread count given.
     std::vector<int> thread_counts = opt.threads.empty() ? std::vector<int>{opt.run.n_threads} : opt.threads;
     if (device == "cuda" && thread_counts.size() > 1) {  // the GPU backend runs no CPU threads: one run is enough
         spdlog::warn("-t {}: the CUDA backend does not use CPU threads; measuring once", fmt::join(thread_counts, ","));
         thread_counts.resize(1);
     }
+    const std::vector<int> batches = opt.batches.empty() ? std::vector<int>{opt.run.n_batch} : opt.batches;
+    const std::vector<std::pair<KvType, KvType>> kv_types =
+        opt.kv_types.empty() ? std::vector<std::pair<KvType, KvType>>{{opt.run.kv_type_k, opt.run.kv_type_v}}
+                             : opt.kv_types;
+    std::vector<Settings> instances;
+    for (int batch : batches)
+        for (const auto& [k, v] : kv_types)
+            for (int threads : thread_counts) {
+                Settings run = opt.run;
+                run.n_ctx = need;
+                run.n_batch = batch;
+                run.kv_type_k = k;
+                run.kv_type_v = v;
+                run.n_threads = threads;
+                instances.push_back(run);
+            }
+    // Several models, batch sizes or KV types: each is set up once (its backend and KV cache made, then freed) before
+    // the first run, so a file or setting that does not suit one of them fails before any row is printed. (Thread
+    // counts cannot fail.)
+    for (size_t i = 1; i < opt.model_paths.size(); ++i) Model::load(opt.model_paths[i]);
+    for (size_t i = 0; i < opt.model_paths.size(); ++i) {
+        std::unique_ptr<Model> model;
+        for (size_t j = 0; j < instances.size(); j += thread_counts.size()) {
+            if (i == 0 && j == 0) continue;  // the first run's own set-up fails before any row
+            if (!model) model = std::make_unique<Model>(Model::load(opt.model_paths[i]));
+            make_backend(*model, instances[j]);
+        }
+    }
 
-    // The markdown table shows the KV cache's element types (as llama-bench names them) when one is not f16.
-    bool show_kv_types = false;
+    // The markdown table shows the batch size when not the default and the KV cache's element types (as llama-bench
+    // names them) when one is not f16.
+    bool show_kv_types = false, show_batch = false;
     for (const auto& [k, v] : kv_types) show_kv_types = show_kv_types || k != KvType::F16 || v != KvType::F16;
-    RowPrinter printer(opt.output, show_kv_types);
+    for (int batch : batches) show_batch = show_batch || batch != Settings{}.n_batch;
+    RowPrinter printer(opt.output, show_kv_types, show_batch);
     for (const std::string& path : opt.model_paths) {
         const Model model = Model::load(path);
         int64_t params = 0;
@@ -294,75 +315,69 @@ void run_bench(const BenchOptions& opt) {
         std::vector<int32_t> tokens(static_cast<size_t>(need));
         for (int32_t& t : tokens) t = dist(rng);
 
-        for (const auto& [kv_k, kv_v] : kv_types) {
-            for (int threads : thread_counts) {
-                Settings run = opt.run;
-                run.n_ctx = need;
-                run.n_threads = threads;
-                run.kv_type_k = kv_k;
-                run.kv_type_v = kv_v;
-                const std::string type_k = kv_type_name(kv_k), type_v = kv_type_name(kv_v);
-                SelectedBackend selected = make_backend(model, run);
-                Backend& backend = *selected.backend;
-                const std::string backend_base = selected.device == "cuda" ? "CUDA" : "CPU";
-                std::string backend_name = opt.kv_cache ? backend_base : backend_base + " (no KV cache)";
-                if (run.math != MathMode::Exact) backend_name += fmt::format(" --math {}", math_mode_name(run.math));
-                std::fprintf(stderr, "kvgen: bench %s on %s\n", path.c_str(), selected.description.c_str());
+        for (const Settings& run : instances) {
+            const std::string type_k = kv_type_name(run.kv_type_k), type_v = kv_type_name(run.kv_type_v);
+            SelectedBackend selected = make_backend(model, run);
+            Backend& backend = *selected.backend;
+            const std::string backend_base = selected.device == "cuda" ? "CUDA" : "CPU";
+            std::string backend_name = opt.kv_cache ? backend_base : backend_base + " (no KV cache)";
+            if (run.math != MathMode::Exact) backend_name += fmt::format(" --math {}", math_mode_name(run.math));
+            std::fprintf(stderr, "kvgen: bench %s on %s\n", path.c_str(), selected.description.c_str());
 
-                for (Test t : plan) {
-                    if (printer.closed()) return;
-                    std::fprintf(stderr, "kvgen: bench %s: warm-up + %d runs\n", t.name.c_str(), opt.repetitions);
-                    t.time = utc_now();
-                    run_once(backend, tokens, t, opt.kv_cache);
-                    const int n = t.n_prompt + t.n_gen;
-                    for (int r = 0; r < opt.repetitions; ++r) {
-                        t.seconds.push_back(run_once(backend, tokens, t, opt.kv_cache));
-                        t.tok_s.push_back(n / t.seconds.back());
-                    }
-
-                    // csv, json, jsonl and sql print the same fields: llama-bench's names where it has the field, then
-                    // kvgen's own (the test's name, whether the cache was on, the math mode, the device as the log
-                    // describes it).
-                    double avg, sd, avg_ns, sd_ns;
-                    stats(t.tok_s, &avg, &sd);
-                    std::vector<double> ns;
-                    for (double x : t.seconds) ns.push_back(std::round(x * 1e9));
-                    stats(ns, &avg_ns, &sd_ns);
-                    nlohmann::ordered_json r;
-                    r["build_commit"] = build_commit();
-                    r["build_number"] = build_number();
-                    r["cpu_info"] = cpu::model_name();
-                    r["gpu_info"] = selected.gpu_name;
-                    r["backends"] = backend_base;
-                    r["model_filename"] = path;
-                    r["model_type"] = label;
-                    r["model_size"] = bytes;
-                    r["model_n_params"] = params;
-                    r["n_batch"] = run.n_batch;
-                    r["n_threads"] = selected.n_threads;
-                    r["type_k"] = type_k;
-                    r["type_v"] = type_v;
-                    r["use_mmap"] = true;
-                    r["n_prompt"] = t.n_prompt;
-                    r["n_gen"] = t.n_gen;
-                    r["n_depth"] = t.depth;
-                    r["test_time"] = t.time;
-                    r["avg_ns"] = int64_t(std::llround(avg_ns));
-                    r["stddev_ns"] = int64_t(std::llround(sd_ns));
-                    r["avg_ts"] = avg;
-                    r["stddev_ts"] = sd;
-                    r["samples_ns"] = nlohmann::ordered_json::array();
-                    for (double x : ns) r["samples_ns"].push_back(int64_t(x));
-                    r["samples_ts"] = t.tok_s;
-                    r["test"] = t.name;
-                    r["kv_cache"] = opt.kv_cache;
-                    r["math"] = math_mode_name(run.math);
-                    r["device"] = selected.description;
-                    const std::string kv_cells = show_kv_types ? fmt::format("{} | {} | ", type_k, type_v) : "";
-                    printer.add(r, fmt::format("| {} | {} | {} | {} | {} | {}{} | {:.2f} ± {:.2f} |\n", label,
-                                               bench_size(bytes), bench_params(params), backend_name,
-                                               selected.n_threads, kv_cells, t.name, avg, sd));
+            for (Test t : plan) {
+                if (printer.closed()) return;
+                std::fprintf(stderr, "kvgen: bench %s: warm-up + %d runs\n", t.name.c_str(), opt.repetitions);
+                t.time = utc_now();
+                run_once(backend, tokens, t, opt.kv_cache);
+                const int n = t.n_prompt + t.n_gen;
+                for (int r = 0; r < opt.repetitions; ++r) {
+                    t.seconds.push_back(run_once(backend, tokens, t, opt.kv_cache));
+                    t.tok_s.push_back(n / t.seconds.back());
                 }
+
+                // csv, json, jsonl and sql print the same fields: llama-bench's names where it has the field, then
+                // kvgen's own (the test's name, whether the cache was on, the math mode, the device as the log
+                // describes it).
+                double avg, sd, avg_ns, sd_ns;
+                stats(t.tok_s, &avg, &sd);
+                std::vector<double> ns;
+                for (double x : t.seconds) ns.push_back(std::round(x * 1e9));
+                stats(ns, &avg_ns, &sd_ns);
+                nlohmann::ordered_json r;
+                r["build_commit"] = build_commit();
+                r["build_number"] = build_number();
+                r["cpu_info"] = cpu::model_name();
+                r["gpu_info"] = selected.gpu_name;
+                r["backends"] = backend_base;
+                r["model_filename"] = path;
+                r["model_type"] = label;
+                r["model_size"] = bytes;
+                r["model_n_params"] = params;
+                r["n_batch"] = run.n_batch;
+                r["n_threads"] = selected.n_threads;
+                r["type_k"] = type_k;
+                r["type_v"] = type_v;
+                r["use_mmap"] = true;
+                r["n_prompt"] = t.n_prompt;
+                r["n_gen"] = t.n_gen;
+                r["n_depth"] = t.depth;
+                r["test_time"] = t.time;
+                r["avg_ns"] = int64_t(std::llround(avg_ns));
+                r["stddev_ns"] = int64_t(std::llround(sd_ns));
+                r["avg_ts"] = avg;
+                r["stddev_ts"] = sd;
+                r["samples_ns"] = nlohmann::ordered_json::array();
+                for (double x : ns) r["samples_ns"].push_back(int64_t(x));
+                r["samples_ts"] = t.tok_s;
+                r["test"] = t.name;
+                r["kv_cache"] = opt.kv_cache;
+                r["math"] = math_mode_name(run.math);
+                r["device"] = selected.description;
+                const std::string cells = (show_batch ? fmt::format("{} | ", run.n_batch) : "") +
+                                          (show_kv_types ? fmt::format("{} | {} | ", type_k, type_v) : "");
+                printer.add(r, fmt::format("| {} | {} | {} | {} | {} | {}{} | {:.2f} ± {:.2f} |\n", label,
+                                           bench_size(bytes), bench_params(params), backend_name,
+                                           selected.n_threads, cells, t.name, avg, sd));
             }
         }
     }

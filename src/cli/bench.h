@@ -11,6 +11,7 @@ namespace kvgen {
 struct BenchOptions {
     std::vector<std::string> model_paths;  // each measured in turn, as llama-bench's -m a -m b
     std::vector<int> threads;              // CPU thread counts, each in turn (empty: run.n_threads)
+    std::vector<int> batches;              // -b batch sizes, each in turn (empty: run.n_batch)
     std::vector<std::pair<KvType, KvType>> kv_types;  // K and V cache types, each in turn (empty: run's)
     std::vector<int> n_prompt = {512};     // prefill tests: pp<N>
     std::vector<int> n_gen = {128};        // decode tests: tg<N>
