@@ -180,7 +180,7 @@ int main(int argc, char** argv) {
                                                    kvgen::build_number(), kvgen::build_commit()));
     app.footer(
         "llama.cpp spellings are accepted: -ngl N (0: CPU, N > 0: GPU), -dev, -fa, -ctk/-ctv, -tb, -sys, -sysf, -st, "
-        "-no-cnv, -sp.\n-r is the reverse prompt when generating and the repetition count with --bench (as in "
+        "-no-cnv, -sp, -pg.\n-r is the reverse prompt when generating and the repetition count with --bench (as in "
         "llama-completion and llama-bench).");
 
     std::string model;
@@ -256,9 +256,12 @@ int main(int argc, char** argv) {
         "recompute the whole sequence every step (to measure what the cache buys)");
     app.add_option(
         "--kv-type", kv_type,
-        fmt::format("KV cache element type: {}; K/V gives each its own (q8_0/q4_0)", kvgen::kv_type_names()));
-    app.add_option("--cache-type-k", llama.cache_type_k, "llama.cpp's -ctk: the K cache's type (as --kv-type)");
-    app.add_option("--cache-type-v", llama.cache_type_v, "llama.cpp's -ctv: the V cache's type (as --kv-type)");
+        fmt::format("KV cache element type: {}; K/V gives each its own (q8_0/q4_0); --bench: a list",
+                    kvgen::kv_type_names()));
+    app.add_option("--cache-type-k", llama.cache_type_k,
+                   "llama.cpp's -ctk: the K cache's type (as --kv-type; --bench: a list)");
+    app.add_option("--cache-type-v", llama.cache_type_v,
+                   "llama.cpp's -ctv: the V cache's type (as --kv-type; --bench: a list)");
     app.add_option("--device", gen.run.device,
                    "-dev: cpu, cuda, cudaN or auto (the GPU when this build and machine have one); llama.cpp's CUDA0 "
                    "and none are understood");
@@ -322,7 +325,8 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(-1, 1 << 30));
     app.add_flag("--no-perf", gen.no_perf, "do not print the timing lines");
     app.add_flag("--bench", bench,
-                 "benchmark like llama-bench: prefill of -p N[,N..] and decode of -n N random tokens at -d depths");
+                 "benchmark like llama-bench: prefill of -p N[,N..], decode of -n N[,N..] and -pg P,N random tokens at "
+                 "-d depths, for each -m, -b, KV type and -t given (lists)");
     app.add_option("--repetitions", repetitions, "--bench: -r N timed runs per test (after a warm-up)")
         ->check(CLI::Range(1, 1000));
     app.add_option("-d,--n-depth", depths, "--bench: tokens already in the KV cache, e.g. 0,1024,4096");
@@ -381,6 +385,20 @@ int main(int argc, char** argv) {
             throw kvgen::Error(fmt::format("{} and {} are different modes: give one", modes[0], modes[1]));
         only_with(app, "--json", !bench && !bench_memory && !devices && !tokenize,
                   "generation, --inspect and --perplexity (--bench prints json with -o json)");
+        // Options of generation alone, refused by --bench and --perplexity rather than ignored
+        for (const char* name : {"--temp", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n",
+                                 "--seed", "--chat", "--single-turn", "--system-prompt", "--system-prompt-file",
+                                 "--display-prompt", "--ignore-eos", "--dump-logits", "--context-shift"})
+            only_with(app, name, !bench && !perplexity, "generation");
+        // --bench makes its own random tokens and sizes the context to its tests
+        for (const char* name : {"--file", "--ctx-size", "--no-bos", "--special"})
+            only_with(app, name, !bench, "generation and --perplexity (--bench times random tokens)");
+        only_with(app, "--n-predict", !perplexity, "generation and --bench");
+        for (const char* name : {"--cache-type-k", "--cache-type-v", "--n-gpu-layers"})
+            if (app.count(name) > 0 && app.get_option(name)->as<std::string>().empty())
+                throw kvgen::Error(fmt::format("{}: an empty value", name));
+        if (bench && app.count("--prompt") > 0 && prompt.empty())
+            throw kvgen::Error("-p '': expected a comma-separated list of prompt sizes");
         only_with(app, "--repetitions", bench, "--bench (-r is the reverse prompt when generating)");
         only_with(app, "--n-depth", bench, "--bench");
         only_with(app, "--prompt-gen", bench, "--bench");
@@ -481,9 +499,15 @@ int main(int argc, char** argv) {
             if (!prompt.empty()) b.n_prompt = kvgen::parse_int_list(prompt, "-p", 0);
             if (app.count("-n")) b.n_gen = kvgen::parse_int_list(n_predict, "-n", 0);
             for (const std::string& pg : prompt_gen) {
-                const std::vector<int> v = kvgen::parse_int_list(pg, "-pg", 1);
+                std::vector<int> v;
+                try {
+                    v = kvgen::parse_int_list(pg, "-pg", 1);
+                } catch (const kvgen::Error&) {
+                    v.clear();
+                }
                 if (v.size() != 2)
-                    throw kvgen::Error(fmt::format("-pg '{}': expected P,N (two numbers of tokens)", pg));
+                    throw kvgen::Error(
+                        fmt::format("-pg '{}': expected P,N (two numbers of tokens, each at least 1)", pg));
                 b.prompt_gen.emplace_back(v[0], v[1]);
             }
             b.depths = kvgen::parse_int_list(depths, "-d", 0);

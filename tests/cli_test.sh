@@ -468,6 +468,13 @@ expect_ok "bench: a -b list, n_batch in the table" "| 1 | 4 | pp8 |" "$kvgen" --
     -t 1
 expect_error "-b list without --bench" "a list of them is for --bench" "$kvgen" -m "$ref" -p hi -b 4,8
 expect_error "-b 0" "expected a number of tokens from 1 to 65536$" "$kvgen" -m "$ref" -p hi -b 0
+# options that --bench or --perplexity would only ignore are refused
+expect_error "bench: -c" "--ctx-size only applies to generation and --perplexity" "$kvgen" -m "$ref" --bench -c 3 -p 4
+expect_error "bench: --temp" "--temp only applies to generation" "$kvgen" -m "$ref" --bench --temp 0
+expect_error "perplexity: -n" "--n-predict only applies to generation and --bench" "$kvgen" -m "$ref" --perplexity \
+    -f "$tmp/long.txt" -n 3
+expect_error "bench: -p ''" "expected a comma-separated list of prompt sizes" "$kvgen" -m "$ref" --bench -p ''
+expect_error "-ctk ''" "--cache-type-k: an empty value" "$kvgen" -m "$ref" -p hi -ctk ''
 expect_error "-pg without --bench" "only applies to --bench" "$kvgen" -m "$ref" -p hi -pg 4,2
 expect_error "bench: -pg with one number" "expected P,N" "$kvgen" -m "$ref" --bench -pg 4
 expect_error "-n list without --bench" "a list of them is for --bench" "$kvgen" -m "$ref" -p hi -n 1,2
