@@ -290,12 +290,21 @@ void run_bench(const BenchOptions& opt) {
     // the first run, so a file or setting that does not suit one of them fails before any row is printed. (Thread
     // counts cannot fail.)
     for (size_t i = 1; i < opt.model_paths.size(); ++i) Model::load(opt.model_paths[i]);
+    // with several models, a set-up's error names the model it was for
+    auto set_up = [&](const Model& model, const Settings& run, const std::string& path) {
+        try {
+            return make_backend(model, run);
+        } catch (const Error& e) {
+            if (opt.model_paths.size() < 2) throw;
+            throw Error(fmt::format("{}: {}", path, e.what()));
+        }
+    };
     for (size_t i = 0; i < opt.model_paths.size(); ++i) {
         std::unique_ptr<Model> model;
         for (size_t j = 0; j < instances.size(); j += thread_counts.size()) {
             if (i == 0 && j == 0) continue;  // the first run's own set-up fails before any row
             if (!model) model = std::make_unique<Model>(Model::load(opt.model_paths[i]));
-            make_backend(*model, instances[j]);
+            set_up(*model, instances[j], opt.model_paths[i]);
         }
     }
 
@@ -317,7 +326,7 @@ void run_bench(const BenchOptions& opt) {
 
         for (const Settings& run : instances) {
             const std::string type_k = kv_type_name(run.kv_type_k), type_v = kv_type_name(run.kv_type_v);
-            SelectedBackend selected = make_backend(model, run);
+            SelectedBackend selected = set_up(model, run, path);
             Backend& backend = *selected.backend;
             const std::string backend_base = selected.device == "cuda" ? "CUDA" : "CPU";
             std::string backend_name = opt.kv_cache ? backend_base : backend_base + " (no KV cache)";
