@@ -484,7 +484,8 @@ expect_error "bench: a thread count past 1024" "or a comma-separated list of the
 expect_error "bench: a second model that is not there" "cannot open" "$kvgen" --bench -m "$ref" -m "$tmp/none.gguf"
 # a later model that cannot run with the settings fails before the first row (head_dim 48 and a q8_0 cache)
 "$synth" tiny --type Q8_0 --vocab "$vocab" --n-embd 192 --n-heads 4 --n-kv-heads 4 -o "$tmp/hd48.gguf" >/dev/null 2>&1
-expect_error "bench: a later model that cannot run" "hd48.gguf: --kv-type q8_0: .*head_dim is 48" "$kvgen" --bench -m "$ref" -m "$tmp/hd48.gguf" \
+expect_error "bench: a later model that cannot run" "hd48.gguf: --kv-type q8_0: .*head_dim is 48" "$kvgen" --bench \
+    -m "$ref" -m "$tmp/hd48.gguf" \
     --kv-type q8_0 -p 4 -n 0 -r 1 -o csv
 expect_error "bench: a later KV type that cannot run" "head_dim is 48" "$kvgen" --bench -m "$tmp/hd48.gguf" \
     --kv-type f16,q8_0 -p 4 -n 0 -r 1 -o csv
