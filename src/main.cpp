@@ -94,20 +94,20 @@ std::vector<std::string> translated_args(const CLI::App& app, int argc, char** a
     return args;
 }
 
-// -t or -b: a count from 1 to max, or with --bench a list of them ("1,2,4"); empty when not given. option and what
-// name it in the message ("-t/--threads", "threads").
+// -t, -b or -n: a count from min to max, or with --bench a list of them ("1,2,4"); empty when not given. option and
+// what name it in the message ("-t/--threads", "threads").
 std::vector<int> count_list(const std::string& text, bool given, bool bench, const char* option, const char* what,
-                            int max) {
+                            int min, int max) {
     if (!given) return {};
     std::vector<int> out;
     try {
-        out = kvgen::parse_int_list(text, option, 1);
+        out = kvgen::parse_int_list(text, option, min);
     } catch (const kvgen::Error&) {
         out.clear();
     }
     const bool fits = !out.empty() && *std::max_element(out.begin(), out.end()) <= max;
     if (!fits || (!bench && out.size() > 1))
-        throw kvgen::Error(fmt::format("{} '{}': expected a number of {} from 1 to {}{}", option, text, what, max,
+        throw kvgen::Error(fmt::format("{} '{}': expected a number of {} from {} to {}{}", option, text, what, min, max,
                                        bench                                     ? ", or a comma-separated list of them"
                                        : text.find(',') != std::string::npos ? " (a list of them is for --bench)"
                                                                                  : ""));
@@ -402,26 +402,11 @@ int main(int argc, char** argv) {
         only_with(app, "--repetitions", bench, "--bench (-r is the reverse prompt when generating)");
         only_with(app, "--n-depth", bench, "--bench");
         only_with(app, "--prompt-gen", bench, "--bench");
-        if (app.count("--n-predict") > 0) {
-            if (bench) {
-                kvgen::parse_int_list(n_predict, "-n", 0);  // checked here, used below
-            } else {
-                size_t used = 0;
-                long long v = 0;
-                try {
-                    v = std::stoll(n_predict, &used);
-                } catch (const std::exception&) {
-                    used = 0;
-                }
-                if (n_predict.empty() || used != n_predict.size() || v < -1 || v > (1 << 30))
-                    throw kvgen::Error(fmt::format("-n/--n-predict '{}': expected a number of tokens from -1 to {}{}",
-                                                   n_predict, 1 << 30,
-                                                   n_predict.find(',') != std::string::npos
-                                                       ? " (a list of them is for --bench)"
-                                                       : ""));
-                gen.n_predict = int(v);
-            }
-        }
+        // -n: the tokens to generate (-1: until the end), or --bench's decode tests
+        const std::vector<int> gen_counts =
+            count_list(n_predict, app.count("--n-predict") > 0, bench, "-n/--n-predict", "tokens", bench ? 0 : -1,
+                       1 << 30);
+        if (!gen_counts.empty()) gen.n_predict = gen_counts.front();
         only_with(app, "--output-format", bench, "--bench");
         only_with(app, "--kl-divergence-base", perplexity, "--perplexity");
         only_with(app, "--kl-divergence", perplexity, "--perplexity");
@@ -436,9 +421,9 @@ int main(int argc, char** argv) {
             if (m.empty()) throw kvgen::Error("--model: the file name is empty");
         if (!models.empty()) model = models.front();
         const std::vector<int> thread_counts =
-            count_list(threads, app.count("--threads") > 0, bench, "-t/--threads", "threads", 1024);
+            count_list(threads, app.count("--threads") > 0, bench, "-t/--threads", "threads", 1, 1024);
         const std::vector<int> batch_sizes =
-            count_list(batch, app.count("--batch-size") > 0, bench, "-b/--batch-size", "tokens", kvgen::kMaxBatch);
+            count_list(batch, app.count("--batch-size") > 0, bench, "-b/--batch-size", "tokens", 1, kvgen::kMaxBatch);
         if (!batch_sizes.empty()) gen.run.n_batch = batch_sizes.front();
         if (thread_counts.size() > 1 && llama.threads_batch > 0)
             throw kvgen::Error("-tb/--threads-batch with a -t list: kvgen runs prompt processing and generation on "
@@ -497,7 +482,7 @@ int main(int argc, char** argv) {
             b.batches = batch_sizes;
             b.kv_types = kv_types;
             if (!prompt.empty()) b.n_prompt = kvgen::parse_int_list(prompt, "-p", 0);
-            if (app.count("-n")) b.n_gen = kvgen::parse_int_list(n_predict, "-n", 0);
+            if (!gen_counts.empty()) b.n_gen = gen_counts;
             for (const std::string& pg : prompt_gen) {
                 std::vector<int> v;
                 try {
