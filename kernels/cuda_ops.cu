@@ -103,6 +103,7 @@ private:
     bool att_quantized_ = false;  // the last attention() also wrote its output into xq_
     bool glu_quantized_ = false;  // the last norm_swiglu() also wrote its output into hq_
     bool flash_;       // Settings::cuda_flash_attention
+    bool mma_gemm_;    // Settings::cuda_mma_gemm
     // The step begin() announced: its first position, and whether it writes the last of the first kKvOffsetPositions
     // rows of a K with offsets and so sets them (engine/kv_offset.h).
     int pos0_ = 0;
@@ -137,7 +138,8 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
       int_matvec_(s.cuda_int_matvec),
       pdl_(false),
       qkv_store_(s.cuda_qkv_store),
-      flash_(s.cuda_flash_attention) {
+      flash_(s.cuda_flash_attention),
+      mma_gemm_(s.cuda_mma_gemm) {
     KVGEN_CUDA_CHECK(cudaSetDevice(device_));
     int major = 0;
     KVGEN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
@@ -280,9 +282,13 @@ void CudaOps::proj(float* out, const DevWeight& w, const float* in, int n, bool 
         return;
     }
     // Prefill: activations to f16, then out[n][rows] = in[n][cols] . W^T on the tensor cores with f32 accumulation,
-    // a quantized weight decoded a chunk of rows at a time into wh_ (F16 weights used in place).
+    // a quantized weight decoded a chunk of rows at a time into wh_ (F16 weights used in place), or with
+    // --cuda-gemm mma tile by tile inside one kernel.
     to_f16(xh_, in, int64_t(n) * w.cols, stream_);
-    gemm_weight(cublas_, out, w, xh_, n, accumulate, wh_, stream_);
+    if (mma_gemm_ && gemm_mma_ok(w))
+        gemm_weight_mma(out, w, xh_, n, accumulate, stream_);
+    else
+        gemm_weight(cublas_, out, w, xh_, n, accumulate, wh_, stream_);
 }
 
 void CudaOps::embed(float* x, int n) {

@@ -116,6 +116,16 @@ __global__ void __launch_bounds__(kDqThreads)
     dequantize_rows_body<T>(DeviceThread{sm}, w, row_bytes, chunks_per_row, r0, n_chunks, out);
 }
 
+// note: at most 128 registers, so that two blocks (16 warps) share a multiprocessor: while one decodes its next
+// step's weights, the other's warps can be on the tensor cores.
+template <GgmlType T>
+__global__ void __launch_bounds__(kQgThreads, 2)
+    gemm_mma_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t rows, int64_t cols,
+                    const __half* __restrict__ x, int n, float* __restrict__ out, int64_t ldo, bool accumulate) {
+    __shared__ __align__(16) float sm[kQgShared];
+    gemm_mma_body<T>(DeviceThread{sm}, w, row_bytes, rows, cols, x, n, out, ldo, accumulate);
+}
+
 template <GgmlType T>
 __global__ void get_rows_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t chunks_per_row,
                                 int64_t n_rows, const int32_t* __restrict__ tokens, int n, float* __restrict__ out) {
@@ -747,6 +757,22 @@ void gemm_weight(cublasHandle_t h, float* out, const DevWeight& w, const __half*
         dequantize_rows_f16(scratch, w, r0, nr, s);
         gemm_f16_rows(h, out + r0, w.rows, scratch, x, nr, n, w.cols, accumulate);
     }
+}
+
+bool gemm_mma_ok(const DevWeight& w) {
+    return w.type != GgmlType::F16 && w.cols % 32 == 0 && device_type_supported(w.type);
+}
+
+void gemm_weight_mma(float* out, const DevWeight& w, const __half* x, int n, bool accumulate, cudaStream_t s) {
+    KVGEN_ASSERT(gemm_mma_ok(w) && n > 0);
+    const dim3 grid(unsigned(gemm_mma_token_tiles(n)), unsigned(gemm_mma_row_tiles(w.rows)));
+    KVGEN_ASSERT(grid.y <= 65535u);
+    dispatch_type(w.type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        gemm_mma_kernel<T><<<grid, kQgThreads, 0, s>>>(w.data, w.row_bytes, w.rows, w.cols, x, n, out, w.rows,
+                                                       accumulate);
+    });
+    KVGEN_CUDA_LAUNCHED("gemm_mma");
 }
 
 bool attention_head_dim_supported(int hd) {

@@ -121,6 +121,12 @@ void dequantize_rows_f16(__half* out, const DevWeight& w, int64_t r0, int64_t n_
 void gemm_weight(cublasHandle_t h, float* out, const DevWeight& w, const __half* x, int n, bool accumulate,
                  __half* scratch, cudaStream_t s);
 void check_cublas(cublasStatus_t st, const char* what);
+// The same product in one kernel (gemm_mma_body, prefill_gemm.cuh: each weight tile decoded into shared memory and
+// multiplied there on the tensor cores, nothing written out; --cuda-gemm mma) for the weights gemm_mma_ok accepts
+// (every type with a decoder but F16, cols a multiple of 32). Twin: as gemm_weight's.
+bool gemm_mma_ok(const DevWeight& w);
+void gemm_weight_mma(float* out, const DevWeight& w, const __half* x, int n, bool accumulate, cudaStream_t s);
+
 
 // Attention reads one layer's cache (k_cache, v_cache: that layer's first K and V rows, laid out and typed as kv
 // says); query head h of n_heads reads KV head h / (n_heads / kv.n_kv_heads). Over a quantized K the query must come

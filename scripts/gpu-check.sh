@@ -19,15 +19,17 @@
 #      4096 with --cuda-attention warp (the CUDA-core prefill attention) beside the default tensor-core one
 #      (SHAPE-T-warpattn), and pp512 / tg128 at those depths with --kv-type q8_0 and q4_0 (SHAPE-T-kvq8_0, -kvq4_0);
 #      for every file, tg128 with --cuda-pdl on (SHAPE-T-pdl: programmatic dependent launch of the decode products),
-#      and for the quantized ones pp16 and tg128 with --cuda-kv-store kernel (SHAPE-T-storekernel: RoPE and the K/V
-#      store in their own launch, not in the Q|K|V products);
+#      and for the quantized ones pp512 with --cuda-gemm mma (SHAPE-T-mmagemm: the prefill products in one kernel
+#      that decodes each weight tile into shared memory, against cuBLAS on decoded chunks) and pp16 and tg128 with
+#      --cuda-kv-store kernel (SHAPE-T-storekernel: RoPE and the K/V store in their own launch, not in the Q|K|V
+#      products);
 #   4. the KV cache comparison (scripts/bench-kv.sh, --device cuda) on the first shape's Q4_K_M file (7B; without
 #      Q4_K_M in --types, the first type's): 128, 256, 512 tokens, and where the cached and recomputed tokens part
 #      (step, top-2 logit margin, logit difference).
 #
 #   --quick       the loop while tuning kernels (about 2 minutes): the incremental build, the [cuda] tests, the 7B
 #                 shape in each --types with pp4, pp16, pp512 and tg128 at depth 0 (pp4, pp16 and tg128 also with
-#                 --cuda-matvec f32), for the first type pp16 and pp512 at depth 4096, and the per-kernel table; no
+#                 --cuda-matvec f32, pp512 with --cuda-gemm mma), for the first type pp16 and pp512 at depth 4096, and the per-kernel table; no
 #                 stage 2 or 4
 #   --types T,T   weight types of stage 3 (default F16,Q8_0,Q4_0,Q4_K_M; with --quick, Q4_K_M)
 #
@@ -256,6 +258,12 @@ for shape in "${shapes[@]}"; do
         cp "$work/speed/$name.inspect.json" "$work/speed/$name-pdl.inspect.json"
         bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-pdl on -p 0 -n 128 -d 0 -r 2 -o json \
             >"$work/speed/$name-pdl.bench.json" 2>>"$out/log.txt" || log "$name: bench with --cuda-pdl on failed"
+        if [[ $t != F16 ]]; then  # the prefill products in one kernel, each weight tile decoded in shared memory
+            cp "$work/speed/$name.inspect.json" "$work/speed/$name-mmagemm.inspect.json"
+            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-gemm mma -p 512 -n 0 -d 0 -r 2 -o json \
+                >"$work/speed/$name-mmagemm.bench.json" 2>>"$out/log.txt" ||
+                log "$name: bench with --cuda-gemm mma failed"
+        fi
         if [[ $t != F16 ]]; then  # RoPE and the K/V store in a launch of their own, not the Q|K|V products' epilogue
             cp "$work/speed/$name.inspect.json" "$work/speed/$name-storekernel.inspect.json"
             bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-kv-store kernel -p 16 -n 128 -d 0 -r 2 -o json \

@@ -292,6 +292,13 @@ int main(int argc, char** argv) {
                    "CUDA with an f16 KV cache: product (the integer Q|K|V products of up to 16 tokens rotate Q and K "
                    "and store K and V themselves, the default) or kernel (a launch of its own after them, to compare)")
         ->check(CLI::IsMember({"product", "kernel"}));
+    std::string cuda_gemm = "cublas";
+    app.add_option("--cuda-gemm", cuda_gemm,
+                   "CUDA prefill products (over 16 tokens) of quantized weights: cublas (the weight decoded to f16 a "
+                   "chunk of rows at a time into a scratch the L2 cache holds, each chunk multiplied by cuBLAS, the "
+                   "default) or mma (one kernel that decodes each weight tile into shared memory and multiplies it "
+                   "there on the tensor cores, to compare)")
+        ->check(CLI::IsMember({"cublas", "mma"}));
     std::string math = "exact";
     app.add_option("--math", math,
                    "CPU products of quantized weights: exact (activations rounded to 16 bits, the default), fast "
@@ -454,6 +461,7 @@ int main(int argc, char** argv) {
         gen.run.cuda_flash_attention = cuda_attention == "mma";
         gen.run.cuda_pdl = cuda_pdl == "on";
         gen.run.cuda_qkv_store = cuda_kv_store == "product";
+        gen.run.cuda_mma_gemm = cuda_gemm == "mma";
         kvgen::apply_llama_settings(llama, gen.run, app.count("--kv-type") > 0);
         if (!llama.n_gpu_layers.empty() && gen.run.device != "cpu" && gen.run.device != "auto")
             kvgen::resolve_device(gen.run.device, fmt::format("-ngl {}", llama.n_gpu_layers));

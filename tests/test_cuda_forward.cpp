@@ -146,6 +146,34 @@ TEST_CASE("CUDA and CPU logits agree on synthetic models of every weight type", 
     for (const std::string& type : synth_types()) compare_backends(synth_model(type), "synthetic " + type);
 }
 
+TEST_CASE("CUDA prefill products in one kernel (--cuda-gemm mma) agree with the CPU and with cuBLAS's",
+          "[cuda][forward]") {
+    // 150 tokens: over 16, so every product is a GEMM, and two of the kernel's 128-token tiles
+    std::vector<Model> models;
+    for (const char* type : {"Q4_0", "Q5_1", "Q8_0", "Q4_K_M", "Q6_K", "BF16"}) models.push_back(synth_model(type));
+    models.push_back(Model::load(test::shared("testdata/ref/open-gqa-Q4_K_M.gguf")));
+    for (const Model& m : models) {
+        INFO(m.config.n_layers << " layers, " << m.config.n_embd << " wide, vocab " << m.config.n_vocab);
+        const int n_vocab = m.config.n_vocab, n = 150;
+        Settings s;
+        s.n_ctx = 256;
+        s.n_threads = 2;
+        s.progress = false;
+        std::mt19937 rng(5);
+        std::uniform_int_distribution<int32_t> dist(0, n_vocab - 1);
+        std::vector<int32_t> prompt(n);
+        for (int32_t& t : prompt) t = dist(rng);
+        const auto prefill = [&](std::unique_ptr<Backend> b) {
+            return copy(b->forward(prompt.data(), n, 0, Pass::Prefill), n_vocab);
+        };
+        const std::vector<float> lc = prefill(cpu::make_backend(m, s)), lb = prefill(cuda::make_backend(m, s));
+        s.cuda_mma_gemm = true;
+        const std::vector<float> lm = prefill(cuda::make_backend(m, s));
+        check_logits(lc, lm, "the CPU against --cuda-gemm mma");
+        check_logits(lb, lm, "--cuda-gemm cublas against mma");
+    }
+}
+
 TEST_CASE("CUDA and CPU logits agree with a quantized KV cache", "[cuda][forward]") {
     const Model m = synth_model("Q8_0");
     compare_backends(m, "synth-Q8_0", KvType::Q8_0, KvType::Q8_0);

@@ -140,6 +140,44 @@ TEST_CASE("the prefill GEMM's chunked f16 decoding, run on the host, equals dequ
     }
 }
 
+TEST_CASE("the one-kernel prefill GEMM, its mma fragments run on the host, equals the product of f16 operands",
+          "[cuda-host]") {
+    // 133 rows and 130 tokens: two tiles each way, the second of 5 rows and of 2 tokens; 96 columns end half way
+    // through a 64-weight step (the k-quants' rows are whole 256-weight super-blocks)
+    for (const char* name : {"F32", "BF16", "Q4_0", "Q5_1", "Q8_0", "Q3_K", "Q4_K", "Q6_K"}) {
+        INFO(name);
+        GgmlType t;
+        REQUIRE(ggml_type_from_name(name, &t));
+        const int64_t rows = 133, cols = ggml_type_info(t)->block_size == 256 ? 256 : 96;
+        const int n = 130;
+        const RandomRows w = random_rows(t, rows, cols, 41);
+        const std::vector<float> x = test::randn(size_t(n * cols), 42);
+        const std::vector<float> y0 = test::randn(size_t(n * rows), 43);
+        for (const bool accumulate : {false, true}) {
+            INFO("accumulate " << accumulate);
+            const std::vector<float> got =
+                cuda::host::gemm_mma(t, w.bytes.data(), rows, cols, x, n, accumulate ? &y0 : nullptr);
+            REQUIRE(got.size() == size_t(n * rows));
+            size_t bad = 0;
+            for (int i = 0; i < n; ++i)
+                for (int64_t r = 0; r < rows; ++r) {
+                    double s = accumulate ? y0[size_t(i * rows + r)] : 0.0, mag = std::fabs(s);
+                    for (int64_t j = 0; j < cols; ++j) {
+                        const double p = double(fp16_to_fp32(fp32_to_fp16(w.values[size_t(r * cols + j)]))) *
+                                         fp16_to_fp32(fp32_to_fp16(x[size_t(i * cols + j)]));
+                        s += p;
+                        mag += std::fabs(p);
+                    }
+                    const float g = got[size_t(i * rows + r)];
+                    if (!(std::fabs(g - s) <= 1e-5 * mag)) {  // f32 sums of at most 256 terms; NaN: not written
+                        if (bad++ < 5) UNSCOPED_INFO("token " << i << " row " << r << " got " << g << " want " << s);
+                    }
+                }
+            CHECK(bad == 0);
+        }
+    }
+}
+
 TEST_CASE("the prefill GEMM's chunks stay within the L2-sized scratch, in whole tile steps", "[cuda-host]") {
     using cuda::gemm_chunk_rows;
     CHECK(gemm_chunk_rows(4096, 896) == 4096);  // 3.7M weights: one chunk, the whole matrix

@@ -217,6 +217,7 @@ TEST_CASE("decode matvec and prefill GEMM match a double-precision product for e
                 want_g[size_t(i * rows + r)] = float(s);
             }
         require_close(ct::gemm(w, x, n, &y0), want_g, 1e-5 * mag * double(cols) / 32);
+        require_close(ct::gemm(w, x, n, &y0, true), want_g, 1e-5 * mag * double(cols) / 32);  // --cuda-gemm mma
     }
 }
 
@@ -310,32 +311,35 @@ TEST_CASE("the integer SwiGLU product quantizes its output for the down projecti
 }
 
 TEST_CASE("the prefill GEMM of a weight larger than one decoded chunk covers every row", "[cuda][kernels]") {
-    // 2304 x 4096 = 9.4M weights: a 2048-row chunk, then a 256-row one (gemm_chunk_rows)
+    // 2304 x 4096 = 9.4M weights: a 2048-row chunk, then a 256-row one (gemm_chunk_rows); with --cuda-gemm mma 18
+    // row tiles, and 150 tokens two token tiles
     for (const char* name : {"Q4_0", "Q4_K", "Q6_K"}) {
-        INFO(name);
-        GgmlType t;
-        REQUIRE(ggml_type_from_name(name, &t));
-        const int64_t rows = 2304, cols = 4096;
-        const int n = 20;
-        const std::vector<uint8_t> b = random_weights(t, rows, cols, 31);
-        std::vector<float> wf(size_t(rows * cols));
-        dequantize_row(t, b.data(), wf.data(), rows * cols);
-        for (float& v : wf) v = fp16_to_fp32(fp32_to_fp16(v));
-        std::vector<float> x = randn(size_t(n) * size_t(cols), 32);
-        for (float& v : x) v = fp16_to_fp32(fp32_to_fp16(v));
-        std::vector<float> want(size_t(n) * size_t(rows));
-        double mag = 0;
-        for (int i = 0; i < n; ++i)
-            for (int64_t r = 0; r < rows; ++r) {
-                double s = 0;
-                for (int64_t j = 0; j < cols; ++j) {
-                    const double p = double(wf[size_t(r * cols + j)]) * x[size_t(i) * size_t(cols) + size_t(j)];
-                    s += p;
-                    mag = std::max(mag, std::fabs(p));
+        for (const int n : {20, 150}) {
+            INFO(name << " n " << n);
+            GgmlType t;
+            REQUIRE(ggml_type_from_name(name, &t));
+            const int64_t rows = 2304, cols = 4096;
+            const std::vector<uint8_t> b = random_weights(t, rows, cols, 31);
+            std::vector<float> wf(size_t(rows * cols));
+            dequantize_row(t, b.data(), wf.data(), rows * cols);
+            for (float& v : wf) v = fp16_to_fp32(fp32_to_fp16(v));
+            std::vector<float> x = randn(size_t(n) * size_t(cols), 32);
+            for (float& v : x) v = fp16_to_fp32(fp32_to_fp16(v));
+            std::vector<float> want(size_t(n) * size_t(rows));
+            double mag = 0;
+            for (int i = 0; i < n; ++i)
+                for (int64_t r = 0; r < rows; ++r) {
+                    double s = 0;
+                    for (int64_t j = 0; j < cols; ++j) {
+                        const double p = double(wf[size_t(r * cols + j)]) * x[size_t(i) * size_t(cols) + size_t(j)];
+                        s += p;
+                        mag = std::max(mag, std::fabs(p));
+                    }
+                    want[size_t(i) * size_t(rows) + size_t(r)] = float(s);
                 }
-                want[size_t(i) * size_t(rows) + size_t(r)] = float(s);
-            }
-        require_close(ct::gemm({t, rows, cols, &b}, x, n, nullptr), want, 1e-5 * mag * double(cols) / 32);
+            require_close(ct::gemm({t, rows, cols, &b}, x, n, nullptr), want, 1e-5 * mag * double(cols) / 32);
+            require_close(ct::gemm({t, rows, cols, &b}, x, n, nullptr, true), want, 1e-5 * mag * double(cols) / 32);
+        }
     }
 }
 

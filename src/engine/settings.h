@@ -39,6 +39,8 @@ struct Settings {
     bool cuda_pdl = false;  // CUDA (sm_90+): integer products start as the kernel before them drains (--cuda-pdl)
     bool cuda_qkv_store = true;  // CUDA, an f16 cache: the integer Q|K|V products rotate Q and K and store K and V
                                  // themselves, without a launch of their own (--cuda-kv-store)
+    bool cuda_mma_gemm = false;  // CUDA: prefill products of quantized weights in one kernel, each weight tile decoded
+                                 // into shared memory and multiplied there (--cuda-gemm mma), instead of cuBLAS
     bool progress = true;         // CUDA: weight upload progress on stderr
     bool all_logits = false;      // logits for every position of a batch, not only the last (perplexity)
     MathMode math = MathMode::Exact;  // --math

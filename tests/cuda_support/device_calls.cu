@@ -167,7 +167,8 @@ std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, cons
     return y.get();
 }
 
-std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0) {
+std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0,
+                        bool mma) {
     // The backend's prefill product: activations to f16, then gemm_weight (chunks of rows decoded into the scratch).
     Dev<uint8_t> b(device_bytes(w));
     Dev<float> dx(x);
@@ -179,7 +180,11 @@ std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n,
     cublasHandle_t h = nullptr;
     check_cublas(cublasCreate(&h), "cublasCreate");
     try {
-        gemm_weight(h, y.p, dev_weight(w, b), xh.p, n, y0 != nullptr, wh.p, nullptr);
+        const DevWeight dw = dev_weight(w, b);
+        if (mma && gemm_mma_ok(dw))
+            gemm_weight_mma(y.p, dw, xh.p, n, y0 != nullptr, nullptr);
+        else
+            gemm_weight(h, y.p, dw, xh.p, n, y0 != nullptr, wh.p, nullptr);
         std::vector<float> out = y.get();
         cublasDestroy(h);
         return out;

@@ -496,6 +496,24 @@ std::vector<float> dequantize_rows(GgmlType type, const uint8_t* bytes, int64_t 
     return f;
 }
 
+std::vector<float> gemm_mma(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
+                            const std::vector<float>& x, int n, const std::vector<float>* y0) {
+    const DeviceRows dev = device_rows(type, bytes, rows, cols);
+    std::vector<uint4> raw(size_t((int64_t(n) * cols + 7) / 8));  // 16-byte aligned, as the kernel's loads need
+    __half* xh = reinterpret_cast<__half*>(raw.data());
+    for (size_t i = 0; i < x.size(); ++i) xh[i] = __float2half_rn(x[i]);
+    std::vector<float> out = y0 ? *y0 : std::vector<float>(size_t(n * rows), std::nanf(""));
+    const bool ok = dispatch_type(type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        run_grid(gemm_mma_token_tiles(n), int(gemm_mma_row_tiles(rows)), kQgThreads, size_t(kQgShared),
+                 [&](const HostThread& t) {
+                     gemm_mma_body<T>(t, dev.p, dev.row_bytes, rows, cols, xh, n, out.data(), rows, y0 != nullptr);
+                 });
+    });
+    if (!ok) throw Error(fmt::format("no device decoder for {}", ggml_type_name(type)));
+    return out;
+}
+
 namespace {
 // kv_offsets_kernel: items [0, heads) of kv_offset_item from layer l on.
 void host_kv_offsets(KvBytes& cache, int l, int n_layers) {
