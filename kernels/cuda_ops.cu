@@ -286,7 +286,7 @@ void CudaOps::proj(float* out, const DevWeight& w, const float* in, int n, bool 
     // --cuda-gemm mma tile by tile inside one kernel.
     to_f16(xh_, in, int64_t(n) * w.cols, stream_);
     if (mma_gemm_ && gemm_mma_ok(w))
-        gemm_weight_mma(out, w, xh_, n, accumulate, stream_);
+        gemm_weight_mma(out, w, xh_, n, accumulate, sm_count_, stream_);
     else
         gemm_weight(cublas_, out, w, xh_, n, accumulate, wh_, stream_);
 }

@@ -36,6 +36,25 @@ inline int64_t gemm_scratch_elems(GgmlType t, int64_t rows, int64_t cols) {
     return cols % 32 != 0 ? rows * cols : gemm_chunk_rows(rows, cols) * cols;
 }
 
+// With --cuda-gemm mma the product is one kernel (gemm_mma_body, prefill_gemm.cuh) whose block owns kQgRows rows and
+// 64 or 128 tokens; its grid is x along the tokens, y along the rows.
+constexpr int kQgRows = 128;       // weight rows per block
+constexpr int kQgBlocksPerSm = 2;  // at most 128 registers a thread (gemm_mma_kernel's bounds)
+inline int gemm_mma_token_tiles(int n, int tok) {
+    return (n + tok - 1) / tok;
+}
+inline int64_t gemm_mma_row_tiles(int64_t rows) {
+    return (rows + kQgRows - 1) / kQgRows;
+}
+// Tokens per block for n tokens and `rows` rows on sm_count SMs: 128, which decodes each weight tile once for twice
+// as many tokens, unless n fits in 64 or 128-token tiles leave the GPU short of one full wave of blocks (LLaMA-2-7B's
+// output and down projections at 512 tokens: 32 x 4 blocks for 264 places on an H200), where 64-token tiles give
+// twice the blocks.
+inline int gemm_mma_tokens(int n, int64_t rows, int sm_count) {
+    if (n <= 64) return 64;
+    return gemm_mma_row_tiles(rows) * gemm_mma_token_tiles(n, 128) < int64_t(kQgBlocksPerSm) * sm_count ? 64 : 128;
+}
+
 struct MemoryPlan {
     // Weights. The GGUF matrices in their own types and the device layout (weight_layout.h), in device_weights()
     // order; a layer's Q, K and V back to back when they share type and row size, so that they read as one matrix

@@ -118,12 +118,12 @@ __global__ void __launch_bounds__(kDqThreads)
 
 // note: at most 128 registers, so that two blocks (16 warps) share a multiprocessor: while one decodes its next
 // step's weights, the other's warps can be on the tensor cores.
-template <GgmlType T>
-__global__ void __launch_bounds__(kQgThreads, 2)
+template <GgmlType T, int TOK>
+__global__ void __launch_bounds__(kQgThreads, kQgBlocksPerSm)
     gemm_mma_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t rows, int64_t cols,
                     const __half* __restrict__ x, int n, float* __restrict__ out, int64_t ldo, bool accumulate) {
-    __shared__ __align__(16) float sm[kQgShared];
-    gemm_mma_body<T>(DeviceThread{sm}, w, row_bytes, rows, cols, x, n, out, ldo, accumulate);
+    __shared__ __align__(16) float sm[kQgShared<TOK>];
+    gemm_mma_body<T, TOK>(DeviceThread{sm}, w, row_bytes, rows, cols, x, n, out, ldo, accumulate);
 }
 
 template <GgmlType T>
@@ -763,14 +763,20 @@ bool gemm_mma_ok(const DevWeight& w) {
     return w.type != GgmlType::F16 && w.cols % 32 == 0 && device_type_supported(w.type);
 }
 
-void gemm_weight_mma(float* out, const DevWeight& w, const __half* x, int n, bool accumulate, cudaStream_t s) {
+void gemm_weight_mma(float* out, const DevWeight& w, const __half* x, int n, bool accumulate, int sm_count,
+                     cudaStream_t s) {
     KVGEN_ASSERT(gemm_mma_ok(w) && n > 0);
-    const dim3 grid(unsigned(gemm_mma_token_tiles(n)), unsigned(gemm_mma_row_tiles(w.rows)));
+    const int tok = gemm_mma_tokens(n, w.rows, sm_count);
+    const dim3 grid(unsigned(gemm_mma_token_tiles(n, tok)), unsigned(gemm_mma_row_tiles(w.rows)));
     KVGEN_ASSERT(grid.y <= 65535u);
     dispatch_type(w.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
-        gemm_mma_kernel<T><<<grid, kQgThreads, 0, s>>>(w.data, w.row_bytes, w.rows, w.cols, x, n, out, w.rows,
-                                                       accumulate);
+        if (tok == 128)
+            gemm_mma_kernel<T, 128><<<grid, kQgThreads, 0, s>>>(w.data, w.row_bytes, w.rows, w.cols, x, n, out, w.rows,
+                                                                accumulate);
+        else
+            gemm_mma_kernel<T, 64><<<grid, kQgThreads, 0, s>>>(w.data, w.row_bytes, w.rows, w.cols, x, n, out, w.rows,
+                                                               accumulate);
     });
     KVGEN_CUDA_LAUNCHED("gemm_mma");
 }

@@ -125,7 +125,9 @@ void check_cublas(cublasStatus_t st, const char* what);
 // multiplied there on the tensor cores, nothing written out; --cuda-gemm mma) for the weights gemm_mma_ok accepts
 // (every type with a decoder but F16, cols a multiple of 32). Twin: as gemm_weight's.
 bool gemm_mma_ok(const DevWeight& w);
-void gemm_weight_mma(float* out, const DevWeight& w, const __half* x, int n, bool accumulate, cudaStream_t s);
+// sm_count: the device's multiprocessors, for the tile size (gemm_mma_tokens).
+void gemm_weight_mma(float* out, const DevWeight& w, const __half* x, int n, bool accumulate, int sm_count,
+                     cudaStream_t s);
 
 
 // Attention reads one layer's cache (k_cache, v_cache: that layer's first K and V rows, laid out and typed as kv

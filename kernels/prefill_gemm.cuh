@@ -57,54 +57,49 @@ KVGEN_HD void dequantize_rows_body(const Ctx& ctx, const uint8_t* __restrict__ w
 }
 
 // --- The same product in one kernel (--cuda-gemm mma): weights decoded tile by tile into shared memory -------------
-// A block of 8 warps computes out[tok0 .. tok0 + 128][row0 .. row0 + 128]: it walks the row in steps of 64 weights,
-// each thread decoding one 32-weight chunk of one row (the type's decoder, rounded to f16 as the cuBLAS path rounds
-// it) and loading 16-byte pieces of the tokens' f16 activations, both into shared memory; then each warp multiplies
-// its 32 rows x 64 tokens with mma.sync m16n8k16 (flash_attention.cuh gives the fragment layout), f32 accumulators
-// in registers for the whole row. Token tiles are the grid's x, so the blocks that read the same weight rows run
-// together and share them through the L2 cache; DRAM sees the quantized bytes about once per call.
+// A block of 8 warps computes out[tok0 .. tok0 + TOK][row0 .. row0 + 128] (TOK = 128 or 64 tokens, gemm_mma_tokens
+// in memory_plan.h): it walks the row in steps of 64 weights, each thread decoding one 32-weight chunk of one row (the
+// type's decoder, rounded to f16 as the cuBLAS path rounds it) and loading 16-byte pieces of the tokens' f16
+// activations, both into shared memory; then each warp multiplies its 32 rows x TOK / 2 tokens with mma.sync
+// m16n8k16 (flash_attention.cuh gives the fragment layout), f32 accumulators in registers for the whole row. Token
+// tiles are the grid's x, so the blocks that read the same weight rows run together and share them through the L2
+// cache; DRAM sees the quantized bytes about once per call.
 //
 // Exactness: the operands are the cuBLAS path's (the same f16 weights and activations, f32 sums); only the order of
 // the sums differs. Rows past the matrix re-read its last row and tokens past n read zeros; neither is stored.
-constexpr int kQgRows = 128;                     // weight rows per block
-constexpr int kQgTokens = 128;                   // tokens per block
-constexpr int kQgStep = 64;                      // weights of a row per step: two chunks
-constexpr int kQgThreads = 256;                  // 8 warps: 4 along the rows x 2 along the tokens
-constexpr int kQgStride = kQgStep + 8;           // halves per shared row: 36 words, fragment reads in 32 banks
-constexpr int kQgShared = (kQgRows + kQgTokens) * kQgStride / 2;  // floats of shared memory a block needs
-
-// Blocks of the launch for n tokens and `rows` rows: x along the tokens, y along the rows.
-KVGEN_HD int gemm_mma_token_tiles(int n) {
-    return (n + kQgTokens - 1) / kQgTokens;
-}
-KVGEN_HD int64_t gemm_mma_row_tiles(int64_t rows) {
-    return (rows + kQgRows - 1) / kQgRows;
-}
+constexpr int kQgStep = 64;             // weights of a row per step: two chunks
+constexpr int kQgThreads = 256;         // 8 warps: 4 along the rows x 2 along the tokens
+constexpr int kQgStride = kQgStep + 8;  // halves per shared row: 36 words, fragment reads in 32 banks
+// Floats of shared memory a block of TOK tokens needs (kQgRows, the tile choice and the grid: memory_plan.h).
+template <int TOK>
+constexpr int kQgShared = (kQgRows + TOK) * kQgStride / 2;
 
 // One block of out[n][ldo] columns [0, rows) (+)= x[n][cols] . W^T for W rows row_bytes apart (cols a multiple of
 // 32; x 16-byte aligned).
 #pragma nv_exec_check_disable
-template <GgmlType T, class Ctx>
+template <GgmlType T, int TOK, class Ctx>
 KVGEN_HD void gemm_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w, int64_t row_bytes, int64_t rows,
                             int64_t cols, const __half* __restrict__ x, int n, float* __restrict__ out, int64_t ldo,
                             bool accumulate) {
     __half* ws = reinterpret_cast<__half*>(ctx.shared());  // [kQgRows][kQgStride]: the step's weights
-    __half* xs = ws + kQgRows * kQgStride;                 // [kQgTokens][kQgStride]: the step's activations
+    __half* xs = ws + kQgRows * kQgStride;                 // [TOK][kQgStride]: the step's activations
     const int t = ctx.thread(), warp = t >> 5, lane = t & 31, gid = lane >> 2, tig = lane & 3;
-    const int tok0 = ctx.block_x() * kQgTokens;
+    static_assert(TOK == 64 || TOK == 128, "two warps along the tokens, 4 or 8 n8 tiles each");
+    constexpr int NT = TOK / 16;  // n8 tiles a warp
+    const int tok0 = ctx.block_x() * TOK;
     const int64_t row0 = int64_t(ctx.block_y()) * kQgRows;
-    const int wm = (warp & 3) * 32, wn = (warp >> 2) * 64;  // the warp's rows and tokens in the tile
+    const int wm = (warp & 3) * 32, wn = (warp >> 2) * (TOK / 2);  // the warp's rows and tokens in the tile
 
     // The thread's chunk: row t / 2 of the tile, chunk t % 2 of each step.
     const int dr = t >> 1, dc = t & 1;
     const int64_t cpr = cols / 32, my_row = row0 + dr < rows ? row0 + dr : rows - 1;
     const uint8_t* wrow = w + my_row * row_bytes;
 
-    float acc[2][8][4];
+    float acc[2][NT][4];
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < 8; ++ni)
+        for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
 
@@ -125,9 +120,9 @@ KVGEN_HD void gemm_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w, int64
         check_aligned(wdst, 16);
 #pragma unroll
         for (int j = 0; j < 4; ++j) wdst[j] = make_uint4(h[4 * j], h[4 * j + 1], h[4 * j + 2], h[4 * j + 3]);
-        // Activations: 128 tokens x 8 pieces of 8 halves, 4 pieces a thread (consecutive threads, consecutive pieces).
+        // Activations: TOK tokens x 8 pieces of 8 halves, TOK / 32 a thread (consecutive threads, consecutive pieces).
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < TOK / 32; ++j) {
             const int p = t + j * kQgThreads, tk = p >> 3, e = (p & 7) * 8;
             uint4 piece = make_uint4(0, 0, 0, 0);
             if (tok0 + tk < n && k0 + e < cols) {
@@ -152,7 +147,7 @@ KVGEN_HD void gemm_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w, int64
                 a[mi][3] = load_u32(r + 8 * kQgStride + 8);
             }
 #pragma unroll
-            for (int ni = 0; ni < 8; ++ni) {
+            for (int ni = 0; ni < NT; ++ni) {
                 const __half* col = xs + (wn + ni * 8 + gid) * kQgStride + kk + 2 * tig;
                 const uint32_t b[2] = {load_u32(col), load_u32(col + 8)};
 #pragma unroll
@@ -166,7 +161,7 @@ KVGEN_HD void gemm_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w, int64
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < 8; ++ni)
+        for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int64_t r = row0 + wm + mi * 16 + gid + (e >> 1) * 8;

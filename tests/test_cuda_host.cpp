@@ -142,7 +142,8 @@ TEST_CASE("the prefill GEMM's chunked f16 decoding, run on the host, equals dequ
 
 TEST_CASE("the one-kernel prefill GEMM, its mma fragments run on the host, equals the product of f16 operands",
           "[cuda-host]") {
-    // 133 rows and 130 tokens: two tiles each way, the second of 5 rows and of 2 tokens; 96 columns end half way
+    // 133 rows and 130 tokens: two tiles of rows, the second of 5 rows, and two or three of tokens, the last of 2 or 3
+    // tokens; 96 columns end half way
     // through a 64-weight step (the k-quants' rows are whole 256-weight super-blocks)
     for (const char* name : {"F32", "BF16", "Q4_0", "Q5_1", "Q8_0", "Q3_K", "Q4_K", "Q6_K"}) {
         INFO(name);
@@ -153,10 +154,10 @@ TEST_CASE("the one-kernel prefill GEMM, its mma fragments run on the host, equal
         const RandomRows w = random_rows(t, rows, cols, 41);
         const std::vector<float> x = test::randn(size_t(n * cols), 42);
         const std::vector<float> y0 = test::randn(size_t(n * rows), 43);
-        for (const bool accumulate : {false, true}) {
-            INFO("accumulate " << accumulate);
+        for (const auto& [tok, accumulate] : {std::pair<int, bool>{128, false}, {128, true}, {64, false}, {64, true}}) {
+            INFO(tok << "-token tiles, accumulate " << accumulate);
             const std::vector<float> got =
-                cuda::host::gemm_mma(t, w.bytes.data(), rows, cols, x, n, accumulate ? &y0 : nullptr);
+                cuda::host::gemm_mma(t, w.bytes.data(), rows, cols, x, n, accumulate ? &y0 : nullptr, tok);
             REQUIRE(got.size() == size_t(n * rows));
             size_t bad = 0;
             for (int i = 0; i < n; ++i)
@@ -176,6 +177,21 @@ TEST_CASE("the one-kernel prefill GEMM, its mma fragments run on the host, equal
             CHECK(bad == 0);
         }
     }
+}
+
+TEST_CASE("the one-kernel prefill GEMM takes 64-token tiles for short prompts and where 128 leave SMs idle",
+          "[cuda-host]") {
+    using cuda::gemm_mma_tokens;
+    CHECK(gemm_mma_tokens(17, 12288, 132) == 64);
+    CHECK(gemm_mma_tokens(64, 12288, 132) == 64);
+    CHECK(gemm_mma_tokens(512, 12288, 132) == 128);  // LLaMA-2-7B Q|K|V: 96 x 4 blocks fill 264 places
+    CHECK(gemm_mma_tokens(512, 22016, 132) == 128);  // gate|up: 172 x 4
+    CHECK(gemm_mma_tokens(512, 4096, 132) == 64);    // the output and down projections: 32 x 4 would not
+    CHECK(gemm_mma_tokens(2048, 4096, 132) == 128);  // 32 x 16
+    CHECK(gemm_mma_tokens(512, 4096, 16) == 128);    // a small GPU
+    CHECK(cuda::gemm_mma_token_tiles(130, 64) == 3);
+    CHECK(cuda::gemm_mma_token_tiles(128, 128) == 1);
+    CHECK(cuda::gemm_mma_row_tiles(133) == 2);
 }
 
 TEST_CASE("the prefill GEMM's chunks stay within the L2-sized scratch, in whole tile steps", "[cuda-host]") {

@@ -168,7 +168,7 @@ std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, cons
 }
 
 std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0,
-                        bool mma) {
+                        bool mma, int sm_count) {
     // The backend's prefill product: activations to f16, then gemm_weight (chunks of rows decoded into the scratch).
     Dev<uint8_t> b(device_bytes(w));
     Dev<float> dx(x);
@@ -182,7 +182,7 @@ std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n,
     try {
         const DevWeight dw = dev_weight(w, b);
         if (mma && gemm_mma_ok(dw))
-            gemm_weight_mma(y.p, dw, xh.p, n, y0 != nullptr, nullptr);
+            gemm_weight_mma(y.p, dw, xh.p, n, y0 != nullptr, sm_count, nullptr);
         else
             gemm_weight(h, y.p, dw, xh.p, n, y0 != nullptr, wh.p, nullptr);
         std::vector<float> out = y.get();

@@ -497,7 +497,7 @@ std::vector<float> dequantize_rows(GgmlType type, const uint8_t* bytes, int64_t 
 }
 
 std::vector<float> gemm_mma(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
-                            const std::vector<float>& x, int n, const std::vector<float>* y0) {
+                            const std::vector<float>& x, int n, const std::vector<float>* y0, int tok) {
     const DeviceRows dev = device_rows(type, bytes, rows, cols);
     std::vector<uint4> raw(size_t((int64_t(n) * cols + 7) / 8));  // 16-byte aligned, as the kernel's loads need
     __half* xh = reinterpret_cast<__half*>(raw.data());
@@ -505,10 +505,20 @@ std::vector<float> gemm_mma(GgmlType type, const uint8_t* bytes, int64_t rows, i
     std::vector<float> out = y0 ? *y0 : std::vector<float>(size_t(n * rows), std::nanf(""));
     const bool ok = dispatch_type(type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
-        run_grid(gemm_mma_token_tiles(n), int(gemm_mma_row_tiles(rows)), kQgThreads, size_t(kQgShared),
-                 [&](const HostThread& t) {
-                     gemm_mma_body<T>(t, dev.p, dev.row_bytes, rows, cols, xh, n, out.data(), rows, y0 != nullptr);
-                 });
+        const auto grid = [&](auto tile) {
+            constexpr int TOK = decltype(tile)::value;
+            run_grid(gemm_mma_token_tiles(n, TOK), int(gemm_mma_row_tiles(rows)), kQgThreads, size_t(kQgShared<TOK>),
+                     [&](const HostThread& t) {
+                         gemm_mma_body<T, TOK>(t, dev.p, dev.row_bytes, rows, cols, xh, n, out.data(), rows,
+                                               y0 != nullptr);
+                     });
+        };
+        if (tok == 128)
+            grid(std::integral_constant<int, 128>{});
+        else if (tok == 64)
+            grid(std::integral_constant<int, 64>{});
+        else
+            throw Error(fmt::format("gemm_mma: no tile of {} tokens", tok));
     });
     if (!ok) throw Error(fmt::format("no device decoder for {}", ggml_type_name(type)));
     return out;

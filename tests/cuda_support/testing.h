@@ -57,9 +57,10 @@ std::vector<float> matvec_glu_int(const HostWeight& gate, const HostWeight& up, 
 // silu(gate x) * (up x) through the fused decode kernel.
 std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x);
 // [n][rows] = x[n][cols] . W^T through the prefill path (f16 decode + cuBLAS; mma: gemm_weight_mma where
-// gemm_mma_ok, as the backend's --cuda-gemm mma); accumulate onto y0 when given.
+// gemm_mma_ok, as the backend's --cuda-gemm mma, its tiles chosen for a device of sm_count SMs); accumulate onto y0
+// when given.
 std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0,
-                        bool mma = false);
+                        bool mma = false, int sm_count = 132);
 
 std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps);
 std::vector<float> swiglu(const std::vector<float>& gate, const std::vector<float>& up);
@@ -169,10 +170,10 @@ std::vector<int> row_split_targets(int64_t rows, int64_t end0, int64_t end1, int
 // Rows [r0, r0 + n_rows) of a rows x cols weight (cols a multiple of 32) as the prefill GEMM's decoding kernel writes
 // them in f16 (dequantize_rows_body, every block of it), read back as floats.
 std::vector<float> dequantize_rows(GgmlType type, const uint8_t* bytes, int64_t cols, int64_t r0, int64_t n_rows);
-// The one-kernel prefill product (gemm_mma_body, every block of its grid, mma.sync emulated): [n][rows] =
-// f16(x)[n][cols] . W^T, accumulated onto y0 when given.
+// The one-kernel prefill product (gemm_mma_body in tiles of tok = 64 or 128 tokens, every block of its grid, mma.sync
+// emulated): [n][rows] = f16(x)[n][cols] . W^T, accumulated onto y0 when given.
 std::vector<float> gemm_mma(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
-                            const std::vector<float>& x, int n, const std::vector<float>* y0);
+                            const std::vector<float>& x, int n, const std::vector<float>* y0, int tok);
 // The attention kernels' own bodies (attention.cuh) run on the host, each CUDA thread a fiber; arguments as
 // cuda::testing::attention. With xq, one token's decode also writes its output as the ActBlocks it quantizes.
 std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
