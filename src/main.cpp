@@ -209,7 +209,14 @@ int main(int argc, char** argv) {
         ->type_name("FILE");
     app.add_flag("--inspect", inspect, "print the model's architecture, tensor types and KV cache cost, then exit");
     app.add_option("--json", json_path, "write a machine-readable report to this file ('-' for stdout with --inspect)");
-    app.add_option("-p,--prompt", prompt, "prompt text");
+    // note: -p, -n, -b, -t and -d are lists with --bench, where, as in llama-bench, each repeat adds to its list
+    // (bench_lists); elsewhere each is given once
+    std::vector<std::string> prompt_args, n_predict_args, batch_args, threads_args, depth_args;
+    const auto repeatable = [](CLI::Option* o) {
+        return o->expected(1)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->allow_extra_args(false);
+    };
+    repeatable(app.add_option("-p,--prompt", prompt_args, "prompt text (--bench: prompt sizes, a list)"))
+        ->type_name("TEXT");
     app.add_option("-f,--file", prompt_file,
                    "read the prompt from a file ('-': standard input; without -p or -f a piped input is read)");
     app.add_flag("-e,--escape,!--no-escape", escape,
@@ -222,19 +229,20 @@ int main(int argc, char** argv) {
     kvgen::GenerateCliOptions gen;
     std::string kv_type = kvgen::kv_types_name(gen.run.kv_type_k, gen.run.kv_type_v);
     std::string n_predict;  // -n: a count (a list with --bench)
-    app.add_option("-n,--n-predict", n_predict,
-                   "tokens to generate, -1 to 1073741824 (-1: until end of generation or full context; --bench: the "
-                   "decode tests, a list)")
+    repeatable(app.add_option("-n,--n-predict", n_predict_args,
+                              "tokens to generate, -1 to 1073741824 (-1: until end of generation or full context; "
+                              "--bench: the decode tests, a list)"))
         ->type_name("INT");
     app.add_option("-c,--ctx-size", gen.run.n_ctx,
                    fmt::format("context size in tokens (default: min(model context, {}))", kvgen::kDefaultCtx))
         ->check(CLI::Range(1, kvgen::kMaxCtx));
     std::string batch;  // -b: a count (a list with --bench)
-    app.add_option("-b,--batch-size", batch,
-                   fmt::format("prompt tokens per forward pass, 1 to {} (default: {}; --bench: a list)",
-                               kvgen::kMaxBatch, gen.run.n_batch))
+    repeatable(app.add_option("-b,--batch-size", batch_args,
+                              fmt::format("prompt tokens per forward pass, 1 to {} (default: {}; --bench: a list)",
+                                          kvgen::kMaxBatch, gen.run.n_batch)))
         ->type_name("INT");
-    app.add_option("-t,--threads", threads, "threads, 1 to 1024 (default: physical cores; --bench: a list, e.g. 1,2,4)")
+    repeatable(app.add_option("-t,--threads", threads_args,
+                              "threads, 1 to 1024 (default: physical cores; --bench: a list, e.g. 1,2,4)"))
         ->type_name("INT");
     app.add_option("--threads-batch", llama.threads_batch, "llama.cpp's -tb: kvgen uses -t for prompt and generation")
         ->check(CLI::Range(1, 1024));
@@ -336,7 +344,8 @@ int main(int argc, char** argv) {
                  "-d depths, for each -m, -b, KV type and -t given (lists)");
     app.add_option("--repetitions", repetitions, "--bench: -r N timed runs per test (after a warm-up)")
         ->check(CLI::Range(1, 1000));
-    app.add_option("-d,--n-depth", depths, "--bench: tokens already in the KV cache, e.g. 0,1024,4096");
+    repeatable(app.add_option("-d,--n-depth", depth_args, "--bench: tokens already in the KV cache, e.g. 0,1024,4096"))
+        ->type_name("TEXT");
     std::vector<std::string> prompt_gen;
     app.add_option("--prompt-gen", prompt_gen,
                    "-pg P,N (llama-bench's): --bench a prompt of P tokens then N generated, timed together (ppP+tgN)")
@@ -390,6 +399,20 @@ int main(int argc, char** argv) {
             if (app.count(m) > 0) modes.push_back(m);
         if (modes.size() > 1)
             throw kvgen::Error(fmt::format("{} and {} are different modes: give one", modes[0], modes[1]));
+        // llama-bench's lists: a repeat adds to the list (-p 64 -p 512 is -p 64,512); elsewhere one value
+        const auto bench_list = [&](const std::vector<std::string>& given, const char* name, std::string* out) {
+            if (given.size() > 1 && !bench)
+                throw kvgen::Error(fmt::format("{} given {} times (only --bench takes it again, to add to its list)",
+                                               name, given.size()));
+            if (given.empty()) return;
+            *out = given[0];
+            for (size_t i = 1; i < given.size(); ++i) *out += "," + given[i];
+        };
+        bench_list(prompt_args, "-p/--prompt", &prompt);
+        bench_list(n_predict_args, "-n/--n-predict", &n_predict);
+        bench_list(batch_args, "-b/--batch-size", &batch);
+        bench_list(threads_args, "-t/--threads", &threads);
+        bench_list(depth_args, "-d/--n-depth", &depths);
         only_with(app, "--json", !bench && !bench_memory && !devices && !tokenize,
                   "generation, --inspect and --perplexity (--bench prints json with -o json)");
         // Options of generation alone, refused by --bench and --perplexity rather than ignored

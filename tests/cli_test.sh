@@ -451,6 +451,18 @@ assert all(abs(ns * ts / 1e9 - 6) < 1e-3 for ns, ts in zip(r["samples_ns"], r["s
 else
     fail "bench: -n list and -pg ($(cat "$tmp/err"))"
 fi
+# a list option given again adds to its list, as in llama-bench (-p 4 -p 6,8 is -p 4,6,8); elsewhere it is an error
+if "$kvgen" --bench -m "$ref" -p 4 -p 6 -n 0 -n 2 -d 0 -d 8 -t 1 -t 2 -r 1 -o jsonl 2>"$tmp/err" | python3 -c '
+import json, sys
+got = [(r["n_threads"], r["test"]) for r in map(json.loads, sys.stdin)]
+want = [(t, x + d) for t in (1, 2) for d in ("", " @ d8") for x in ("pp4", "pp6", "tg2")]
+assert got == want, got'; then
+    pass
+else
+    fail "bench: repeated -p, -n, -d and -t ($(cat "$tmp/err"))"
+fi
+expect_error "generation: -p twice" "-p/--prompt given 2 times (only --bench" "$kvgen" -m "$ref" -p hi -p ho
+expect_error "generation: -t twice" "-t/--threads given 2 times" "$kvgen" -m "$ref" -p hi -t 1 -t 2
 # KV cache types in one --bench: a --kv-type list, or -ctk and -ctv lists (every pair, as llama-bench)
 if "$kvgen" --bench -m "$ref" -ctk f16,q8_0 -ctv q4_0,f16 -p 0 -n 2 -r 1 -t 1 -o jsonl 2>"$tmp/err" | python3 -c '
 import json, sys
