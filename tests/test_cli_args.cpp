@@ -105,6 +105,19 @@ TEST_CASE("device names: kvgen's and llama.cpp's", "[cli]") {
     CHECK_THROWS(normalize_device("cuda-1"));
 }
 
+TEST_CASE("--bench names the CUDA options that differ from the defaults", "[cli]") {
+    Settings s;
+    CHECK(cuda_options_name(s).empty());
+    s.cuda_mma_gemm = true;
+    CHECK(cuda_options_name(s) == "--cuda-gemm mma");
+    s.cuda_pdl = true;
+    s.cuda_graphs = false;
+    CHECK(cuda_options_name(s) == "--no-cuda-graphs --cuda-pdl on --cuda-gemm mma");
+    Settings t;
+    t.cuda_int_matvec = t.cuda_flash_attention = t.cuda_qkv_store = false;
+    CHECK(cuda_options_name(t) == "--cuda-matvec f32 --cuda-attention warp --cuda-kv-store kernel");
+}
+
 TEST_CASE("llama.cpp's -ngl, -fa, -ctk/-ctv and -tb fold into kvgen's settings", "[cli]") {
     auto apply = [](LlamaSettings s, std::string device = "auto", bool kv_given = false, KvType kv = KvType::F16,
                     int threads = 0) {

@@ -331,6 +331,8 @@ void run_bench(const BenchOptions& opt) {
             const std::string backend_base = selected.device == "cuda" ? "CUDA" : "CPU";
             std::string backend_name = opt.kv_cache ? backend_base : backend_base + " (no KV cache)";
             if (run.math != MathMode::Exact) backend_name += fmt::format(" --math {}", math_mode_name(run.math));
+            if (selected.device == "cuda" && !cuda_options_name(run).empty())
+                backend_name += " " + cuda_options_name(run);
             std::fprintf(stderr, "kvgen: bench %s on %s\n", path.c_str(), selected.description.c_str());
 
             for (Test t : plan) {

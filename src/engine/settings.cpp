@@ -27,6 +27,21 @@ bool math_mode_from_name(const std::string& s, MathMode* m) {
     return false;
 }
 
+std::string cuda_options_name(const Settings& s) {
+    const Settings d;
+    std::string out;
+    const auto add = [&out](const char* option) { out += (out.empty() ? "" : " ") + std::string(option); };
+    if (!s.cuda_graphs) add("--no-cuda-graphs");
+    if (s.cuda_int_matvec != d.cuda_int_matvec) add(s.cuda_int_matvec ? "--cuda-matvec int16" : "--cuda-matvec f32");
+    if (s.cuda_flash_attention != d.cuda_flash_attention)
+        add(s.cuda_flash_attention ? "--cuda-attention mma" : "--cuda-attention warp");
+    if (s.cuda_pdl != d.cuda_pdl) add(s.cuda_pdl ? "--cuda-pdl on" : "--cuda-pdl off");
+    if (s.cuda_qkv_store != d.cuda_qkv_store)
+        add(s.cuda_qkv_store ? "--cuda-kv-store product" : "--cuda-kv-store kernel");
+    if (s.cuda_mma_gemm != d.cuda_mma_gemm) add(s.cuda_mma_gemm ? "--cuda-gemm mma" : "--cuda-gemm cublas");
+    return out;
+}
+
 int cuda_device_index(const std::string& device) {
     return device.rfind("cuda", 0) == 0 && device.size() > 4 ? std::stoi(device.substr(4)) : 0;
 }

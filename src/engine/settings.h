@@ -53,6 +53,9 @@ struct Settings {
     int logits_rows(int n_ctx) const { return all_logits ? batch_size(n_ctx) : 1; }
 };
 
+// The CUDA options of s that differ from the defaults, as the command line spells them ("--cuda-gemm mma
+// --cuda-pdl on"; empty for none): what --bench names beside the CUDA backend.
+std::string cuda_options_name(const Settings& s);
 // The CUDA device index of "cuda" / "cudaN" (0 for "auto").
 int cuda_device_index(const std::string& device);
 
