@@ -104,6 +104,20 @@ KVGEN_HD void gemm_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w, int64
             for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
 
     for (int64_t k0 = 0; k0 < cols; k0 += kQgStep) {
+        // Activations: TOK tokens x 8 pieces of 8 halves, TOK / 32 a thread (consecutive threads, consecutive pieces),
+        // loaded first so that their latency runs under the weights' decoding (note: written in this order, since at
+        // 128 registers the compiler does not move them up itself).
+        uint4 piece[TOK / 32];
+#pragma unroll
+        for (int j = 0; j < TOK / 32; ++j) {
+            const int p = t + j * kQgThreads, tk = p >> 3, e = (p & 7) * 8;
+            piece[j] = make_uint4(0, 0, 0, 0);
+            if (tok0 + tk < n && k0 + e < cols) {
+                const __half* src = x + int64_t(tok0 + tk) * cols + k0 + e;
+                check_aligned(src, 16);
+                piece[j] = *reinterpret_cast<const uint4*>(src);
+            }
+        }
         // Weights: one chunk, as f16 (zeros past the row: cols may end half way through a step).
         uint32_t h[16];
         const int64_t c = k0 / 32 + dc;
@@ -120,19 +134,12 @@ KVGEN_HD void gemm_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w, int64
         check_aligned(wdst, 16);
 #pragma unroll
         for (int j = 0; j < 4; ++j) wdst[j] = make_uint4(h[4 * j], h[4 * j + 1], h[4 * j + 2], h[4 * j + 3]);
-        // Activations: TOK tokens x 8 pieces of 8 halves, TOK / 32 a thread (consecutive threads, consecutive pieces).
 #pragma unroll
         for (int j = 0; j < TOK / 32; ++j) {
-            const int p = t + j * kQgThreads, tk = p >> 3, e = (p & 7) * 8;
-            uint4 piece = make_uint4(0, 0, 0, 0);
-            if (tok0 + tk < n && k0 + e < cols) {
-                const __half* src = x + int64_t(tok0 + tk) * cols + k0 + e;
-                check_aligned(src, 16);
-                piece = *reinterpret_cast<const uint4*>(src);
-            }
-            uint4* xdst = reinterpret_cast<uint4*>(xs + tk * kQgStride + e);
+            const int p = t + j * kQgThreads;
+            uint4* xdst = reinterpret_cast<uint4*>(xs + (p >> 3) * kQgStride + (p & 7) * 8);
             check_aligned(xdst, 16);
-            *xdst = piece;
+            *xdst = piece[j];
         }
         ctx.sync();
 #pragma unroll
@@ -157,19 +164,30 @@ KVGEN_HD void gemm_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w, int64
         ctx.sync();
     }
 
-    // C fragments: rows gid and gid + 8 of each 16, tokens 2 tig and 2 tig + 1 of each 8.
+    // C fragments: rows gid and gid + 8 of each 16, tokens 2 tig and 2 tig + 1 of each 8. When accumulating, each
+    // 16 rows' earlier values are all loaded before the first store (note: in one loop the compiler, which cannot
+    // tell that no two elements share an address, waits for each load-add-store in turn).
 #pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
+    for (int mi = 0; mi < 2; ++mi) {
+        if (accumulate) {
+#pragma unroll
+            for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int64_t r = row0 + wm + mi * 16 + gid + (e >> 1) * 8;
+                    const int tk = tok0 + wn + ni * 8 + 2 * tig + (e & 1);
+                    if (r < rows && tk < n) acc[mi][ni][e] += out[int64_t(tk) * ldo + r];
+                }
+        }
 #pragma unroll
         for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int64_t r = row0 + wm + mi * 16 + gid + (e >> 1) * 8;
                 const int tk = tok0 + wn + ni * 8 + 2 * tig + (e & 1);
-                if (r >= rows || tk >= n) continue;
-                float* o = out + int64_t(tk) * ldo + r;
-                *o = accumulate ? *o + acc[mi][ni][e] : acc[mi][ni][e];
+                if (r < rows && tk < n) out[int64_t(tk) * ldo + r] = acc[mi][ni][e];
             }
+    }
 }
 
 }  // namespace kvgen::cuda

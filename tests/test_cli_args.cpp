@@ -105,7 +105,7 @@ TEST_CASE("device names: kvgen's and llama.cpp's", "[cli]") {
     CHECK_THROWS(normalize_device("cuda-1"));
 }
 
-TEST_CASE("--bench names the CUDA options that differ from the defaults", "[cli]") {
+TEST_CASE("the bench backend column names the CUDA options that differ from the defaults", "[cli]") {
     Settings s;
     CHECK(cuda_options_name(s).empty());
     s.cuda_mma_gemm = true;

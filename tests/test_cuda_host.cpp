@@ -182,11 +182,10 @@ TEST_CASE("the one-kernel prefill GEMM, its mma fragments run on the host, equal
 TEST_CASE("the one-kernel prefill GEMM takes 64-token tiles for short prompts and where 128 leave SMs idle",
           "[cuda-host]") {
     using cuda::gemm_mma_tokens;
-    CHECK(gemm_mma_tokens(17, 12288, 132) == 64);
-    CHECK(gemm_mma_tokens(64, 12288, 132) == 64);
-    CHECK(gemm_mma_tokens(512, 12288, 132) == 128);  // LLaMA-2-7B Q|K|V: 96 x 4 blocks fill 264 places
-    CHECK(gemm_mma_tokens(512, 22016, 132) == 128);  // gate|up: 172 x 4
-    CHECK(gemm_mma_tokens(512, 4096, 132) == 64);    // the output and down projections: 32 x 4 would not
+    CHECK(gemm_mma_tokens(17, 11008, 132) == 64);
+    CHECK(gemm_mma_tokens(64, 11008, 132) == 64);
+    CHECK(gemm_mma_tokens(512, 11008, 132) == 128);  // LLaMA-2-7B gate and up: 86 x 4 blocks fill 264 places
+    CHECK(gemm_mma_tokens(512, 4096, 132) == 64);    // Q, K, V, output and down: 32 x 4 would not (32 x 8)
     CHECK(gemm_mma_tokens(2048, 4096, 132) == 128);  // 32 x 16
     CHECK(gemm_mma_tokens(512, 4096, 16) == 128);    // a small GPU
     CHECK(cuda::gemm_mma_token_tiles(130, 64) == 3);
