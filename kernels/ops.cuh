@@ -129,7 +129,6 @@ bool gemm_mma_ok(const DevWeight& w);
 void gemm_weight_mma(float* out, const DevWeight& w, const __half* x, int n, bool accumulate, int sm_count,
                      cudaStream_t s);
 
-
 // Attention reads one layer's cache (k_cache, v_cache: that layer's first K and V rows, laid out and typed as kv
 // says); query head h of n_heads reads KV head h / (n_heads / kv.n_kv_heads). Over a quantized K the query must come
 // rotated (kv_rotate_rows), and over a quantized V the output comes rotated. k_offsets: the layer's key offsets

@@ -210,7 +210,7 @@ int main(int argc, char** argv) {
     app.add_flag("--inspect", inspect, "print the model's architecture, tensor types and KV cache cost, then exit");
     app.add_option("--json", json_path, "write a machine-readable report to this file ('-' for stdout with --inspect)");
     // note: -p, -n, -b, -t and -d are lists with --bench, where, as in llama-bench, each repeat adds to its list
-    // (bench_lists); elsewhere each is given once
+    // (bench_list, below); elsewhere each is given once
     std::vector<std::string> prompt_args, n_predict_args, batch_args, threads_args, depth_args;
     const auto repeatable = [](CLI::Option* o) {
         return o->expected(1)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)->allow_extra_args(false);
