@@ -771,12 +771,14 @@ void gemm_weight_mma(float* out, const DevWeight& w, const __half* x, int n, boo
     KVGEN_ASSERT(grid.y <= 65535u);
     dispatch_type(w.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
-        if (tok == 128)
-            gemm_mma_kernel<T, 128><<<grid, kQgThreads, 0, s>>>(w.data, w.row_bytes, w.rows, w.cols, x, n, out, w.rows,
-                                                                accumulate);
-        else
-            gemm_mma_kernel<T, 64><<<grid, kQgThreads, 0, s>>>(w.data, w.row_bytes, w.rows, w.cols, x, n, out, w.rows,
-                                                               accumulate);
+        if constexpr (T != GgmlType::F16) {  // F16 goes to cuBLAS in place (gemm_mma_ok): no kernel built for it
+            if (tok == 128)
+                gemm_mma_kernel<T, 128><<<grid, kQgThreads, 0, s>>>(w.data, w.row_bytes, w.rows, w.cols, x, n, out,
+                                                                    w.rows, accumulate);
+            else
+                gemm_mma_kernel<T, 64><<<grid, kQgThreads, 0, s>>>(w.data, w.row_bytes, w.rows, w.cols, x, n, out,
+                                                                   w.rows, accumulate);
+        }
     });
     KVGEN_CUDA_LAUNCHED("gemm_mma");
 }
