@@ -75,6 +75,7 @@ private:
     }
     // out[n][w.rows] = in[n][w.cols] . W^T (+= when accumulate).
     void proj(float* out, const DevWeight& w, const float* in, int n, bool accumulate);
+    void proj_f16(float* out, const DevWeight& w, int n, bool accumulate);
     // Whether a product with w of up to kMvMaxTokens tokens runs in integers, and `in` (count floats) quantized for
     // it into xq_.
     bool use_int(const DevWeight& w) const { return int_matvec_ && int_matvec_ok(w); }
@@ -281,12 +282,16 @@ void CudaOps::proj(float* out, const DevWeight& w, const float* in, int n, bool 
         matvec_batch(out, w, in, n, accumulate, stream_);
         return;
     }
-    // Prefill: activations to f16, then out[n][rows] = in[n][cols] . W^T on the tensor cores with f32 accumulation,
-    // a quantized weight decoded a chunk of rows at a time into wh_ (F16 weights used in place), or with
-    // --cuda-gemm mma tile by tile inside one kernel.
     to_f16(xh_, in, int64_t(n) * w.cols, stream_);
+    proj_f16(out, w, n, accumulate);
+}
+
+// Prefill's product of the activations in xh_ (f16, made by the caller: once for the products that share them):
+// out[n][rows] = xh_[n][cols] . W^T on the tensor cores with f32 accumulation, a quantized weight decoded a chunk of
+// rows at a time into wh_ (F16 weights used in place), or with --cuda-gemm mma tile by tile inside one kernel.
+void CudaOps::proj_f16(float* out, const DevWeight& w, int n, bool accumulate) {
     if (mma_gemm_ && gemm_mma_ok(w))
-        gemm_weight_mma(out, w, xh_, n, accumulate, sm_count_, stream_);
+        gemm_weight_mma(RowSplit::one(out, w.rows), w, xh_, n, accumulate, sm_count_, stream_);
     else
         gemm_weight(cublas_, out, w, xh_, n, accumulate, wh_, stream_);
 }
@@ -329,9 +334,22 @@ void CudaOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int 
         matvec_int(RowSplit::one(v, L.wv.rows), L.wv, xq_, n, false, pdl_, stream_, kv_stored_ ? &sv : nullptr);
         return;
     }
-    proj(q, L.wq, xn_, n, false);
-    proj(k, L.wk, xn_, n, false);
-    proj(v, L.wv, xn_, n, false);
+    if (n <= kMvMaxTokens) {  // a short prompt's f32 products
+        proj(q, L.wq, xn_, n, false);
+        proj(k, L.wk, xn_, n, false);
+        proj(v, L.wv, xn_, n, false);
+        return;
+    }
+    // Prefill: the normed activations in f16 once for the three products; with --cuda-gemm mma one kernel over the
+    // rows of all three where they are one matrix (a GQA model's narrow K and V in the same grid as Q).
+    to_f16(xh_, xn_, int64_t(n) * c_.n_embd, stream_);
+    if (L.fused_qkv && mma_gemm_ && gemm_mma_ok(L.qkv)) {
+        gemm_weight_mma(RowSplit{{q, k, v}, {qd, qd + kvd}}, L.qkv, xh_, n, false, sm_count_, stream_);
+        return;
+    }
+    proj_f16(q, L.wq, n, false);
+    proj_f16(k, L.wk, n, false);
+    proj_f16(v, L.wv, n, false);
 }
 
 void CudaOps::rope_store_kv(float* q, float* k, const float* v, int l, int n) {
@@ -395,8 +413,18 @@ void CudaOps::norm_swiglu(float* h, const float* x, int l, int n) {
             matvec_glu(h, L.gate, L.up, xn_, stream_);
         return;
     }
-    proj(h, L.gate, xn_, n, false);
-    proj(up_, L.up, xn_, n, false);
+    if (n <= kMvMaxTokens) {  // a short prompt's f32 products
+        proj(h, L.gate, xn_, n, false);
+        proj(up_, L.up, xn_, n, false);
+    } else {  // prefill: the normed activations in f16 once for both products; with --cuda-gemm mma, one kernel
+        to_f16(xh_, xn_, int64_t(n) * c_.n_embd, stream_);
+        if (pair && mma_gemm_ && gemm_mma_ok(L.gate)) {
+            gemm_glu_mma(h, L.gate, L.up, xh_, n, sm_count_, stream_);
+            return;
+        }
+        proj_f16(h, L.gate, n, false);
+        proj_f16(up_, L.up, n, false);
+    }
     swiglu(h, up_, int64_t(n) * c_.n_ff, stream_);
 }
 

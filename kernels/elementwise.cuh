@@ -150,8 +150,13 @@ KVGEN_HD void store_kv_item(int64_t g, const float* __restrict__ k, const float*
     *reinterpret_cast<__half2*>(vc + dst) = __floats2half2_rn(vr[2 * j], vr[2 * j + 1]);
 }
 
+// SwiGLU's product of a gate and an up value: silu(g) * u (cpu::swiglu's arithmetic).
+KVGEN_HD float silu_mul(float g, float u) {
+    return g / (1.0f + expf(-g)) * u;
+}
+
 KVGEN_HD void swiglu_item(int64_t j, float* __restrict__ g, const float* __restrict__ u) {
-    g[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+    g[j] = silu_mul(g[j], u[j]);
 }
 
 KVGEN_HD void to_f16_item(int64_t j, const float* __restrict__ x, __half* __restrict__ y) {

@@ -27,6 +27,10 @@ struct RowSplit {
         if (r < end[1]) return y[1] + i * (end[1] - end[0]) + (r - end[0]);
         return y[2] + i * (rows - end[1]) + (r - end[1]);
     }
+    // Elements from one token's row r to the next token's: the rows of r's buffer.
+    KVGEN_HD int64_t width(int64_t r, int64_t rows) const {
+        return r < end[0] ? end[0] : r < end[1] ? end[1] - end[0] : rows - end[1];
+    }
 };
 
 // RoPE and the K/V store of an f16 cache folded into the product that makes Q, K and V (qkv_store_row,

@@ -118,12 +118,12 @@ __global__ void __launch_bounds__(kDqThreads)
 
 // note: at most 128 registers, so that two blocks (16 warps) share a multiprocessor: while one decodes its next
 // step's weights, the other's warps can be on the tensor cores.
-template <GgmlType T, int TOK>
+template <GgmlType T, int TOK, bool GLU>
 __global__ void __launch_bounds__(kQgThreads, kQgBlocksPerSm)
-    gemm_mma_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t rows, int64_t cols,
-                    const __half* __restrict__ x, int n, float* __restrict__ out, int64_t ldo, bool accumulate) {
+    gemm_mma_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ up, int64_t row_bytes, int64_t rows,
+                    int64_t cols, const __half* __restrict__ x, int n, RowSplit out, bool accumulate) {
     __shared__ __align__(16) float sm[kQgShared<TOK>];
-    gemm_mma_body<T, TOK>(DeviceThread{sm}, w, row_bytes, rows, cols, x, n, out, ldo, accumulate);
+    gemm_mma_body<T, TOK, GLU>(DeviceThread{sm}, w, up, row_bytes, rows, cols, x, n, out, accumulate);
 }
 
 template <GgmlType T>
@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
     float acc[2][R][NT];
     matvec_int_thread<T>(ws, row_bytes, n_units, rows, r0, threadIdx.x, blockDim.x, x, n, acc);
     const float gs = block_rows_sum(acc[0], part[0]), us = block_rows_sum(acc[1], part[1]);
-    const float o = gs / (1.0f + expf(-gs)) * us;  // threads t < R NT: row r0 + t / NT, token t % NT
+    const float o = silu_mul(gs, us);  // threads t < R NT: row r0 + t / NT, token t % NT
     if constexpr (NT == 1) {
         if (yq) {
             if (threadIdx.x >= kWarp) return;
@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(kMvWarps* kWarp)
 #pragma unroll
     for (int r = 0; r < kMvRows; ++r) {
         const float gs = warp_sum(g[r]), us = warp_sum(u[r]);
-        if (lane == 0 && r0 + r < rows) y[r0 + r] = gs / (1.0f + expf(-gs)) * us;
+        if (lane == 0 && r0 + r < rows) y[r0 + r] = silu_mul(gs, us);
     }
 }
 
@@ -763,24 +763,44 @@ bool gemm_mma_ok(const DevWeight& w) {
     return w.type != GgmlType::F16 && w.cols % 32 == 0 && device_type_supported(w.type);
 }
 
-void gemm_weight_mma(float* out, const DevWeight& w, const __half* x, int n, bool accumulate, int sm_count,
-                     cudaStream_t s) {
-    KVGEN_ASSERT(gemm_mma_ok(w) && n > 0);
-    const int tok = gemm_mma_tokens(n, w.rows, sm_count);
-    const dim3 grid(unsigned(gemm_mma_token_tiles(n, tok)), unsigned(gemm_mma_row_tiles(w.rows)));
+namespace {
+// up: null, or the up weight of a SwiGLU pair whose gate is w (the GLU kernels).
+void gemm_mma_launch(const RowSplit& out, const DevWeight& w, const DevWeight* up, const __half* x, int n,
+                     bool accumulate, int sm_count, cudaStream_t s) {
+    KVGEN_ASSERT(gemm_mma_ok(w) && n > 0 && !(up && accumulate));
+    const int64_t tile_rows = up ? 2 * w.rows : w.rows;  // a GLU block owns half as many rows of each weight
+    const int tok = gemm_mma_tokens(n, tile_rows, sm_count);
+    const dim3 grid(unsigned(gemm_mma_token_tiles(n, tok)), unsigned(gemm_mma_row_tiles(tile_rows)));
     KVGEN_ASSERT(grid.y <= 65535u);
+    const uint8_t* const u = up ? up->data : nullptr;
     dispatch_type(w.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
         if constexpr (T != GgmlType::F16) {  // F16 goes to cuBLAS in place (gemm_mma_ok): no kernel built for it
+            const auto launch = [&](auto kernel) {
+                kernel<<<grid, kQgThreads, 0, s>>>(w.data, u, w.row_bytes, w.rows, w.cols, x, n, out, accumulate);
+            };
             if (tok == 128)
-                gemm_mma_kernel<T, 128><<<grid, kQgThreads, 0, s>>>(w.data, w.row_bytes, w.rows, w.cols, x, n, out,
-                                                                    w.rows, accumulate);
+                up ? launch(gemm_mma_kernel<T, 128, true>) : launch(gemm_mma_kernel<T, 128, false>);
             else
-                gemm_mma_kernel<T, 64><<<grid, kQgThreads, 0, s>>>(w.data, w.row_bytes, w.rows, w.cols, x, n, out,
-                                                                   w.rows, accumulate);
+                up ? launch(gemm_mma_kernel<T, 64, true>) : launch(gemm_mma_kernel<T, 64, false>);
         }
     });
-    KVGEN_CUDA_LAUNCHED("gemm_mma");
+    if (up)
+        KVGEN_CUDA_LAUNCHED("gemm_glu_mma");
+    else
+        KVGEN_CUDA_LAUNCHED("gemm_mma");
+}
+}  // namespace
+
+void gemm_weight_mma(const RowSplit& out, const DevWeight& w, const __half* x, int n, bool accumulate, int sm_count,
+                     cudaStream_t s) {
+    gemm_mma_launch(out, w, nullptr, x, n, accumulate, sm_count, s);
+}
+
+void gemm_glu_mma(float* y, const DevWeight& gate, const DevWeight& up, const __half* x, int n, int sm_count,
+                  cudaStream_t s) {
+    KVGEN_ASSERT(glu_fusable(gate, up));
+    gemm_mma_launch(RowSplit::one(y, gate.rows), gate, &up, x, n, false, sm_count, s);
 }
 
 bool attention_head_dim_supported(int hd) {

@@ -125,9 +125,14 @@ void check_cublas(cublasStatus_t st, const char* what);
 // multiplied there on the tensor cores, nothing written out; --cuda-gemm mma) for the weights gemm_mma_ok accepts
 // (every type with a decoder but F16, cols a multiple of 32). Twin: as gemm_weight's.
 bool gemm_mma_ok(const DevWeight& w);
-// sm_count: the device's multiprocessors, for the tile size (gemm_mma_tokens).
-void gemm_weight_mma(float* out, const DevWeight& w, const __half* x, int n, bool accumulate, int sm_count,
+// Row r of token i is written (added to when accumulate) at out.at(r, i, w.rows): Q, K and V from their weights as one
+// matrix go to three buffers. sm_count: the device's multiprocessors, for the tile size (gemm_mma_tokens).
+void gemm_weight_mma(const RowSplit& out, const DevWeight& w, const __half* x, int n, bool accumulate, int sm_count,
                      cudaStream_t s);
+// y[i][r] = silu(gate[r] . x[i]) * (up[r] . x[i]) in the same kernel, both weights' tiles in one block (glu_fusable
+// and gemm_mma_ok): no gate and up products written out and no swiglu pass. Twin: the two products and cpu::swiglu.
+void gemm_glu_mma(float* y, const DevWeight& gate, const DevWeight& up, const __half* x, int n, int sm_count,
+                  cudaStream_t s);
 
 // Attention reads one layer's cache (k_cache, v_cache: that layer's first K and V rows, laid out and typed as kv
 // says); query head h of n_heads reads KV head h / (n_heads / kv.n_kv_heads). Over a quantized K the query must come

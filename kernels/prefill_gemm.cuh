@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "common/hd.h"
+#include "elementwise.cuh"
 #include "flash_attention.cuh"
 #include "memory_plan.h"
 #include "quant.cuh"
@@ -67,33 +68,51 @@ KVGEN_HD void dequantize_rows_body(const Ctx& ctx, const uint8_t* __restrict__ w
 //
 // Exactness: the operands are the cuBLAS path's (the same f16 weights and activations, f32 sums); only the order of
 // the sums differs. Rows past the matrix re-read its last row and tokens past n read zeros; neither is stored.
+//
+// Two products folded into the one kernel, so that prefill reads its activations once where it makes several outputs
+// of them: RowSplit sends the rows to up to three buffers (Q, K and V from their weights uploaded as one matrix), and
+// with GLU a block owns kQgRows / 2 rows of a SwiGLU pair, gate rows [r, r + 16) in its warp's first m16 tile and the
+// same up rows in its second, so that each thread holds both sums of its outputs and writes silu(gate) * up (the
+// swiglu kernel's arithmetic, silu_mul) instead of two products and an element-wise pass.
 constexpr int kQgStep = 64;             // weights of a row per step: two chunks
 constexpr int kQgThreads = 256;         // 8 warps: 4 along the rows x 2 along the tokens
 constexpr int kQgStride = kQgStep + 8;  // halves per shared row: 36 words, fragment reads in 32 banks
 // Floats of shared memory a block of TOK tokens needs (kQgRows, the tile choice and the grid: memory_plan.h).
 template <int TOK>
 constexpr int kQgShared = (kQgRows + TOK) * kQgStride / 2;
+// Output rows a block owns: kQgRows, or half of them of each weight with GLU.
+template <bool GLU>
+constexpr int kQgOutRows = GLU ? kQgRows / 2 : kQgRows;
 
-// One block of out[n][ldo] columns [0, rows) (+)= x[n][cols] . W^T for W rows row_bytes apart (cols a multiple of
-// 32; x 16-byte aligned).
+// One block of out (+)= x[n][cols] . W^T, out's row r of token i at out.at(r, i, rows), for W rows row_bytes apart
+// (cols a multiple of 32; x 16-byte aligned). GLU: W is the gate, up the up weight of the same type and shape, and
+// out = silu(x . gate^T) * (x . up^T) (accumulate false).
 #pragma nv_exec_check_disable
-template <GgmlType T, int TOK, class Ctx>
-KVGEN_HD void gemm_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w, int64_t row_bytes, int64_t rows,
-                            int64_t cols, const __half* __restrict__ x, int n, float* __restrict__ out, int64_t ldo,
-                            bool accumulate) {
+template <GgmlType T, int TOK, bool GLU, class Ctx>
+KVGEN_HD void gemm_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w, const uint8_t* __restrict__ up,
+                            int64_t row_bytes, int64_t rows, int64_t cols, const __half* __restrict__ x, int n,
+                            const RowSplit& out, bool accumulate) {
     __half* ws = reinterpret_cast<__half*>(ctx.shared());  // [kQgRows][kQgStride]: the step's weights
     __half* xs = ws + kQgRows * kQgStride;                 // [TOK][kQgStride]: the step's activations
     const int t = ctx.thread(), warp = t >> 5, lane = t & 31, gid = lane >> 2, tig = lane & 3;
     static_assert(TOK == 64 || TOK == 128, "two warps along the tokens, 4 or 8 n8 tiles each");
     constexpr int NT = TOK / 16;  // n8 tiles a warp
     const int tok0 = ctx.block_x() * TOK;
-    const int64_t row0 = int64_t(ctx.block_y()) * kQgRows;
+    const int64_t row0 = int64_t(ctx.block_y()) * kQgOutRows<GLU>;
     const int wm = (warp & 3) * 32, wn = (warp >> 2) * (TOK / 2);  // the warp's rows and tokens in the tile
 
-    // The thread's chunk: row t / 2 of the tile, chunk t % 2 of each step.
+    // The thread's chunk: row t / 2 of the tile, chunk t % 2 of each step. With GLU, tile row 32 g + j is gate row
+    // row0 + 16 g + j for j < 16, up row row0 + 16 g + j - 16 after.
     const int dr = t >> 1, dc = t & 1;
-    const int64_t cpr = cols / 32, my_row = row0 + dr < rows ? row0 + dr : rows - 1;
-    const uint8_t* wrow = w + my_row * row_bytes;
+    const int64_t cpr = cols / 32;
+    int64_t my_row = row0 + dr;
+    const uint8_t* wbase = w;
+    if constexpr (GLU) {
+        my_row = row0 + (dr >> 5) * 16 + (dr & 15);
+        if (dr & 16) wbase = up;
+    }
+    if (my_row >= rows) my_row = rows - 1;
+    const uint8_t* wrow = wbase + my_row * row_bytes;
 
     float acc[2][NT][4];
 #pragma unroll
@@ -164,28 +183,50 @@ KVGEN_HD void gemm_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w, int64
         ctx.sync();
     }
 
-    // C fragments: rows gid and gid + 8 of each 16, tokens 2 tig and 2 tig + 1 of each 8. When accumulating, each
-    // 16 rows' earlier values are all loaded before the first store (note: in one loop the compiler, which cannot
-    // tell that no two elements share an address, waits for each load-add-store in turn).
+    // C fragments: rows gid and gid + 8 of each 16, tokens 2 tig and 2 tig + 1 of each 8.
+    if constexpr (GLU) {  // m16 tile 0 holds the gate sums, tile 1 the up sums of the same outputs
 #pragma unroll
-    for (int mi = 0; mi < 2; ++mi) {
-        if (accumulate) {
+        for (int h = 0; h < 2; ++h) {
+            const int64_t r = row0 + (warp & 3) * 16 + gid + h * 8;
+            if (r >= rows) continue;
+            float* const o = out.at(r, 0, rows);
+            const int64_t ld = out.width(r, rows);
 #pragma unroll
             for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int64_t r = row0 + wm + mi * 16 + gid + (e >> 1) * 8;
-                    const int tk = tok0 + wn + ni * 8 + 2 * tig + (e & 1);
-                    if (r < rows && tk < n) acc[mi][ni][e] += out[int64_t(tk) * ldo + r];
+                for (int e = 0; e < 2; ++e) {
+                    const int tk = tok0 + wn + ni * 8 + 2 * tig + e;
+                    if (tk < n) o[tk * ld] = silu_mul(acc[0][ni][2 * h + e], acc[1][ni][2 * h + e]);
                 }
         }
+    } else {
+        // Row by row (rows gid and gid + 8 of each m16 tile): when accumulating, the row's earlier values are all
+        // loaded before the first store (note: in one loop the compiler, which cannot tell that no two elements share
+        // an address, waits for each load-add-store in turn).
 #pragma unroll
-        for (int ni = 0; ni < NT; ++ni)
+        for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int64_t r = row0 + wm + mi * 16 + gid + (e >> 1) * 8;
-                const int tk = tok0 + wn + ni * 8 + 2 * tig + (e & 1);
-                if (r < rows && tk < n) out[int64_t(tk) * ldo + r] = acc[mi][ni][e];
+            for (int h = 0; h < 2; ++h) {
+                const int64_t r = row0 + wm + mi * 16 + gid + h * 8;
+                if (r >= rows) continue;
+                float* const o = out.at(r, 0, rows);
+                const int64_t ld = out.width(r, rows);
+                if (accumulate) {
+#pragma unroll
+                    for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int tk = tok0 + wn + ni * 8 + 2 * tig + e;
+                            if (tk < n) acc[mi][ni][2 * h + e] += o[tk * ld];
+                        }
+                }
+#pragma unroll
+                for (int ni = 0; ni < NT; ++ni)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int tk = tok0 + wn + ni * 8 + 2 * tig + e;
+                        if (tk < n) o[tk * ld] = acc[mi][ni][2 * h + e];
+                    }
             }
     }
 }

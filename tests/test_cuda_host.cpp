@@ -154,10 +154,13 @@ TEST_CASE("the one-kernel prefill GEMM, its mma fragments run on the host, equal
         const RandomRows w = random_rows(t, rows, cols, 41);
         const std::vector<float> x = test::randn(size_t(n * cols), 42);
         const std::vector<float> y0 = test::randn(size_t(n * rows), 43);
-        for (const auto& [tok, accumulate] : {std::pair<int, bool>{128, false}, {128, true}, {64, false}, {64, true}}) {
-            INFO(tok << "-token tiles, accumulate " << accumulate);
-            const std::vector<float> got =
-                cuda::host::gemm_mma(t, w.bytes.data(), rows, cols, x, n, accumulate ? &y0 : nullptr, tok);
+        // one output buffer, or three as Q, K and V (the middle one ending inside a 16-row fragment)
+        for (const auto& [tok, accumulate, end0, end1] :
+             {std::tuple<int, bool, int64_t, int64_t>{128, false, rows, rows}, {128, true, 40, 101},
+              {64, false, 40, 101}, {64, true, rows, rows}}) {
+            INFO(tok << "-token tiles, accumulate " << accumulate << ", rows split at " << end0 << ", " << end1);
+            const std::vector<float> got = cuda::host::gemm_mma(t, w.bytes.data(), rows, cols, x, n,
+                                                                accumulate ? &y0 : nullptr, tok, nullptr, end0, end1);
             REQUIRE(got.size() == size_t(n * rows));
             size_t bad = 0;
             for (int i = 0; i < n; ++i)
@@ -179,13 +182,61 @@ TEST_CASE("the one-kernel prefill GEMM, its mma fragments run on the host, equal
     }
 }
 
+TEST_CASE("the one-kernel prefill GEMM with gate and up in one block, run on the host, equals silu(gate) * up of the "
+          "f16 operands' products", "[cuda-host]") {
+    // 133 rows: three tiles of 64 (the last of 5 rows: gate and up rows past the matrix in every warp's fragments)
+    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"}) {
+        INFO(name);
+        GgmlType t;
+        REQUIRE(ggml_type_from_name(name, &t));
+        const int64_t rows = 133, cols = ggml_type_info(t)->block_size == 256 ? 256 : 96;
+        const int n = 130;
+        const RandomRows gate = random_rows(t, rows, cols, 51), up = random_rows(t, rows, cols, 52);
+        const std::vector<float> x = test::randn(size_t(n * cols), 53);
+        // the product of row r with token i's f16 activations, and the sum of its terms' magnitudes
+        const auto dot = [&](const RandomRows& w, int i, int64_t r) {
+            double s = 0.0, mag = 0.0;
+            for (int64_t j = 0; j < cols; ++j) {
+                const double p = double(fp16_to_fp32(fp32_to_fp16(w.values[size_t(r * cols + j)]))) *
+                                 fp16_to_fp32(fp32_to_fp16(x[size_t(i * cols + j)]));
+                s += p;
+                mag += std::fabs(p);
+            }
+            return std::pair<double, double>{s, mag};
+        };
+        for (const int tok : {128, 64}) {
+            INFO(tok << "-token tiles");
+            const std::vector<float> got =
+                cuda::host::gemm_mma(t, gate.bytes.data(), rows, cols, x, n, nullptr, tok, up.bytes.data(), rows, rows);
+            REQUIRE(got.size() == size_t(n * rows));
+            size_t bad = 0;
+            for (int i = 0; i < n; ++i)
+                for (int64_t r = 0; r < rows; ++r) {
+                    const auto [g, gmag] = dot(gate, i, r);
+                    const auto [u, umag] = dot(up, i, r);
+                    const double silu = g / (1.0 + std::exp(-g)), want = silu * u;
+                    // f32 sums within 1e-5 of their magnitudes; silu's slope is under 1.1
+                    const double tol =
+                        1e-5 * (1.1 * gmag * std::fabs(u) + std::fabs(silu) * umag) + 1e-6 * std::fabs(want);
+                    const float v = got[size_t(i * rows + r)];
+                    if (!(std::fabs(v - want) <= tol + 1e-30)) {  // NaN: not written
+                        if (bad++ < 5) UNSCOPED_INFO("token " << i << " row " << r << " got " << v << " want " << want);
+                    }
+                }
+            CHECK(bad == 0);
+        }
+    }
+}
+
 TEST_CASE("the one-kernel prefill GEMM takes 64-token tiles for short prompts and where 128 leave SMs idle",
           "[cuda-host]") {
     using cuda::gemm_mma_tokens;
     CHECK(gemm_mma_tokens(17, 11008, 132) == 64);
     CHECK(gemm_mma_tokens(64, 11008, 132) == 64);
-    CHECK(gemm_mma_tokens(512, 11008, 132) == 128);  // LLaMA-2-7B gate and up: 86 x 4 blocks fill 264 places
-    CHECK(gemm_mma_tokens(512, 4096, 132) == 64);    // Q, K, V, output and down: 32 x 4 would not (32 x 8)
+    CHECK(gemm_mma_tokens(512, 11008, 132) == 128);  // LLaMA-2-7B gate or up alone: 86 x 4 blocks fill 264 places
+    CHECK(gemm_mma_tokens(512, 4096, 132) == 64);    // output and down: 32 x 4 would not (32 x 8)
+    CHECK(gemm_mma_tokens(512, 3 * 4096, 132) == 128);  // Q|K|V as one matrix: 96 x 4
+    CHECK(gemm_mma_tokens(512, 2 * 11008, 132) == 128);  // gate|up in one kernel (both weights' rows): 172 x 4
     CHECK(gemm_mma_tokens(2048, 4096, 132) == 128);  // 32 x 16
     CHECK(gemm_mma_tokens(512, 4096, 16) == 128);    // a small GPU
     CHECK(cuda::gemm_mma_token_tiles(130, 64) == 3);

@@ -347,6 +347,37 @@ TEST_CASE("the prefill GEMM of a weight larger than one decoded chunk covers eve
     }
 }
 
+TEST_CASE("the one-kernel prefill GEMM writes Q, K and V to three buffers and folds SwiGLU in, bit for bit as the "
+          "products one by one", "[cuda][kernels]") {
+    // 2304 rows as Q, K and V of 1000, 200 and 1104 rows (the splits fall inside row tiles and fragments); gate and up
+    // of 1000 rows: 16 tiles of 64, the last of 40
+    const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+        REQUIRE(a.size() == b.size());
+        size_t bad = 0;
+        for (size_t i = 0; i < a.size(); ++i)
+            if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0 && bad++ < 5)
+                UNSCOPED_INFO("element " << i << ": " << a[i] << " against " << b[i]);
+        CHECK(bad == 0);
+    };
+    for (const char* name : {"Q4_0", "Q4_K", "Q6_K"}) {
+        GgmlType t;
+        REQUIRE(ggml_type_from_name(name, &t));
+        const int64_t rows = 2304, cols = 1024, ff = 1000;
+        const std::vector<uint8_t> b = random_weights(t, rows, cols, 33), bg = random_weights(t, ff, cols, 34),
+                                   bu = random_weights(t, ff, cols, 35);
+        const ct::HostWeight w{t, rows, cols, &b}, gate{t, ff, cols, &bg}, up{t, ff, cols, &bu};
+        for (const int n : {20, 150}) {
+            const std::vector<float> x = randn(size_t(n) * size_t(cols), 36);
+            for (const int sms : {132, 1}) {
+                INFO(name << " n " << n << " SMs " << sms);
+                same(ct::gemm_mma_qkv(w, x, n, 1000, 200, sms), ct::gemm(w, x, n, nullptr, true, sms));
+                same(ct::gemm_glu_mma(gate, up, x, n, sms),
+                     ct::swiglu(ct::gemm(gate, x, n, nullptr, true, sms), ct::gemm(up, x, n, nullptr, true, sms)));
+            }
+        }
+    }
+}
+
 TEST_CASE("a quantized cache on the GPU: the CPU's bytes, and attention over them", "[cuda][kernels]") {
     struct Types {
         KvType k, v;

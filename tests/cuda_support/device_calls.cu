@@ -182,7 +182,7 @@ std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n,
     try {
         const DevWeight dw = dev_weight(w, b);
         if (mma && gemm_mma_ok(dw))
-            gemm_weight_mma(y.p, dw, xh.p, n, y0 != nullptr, sm_count, nullptr);
+            gemm_weight_mma(RowSplit::one(y.p, w.rows), dw, xh.p, n, y0 != nullptr, sm_count, nullptr);
         else
             gemm_weight(h, y.p, dw, xh.p, n, y0 != nullptr, wh.p, nullptr);
         std::vector<float> out = y.get();
@@ -228,6 +228,41 @@ std::vector<float> quantize_act(const std::vector<float>& x) {
     Dev<ActBlock> xq(x.size() / 32);
     kvgen::cuda::quantize_act(xq.p, dx.p, int64_t(x.size()), nullptr);
     return append_blocks({}, xq.get());
+}
+
+std::vector<float> gemm_mma_qkv(const HostWeight& w, const std::vector<float>& x, int n, int64_t q_rows,
+                                int64_t k_rows, int sm_count) {
+    Dev<uint8_t> b(device_bytes(w));
+    Dev<float> dx(x);
+    Dev<__half> xh(x.size());
+    to_f16(xh.p, dx.p, int64_t(x.size()), nullptr);
+    const size_t nn = size_t(n);
+    Dev<float> q{nn * size_t(q_rows)}, k{nn * size_t(k_rows)}, v{nn * size_t(w.rows - q_rows - k_rows)};
+    poison(q);
+    poison(k);
+    poison(v);
+    const RowSplit split{{q.p, k.p, v.p}, {q_rows, q_rows + k_rows}};
+    gemm_weight_mma(split, dev_weight(w, b), xh.p, n, false, sm_count, nullptr);
+    const std::vector<float> parts[3] = {q.get(), k.get(), v.get()};
+    std::vector<float> out(nn * size_t(w.rows));
+    for (int i = 0; i < n; ++i)  // the host's copy of the split: token i's row r of buffer j at i * width + (r - start)
+        for (int64_t r = 0; r < w.rows; ++r) {
+            const int j = r < q_rows ? 0 : r < q_rows + k_rows ? 1 : 2;
+            const int64_t start = j == 0 ? 0 : j == 1 ? q_rows : q_rows + k_rows;
+            out[size_t(i) * size_t(w.rows) + size_t(r)] = parts[j][size_t(i * split.width(r, w.rows) + r - start)];
+        }
+    return out;
+}
+
+std::vector<float> gemm_glu_mma(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x, int n,
+                                int sm_count) {
+    Dev<uint8_t> g(device_bytes(gate)), u(device_bytes(up));
+    Dev<float> dx(x), y(size_t(n) * size_t(gate.rows));
+    Dev<__half> xh(x.size());
+    to_f16(xh.p, dx.p, int64_t(x.size()), nullptr);
+    poison(y);
+    kvgen::cuda::gemm_glu_mma(y.p, dev_weight(gate, g), dev_weight(up, u), xh.p, n, sm_count, nullptr);
+    return y.get();
 }
 
 std::vector<float> swiglu(const std::vector<float>& gate, const std::vector<float>& up) {

@@ -497,30 +497,49 @@ std::vector<float> dequantize_rows(GgmlType type, const uint8_t* bytes, int64_t 
 }
 
 std::vector<float> gemm_mma(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
-                            const std::vector<float>& x, int n, const std::vector<float>* y0, int tok) {
+                            const std::vector<float>& x, int n, const std::vector<float>* y0, int tok,
+                            const uint8_t* up_bytes, int64_t end0, int64_t end1) {
     const DeviceRows dev = device_rows(type, bytes, rows, cols);
+    const DeviceRows up = up_bytes ? device_rows(type, up_bytes, rows, cols) : DeviceRows{};
     std::vector<uint4> raw(size_t((int64_t(n) * cols + 7) / 8));  // 16-byte aligned, as the kernel's loads need
     __half* xh = reinterpret_cast<__half*>(raw.data());
     for (size_t i = 0; i < x.size(); ++i) xh[i] = __float2half_rn(x[i]);
-    std::vector<float> out = y0 ? *y0 : std::vector<float>(size_t(n * rows), std::nanf(""));
+    // three buffers as RowSplit lays them out, each poisoned (NaN: not written) or holding its part of y0
+    end1 = std::max(end0, end1);
+    const int64_t widths[3] = {end0, end1 - end0, rows - end1};
+    std::vector<float> parts[3];
+    for (int b = 0; b < 3; ++b) parts[b].assign(size_t(std::max<int64_t>(1, n * widths[b])), std::nanf(""));
+    const RowSplit split{{parts[0].data(), parts[1].data(), parts[2].data()}, {end0, end1}};
+    for (int i = 0; i < n && y0; ++i)
+        for (int64_t r = 0; r < rows; ++r) *split.at(r, i, rows) = (*y0)[size_t(i * rows + r)];
     const bool ok = dispatch_type(type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
-        const auto grid = [&](auto tile) {
+        const auto grid = [&](auto tile, auto glu) {
             constexpr int TOK = decltype(tile)::value;
-            run_grid(gemm_mma_token_tiles(n, TOK), int(gemm_mma_row_tiles(rows)), kQgThreads, size_t(kQgShared<TOK>),
-                     [&](const HostThread& t) {
-                         gemm_mma_body<T, TOK>(t, dev.p, dev.row_bytes, rows, cols, xh, n, out.data(), rows,
-                                               y0 != nullptr);
+            constexpr bool GLU = decltype(glu)::value;
+            run_grid(gemm_mma_token_tiles(n, TOK), int(gemm_mma_row_tiles(GLU ? 2 * rows : rows)), kQgThreads,
+                     size_t(kQgShared<TOK>), [&](const HostThread& t) {
+                         gemm_mma_body<T, TOK, GLU>(t, dev.p, up.p, dev.row_bytes, rows, cols, xh, n, split,
+                                                    y0 != nullptr);
                      });
         };
-        if (tok == 128)
-            grid(std::integral_constant<int, 128>{});
-        else if (tok == 64)
-            grid(std::integral_constant<int, 64>{});
+        const auto tiles = [&](auto glu) {
+            if (tok == 128)
+                grid(std::integral_constant<int, 128>{}, glu);
+            else if (tok == 64)
+                grid(std::integral_constant<int, 64>{}, glu);
+            else
+                throw Error(fmt::format("gemm_mma: no tile of {} tokens", tok));
+        };
+        if (up_bytes)
+            tiles(std::true_type{});
         else
-            throw Error(fmt::format("gemm_mma: no tile of {} tokens", tok));
+            tiles(std::false_type{});
     });
     if (!ok) throw Error(fmt::format("no device decoder for {}", ggml_type_name(type)));
+    std::vector<float> out(size_t(n * rows));
+    for (int i = 0; i < n; ++i)
+        for (int64_t r = 0; r < rows; ++r) out[size_t(i * rows + r)] = *split.at(r, i, rows);
     return out;
 }
 

@@ -62,6 +62,14 @@ std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, cons
 std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0,
                         bool mma = false, int sm_count = 132);
 
+// The one-kernel product (gemm_weight_mma, x through to_f16) writing Q, K and V: rows [0, q_rows), the next k_rows
+// and the rest to three buffers, gathered back here into [n][rows].
+std::vector<float> gemm_mma_qkv(const HostWeight& w, const std::vector<float>& x, int n, int64_t q_rows,
+                                int64_t k_rows, int sm_count = 132);
+// silu(f16(x) . gate^T) * (f16(x) . up^T) [n][rows] in one kernel (gemm_glu_mma).
+std::vector<float> gemm_glu_mma(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x, int n,
+                                int sm_count = 132);
+
 std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps);
 std::vector<float> swiglu(const std::vector<float>& gate, const std::vector<float>& up);
 // rmsnorm with the quantization folded in: the f32 rows [n][dim], then each ActBlock as d, s, h[0], h[1], q[0..31]
@@ -171,9 +179,12 @@ std::vector<int> row_split_targets(int64_t rows, int64_t end0, int64_t end1, int
 // them in f16 (dequantize_rows_body, every block of it), read back as floats.
 std::vector<float> dequantize_rows(GgmlType type, const uint8_t* bytes, int64_t cols, int64_t r0, int64_t n_rows);
 // The one-kernel prefill product (gemm_mma_body in tiles of tok = 64 or 128 tokens, every block of its grid, mma.sync
-// emulated): [n][rows] = f16(x)[n][cols] . W^T, accumulated onto y0 when given.
+// emulated): [n][rows] = f16(x)[n][cols] . W^T, accumulated onto y0 when given. The kernel writes rows through a
+// RowSplit with ends end0 and end1 (three buffers; rows and rows: one), gathered back into [n][rows]. With up_bytes
+// (an up weight of the same type and shape; y0 null), the SwiGLU kernel: silu(f16(x) . W^T) * (f16(x) . Up^T).
 std::vector<float> gemm_mma(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
-                            const std::vector<float>& x, int n, const std::vector<float>* y0, int tok);
+                            const std::vector<float>& x, int n, const std::vector<float>* y0, int tok,
+                            const uint8_t* up_bytes, int64_t end0, int64_t end1);
 // The attention kernels' own bodies (attention.cuh) run on the host, each CUDA thread a fiber; arguments as
 // cuda::testing::attention. With xq, one token's decode also writes its output as the ActBlocks it quantizes.
 std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
