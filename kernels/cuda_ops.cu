@@ -76,6 +76,8 @@ private:
     // out[n][w.rows] = in[n][w.cols] . W^T (+= when accumulate).
     void proj(float* out, const DevWeight& w, const float* in, int n, bool accumulate);
     void proj_f16(float* out, const DevWeight& w, int n, bool accumulate);
+    // wh_ as floats (unused by --cuda-gemm mma's decoding): the partial sums of its split products.
+    float* scratch() const { return reinterpret_cast<float*>(wh_); }
     // Whether a product with w of up to kMvMaxTokens tokens runs in integers, and `in` (count floats) quantized for
     // it into xq_.
     bool use_int(const DevWeight& w) const { return int_matvec_ && int_matvec_ok(w); }
@@ -120,6 +122,7 @@ private:
     // Device pointers into base_, shapes as MemoryPlan gives them.
     float *x_, *q_, *k_, *v_, *att_, *ffn_, *up_, *logits_, *xn_, *partials_, *cos_, *sin_;
     __half *xh_, *wh_;
+    int64_t wh_floats_ = 0;  // wh_'s size in floats: --cuda-gemm mma's partial sums where it splits the columns
     uint8_t *k_cache_, *v_cache_;  // every layer's K rows, then V rows (KvLayout, in kv_'s types)
     float* k_offsets_;             // [n_layers][n_kv_heads][head_dim] key offsets, or null (KvLayout::k_offsets)
     int* d_step_;
@@ -181,6 +184,7 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
     sin_ = at<float>(p.sin);
     xh_ = at<__half>(p.xh);
     wh_ = at<__half>(p.wh);
+    wh_floats_ = int64_t(p.wh.bytes / sizeof(float));
     k_cache_ = at<uint8_t>(p.k_cache);
     v_cache_ = at<uint8_t>(p.v_cache);
     k_offsets_ = at<float>(p.k_offsets);
@@ -291,7 +295,7 @@ void CudaOps::proj(float* out, const DevWeight& w, const float* in, int n, bool 
 // rows at a time into wh_ (F16 weights used in place), or with --cuda-gemm mma tile by tile inside one kernel.
 void CudaOps::proj_f16(float* out, const DevWeight& w, int n, bool accumulate) {
     if (mma_gemm_ && gemm_mma_ok(w))
-        gemm_weight_mma(RowSplit::one(out, w.rows), w, xh_, n, accumulate, sm_count_, stream_);
+        gemm_weight_mma(RowSplit::one(out, w.rows), w, xh_, n, accumulate, sm_count_, scratch(), wh_floats_, stream_);
     else
         gemm_weight(cublas_, out, w, xh_, n, accumulate, wh_, stream_);
 }
@@ -344,7 +348,8 @@ void CudaOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int 
     // rows of all three where they are one matrix (a GQA model's narrow K and V in the same grid as Q).
     to_f16(xh_, xn_, int64_t(n) * c_.n_embd, stream_);
     if (L.fused_qkv && mma_gemm_ && gemm_mma_ok(L.qkv)) {
-        gemm_weight_mma(RowSplit{{q, k, v}, {qd, qd + kvd}}, L.qkv, xh_, n, false, sm_count_, stream_);
+        gemm_weight_mma(RowSplit{{q, k, v}, {qd, qd + kvd}}, L.qkv, xh_, n, false, sm_count_, scratch(), wh_floats_,
+                        stream_);
         return;
     }
     proj_f16(q, L.wq, n, false);

@@ -55,6 +55,22 @@ inline int gemm_mma_tokens(int n, int64_t rows, int sm_count) {
     return gemm_mma_row_tiles(rows) * gemm_mma_token_tiles(n, 128) < int64_t(kQgBlocksPerSm) * sm_count ? 64 : 128;
 }
 
+// Ways to split the columns of such a product among blocks (gemm_mma_body's splits) where its grid has fewer blocks
+// than SMs (a prompt of up to 64 tokens: LLaMA-2-7B's output and down projections have 32 blocks for an H200's 132
+// SMs): as many as make a full wave of kQgBlocksPerSm blocks per SM, at most kQgMaxSplits, each at least
+// kQgSplitMinCols columns, and their partial sums (splits x n x rows floats) within `capacity` floats of scratch.
+constexpr int kQgMaxSplits = 8;
+constexpr int64_t kQgSplitMinCols = 512;
+inline int gemm_mma_splits(int n, int64_t rows, int64_t cols, int sm_count, int64_t capacity) {
+    const int64_t blocks = gemm_mma_row_tiles(rows) * gemm_mma_token_tiles(n, gemm_mma_tokens(n, rows, sm_count));
+    if (blocks >= sm_count) return 1;
+    int64_t s = (int64_t(kQgBlocksPerSm) * sm_count + blocks - 1) / blocks;
+    if (s > kQgMaxSplits) s = kQgMaxSplits;
+    if (s > cols / kQgSplitMinCols) s = cols / kQgSplitMinCols;
+    while (s > 1 && s * n * rows > capacity) --s;
+    return s > 1 ? int(s) : 1;
+}
+
 struct MemoryPlan {
     // Weights. The GGUF matrices in their own types and the device layout (weight_layout.h), in device_weights()
     // order; a layer's Q, K and V back to back when they share type and row size, so that they read as one matrix

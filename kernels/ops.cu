@@ -121,9 +121,15 @@ __global__ void __launch_bounds__(kDqThreads)
 template <GgmlType T, int TOK, bool GLU>
 __global__ void __launch_bounds__(kQgThreads, kQgBlocksPerSm)
     gemm_mma_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ up, int64_t row_bytes, int64_t rows,
-                    int64_t cols, const __half* __restrict__ x, int n, RowSplit out, bool accumulate) {
+                    int64_t cols, const __half* __restrict__ x, int n, RowSplit out, bool accumulate, int splits) {
     __shared__ __align__(16) float sm[kQgShared<TOK>];
-    gemm_mma_body<T, TOK, GLU>(DeviceThread{sm}, w, up, row_bytes, rows, cols, x, n, out, accumulate);
+    gemm_mma_body<T, TOK, GLU>(DeviceThread{sm}, w, up, row_bytes, rows, cols, x, n, out, accumulate, splits);
+}
+
+__global__ void gemm_split_sum_kernel(const float* __restrict__ partials, int splits, int n, int64_t rows,
+                                      RowSplit out, bool accumulate) {
+    const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (j < int64_t(n) * rows) gemm_split_sum_item(j, partials, splits, n, rows, out, accumulate);
 }
 
 template <GgmlType T>
@@ -764,20 +770,24 @@ bool gemm_mma_ok(const DevWeight& w) {
 }
 
 namespace {
-// up: null, or the up weight of a SwiGLU pair whose gate is w (the GLU kernels).
+// up: null, or the up weight of a SwiGLU pair whose gate is w (the GLU kernels). splits > 1 (not with up): the
+// columns split among blocks, their partial sums in `partials` (splits x n x w.rows floats), then summed into out.
 void gemm_mma_launch(const RowSplit& out, const DevWeight& w, const DevWeight* up, const __half* x, int n,
-                     bool accumulate, int sm_count, cudaStream_t s) {
-    KVGEN_ASSERT(gemm_mma_ok(w) && n > 0 && !(up && accumulate));
+                     bool accumulate, int sm_count, int splits, float* partials, cudaStream_t s) {
+    KVGEN_ASSERT(gemm_mma_ok(w) && n > 0 && !(up && accumulate) && splits >= 1 && !(up && splits > 1) &&
+                 (splits == 1 || partials));
     const int64_t tile_rows = up ? 2 * w.rows : w.rows;  // a GLU block owns half as many rows of each weight
     const int tok = gemm_mma_tokens(n, tile_rows, sm_count);
-    const dim3 grid(unsigned(gemm_mma_token_tiles(n, tok)), unsigned(gemm_mma_row_tiles(tile_rows)));
+    const dim3 grid(unsigned(gemm_mma_token_tiles(n, tok)), unsigned(gemm_mma_row_tiles(tile_rows) * splits));
     KVGEN_ASSERT(grid.y <= 65535u);
+    const RowSplit dst = splits > 1 ? RowSplit::one(partials, w.rows) : out;
     const uint8_t* const u = up ? up->data : nullptr;
     dispatch_type(w.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
         if constexpr (T != GgmlType::F16) {  // F16 goes to cuBLAS in place (gemm_mma_ok): no kernel built for it
             const auto launch = [&](auto kernel) {
-                kernel<<<grid, kQgThreads, 0, s>>>(w.data, u, w.row_bytes, w.rows, w.cols, x, n, out, accumulate);
+                kernel<<<grid, kQgThreads, 0, s>>>(w.data, u, w.row_bytes, w.rows, w.cols, x, n, dst, accumulate,
+                                                   splits);
             };
             if (tok == 128)
                 up ? launch(gemm_mma_kernel<T, 128, true>) : launch(gemm_mma_kernel<T, 128, false>);
@@ -789,18 +799,24 @@ void gemm_mma_launch(const RowSplit& out, const DevWeight& w, const DevWeight* u
         KVGEN_CUDA_LAUNCHED("gemm_glu_mma");
     else
         KVGEN_CUDA_LAUNCHED("gemm_mma");
+    if (splits > 1) {
+        const int64_t count = int64_t(n) * w.rows;
+        gemm_split_sum_kernel<<<grid_for(count, 256), 256, 0, s>>>(partials, splits, n, w.rows, out, accumulate);
+        KVGEN_CUDA_LAUNCHED("gemm_split_sum");
+    }
 }
 }  // namespace
 
 void gemm_weight_mma(const RowSplit& out, const DevWeight& w, const __half* x, int n, bool accumulate, int sm_count,
-                     cudaStream_t s) {
-    gemm_mma_launch(out, w, nullptr, x, n, accumulate, sm_count, s);
+                     float* scratch, int64_t scratch_floats, cudaStream_t s) {
+    const int splits = gemm_mma_splits(n, w.rows, w.cols, sm_count, scratch ? scratch_floats : 0);
+    gemm_mma_launch(out, w, nullptr, x, n, accumulate, sm_count, splits, scratch, s);
 }
 
 void gemm_glu_mma(float* y, const DevWeight& gate, const DevWeight& up, const __half* x, int n, int sm_count,
                   cudaStream_t s) {
     KVGEN_ASSERT(glu_fusable(gate, up));
-    gemm_mma_launch(RowSplit::one(y, gate.rows), gate, &up, x, n, false, sm_count, s);
+    gemm_mma_launch(RowSplit::one(y, gate.rows), gate, &up, x, n, false, sm_count, 1, nullptr, s);
 }
 
 bool attention_head_dim_supported(int hd) {

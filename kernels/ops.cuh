@@ -126,9 +126,11 @@ void check_cublas(cublasStatus_t st, const char* what);
 // (every type with a decoder but F16, cols a multiple of 32). Twin: as gemm_weight's.
 bool gemm_mma_ok(const DevWeight& w);
 // Row r of token i is written (added to when accumulate) at out.at(r, i, w.rows): Q, K and V from their weights as one
-// matrix go to three buffers. sm_count: the device's multiprocessors, for the tile size (gemm_mma_tokens).
+// matrix go to three buffers. sm_count: the device's multiprocessors, for the tile size (gemm_mma_tokens) and, where
+// the grid has fewer blocks than SMs, the split of the columns among blocks (gemm_mma_splits), whose partial sums
+// take up to scratch_floats floats of scratch (null: no split) and a second kernel that adds them up.
 void gemm_weight_mma(const RowSplit& out, const DevWeight& w, const __half* x, int n, bool accumulate, int sm_count,
-                     cudaStream_t s);
+                     float* scratch, int64_t scratch_floats, cudaStream_t s);
 // y[i][r] = silu(gate[r] . x[i]) * (up[r] . x[i]) in the same kernel, both weights' tiles in one block (glu_fusable
 // and gemm_mma_ok): no gate and up products written out and no swiglu pass. Twin: the two products and cpu::swiglu.
 void gemm_glu_mma(float* y, const DevWeight& gate, const DevWeight& up, const __half* x, int n, int sm_count,

@@ -87,18 +87,35 @@ constexpr int kQgOutRows = GLU ? kQgRows / 2 : kQgRows;
 // One block of out (+)= x[n][cols] . W^T, out's row r of token i at out.at(r, i, rows), for W rows row_bytes apart
 // (cols a multiple of 32; x 16-byte aligned). GLU: W is the gate, up the up weight of the same type and shape, and
 // out = silu(x . gate^T) * (x . up^T) (accumulate false).
+//
+// splits > 1 (not with GLU; gemm_mma_splits in memory_plan.h), for grids with fewer blocks than SMs: the columns are
+// cut into splits ranges of whole steps, block_y is split z's row tile (z = block_y / row tiles), and the block writes
+// the partial sums of its range to out.y[0] + z n rows as [n][rows] (accumulate false); gemm_split_sum_item adds them
+// up in split order and writes the product where it goes.
 #pragma nv_exec_check_disable
 template <GgmlType T, int TOK, bool GLU, class Ctx>
 KVGEN_HD void gemm_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w, const uint8_t* __restrict__ up,
                             int64_t row_bytes, int64_t rows, int64_t cols, const __half* __restrict__ x, int n,
-                            const RowSplit& out, bool accumulate) {
+                            const RowSplit& dst, bool accumulate, int splits) {
     __half* ws = reinterpret_cast<__half*>(ctx.shared());  // [kQgRows][kQgStride]: the step's weights
     __half* xs = ws + kQgRows * kQgStride;                 // [TOK][kQgStride]: the step's activations
     const int t = ctx.thread(), warp = t >> 5, lane = t & 31, gid = lane >> 2, tig = lane & 3;
     static_assert(TOK == 64 || TOK == 128, "two warps along the tokens, 4 or 8 n8 tiles each");
     constexpr int NT = TOK / 16;  // n8 tiles a warp
     const int tok0 = ctx.block_x() * TOK;
-    const int64_t row0 = int64_t(ctx.block_y()) * kQgOutRows<GLU>;
+    int tile = ctx.block_y();
+    int64_t k_begin = 0, k_end = cols;
+    RowSplit out = dst;
+    if (splits > 1) {
+        const int row_tiles = int(gemm_mma_row_tiles(rows));
+        const int z = tile / row_tiles;
+        tile -= z * row_tiles;
+        const int64_t per = ((cols + kQgStep - 1) / kQgStep + splits - 1) / splits * kQgStep;
+        k_begin = z * per < cols ? z * per : cols;  // a range past the end: zeros
+        k_end = k_begin + per < cols ? k_begin + per : cols;
+        out = RowSplit::one(dst.y[0] + int64_t(z) * n * rows, rows);
+    }
+    const int64_t row0 = int64_t(tile) * kQgOutRows<GLU>;
     const int wm = (warp & 3) * 32, wn = (warp >> 2) * (TOK / 2);  // the warp's rows and tokens in the tile
 
     // The thread's chunk: row t / 2 of the tile, chunk t % 2 of each step. With GLU, tile row 32 g + j is gate row
@@ -122,7 +139,7 @@ KVGEN_HD void gemm_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w, const
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
 
-    for (int64_t k0 = 0; k0 < cols; k0 += kQgStep) {
+    for (int64_t k0 = k_begin; k0 < k_end; k0 += kQgStep) {
         // Activations: TOK tokens x 8 pieces of 8 halves, TOK / 32 a thread (consecutive threads, consecutive pieces),
         // loaded first so that their latency runs under the weights' decoding (note: written in this order, since at
         // 128 registers the compiler does not move them up itself).
@@ -211,7 +228,7 @@ KVGEN_HD void gemm_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w, const
                 if (r >= rows) continue;
                 float* const o = out.at(r, 0, rows);
                 const int64_t ld = out.width(r, rows);
-                if (accumulate) {
+                if (accumulate && splits <= 1) {  // a split block writes its partial sums
 #pragma unroll
                     for (int ni = 0; ni < NT; ++ni)
 #pragma unroll
@@ -229,6 +246,18 @@ KVGEN_HD void gemm_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w, const
                     }
             }
     }
+}
+
+// Element j of [n][rows] (token j / rows, row j % rows) of a product split splits ways (gemm_mma_body): the partial
+// sums, splits of [n][rows] one after the other, added in split order, then written (added when accumulate) where out
+// says.
+KVGEN_HD void gemm_split_sum_item(int64_t j, const float* __restrict__ partials, int splits, int n, int64_t rows,
+                                  const RowSplit& out, bool accumulate) {
+    const int64_t plane = int64_t(n) * rows;
+    float s = partials[j];
+    for (int z = 1; z < splits; ++z) s += partials[z * plane + j];
+    float* const o = out.at(j % rows, j / rows, rows);
+    *o = accumulate ? *o + s : s;
 }
 
 }  // namespace kvgen::cuda

@@ -154,13 +154,17 @@ TEST_CASE("the one-kernel prefill GEMM, its mma fragments run on the host, equal
         const RandomRows w = random_rows(t, rows, cols, 41);
         const std::vector<float> x = test::randn(size_t(n * cols), 42);
         const std::vector<float> y0 = test::randn(size_t(n * rows), 43);
-        // one output buffer, or three as Q, K and V (the middle one ending inside a 16-row fragment)
-        for (const auto& [tok, accumulate, end0, end1] :
-             {std::tuple<int, bool, int64_t, int64_t>{128, false, rows, rows}, {128, true, 40, 101},
-              {64, false, 40, 101}, {64, true, rows, rows}}) {
-            INFO(tok << "-token tiles, accumulate " << accumulate << ", rows split at " << end0 << ", " << end1);
-            const std::vector<float> got = cuda::host::gemm_mma(t, w.bytes.data(), rows, cols, x, n,
-                                                                accumulate ? &y0 : nullptr, tok, nullptr, end0, end1);
+        // one output buffer, or three as Q, K and V (the middle one ending inside a 16-row fragment); the columns
+        // in one block or split among 2, 3 or 4 (96 columns in 3 or 4: a step each, the last ranges past the end;
+        // 256 in 4: a step each)
+        for (const auto& [tok, accumulate, end0, end1, splits] :
+             {std::tuple<int, bool, int64_t, int64_t, int>{128, false, rows, rows, 1}, {128, true, 40, 101, 3},
+              {64, false, 40, 101, 2}, {64, true, rows, rows, 4}, {128, true, rows, rows, 1}}) {
+            INFO(tok << "-token tiles, accumulate " << accumulate << ", rows split at " << end0 << ", " << end1
+                     << ", columns in " << splits);
+            const std::vector<float> got =
+                cuda::host::gemm_mma(t, w.bytes.data(), rows, cols, x, n, accumulate ? &y0 : nullptr, tok, nullptr,
+                                     end0, end1, splits);
             REQUIRE(got.size() == size_t(n * rows));
             size_t bad = 0;
             for (int i = 0; i < n; ++i)
@@ -239,6 +243,16 @@ TEST_CASE("the one-kernel prefill GEMM takes 64-token tiles for short prompts an
     CHECK(gemm_mma_tokens(512, 2 * 11008, 132) == 128);  // gate|up in one kernel (both weights' rows): 172 x 4
     CHECK(gemm_mma_tokens(2048, 4096, 132) == 128);  // 32 x 16
     CHECK(gemm_mma_tokens(512, 4096, 16) == 128);    // a small GPU
+    // columns split among blocks where the grid has fewer blocks than SMs (capacity: floats of scratch)
+    using cuda::gemm_mma_splits;
+    CHECK(gemm_mma_splits(512, 4096, 11008, 132, 1 << 22) == 1);  // 32 x 8 blocks
+    CHECK(gemm_mma_splits(40, 4096, 11008, 132, 1 << 22) == 8);   // 7B down at 40 tokens: 32 blocks -> 256
+    CHECK(gemm_mma_splits(40, 4096, 4096, 132, 1 << 22) == 8);    // output: 8 ranges of 512 columns
+    CHECK(gemm_mma_splits(40, 3 * 4096, 4096, 132, 1 << 22) == 3);  // Q|K|V: 96 blocks -> 288
+    CHECK(gemm_mma_splits(40, 4096, 1024, 132, 1 << 22) == 2);    // at least 512 columns a range
+    CHECK(gemm_mma_splits(40, 4096, 11008, 132, 3 * 40 * 4096) == 3);  // partial sums within the scratch
+    CHECK(gemm_mma_splits(40, 4096, 11008, 132, 0) == 1);
+    CHECK(gemm_mma_splits(40, 4096, 11008, 16, 1 << 22) == 1);    // 32 blocks fill a 16-SM GPU
     CHECK(cuda::gemm_mma_token_tiles(130, 64) == 3);
     CHECK(cuda::gemm_mma_token_tiles(128, 128) == 1);
     CHECK(cuda::gemm_mma_row_tiles(133) == 2);

@@ -168,7 +168,7 @@ std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, cons
 }
 
 std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0,
-                        bool mma, int sm_count) {
+                        bool mma, int sm_count, bool split) {
     // The backend's prefill product: activations to f16, then gemm_weight (chunks of rows decoded into the scratch).
     Dev<uint8_t> b(device_bytes(w));
     Dev<float> dx(x);
@@ -182,7 +182,9 @@ std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n,
     try {
         const DevWeight dw = dev_weight(w, b);
         if (mma && gemm_mma_ok(dw))
-            gemm_weight_mma(RowSplit::one(y.p, w.rows), dw, xh.p, n, y0 != nullptr, sm_count, nullptr);
+            gemm_weight_mma(RowSplit::one(y.p, w.rows), dw, xh.p, n, y0 != nullptr, sm_count,
+                            split ? reinterpret_cast<float*>(wh.p) : nullptr,
+                            int64_t(wh.n * sizeof(__half) / sizeof(float)), nullptr);
         else
             gemm_weight(h, y.p, dw, xh.p, n, y0 != nullptr, wh.p, nullptr);
         std::vector<float> out = y.get();
@@ -242,7 +244,10 @@ std::vector<float> gemm_mma_qkv(const HostWeight& w, const std::vector<float>& x
     poison(k);
     poison(v);
     const RowSplit split{{q.p, k.p, v.p}, {q_rows, q_rows + k_rows}};
-    gemm_weight_mma(split, dev_weight(w, b), xh.p, n, false, sm_count, nullptr);
+    // scratch for the partial sums of a split product, as the backend's (its prefill GEMM's decoding scratch)
+    Dev<__half> wh(size_t(std::max<int64_t>(1, gemm_scratch_elems(w.type, w.rows, w.cols))));
+    gemm_weight_mma(split, dev_weight(w, b), xh.p, n, false, sm_count, reinterpret_cast<float*>(wh.p),
+                    int64_t(wh.n * sizeof(__half) / sizeof(float)), nullptr);
     const std::vector<float> parts[3] = {q.get(), k.get(), v.get()};
     std::vector<float> out(nn * size_t(w.rows));
     for (int i = 0; i < n; ++i)  // the host's copy of the split: token i's row r of buffer j at i * width + (r - start)

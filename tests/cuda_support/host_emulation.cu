@@ -498,7 +498,7 @@ std::vector<float> dequantize_rows(GgmlType type, const uint8_t* bytes, int64_t 
 
 std::vector<float> gemm_mma(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                             const std::vector<float>& x, int n, const std::vector<float>* y0, int tok,
-                            const uint8_t* up_bytes, int64_t end0, int64_t end1) {
+                            const uint8_t* up_bytes, int64_t end0, int64_t end1, int splits) {
     const DeviceRows dev = device_rows(type, bytes, rows, cols);
     const DeviceRows up = up_bytes ? device_rows(type, up_bytes, rows, cols) : DeviceRows{};
     std::vector<uint4> raw(size_t((int64_t(n) * cols + 7) / 8));  // 16-byte aligned, as the kernel's loads need
@@ -512,15 +512,18 @@ std::vector<float> gemm_mma(GgmlType type, const uint8_t* bytes, int64_t rows, i
     const RowSplit split{{parts[0].data(), parts[1].data(), parts[2].data()}, {end0, end1}};
     for (int i = 0; i < n && y0; ++i)
         for (int64_t r = 0; r < rows; ++r) *split.at(r, i, rows) = (*y0)[size_t(i * rows + r)];
+    // with splits, the blocks' partial sums (poisoned: a block that writes none shows) and then their sum
+    std::vector<float> partials(splits > 1 ? size_t(splits) * size_t(n * rows) : 0, std::nanf(""));
+    const RowSplit dst = splits > 1 ? RowSplit::one(partials.data(), rows) : split;
     const bool ok = dispatch_type(type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
         const auto grid = [&](auto tile, auto glu) {
             constexpr int TOK = decltype(tile)::value;
             constexpr bool GLU = decltype(glu)::value;
-            run_grid(gemm_mma_token_tiles(n, TOK), int(gemm_mma_row_tiles(GLU ? 2 * rows : rows)), kQgThreads,
-                     size_t(kQgShared<TOK>), [&](const HostThread& t) {
-                         gemm_mma_body<T, TOK, GLU>(t, dev.p, up.p, dev.row_bytes, rows, cols, xh, n, split,
-                                                    y0 != nullptr);
+            run_grid(gemm_mma_token_tiles(n, TOK), int(gemm_mma_row_tiles(GLU ? 2 * rows : rows)) * splits,
+                     kQgThreads, size_t(kQgShared<TOK>), [&](const HostThread& t) {
+                         gemm_mma_body<T, TOK, GLU>(t, dev.p, up.p, dev.row_bytes, rows, cols, xh, n, dst,
+                                                    y0 != nullptr, splits);
                      });
         };
         const auto tiles = [&](auto glu) {
@@ -537,6 +540,8 @@ std::vector<float> gemm_mma(GgmlType type, const uint8_t* bytes, int64_t rows, i
             tiles(std::false_type{});
     });
     if (!ok) throw Error(fmt::format("no device decoder for {}", ggml_type_name(type)));
+    if (splits > 1)
+        for (int64_t j = 0; j < n * rows; ++j) gemm_split_sum_item(j, partials.data(), splits, n, rows, split, y0);
     std::vector<float> out(size_t(n * rows));
     for (int i = 0; i < n; ++i)
         for (int64_t r = 0; r < rows; ++r) out[size_t(i * rows + r)] = *split.at(r, i, rows);

@@ -57,10 +57,10 @@ std::vector<float> matvec_glu_int(const HostWeight& gate, const HostWeight& up, 
 // silu(gate x) * (up x) through the fused decode kernel.
 std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x);
 // [n][rows] = x[n][cols] . W^T through the prefill path (f16 decode + cuBLAS; mma: gemm_weight_mma where
-// gemm_mma_ok, as the backend's --cuda-gemm mma, its tiles chosen for a device of sm_count SMs); accumulate onto y0
-// when given.
+// gemm_mma_ok, as the backend's --cuda-gemm mma, its tiles chosen for a device of sm_count SMs, its columns split
+// among blocks where that leaves SMs idle unless split is false); accumulate onto y0 when given.
 std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0,
-                        bool mma = false, int sm_count = 132);
+                        bool mma = false, int sm_count = 132, bool split = true);
 
 // The one-kernel product (gemm_weight_mma, x through to_f16) writing Q, K and V: rows [0, q_rows), the next k_rows
 // and the rest to three buffers, gathered back here into [n][rows].
@@ -182,9 +182,10 @@ std::vector<float> dequantize_rows(GgmlType type, const uint8_t* bytes, int64_t 
 // emulated): [n][rows] = f16(x)[n][cols] . W^T, accumulated onto y0 when given. The kernel writes rows through a
 // RowSplit with ends end0 and end1 (three buffers; rows and rows: one), gathered back into [n][rows]. With up_bytes
 // (an up weight of the same type and shape; y0 null), the SwiGLU kernel: silu(f16(x) . W^T) * (f16(x) . Up^T).
+// splits > 1 (not with up_bytes): the columns split among that many blocks per tile, then gemm_split_sum_item.
 std::vector<float> gemm_mma(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                             const std::vector<float>& x, int n, const std::vector<float>* y0, int tok,
-                            const uint8_t* up_bytes, int64_t end0, int64_t end1);
+                            const uint8_t* up_bytes, int64_t end0, int64_t end1, int splits = 1);
 // The attention kernels' own bodies (attention.cuh) run on the host, each CUDA thread a fiber; arguments as
 // cuda::testing::attention. With xq, one token's decode also writes its output as the ActBlocks it quantizes.
 std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
