@@ -76,7 +76,8 @@ private:
     // out[n][w.rows] = in[n][w.cols] . W^T (+= when accumulate).
     void proj(float* out, const DevWeight& w, const float* in, int n, bool accumulate);
     void proj_f16(float* out, const DevWeight& w, int n, bool accumulate);
-    // wh_ as floats (unused by --cuda-gemm mma's decoding): the partial sums of its split products.
+    // wh_ as floats: the partial sums of --cuda-gemm mma's split products. wh_ is also the cuBLAS path's decoding
+    // scratch, which weights that gemm_mma_ok refuses use in that mode too: one product after the other on stream_.
     float* scratch() const { return reinterpret_cast<float*>(wh_); }
     // Whether a product with w of up to kMvMaxTokens tokens runs in integers, and `in` (count floats) quantized for
     // it into xq_.

@@ -57,8 +57,9 @@ inline int gemm_mma_tokens(int n, int64_t rows, int sm_count) {
 
 // Ways to split the columns of such a product among blocks (gemm_mma_body's splits) where its grid has fewer blocks
 // than SMs (a prompt of up to 64 tokens: LLaMA-2-7B's output and down projections have 32 blocks for an H200's 132
-// SMs): as many as make a full wave of kQgBlocksPerSm blocks per SM, at most kQgMaxSplits, each at least
-// kQgSplitMinCols columns, and their partial sums (splits x n x rows floats) within `capacity` floats of scratch.
+// SMs): as many as make a full wave of kQgBlocksPerSm blocks per SM, at most kQgMaxSplits, no more than cols /
+// kQgSplitMinCols (ranges of whole steps: the last may be shorter), and their partial sums (splits x n x rows floats)
+// within `capacity` floats of scratch.
 constexpr int kQgMaxSplits = 8;
 constexpr int64_t kQgSplitMinCols = 512;
 inline int gemm_mma_splits(int n, int64_t rows, int64_t cols, int sm_count, int64_t capacity) {

@@ -58,13 +58,13 @@ KVGEN_HD void dequantize_rows_body(const Ctx& ctx, const uint8_t* __restrict__ w
 }
 
 // --- The same product in one kernel (--cuda-gemm mma): weights decoded tile by tile into shared memory -------------
-// A block of 8 warps computes out[tok0 .. tok0 + TOK][row0 .. row0 + 128] (TOK = 128 or 64 tokens, gemm_mma_tokens
-// in memory_plan.h): it walks the row in steps of 64 weights, each thread decoding one 32-weight chunk of one row (the
-// type's decoder, rounded to f16 as the cuBLAS path rounds it) and loading 16-byte pieces of the tokens' f16
-// activations, both into shared memory; then each warp multiplies its 32 rows x TOK / 2 tokens with mma.sync
-// m16n8k16 (flash_attention.cuh gives the fragment layout), f32 accumulators in registers for the whole row. Token
-// tiles are the grid's x, so the blocks that read the same weight rows run together and share them through the L2
-// cache; DRAM sees the quantized bytes about once per call.
+// A block of 8 warps computes out[tok0 .. tok0 + TOK][row0 .. row0 + 128] (64 rows of each weight with GLU, below;
+// TOK = 128 or 64 tokens, gemm_mma_tokens in memory_plan.h): it walks the row in steps of 64 weights, each thread
+// decoding one 32-weight chunk of one row (the type's decoder, rounded to f16 as the cuBLAS path rounds it) and
+// loading 16-byte pieces of the tokens' f16 activations, both into shared memory; then each warp multiplies its 32
+// rows x TOK / 2 tokens with mma.sync m16n8k16 (flash_attention.cuh gives the fragment layout), f32 accumulators in
+// registers for the whole row. Token tiles are the grid's x, so the blocks that read the same weight rows run together
+// and share them through the L2 cache; DRAM sees the quantized bytes about once per call.
 //
 // Exactness: the operands are the cuBLAS path's (the same f16 weights and activations, f32 sums); only the order of
 // the sums differs. Rows past the matrix re-read its last row and tokens past n read zeros; neither is stored.

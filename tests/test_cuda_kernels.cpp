@@ -347,8 +347,8 @@ TEST_CASE("the prefill GEMM of a weight larger than one decoded chunk covers eve
     }
 }
 
-TEST_CASE("the one-kernel prefill GEMM writes Q, K and V to three buffers and folds SwiGLU in, bit for bit as the "
-          "products one by one", "[cuda][kernels]") {
+TEST_CASE("the one-kernel prefill GEMM writes Q, K and V to three buffers bit for bit as into one, and folds SwiGLU "
+          "in bit for bit as the unsplit products and the swiglu kernel", "[cuda][kernels]") {
     // 2304 rows as Q, K and V of 1000, 200 and 1104 rows (the splits fall inside row tiles and fragments); gate and up
     // of 1000 rows: 16 tiles of 64, the last of 40
     const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
