@@ -75,7 +75,7 @@ private:
     }
     // out[n][w.rows] = in[n][w.cols] . W^T (+= when accumulate).
     void proj(float* out, const DevWeight& w, const float* in, int n, bool accumulate);
-    void proj_f16(float* out, const DevWeight& w, int n, bool accumulate);
+    void proj_f16(const RowSplit& out, const DevWeight& w, int n, bool accumulate);
     // wh_ as floats: the partial sums of --cuda-gemm mma's split products. wh_ is also the cuBLAS path's decoding
     // scratch, which weights that gemm_mma_ok refuses use in that mode too: one product after the other on stream_.
     float* scratch() const { return reinterpret_cast<float*>(wh_); }
@@ -288,17 +288,20 @@ void CudaOps::proj(float* out, const DevWeight& w, const float* in, int n, bool 
         return;
     }
     to_f16(xh_, in, int64_t(n) * w.cols, stream_);
-    proj_f16(out, w, n, accumulate);
+    proj_f16(RowSplit::one(out, w.rows), w, n, accumulate);
 }
 
 // Prefill's product of the activations in xh_ (f16, made by the caller: once for the products that share them):
 // out[n][rows] = xh_[n][cols] . W^T on the tensor cores with f32 accumulation, a quantized weight decoded a chunk of
-// rows at a time into wh_ (F16 weights used in place), or with --cuda-gemm mma tile by tile inside one kernel.
-void CudaOps::proj_f16(float* out, const DevWeight& w, int n, bool accumulate) {
-    if (mma_gemm_ && gemm_mma_ok(w))
-        gemm_weight_mma(RowSplit::one(out, w.rows), w, xh_, n, accumulate, sm_count_, scratch(), wh_floats_, stream_);
-    else
-        gemm_weight(cublas_, out, w, xh_, n, accumulate, wh_, stream_);
+// rows at a time into wh_ (F16 weights used in place), or with --cuda-gemm mma tile by tile inside one kernel (which
+// alone can write the rows to several buffers: cuBLAS takes out whole).
+void CudaOps::proj_f16(const RowSplit& out, const DevWeight& w, int n, bool accumulate) {
+    if (mma_gemm_ && gemm_mma_ok(w)) {
+        gemm_weight_mma(out, w, xh_, n, accumulate, sm_count_, scratch(), wh_floats_, stream_);
+        return;
+    }
+    KVGEN_ASSERT(out.end[0] == w.rows);  // one buffer
+    gemm_weight(cublas_, out.y[0], w, xh_, n, accumulate, wh_, stream_);
 }
 
 void CudaOps::embed(float* x, int n) {
@@ -349,13 +352,12 @@ void CudaOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int 
     // rows of all three where they are one matrix (a GQA model's narrow K and V in the same grid as Q).
     to_f16(xh_, xn_, int64_t(n) * c_.n_embd, stream_);
     if (L.fused_qkv && mma_gemm_ && gemm_mma_ok(L.qkv)) {
-        gemm_weight_mma(RowSplit{{q, k, v}, {qd, qd + kvd}}, L.qkv, xh_, n, false, sm_count_, scratch(), wh_floats_,
-                        stream_);
+        proj_f16(RowSplit{{q, k, v}, {qd, qd + kvd}}, L.qkv, n, false);
         return;
     }
-    proj_f16(q, L.wq, n, false);
-    proj_f16(k, L.wk, n, false);
-    proj_f16(v, L.wv, n, false);
+    proj_f16(RowSplit::one(q, qd), L.wq, n, false);
+    proj_f16(RowSplit::one(k, kvd), L.wk, n, false);
+    proj_f16(RowSplit::one(v, L.wv.rows), L.wv, n, false);
 }
 
 void CudaOps::rope_store_kv(float* q, float* k, const float* v, int l, int n) {
@@ -428,8 +430,8 @@ void CudaOps::norm_swiglu(float* h, const float* x, int l, int n) {
             gemm_glu_mma(h, L.gate, L.up, xh_, n, sm_count_, stream_);
             return;
         }
-        proj_f16(h, L.gate, n, false);
-        proj_f16(up_, L.up, n, false);
+        proj_f16(RowSplit::one(h, L.gate.rows), L.gate, n, false);
+        proj_f16(RowSplit::one(up_, L.up.rows), L.up, n, false);
     }
     swiglu(h, up_, int64_t(n) * c_.n_ff, stream_);
 }

@@ -248,14 +248,11 @@ std::vector<float> gemm_mma_qkv(const HostWeight& w, const std::vector<float>& x
     Dev<__half> wh(size_t(std::max<int64_t>(1, gemm_scratch_elems(w.type, w.rows, w.cols))));
     gemm_weight_mma(split, dev_weight(w, b), xh.p, n, false, sm_count, reinterpret_cast<float*>(wh.p),
                     int64_t(wh.n * sizeof(__half) / sizeof(float)), nullptr);
-    const std::vector<float> parts[3] = {q.get(), k.get(), v.get()};
+    std::vector<float> parts[3] = {q.get(), k.get(), v.get()};
+    const RowSplit host{{parts[0].data(), parts[1].data(), parts[2].data()}, {q_rows, q_rows + k_rows}};
     std::vector<float> out(nn * size_t(w.rows));
-    for (int i = 0; i < n; ++i)  // the host's copy of the split: token i's row r of buffer j at i * width + (r - start)
-        for (int64_t r = 0; r < w.rows; ++r) {
-            const int j = r < q_rows ? 0 : r < q_rows + k_rows ? 1 : 2;
-            const int64_t start = j == 0 ? 0 : j == 1 ? q_rows : q_rows + k_rows;
-            out[size_t(i) * size_t(w.rows) + size_t(r)] = parts[j][size_t(i * split.width(r, w.rows) + r - start)];
-        }
+    for (int i = 0; i < n; ++i)
+        for (int64_t r = 0; r < w.rows; ++r) out[size_t(i) * size_t(w.rows) + size_t(r)] = *host.at(r, i, w.rows);
     return out;
 }
 
