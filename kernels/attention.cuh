@@ -88,6 +88,24 @@ struct DeviceThread {
             : "r"(a[2]), "r"(a[3]), "r"(b[1]));
 #endif
     }
+    // 16 bytes from global src to shared dst (both 16-byte aligned), which the block may read after wait_async and a
+    // barrier: cp.async on sm_80 and later (the copy goes on while the thread does other work, through no register),
+    // a load and a store before.
+    __device__ __forceinline__ void copy16_async(void* dst, const void* src) const {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(unsigned(__cvta_generic_to_shared(dst))),
+                     "l"(src)
+                     : "memory");
+#else
+        *static_cast<uint4*>(dst) = *static_cast<const uint4*>(src);
+#endif
+    }
+    // Waits for the thread's copy16_async copies.
+    __device__ __forceinline__ void wait_async() const {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+        asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+    }
 };
 #endif
 

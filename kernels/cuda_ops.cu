@@ -99,6 +99,7 @@ private:
     int device_;
     KvLayout kv_;
     int n_batch_, n_logits_, sm_count_, splits_;
+    GemmMmaDevice mma_dev_;  // --cuda-gemm mma's launch facts
     bool graphs_;
     bool int_matvec_;  // Settings::cuda_int_matvec
     bool pdl_;         // Settings::cuda_pdl on a device that has it (sm_90 and later)
@@ -150,6 +151,7 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
     KVGEN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
     pdl_ = s.cuda_pdl && major >= 9;
     sm_count_ = sm_count_of(device_);
+    mma_dev_ = gemm_mma_device(device_);
     splits_ = attention_splits(c_.n_heads, kv_, sm_count_);
     const MemoryPlan p = plan_memory(model, kv_, n_batch_, n_logits_,
                                      attention_partials(c_.n_heads, c_.head_dim, splits_, n_batch_));
@@ -297,7 +299,7 @@ void CudaOps::proj(float* out, const DevWeight& w, const float* in, int n, bool 
 // alone can write the rows to several buffers: cuBLAS takes out whole).
 void CudaOps::proj_f16(const RowSplit& out, const DevWeight& w, int n, bool accumulate) {
     if (mma_gemm_ && gemm_mma_ok(w)) {
-        gemm_weight_mma(out, w, xh_, n, accumulate, sm_count_, scratch(), wh_floats_, stream_);
+        gemm_weight_mma(out, w, xh_, n, accumulate, mma_dev_, scratch(), wh_floats_, stream_);
         return;
     }
     KVGEN_ASSERT(out.end[0] == w.rows);  // one buffer
@@ -427,7 +429,7 @@ void CudaOps::norm_swiglu(float* h, const float* x, int l, int n) {
     } else {  // prefill: the normed activations in f16 once for both products; with --cuda-gemm mma, one kernel
         to_f16(xh_, xn_, int64_t(n) * c_.n_embd, stream_);
         if (pair && mma_gemm_ && gemm_mma_ok(L.gate)) {
-            gemm_glu_mma(h, L.gate, L.up, xh_, n, sm_count_, stream_);
+            gemm_glu_mma(h, L.gate, L.up, xh_, n, mma_dev_, stream_);
             return;
         }
         proj_f16(RowSplit::one(h, L.gate.rows), L.gate, n, false);

@@ -38,8 +38,10 @@ inline int64_t gemm_scratch_elems(GgmlType t, int64_t rows, int64_t cols) {
 
 // With --cuda-gemm mma the product is one kernel (gemm_mma_body, prefill_gemm.cuh) whose block owns kQgRows rows and
 // 64 or 128 tokens; its grid is x along the tokens, y along the rows.
-constexpr int kQgRows = 128;       // weight rows per block
-constexpr int kQgBlocksPerSm = 2;  // at most 128 registers a thread (gemm_mma_kernel's bounds)
+constexpr int kQgRows = 128;            // weight rows per block
+constexpr int kQgBlocksPerSm = 2;       // at most 128 registers a thread (gemm_mma_kernel's bounds)
+constexpr int kQgStep = 64;             // weights of a row per step: two chunks
+constexpr int kQgStride = kQgStep + 8;  // halves per shared row: 36 words, fragment reads in 32 banks
 inline int gemm_mma_token_tiles(int n, int tok) {
     return (n + tok - 1) / tok;
 }
@@ -53,6 +55,27 @@ inline int64_t gemm_mma_row_tiles(int64_t rows) {
 inline int gemm_mma_tokens(int n, int64_t rows, int sm_count) {
     if (n <= 64) return 64;
     return gemm_mma_row_tiles(rows) * gemm_mma_token_tiles(n, 128) < int64_t(kQgBlocksPerSm) * sm_count ? 64 : 128;
+}
+
+// Shared memory of one stage of a block of tok tokens: a step's weights and activations in f16, kQgStride halves a row.
+inline int64_t gemm_mma_stage_bytes(int tok) {
+    return int64_t(kQgRows + tok) * kQgStride * 2;
+}
+// What the launch of such a product needs to know of its device (gemm_mma_device, ops.cuh): its SMs, and the bytes
+// of shared memory a multiprocessor has and one block may ask for.
+struct GemmMmaDevice {
+    int sm_count = 1;
+    int64_t shared_per_sm = 0, shared_per_block = 0;
+};
+// Stages of a block's shared memory: 2 (the next step's weights and activations are written into one while the
+// tensor cores read the other: one barrier a step instead of two, and warps that finish a step's products go on
+// decoding) where kQgBlocksPerSm blocks of twice the bytes still fit on a multiprocessor, each with the kilobyte the
+// runtime keeps per block (A100 and H100/H200: 164 and 228 KiB); else 1, where doubling would cost a block per SM
+// (86 and 89: 100 KiB) or not fit (75: 64 KiB).
+constexpr int64_t kSharedReservePerBlock = 1024;
+inline int gemm_mma_stages(int tok, const GemmMmaDevice& d) {
+    const int64_t two = 2 * gemm_mma_stage_bytes(tok);
+    return two <= d.shared_per_block && kQgBlocksPerSm * (two + kSharedReservePerBlock) <= d.shared_per_sm ? 2 : 1;
 }
 
 // Ways to split the columns of such a product among blocks (gemm_mma_body's splits) where its grid has fewer blocks

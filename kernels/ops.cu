@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "attention.cuh"
 #include "cuda_common.cuh"
@@ -117,13 +118,16 @@ __global__ void __launch_bounds__(kDqThreads)
 }
 
 // note: at most 128 registers, so that two blocks (16 warps) share a multiprocessor: while one decodes its next
-// step's weights, the other's warps can be on the tensor cores.
+// step's weights, the other's warps can be on the tensor cores. Shared memory: stages x kQgShared<TOK> floats,
+// given at launch (up to 72 KiB, past the 48 a kernel gets without asking).
 template <GgmlType T, int TOK, bool GLU>
 __global__ void __launch_bounds__(kQgThreads, kQgBlocksPerSm)
     gemm_mma_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ up, int64_t row_bytes, int64_t rows,
-                    int64_t cols, const __half* __restrict__ x, int n, RowSplit out, bool accumulate, int splits) {
-    __shared__ __align__(16) float sm[kQgShared<TOK>];
-    gemm_mma_body<T, TOK, GLU>(DeviceThread{sm}, w, up, row_bytes, rows, cols, x, n, out, accumulate, splits);
+                    int64_t cols, const __half* __restrict__ x, int n, RowSplit out, bool accumulate, int splits,
+                    int stages) {
+    extern __shared__ __align__(16) float gemm_mma_shared[];
+    gemm_mma_body<T, TOK, GLU>(DeviceThread{gemm_mma_shared}, w, up, row_bytes, rows, cols, x, n, out, accumulate,
+                               splits, stages);
 }
 
 __global__ void gemm_split_sum_kernel(const float* __restrict__ partials, int splits, int n, int64_t rows,
@@ -772,12 +776,38 @@ bool gemm_mma_ok(const DevWeight& w) {
 namespace {
 // up: null, or the up weight of a SwiGLU pair whose gate is w (the GLU kernels). splits > 1 (not with up): the
 // columns split among blocks, their partial sums in `partials` (splits x n x w.rows floats), then summed into out.
+// Lets `kernel` ask for `bytes` of dynamic shared memory on the current device: once per device and kernel, the
+// attribute stays set.
+void allow_shared(const void* kernel, size_t bytes) {
+    constexpr size_t kDefault = size_t(48) << 10;  // what a kernel gets without asking
+    struct Allowed {
+        const void* kernel;
+        int device;
+        size_t bytes;
+    };
+    static std::vector<Allowed> allowed;
+    if (bytes <= kDefault) return;
+    int device = 0;
+    KVGEN_CUDA_CHECK(cudaGetDevice(&device));
+    for (Allowed& a : allowed)
+        if (a.kernel == kernel && a.device == device) {
+            if (bytes <= a.bytes) return;
+            KVGEN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+            a.bytes = bytes;
+            return;
+        }
+    KVGEN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+    allowed.push_back({kernel, device, bytes});
+}
+
 void gemm_mma_launch(const RowSplit& out, const DevWeight& w, const DevWeight* up, const __half* x, int n,
-                     bool accumulate, int sm_count, int splits, float* partials, cudaStream_t s) {
+                     bool accumulate, const GemmMmaDevice& dev, int splits, float* partials, cudaStream_t s) {
     KVGEN_ASSERT(gemm_mma_ok(w) && n > 0 && !(up && accumulate) && splits >= 1 && !(up && splits > 1) &&
                  (splits == 1 || partials));
     const int64_t tile_rows = up ? 2 * w.rows : w.rows;  // a GLU block owns half as many rows of each weight
-    const int tok = gemm_mma_tokens(n, tile_rows, sm_count);
+    const int tok = gemm_mma_tokens(n, tile_rows, dev.sm_count);
+    const int stages = gemm_mma_stages(tok, dev);
+    const size_t bytes = size_t(stages) * size_t(gemm_mma_stage_bytes(tok));
     const dim3 grid(unsigned(gemm_mma_token_tiles(n, tok)), unsigned(gemm_mma_row_tiles(tile_rows) * splits));
     KVGEN_ASSERT(grid.y <= 65535u);
     const RowSplit dst = splits > 1 ? RowSplit::one(partials, w.rows) : out;
@@ -786,8 +816,9 @@ void gemm_mma_launch(const RowSplit& out, const DevWeight& w, const DevWeight* u
         constexpr GgmlType T = decltype(tag)::value;
         if constexpr (T != GgmlType::F16) {  // F16 goes to cuBLAS in place (gemm_mma_ok): no kernel built for it
             const auto launch = [&](auto kernel) {
-                kernel<<<grid, kQgThreads, 0, s>>>(w.data, u, w.row_bytes, w.rows, w.cols, x, n, dst, accumulate,
-                                                   splits);
+                allow_shared(reinterpret_cast<const void*>(kernel), bytes);
+                kernel<<<grid, kQgThreads, bytes, s>>>(w.data, u, w.row_bytes, w.rows, w.cols, x, n, dst, accumulate,
+                                                       splits, stages);
             };
             if (tok == 128)
                 up ? launch(gemm_mma_kernel<T, 128, true>) : launch(gemm_mma_kernel<T, 128, false>);
@@ -807,16 +838,27 @@ void gemm_mma_launch(const RowSplit& out, const DevWeight& w, const DevWeight* u
 }
 }  // namespace
 
-void gemm_weight_mma(const RowSplit& out, const DevWeight& w, const __half* x, int n, bool accumulate, int sm_count,
-                     float* scratch, int64_t scratch_floats, cudaStream_t s) {
-    const int splits = gemm_mma_splits(n, w.rows, w.cols, sm_count, scratch ? scratch_floats : 0);
-    gemm_mma_launch(out, w, nullptr, x, n, accumulate, sm_count, splits, scratch, s);
+GemmMmaDevice gemm_mma_device(int device) {
+    GemmMmaDevice d;
+    int per_sm = 0, per_block = 0;
+    KVGEN_CUDA_CHECK(cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, device));
+    KVGEN_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+    KVGEN_CUDA_CHECK(cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    d.shared_per_sm = per_sm;
+    d.shared_per_block = per_block;
+    return d;
 }
 
-void gemm_glu_mma(float* y, const DevWeight& gate, const DevWeight& up, const __half* x, int n, int sm_count,
-                  cudaStream_t s) {
+void gemm_weight_mma(const RowSplit& out, const DevWeight& w, const __half* x, int n, bool accumulate,
+                     const GemmMmaDevice& dev, float* scratch, int64_t scratch_floats, cudaStream_t s) {
+    const int splits = gemm_mma_splits(n, w.rows, w.cols, dev.sm_count, scratch ? scratch_floats : 0);
+    gemm_mma_launch(out, w, nullptr, x, n, accumulate, dev, splits, scratch, s);
+}
+
+void gemm_glu_mma(float* y, const DevWeight& gate, const DevWeight& up, const __half* x, int n,
+                  const GemmMmaDevice& dev, cudaStream_t s) {
     KVGEN_ASSERT(glu_fusable(gate, up));
-    gemm_mma_launch(RowSplit::one(y, gate.rows), gate, &up, x, n, false, sm_count, 1, nullptr, s);
+    gemm_mma_launch(RowSplit::one(y, gate.rows), gate, &up, x, n, false, dev, 1, nullptr, s);
 }
 
 bool attention_head_dim_supported(int hd) {

@@ -13,6 +13,7 @@
 #include "gguf/ggml_types.h"
 #include "matvec.cuh"
 #include "matvec_int.cuh"
+#include "memory_plan.h"
 
 namespace kvgen::cuda {
 
@@ -125,16 +126,19 @@ void check_cublas(cublasStatus_t st, const char* what);
 // multiplied there on the tensor cores, nothing written out; --cuda-gemm mma) for the weights gemm_mma_ok accepts
 // (every type with a decoder but F16, cols a multiple of 32). Twin: as gemm_weight's.
 bool gemm_mma_ok(const DevWeight& w);
+// The device's multiprocessors and shared memory, as those products' launches use them (memory_plan.h).
+GemmMmaDevice gemm_mma_device(int device);
 // Row r of token i is written (added to when accumulate) at out.at(r, i, w.rows): Q, K and V from their weights as one
-// matrix go to three buffers. sm_count: the device's multiprocessors, for the tile size (gemm_mma_tokens) and, where
-// the grid has fewer blocks than SMs, the split of the columns among blocks (gemm_mma_splits), whose partial sums
-// take up to scratch_floats floats of scratch (null: no split) and a second kernel that adds them up.
-void gemm_weight_mma(const RowSplit& out, const DevWeight& w, const __half* x, int n, bool accumulate, int sm_count,
-                     float* scratch, int64_t scratch_floats, cudaStream_t s);
+// matrix go to three buffers. dev: the device, for the tile size (gemm_mma_tokens), the stages of shared memory
+// (gemm_mma_stages) and, where the grid has fewer blocks than SMs, the split of the columns among blocks
+// (gemm_mma_splits), whose partial sums take up to scratch_floats floats of scratch (null: no split) and a second
+// kernel that adds them up.
+void gemm_weight_mma(const RowSplit& out, const DevWeight& w, const __half* x, int n, bool accumulate,
+                     const GemmMmaDevice& dev, float* scratch, int64_t scratch_floats, cudaStream_t s);
 // y[i][r] = silu(gate[r] . x[i]) * (up[r] . x[i]) in the same kernel, both weights' tiles in one block (glu_fusable
 // and gemm_mma_ok): no gate and up products written out and no swiglu pass. Twin: the two products and cpu::swiglu.
-void gemm_glu_mma(float* y, const DevWeight& gate, const DevWeight& up, const __half* x, int n, int sm_count,
-                  cudaStream_t s);
+void gemm_glu_mma(float* y, const DevWeight& gate, const DevWeight& up, const __half* x, int n,
+                  const GemmMmaDevice& dev, cudaStream_t s);
 
 // Attention reads one layer's cache (k_cache, v_cache: that layer's first K and V rows, laid out and typed as kv
 // says); query head h of n_heads reads KV head h / (n_heads / kv.n_kv_heads). Over a quantized K the query must come

@@ -60,11 +60,12 @@ KVGEN_HD void dequantize_rows_body(const Ctx& ctx, const uint8_t* __restrict__ w
 // --- The same product in one kernel (--cuda-gemm mma): weights decoded tile by tile into shared memory -------------
 // A block of 8 warps computes out[tok0 .. tok0 + TOK][row0 .. row0 + 128] (64 rows of each weight with GLU, below;
 // TOK = 128 or 64 tokens, gemm_mma_tokens in memory_plan.h): it walks the row in steps of 64 weights, each thread
-// decoding one 32-weight chunk of one row (the type's decoder, rounded to f16 as the cuBLAS path rounds it) and
-// loading 16-byte pieces of the tokens' f16 activations, both into shared memory; then each warp multiplies its 32
+// copying 16-byte pieces of the tokens' f16 activations and decoding one 32-weight chunk of one row (the type's
+// decoder, rounded to f16 as the cuBLAS path rounds it), both into shared memory; then each warp multiplies its 32
 // rows x TOK / 2 tokens with mma.sync m16n8k16 (flash_attention.cuh gives the fragment layout), f32 accumulators in
-// registers for the whole row. Token tiles are the grid's x, so the blocks that read the same weight rows run together
-// and share them through the L2 cache; DRAM sees the quantized bytes about once per call.
+// registers for the whole row; with two stages of shared memory, the next step is filled while the other is read.
+// Token tiles are the grid's x, so the blocks that read the same weight rows run together and share them through the
+// L2 cache; DRAM sees the quantized bytes about once per call.
 //
 // Exactness: the operands are the cuBLAS path's (the same f16 weights and activations, f32 sums); only the order of
 // the sums differs. Rows past the matrix re-read its last row and tokens past n read zeros; neither is stored.
@@ -74,15 +75,56 @@ KVGEN_HD void dequantize_rows_body(const Ctx& ctx, const uint8_t* __restrict__ w
 // with GLU a block owns kQgRows / 2 rows of a SwiGLU pair, gate rows [r, r + 16) in its warp's first m16 tile and the
 // same up rows in its second, so that each thread holds both sums of its outputs and writes silu(gate) * up (the
 // swiglu kernel's arithmetic, silu_mul) instead of two products and an element-wise pass.
-constexpr int kQgStep = 64;             // weights of a row per step: two chunks
-constexpr int kQgThreads = 256;         // 8 warps: 4 along the rows x 2 along the tokens
-constexpr int kQgStride = kQgStep + 8;  // halves per shared row: 36 words, fragment reads in 32 banks
-// Floats of shared memory a block of TOK tokens needs (kQgRows, the tile choice and the grid: memory_plan.h).
+constexpr int kQgThreads = 256;  // 8 warps: 4 along the rows x 2 along the tokens
+// Floats of shared memory one stage of a block of TOK tokens needs (kQgRows, kQgStep, kQgStride, the tile choice,
+// the stages and the grid: memory_plan.h).
 template <int TOK>
 constexpr int kQgShared = (kQgRows + TOK) * kQgStride / 2;
 // Output rows a block owns: kQgRows, or half of them of each weight with GLU.
 template <bool GLU>
 constexpr int kQgOutRows = GLU ? kQgRows / 2 : kQgRows;
+
+// Step k0 of a block's tokens [tok0, tok0 + TOK) into one stage of shared memory, st: the activations, TOK tokens x
+// 8 pieces of 8 halves (TOK / 32 pieces a thread, consecutive threads taking consecutive pieces), copied by
+// ctx.copy16_async (cp.async on sm_80 and later: no registers held and the copy runs on under what the thread does
+// next; ctx.wait_async before the barrier that publishes them), zeros past n or the row; and the thread's chunk of
+// the weights, chunk dc of wrow's step (zeros past the row: cols may end half way through a step), decoded as f16.
+#pragma nv_exec_check_disable
+template <GgmlType T, int TOK, class Ctx>
+KVGEN_HD void gemm_mma_fill(const Ctx& ctx, __half* st, const uint8_t* __restrict__ wrow, int64_t cols,
+                            const __half* __restrict__ x, int n, int tok0, int64_t k0, int dr, int dc) {
+    __half* const ws = st;                        // [kQgRows][kQgStride]: the step's weights
+    __half* const xs = st + kQgRows * kQgStride;  // [TOK][kQgStride]: the step's activations
+    const int t = ctx.thread();
+#pragma unroll
+    for (int j = 0; j < TOK / 32; ++j) {
+        const int p = t + j * kQgThreads, tk = p >> 3, e = (p & 7) * 8;
+        __half* const dst = xs + tk * kQgStride + e;
+        check_aligned(dst, 16);
+        if (tok0 + tk < n && k0 + e < cols) {
+            const __half* src = x + int64_t(tok0 + tk) * cols + k0 + e;
+            check_aligned(src, 16);
+            ctx.copy16_async(dst, src);
+        } else {
+            *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+        }
+    }
+    const int64_t cpr = cols / 32, c = k0 / 32 + dc;
+    uint32_t h[16];
+    if (c < cpr) {
+        float v[32];
+        row_chunk<T>(wrow, c, cpr, v);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) h[j] = pack_halves(v[2 * j], v[2 * j + 1]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) h[j] = 0;
+    }
+    uint4* wdst = reinterpret_cast<uint4*>(ws + dr * kQgStride + dc * 32);
+    check_aligned(wdst, 16);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) wdst[j] = make_uint4(h[4 * j], h[4 * j + 1], h[4 * j + 2], h[4 * j + 3]);
+}
 
 // One block of out (+)= x[n][cols] . W^T, out's row r of token i at out.at(r, i, rows), for W rows row_bytes apart
 // (cols a multiple of 32; x 16-byte aligned). GLU: W is the gate, up the up weight of the same type and shape, and
@@ -92,16 +134,20 @@ constexpr int kQgOutRows = GLU ? kQgRows / 2 : kQgRows;
 // cut into splits ranges of whole steps, block_y is split z's row tile (z = block_y / row tiles), and the block writes
 // the partial sums of its range to out.y[0] + z n rows as [n][rows] (accumulate false); gemm_split_sum_item adds them
 // up in split order and writes the product where it goes.
+//
+// stages (gemm_mma_stages, memory_plan.h): 1, shared memory holds one step (kQgShared<TOK> floats), which the block
+// fills, multiplies and then waits on before filling again (two barriers a step); 2, it holds two, and the block fills
+// the next step into one while its warps multiply the other (one barrier a step). The same sums in the same order.
 #pragma nv_exec_check_disable
 template <GgmlType T, int TOK, bool GLU, class Ctx>
 KVGEN_HD void gemm_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w, const uint8_t* __restrict__ up,
                             int64_t row_bytes, int64_t rows, int64_t cols, const __half* __restrict__ x, int n,
-                            const RowSplit& dst, bool accumulate, int splits) {
-    __half* ws = reinterpret_cast<__half*>(ctx.shared());  // [kQgRows][kQgStride]: the step's weights
-    __half* xs = ws + kQgRows * kQgStride;                 // [TOK][kQgStride]: the step's activations
+                            const RowSplit& dst, bool accumulate, int splits, int stages) {
+    __half* const smem = reinterpret_cast<__half*>(ctx.shared());
     const int t = ctx.thread(), warp = t >> 5, lane = t & 31, gid = lane >> 2, tig = lane & 3;
     static_assert(TOK == 64 || TOK == 128, "two warps along the tokens, 4 or 8 n8 tiles each");
-    constexpr int NT = TOK / 16;  // n8 tiles a warp
+    constexpr int NT = TOK / 16;                         // n8 tiles a warp
+    constexpr int kStage = (kQgRows + TOK) * kQgStride;  // halves of one stage: weights, then activations
     const int tok0 = ctx.block_x() * TOK;
     int tile = ctx.block_y();
     int64_t k_begin = 0, k_end = cols;
@@ -121,7 +167,6 @@ KVGEN_HD void gemm_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w, const
     // The thread's chunk: row t / 2 of the tile, chunk t % 2 of each step. With GLU, tile row 32 g + j is gate row
     // row0 + 16 g + j for j < 16, up row row0 + 16 g + j - 16 after.
     const int dr = t >> 1, dc = t & 1;
-    const int64_t cpr = cols / 32;
     int64_t my_row = row0 + dr;
     const uint8_t* wbase = w;
     if constexpr (GLU) {
@@ -139,65 +184,45 @@ KVGEN_HD void gemm_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w, const
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
 
-    for (int64_t k0 = k_begin; k0 < k_end; k0 += kQgStep) {
-        // Activations: TOK tokens x 8 pieces of 8 halves, TOK / 32 a thread (consecutive threads, consecutive pieces),
-        // loaded first so that their latency runs under the weights' decoding (note: written in this order, since at
-        // 128 registers the compiler does not move them up itself).
-        uint4 piece[TOK / 32];
+    // Each pass multiplies step k0 (none in the first) and then fills step k0 + kQgStep: into the stage it read, behind
+    // a barrier, with one stage; into the other with two (which every warp left at the barrier before the products).
+    int cur = 0;  // the stage being multiplied
+    for (int64_t k0 = k_begin - kQgStep; k0 < k_end; k0 += kQgStep) {
+        if (k0 >= k_begin) {
+            ctx.wait_async();
+            ctx.sync();  // step k0 is in stage cur
+            const __half* const ws = smem + cur * kStage;
+            const __half* const xs = ws + kQgRows * kQgStride;
 #pragma unroll
-        for (int j = 0; j < TOK / 32; ++j) {
-            const int p = t + j * kQgThreads, tk = p >> 3, e = (p & 7) * 8;
-            piece[j] = make_uint4(0, 0, 0, 0);
-            if (tok0 + tk < n && k0 + e < cols) {
-                const __half* src = x + int64_t(tok0 + tk) * cols + k0 + e;
-                check_aligned(src, 16);
-                piece[j] = *reinterpret_cast<const uint4*>(src);
+            for (int kk = 0; kk < kQgStep; kk += 16) {
+                uint32_t a[2][4];
+#pragma unroll
+                for (int mi = 0; mi < 2; ++mi) {
+                    const __half* r = ws + (wm + mi * 16 + gid) * kQgStride + kk + 2 * tig;
+                    a[mi][0] = load_u32(r);
+                    a[mi][1] = load_u32(r + 8 * kQgStride);
+                    a[mi][2] = load_u32(r + 8);
+                    a[mi][3] = load_u32(r + 8 * kQgStride + 8);
+                }
+#pragma unroll
+                for (int ni = 0; ni < NT; ++ni) {
+                    const __half* col = xs + (wn + ni * 8 + gid) * kQgStride + kk + 2 * tig;
+                    const uint32_t b[2] = {load_u32(col), load_u32(col + 8)};
+#pragma unroll
+                    for (int mi = 0; mi < 2; ++mi) ctx.mma(acc[mi][ni], a[mi], b);
+                }
             }
         }
-        // Weights: one chunk, as f16 (zeros past the row: cols may end half way through a step).
-        uint32_t h[16];
-        const int64_t c = k0 / 32 + dc;
-        if (c < cpr) {
-            float v[32];
-            row_chunk<T>(wrow, c, cpr, v);
-#pragma unroll
-            for (int j = 0; j < 16; ++j) h[j] = pack_halves(v[2 * j], v[2 * j + 1]);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 16; ++j) h[j] = 0;
-        }
-        uint4* wdst = reinterpret_cast<uint4*>(ws + dr * kQgStride + dc * 32);
-        check_aligned(wdst, 16);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) wdst[j] = make_uint4(h[4 * j], h[4 * j + 1], h[4 * j + 2], h[4 * j + 3]);
-#pragma unroll
-        for (int j = 0; j < TOK / 32; ++j) {
-            const int p = t + j * kQgThreads;
-            uint4* xdst = reinterpret_cast<uint4*>(xs + (p >> 3) * kQgStride + (p & 7) * 8);
-            check_aligned(xdst, 16);
-            *xdst = piece[j];
-        }
-        ctx.sync();
-#pragma unroll
-        for (int kk = 0; kk < kQgStep; kk += 16) {
-            uint32_t a[2][4];
-#pragma unroll
-            for (int mi = 0; mi < 2; ++mi) {
-                const __half* r = ws + (wm + mi * 16 + gid) * kQgStride + kk + 2 * tig;
-                a[mi][0] = load_u32(r);
-                a[mi][1] = load_u32(r + 8 * kQgStride);
-                a[mi][2] = load_u32(r + 8);
-                a[mi][3] = load_u32(r + 8 * kQgStride + 8);
+        const int64_t next = k0 + kQgStep;
+        if (next < k_end) {
+            if (k0 >= k_begin) {
+                if (stages == 2)
+                    cur ^= 1;
+                else
+                    ctx.sync();  // every warp done with the stage before it is filled again
             }
-#pragma unroll
-            for (int ni = 0; ni < NT; ++ni) {
-                const __half* col = xs + (wn + ni * 8 + gid) * kQgStride + kk + 2 * tig;
-                const uint32_t b[2] = {load_u32(col), load_u32(col + 8)};
-#pragma unroll
-                for (int mi = 0; mi < 2; ++mi) ctx.mma(acc[mi][ni], a[mi], b);
-            }
+            gemm_mma_fill<T, TOK>(ctx, smem + cur * kStage, wrow, cols, x, n, tok0, next, dr, dc);
         }
-        ctx.sync();
     }
 
     // C fragments: rows gid and gid + 8 of each 16, tokens 2 tig and 2 tig + 1 of each 8.

@@ -156,16 +156,23 @@ TEST_CASE("the one-kernel prefill GEMM, its mma fragments run on the host, equal
         const std::vector<float> y0 = test::randn(size_t(n * rows), 43);
         // one output buffer, or three as Q, K and V (the middle one ending inside a 16-row fragment); the columns
         // in one block or split among 2, 3 or 4 (96 columns in 3 or 4: a step each, the last ranges past the end;
-        // 256 in 4: a step each)
-        for (const auto& [tok, accumulate, end0, end1, splits] :
-             {std::tuple<int, bool, int64_t, int64_t, int>{128, false, rows, rows, 1}, {128, true, 40, 101, 3},
-              {64, false, 40, 101, 2}, {64, true, rows, rows, 4}, {128, true, rows, rows, 1}}) {
+        // 256 in 4: a step each); one step in shared memory at a time or two
+        for (const auto& [tok, accumulate, end0, end1, splits, stages] :
+             {std::tuple<int, bool, int64_t, int64_t, int, int>{128, false, rows, rows, 1, 2}, {128, true, 40, 101, 3, 1},
+              {64, false, 40, 101, 2, 2}, {64, true, rows, rows, 4, 1}, {128, true, rows, rows, 1, 1},
+              {64, true, rows, rows, 1, 2}}) {
             INFO(tok << "-token tiles, accumulate " << accumulate << ", rows split at " << end0 << ", " << end1
-                     << ", columns in " << splits);
+                     << ", columns in " << splits << ", " << stages << " stages");
             const std::vector<float> got =
                 cuda::host::gemm_mma(t, w.bytes.data(), rows, cols, x, n, accumulate ? &y0 : nullptr, tok, nullptr,
-                                     end0, end1, splits);
+                                     end0, end1, splits, stages);
             REQUIRE(got.size() == size_t(n * rows));
+            if (splits == 1 && stages == 2) {  // the same sums in the same order with one stage: the same bits
+                const std::vector<float> one = cuda::host::gemm_mma(t, w.bytes.data(), rows, cols, x, n,
+                                                                    accumulate ? &y0 : nullptr, tok, nullptr, end0,
+                                                                    end1, 1, 1);
+                CHECK(std::memcmp(one.data(), got.data(), got.size() * sizeof(float)) == 0);
+            }
             size_t bad = 0;
             for (int i = 0; i < n; ++i)
                 for (int64_t r = 0; r < rows; ++r) {
@@ -208,10 +215,10 @@ TEST_CASE("the one-kernel prefill GEMM with gate and up in one block, run on the
             }
             return std::pair<double, double>{s, mag};
         };
-        for (const int tok : {128, 64}) {
-            INFO(tok << "-token tiles");
-            const std::vector<float> got =
-                cuda::host::gemm_mma(t, gate.bytes.data(), rows, cols, x, n, nullptr, tok, up.bytes.data(), rows, rows);
+        for (const auto& [tok, stages] : {std::pair{128, 2}, {64, 1}, {64, 2}}) {
+            INFO(tok << "-token tiles, " << stages << " stages");
+            const std::vector<float> got = cuda::host::gemm_mma(t, gate.bytes.data(), rows, cols, x, n, nullptr, tok,
+                                                                up.bytes.data(), rows, rows, 1, stages);
             REQUIRE(got.size() == size_t(n * rows));
             size_t bad = 0;
             for (int i = 0; i < n; ++i)
@@ -256,6 +263,19 @@ TEST_CASE("the one-kernel prefill GEMM takes 64-token tiles for short prompts an
     CHECK(cuda::gemm_mma_token_tiles(130, 64) == 3);
     CHECK(cuda::gemm_mma_token_tiles(128, 128) == 1);
     CHECK(cuda::gemm_mma_row_tiles(133) == 2);
+    // two stages of shared memory where two blocks of twice the bytes fit on an SM (bytes a multiprocessor has and
+    // one block may ask for, as cudaDeviceGetAttribute gives them)
+    using cuda::gemm_mma_stages;
+    CHECK(cuda::gemm_mma_stage_bytes(128) == 36864);
+    const cuda::GemmMmaDevice h200{132, 233472, 232448}, a100{108, 167936, 166912}, ada{128, 102400, 101376},
+        turing{40, 65536, 65536};
+    CHECK(gemm_mma_stages(128, h200) == 2);
+    CHECK(gemm_mma_stages(64, h200) == 2);
+    CHECK(gemm_mma_stages(128, a100) == 2);
+    CHECK(gemm_mma_stages(128, ada) == 1);  // 72 KiB blocks: one an SM instead of two of 36
+    CHECK(gemm_mma_stages(64, ada) == 1);   // two of 54 KiB do not fit in 100
+    CHECK(gemm_mma_stages(64, turing) == 1);
+    CHECK(gemm_mma_stages(128, cuda::GemmMmaDevice{132, 0, 0}) == 1);
 }
 
 TEST_CASE("the prefill GEMM's chunks stay within the L2-sized scratch, in whole tile steps", "[cuda-host]") {
@@ -607,6 +627,16 @@ TEST_CASE("host emulation: a shuffle or mma.sync after a lane of the warp return
     CHECK_THROWS_WITH(cuda::host::warp_after_a_lane_returned(0), Catch::Contains("which has returned"));
     CHECK_THROWS_WITH(cuda::host::warp_after_a_lane_returned(1), Catch::Contains("mma.sync with thread 31"));
     CHECK_NOTHROW(cuda::host::warp_after_a_lane_returned(2));
+}
+
+TEST_CASE("host emulation runs each warp as far as it goes before the next, in turn forwards and backwards between "
+          "barriers, and lands asynchronous copies only when the thread waits for them", "[cuda-host]") {
+    // so that a kernel that leaves out a barrier between one warp's write and another's read of shared memory, or a
+    // wait for its copies, computes a wrong result here
+    const auto [before, after] = cuda::host::unsynchronized_reads();
+    CHECK(before == 1.0f);  // the first warp went on past its warp barrier and wrote before the second warp read
+    CHECK(after == 0.0f);   // after the block's barrier the second warp ran first
+    CHECK_THROWS_WITH(cuda::host::copy_never_waited(), Catch::Contains("never waited for"));
 }
 
 TEST_CASE("the CUDA attention kernels' bodies, run on the host, match cpu::attention", "[cuda-host]") {

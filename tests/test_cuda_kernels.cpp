@@ -347,8 +347,9 @@ TEST_CASE("the prefill GEMM of a weight larger than one decoded chunk covers eve
     }
 }
 
-TEST_CASE("the one-kernel prefill GEMM writes Q, K and V to three buffers bit for bit as into one, and folds SwiGLU "
-          "in bit for bit as the unsplit products and the swiglu kernel", "[cuda][kernels]") {
+TEST_CASE("the one-kernel prefill GEMM writes Q, K and V to three buffers bit for bit as into one, folds SwiGLU in "
+          "bit for bit as the unsplit products and the swiglu kernel, and gives one stage's bits with two",
+          "[cuda][kernels]") {
     // 2304 rows as Q, K and V of 1000, 200 and 1104 rows (the splits fall inside row tiles and fragments); gate and up
     // of 1000 rows: 16 tiles of 64, the last of 40
     const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
@@ -371,6 +372,8 @@ TEST_CASE("the one-kernel prefill GEMM writes Q, K and V to three buffers bit fo
             for (const int sms : {132, 1}) {
                 INFO(name << " n " << n << " SMs " << sms);
                 same(ct::gemm_mma_qkv(w, x, n, 1000, 200, sms), ct::gemm(w, x, n, nullptr, true, sms));
+                // two stages of shared memory where the device has room for them (an H200, an A100), one stage
+                same(ct::gemm(w, x, n, nullptr, true, sms), ct::gemm(w, x, n, nullptr, true, sms, true, 1));
                 // (the SwiGLU kernel never splits the columns: the products one by one unsplit)
                 same(ct::gemm_glu_mma(gate, up, x, n, sms), ct::swiglu(ct::gemm(gate, x, n, nullptr, true, sms, false),
                                                                        ct::gemm(up, x, n, nullptr, true, sms, false)));

@@ -167,8 +167,21 @@ std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, cons
     return y.get();
 }
 
+namespace {
+// The current device as the one-kernel GEMM's launch sees it, with sm_count SMs (for the tiles and splits a device of
+// that size gets) and, with one stage, no room for two.
+GemmMmaDevice mma_device(int sm_count, int stages) {
+    int device = 0;
+    KVGEN_CUDA_CHECK(cudaGetDevice(&device));
+    GemmMmaDevice d = gemm_mma_device(device);
+    d.sm_count = sm_count;
+    if (stages == 1) d.shared_per_sm = d.shared_per_block = 0;
+    return d;
+}
+}  // namespace
+
 std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0,
-                        bool mma, int sm_count, bool split) {
+                        bool mma, int sm_count, bool split, int stages) {
     // The backend's prefill product: activations to f16, then gemm_weight (chunks of rows decoded into the scratch).
     Dev<uint8_t> b(device_bytes(w));
     Dev<float> dx(x);
@@ -182,7 +195,7 @@ std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n,
     try {
         const DevWeight dw = dev_weight(w, b);
         if (mma && gemm_mma_ok(dw))
-            gemm_weight_mma(RowSplit::one(y.p, w.rows), dw, xh.p, n, y0 != nullptr, sm_count,
+            gemm_weight_mma(RowSplit::one(y.p, w.rows), dw, xh.p, n, y0 != nullptr, mma_device(sm_count, stages),
                             split ? reinterpret_cast<float*>(wh.p) : nullptr,
                             int64_t(wh.n * sizeof(__half) / sizeof(float)), nullptr);
         else
@@ -246,7 +259,7 @@ std::vector<float> gemm_mma_qkv(const HostWeight& w, const std::vector<float>& x
     const RowSplit split{{q.p, k.p, v.p}, {q_rows, q_rows + k_rows}};
     // scratch for the partial sums of a split product, as the backend's (its prefill GEMM's decoding scratch)
     Dev<__half> wh(size_t(std::max<int64_t>(1, gemm_scratch_elems(w.type, w.rows, w.cols))));
-    gemm_weight_mma(split, dev_weight(w, b), xh.p, n, false, sm_count, reinterpret_cast<float*>(wh.p),
+    gemm_weight_mma(split, dev_weight(w, b), xh.p, n, false, mma_device(sm_count, 2), reinterpret_cast<float*>(wh.p),
                     int64_t(wh.n * sizeof(__half) / sizeof(float)), nullptr);
     std::vector<float> parts[3] = {q.get(), k.get(), v.get()};
     const RowSplit host{{parts[0].data(), parts[1].data(), parts[2].data()}, {q_rows, q_rows + k_rows}};
@@ -263,7 +276,8 @@ std::vector<float> gemm_glu_mma(const HostWeight& gate, const HostWeight& up, co
     Dev<__half> xh(x.size());
     to_f16(xh.p, dx.p, int64_t(x.size()), nullptr);
     poison(y);
-    kvgen::cuda::gemm_glu_mma(y.p, dev_weight(gate, g), dev_weight(up, u), xh.p, n, sm_count, nullptr);
+    kvgen::cuda::gemm_glu_mma(y.p, dev_weight(gate, g), dev_weight(up, u), xh.p, n, mma_device(sm_count, 2),
+                              nullptr);
     return y.get();
 }
 

@@ -12,6 +12,7 @@
 #include <exception>
 #include <functional>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "attention.cuh"
@@ -256,7 +257,7 @@ class FiberBlock {
 
     FiberBlock(int threads, size_t shared_floats, int bx, int by)
         : bx_(bx), by_(by), smem_(shared_floats), exch_(size_t(threads)), frags_(size_t(threads)),
-          fibers_(size_t(threads)) {}
+          copies_(size_t(threads)), fibers_(size_t(threads)) {}
 
     void run(const std::function<void(int)>& body) {
         body_ = &body;
@@ -271,24 +272,35 @@ class FiberBlock {
             f.ctx.uc_link = &main_;
             makecontext(&f.ctx, reinterpret_cast<void (*)()>(&FiberBlock::entry), 1, int(i));
         }
-        for (;;) {
+        // Warp by warp, each as far as it goes before the next starts (to the block's barrier or its end), in turn
+        // first to last and then last to first between barriers: the least fair order the device could take, so that
+        // a warp that writes shared memory another warp has yet to read, with no barrier between, shows here.
+        const int warps = (int(fibers_.size()) + 31) / 32;
+        for (int phase = 0;;) {
             bool ran = false;
-            for (size_t i = 0; i < fibers_.size(); ++i) {
-                if (fibers_[i].done || fibers_[i].wait != kNone) continue;
-                current_ = int(i);
-                swapcontext(&main_, &fibers_[i].ctx);
-                ran = true;
-                if (error_) {  // the other threads stay suspended; their stacks go with the block
-                    g_block = outer;
-                    std::rethrow_exception(error_);
+            for (int k = 0; k < warps; ++k) {
+                const int w = phase % 2 == 0 ? k : warps - 1 - k;
+                const int end = std::min(w * 32 + 32, int(fibers_.size()));
+                for (;;) {
+                    bool warp_ran = false;
+                    for (int i = w * 32; i < end; ++i) {
+                        if (fibers_[size_t(i)].done || fibers_[size_t(i)].wait != kNone) continue;
+                        current_ = i;
+                        swapcontext(&main_, &fibers_[size_t(i)].ctx);
+                        warp_ran = ran = true;
+                        if (error_) {  // the other threads stay suspended; their stacks go with the block
+                            g_block = outer;
+                            std::rethrow_exception(error_);
+                        }
+                    }
+                    if (!release(kWarp, w * 32, end) && !warp_ran) break;
                 }
             }
-            bool live = false, released = false;
+            bool live = false;
             for (const Fiber& f : fibers_) live = live || !f.done;
             if (!live) break;
-            released = release(kBlock, 0, int(fibers_.size())) || released;
-            for (int w = 0; w * 32 < int(fibers_.size()); ++w)
-                released = release(kWarp, w * 32, w * 32 + 32) || released;
+            const bool released = release(kBlock, 0, int(fibers_.size()));
+            if (released) ++phase;
             if (!ran && !released) throw Error("host emulation: the block's threads deadlocked at a barrier");
         }
         g_block = outer;
@@ -297,6 +309,14 @@ class FiberBlock {
     int bx() const { return bx_; }
     int by() const { return by_; }
     float* shared() { return smem_.data(); }
+
+    // cp.async: the thread's copies land when it waits for them, not before, so that a kernel that reads its shared
+    // memory without waiting reads what was there (and a thread that ends with copies outstanding is an error).
+    void copy_async(void* dst, const void* src) { copies_[size_t(current_)].push_back({dst, src}); }
+    void wait_async() {
+        for (const auto& [dst, src] : copies_[size_t(current_)]) std::memcpy(dst, src, 16);
+        copies_[size_t(current_)].clear();
+    }
 
     void wait(Wait kind) {
         Fiber& f = fibers_[size_t(current_)];
@@ -397,6 +417,8 @@ class FiberBlock {
         FiberBlock* b = g_block;
         try {
             (*b->body_)(i);
+            if (!b->copies_[size_t(i)].empty())
+                throw Error(fmt::format("host emulation: thread {} ended with copies it never waited for", i));
         } catch (...) {
             if (!b->error_) b->error_ = std::current_exception();
         }
@@ -421,6 +443,7 @@ class FiberBlock {
     std::vector<float> smem_;
     std::vector<float> exch_;
     std::vector<std::array<uint32_t, 6>> frags_;  // mma: each lane's A and B registers
+    std::vector<std::vector<std::pair<void*, const void*>>> copies_;  // each thread's outstanding copy_async
     std::vector<Fiber> fibers_;
     ucontext_t main_{};
     const std::function<void(int)>* body_ = nullptr;
@@ -450,6 +473,8 @@ struct HostThread {
     }
     void sync() const { b->wait(FiberBlock::kBlock); }
     float* shared() const { return b->shared(); }
+    void copy16_async(void* dst, const void* src) const { b->copy_async(dst, src); }
+    void wait_async() const { b->wait_async(); }
 };
 
 template <typename Body>
@@ -477,6 +502,31 @@ void warp_after_a_lane_returned(int kind) {
     });
 }
 
+std::pair<float, float> unsynchronized_reads() {
+    std::pair<float, float> seen{-1.0f, -1.0f};
+    run_grid(1, 1, 64, 2, [&](const HostThread& t) {
+        float* const sm = t.shared();
+        const int warp = t.thread() / 32, lane = t.thread() % 32;
+        if (warp == 0) {
+            t.sync_warp();
+            if (lane == 0) sm[0] = 1.0f;
+        } else if (lane == 0) {
+            seen.first = sm[0];
+        }
+        t.sync();
+        if (warp == 0 && lane == 0) sm[1] = 1.0f;
+        if (warp == 1 && lane == 0) seen.second = sm[1];
+    });
+    return seen;
+}
+
+void copy_never_waited() {
+    alignas(16) static const float src[4] = {1, 2, 3, 4};
+    run_grid(1, 1, 32, 4, [&](const HostThread& t) {
+        if (t.thread() == 0) t.copy16_async(t.shared(), src);
+    });
+}
+
 std::vector<float> dequantize_rows(GgmlType type, const uint8_t* bytes, int64_t cols, int64_t r0, int64_t n_rows) {
     const DeviceRows dev = device_rows(type, bytes, r0 + n_rows, cols);
     const int64_t row_bytes = dev.row_bytes, cpr = cols / 32, n_chunks = n_rows * cpr;
@@ -498,7 +548,7 @@ std::vector<float> dequantize_rows(GgmlType type, const uint8_t* bytes, int64_t 
 
 std::vector<float> gemm_mma(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                             const std::vector<float>& x, int n, const std::vector<float>* y0, int tok,
-                            const uint8_t* up_bytes, int64_t end0, int64_t end1, int splits) {
+                            const uint8_t* up_bytes, int64_t end0, int64_t end1, int splits, int stages) {
     const DeviceRows dev = device_rows(type, bytes, rows, cols);
     const DeviceRows up = up_bytes ? device_rows(type, up_bytes, rows, cols) : DeviceRows{};
     std::vector<uint4> raw(size_t((int64_t(n) * cols + 7) / 8));  // 16-byte aligned, as the kernel's loads need
@@ -521,9 +571,9 @@ std::vector<float> gemm_mma(GgmlType type, const uint8_t* bytes, int64_t rows, i
             constexpr int TOK = decltype(tile)::value;
             constexpr bool GLU = decltype(glu)::value;
             run_grid(gemm_mma_token_tiles(n, TOK), int(gemm_mma_row_tiles(GLU ? 2 * rows : rows)) * splits,
-                     kQgThreads, size_t(kQgShared<TOK>), [&](const HostThread& t) {
+                     kQgThreads, size_t(stages) * size_t(kQgShared<TOK>), [&](const HostThread& t) {
                          gemm_mma_body<T, TOK, GLU>(t, dev.p, up.p, dev.row_bytes, rows, cols, xh, n, dst,
-                                                    y0 != nullptr, splits);
+                                                    y0 != nullptr, splits, stages);
                      });
         };
         const auto tiles = [&](auto glu) {

@@ -58,9 +58,10 @@ std::vector<float> matvec_glu_int(const HostWeight& gate, const HostWeight& up, 
 std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x);
 // [n][rows] = x[n][cols] . W^T through the prefill path (f16 decode + cuBLAS; mma: gemm_weight_mma where
 // gemm_mma_ok, as the backend's --cuda-gemm mma, its tiles chosen for a device of sm_count SMs, its columns split
-// among blocks where that leaves SMs idle unless split is false); accumulate onto y0 when given.
+// among blocks where that leaves SMs idle unless split is false, two stages of shared memory where the device has
+// room unless stages is 1); accumulate onto y0 when given.
 std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0,
-                        bool mma = false, int sm_count = 132, bool split = true);
+                        bool mma = false, int sm_count = 132, bool split = true, int stages = 2);
 
 // The one-kernel product (gemm_weight_mma, x through to_f16) writing Q, K and V: rows [0, q_rows), the next k_rows
 // and the rest to three buffers, gathered back here into [n][rows].
@@ -183,9 +184,10 @@ std::vector<float> dequantize_rows(GgmlType type, const uint8_t* bytes, int64_t 
 // RowSplit with ends end0 and end1 (three buffers; rows and rows: one), gathered back into [n][rows]. With up_bytes
 // (an up weight of the same type and shape; y0 null), the SwiGLU kernel: silu(f16(x) . W^T) * (f16(x) . Up^T).
 // splits > 1 (not with up_bytes): the columns split among that many blocks per tile, then gemm_split_sum_item.
+// stages: 1 or 2 steps in shared memory at a time (gemm_mma_stages).
 std::vector<float> gemm_mma(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                             const std::vector<float>& x, int n, const std::vector<float>* y0, int tok,
-                            const uint8_t* up_bytes, int64_t end0, int64_t end1, int splits = 1);
+                            const uint8_t* up_bytes, int64_t end0, int64_t end1, int splits = 1, int stages = 1);
 // The attention kernels' own bodies (attention.cuh) run on the host, each CUDA thread a fiber; arguments as
 // cuda::testing::attention. With xq, one token's decode also writes its output as the ActBlocks it quantizes.
 std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
@@ -205,6 +207,12 @@ int64_t attention_partials(int n_heads, int head_dim, int splits, int n_batch);
 // The emulator's own check: one warp whose lane 31 returns before the others shuffle (kind 0) or multiply with
 // mma.sync (kind 1), which the device leaves undefined; throws kvgen::Error saying so. Kind 2: no lane returns.
 void warp_after_a_lane_returned(int kind);
+// The emulator's order of warps: what the second warp of a 64-thread block reads of shared words the first warp
+// writes with no block barrier between, before the block's first barrier (a word written after a warp barrier) and
+// after it (a word written at once). Lanes 0 of each warp read and write; the words start at 0 and are written 1.
+std::pair<float, float> unsynchronized_reads();
+// Thread 0 of a block copies 16 bytes with copy16_async and ends without waiting for them: throws kvgen::Error.
+void copy_never_waited();
 using testing::KvBytes;
 // store_step and kv_write with the kernels' items run on the host (store_kv_item, store_kv_row_item, kv_offset_item).
 void store_step(KvBytes& cache, int l, const float* k, const float* v, int pos0, int n);
