@@ -3,7 +3,9 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -117,25 +119,32 @@ std::vector<int> count_list(const std::string& text, bool given, bool bench, con
 // The KV types --bench measures in turn: --kv-type A,B,C (each as --kv-type takes it, K/V for a pair), or -ctk and
 // -ctv lists as llama-bench takes them (every K type with every V type); empty for a single type (one value, or none:
 // the settings' own). Lists outside --bench, or with both spellings, are errors. The lists are taken out of *llama.
+bool has_comma(const std::string& text) {
+    return text.find(',') != std::string::npos;
+}
+
+// "a,b" -> {"a", "b"}; an empty item throws kvgen::Error naming the option and what the list holds.
+std::vector<std::string> split_list(const std::string& text, const char* option, const char* what) {
+    std::vector<std::string> out;
+    size_t start = 0;
+    for (;;) {
+        const size_t comma = text.find(',', start);
+        out.push_back(text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+        if (out.back().empty())
+            throw kvgen::Error(fmt::format("{} '{}': expected a comma-separated list of {}", option, text, what));
+        if (comma == std::string::npos) return out;
+        start = comma + 1;
+    }
+}
+
 std::vector<std::pair<kvgen::KvType, kvgen::KvType>> bench_kv_types(const std::string& kv_type, bool kv_type_given,
                                                                      kvgen::LlamaSettings* llama, bool bench) {
-    auto has_comma = [](const std::string& t) { return t.find(',') != std::string::npos; };
     const bool listed = has_comma(kv_type), k_listed = has_comma(llama->cache_type_k),
                v_listed = has_comma(llama->cache_type_v);
     if (!listed && !k_listed && !v_listed) return {};
     if (!bench) throw kvgen::Error("a list of KV cache types (--kv-type, -ctk, -ctv) is for --bench");
-    auto split = [](const std::string& text, const char* option) {
-        std::vector<std::string> out;
-        size_t start = 0;
-        for (;;) {
-            const size_t comma = text.find(',', start);
-            out.push_back(text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
-            if (out.back().empty())
-                throw kvgen::Error(fmt::format("{} '{}': expected a comma-separated list of KV cache types", option,
-                                               text));
-            if (comma == std::string::npos) return out;
-            start = comma + 1;
-        }
+    const auto split = [](const std::string& text, const char* option) {
+        return split_list(text, option, "KV cache types");
     };
     std::vector<std::pair<kvgen::KvType, kvgen::KvType>> out;
     if (listed) {
@@ -164,6 +173,36 @@ std::vector<std::pair<kvgen::KvType, kvgen::KvType>> bench_kv_types(const std::s
         for (kvgen::KvType v : vs) out.emplace_back(k, v);
     llama->cache_type_k.clear();
     llama->cache_type_v.clear();
+    return out;
+}
+
+// --bench compares devices in one run, as llama-bench's -ngl 0,99: --device cpu,cuda, or an -ngl list (each value as
+// -ngl alone takes it: 0 the CPU, N > 0 or all the GPU, auto). The first goes to *device (and -ngl is cleared), so
+// that the checks of a single device see one; returns the devices with the flag that asked for each, or nothing
+// where neither is a list.
+std::vector<kvgen::BenchDevice> bench_devices(std::string* device, kvgen::LlamaSettings* llama, bool bench) {
+    const bool listed = has_comma(*device), ngl_listed = has_comma(llama->n_gpu_layers);
+    if (!listed && !ngl_listed) return {};
+    if (!bench)
+        throw kvgen::Error(fmt::format("{} '{}': kvgen runs a model on one device (a list of them is for --bench)",
+                                       listed ? "--device" : "-ngl", listed ? *device : llama->n_gpu_layers));
+    if ((listed && !llama->n_gpu_layers.empty()) || (ngl_listed && *device != "auto"))
+        throw kvgen::Error("--device and -ngl with a list: give the devices one way");
+    std::vector<kvgen::BenchDevice> out;
+    if (listed) {
+        for (const std::string& d : split_list(*device, "--device", "devices"))
+            out.push_back({kvgen::normalize_device(d), fmt::format("--device {}", d)});
+    } else {
+        for (const std::string& n : split_list(llama->n_gpu_layers, "-ngl/--n-gpu-layers", "layer counts")) {
+            kvgen::Settings one;
+            kvgen::LlamaSettings l;
+            l.n_gpu_layers = n;
+            kvgen::apply_llama_settings(l, one, false);
+            out.push_back({one.device, fmt::format("-ngl {}", n)});
+        }
+        llama->n_gpu_layers.clear();
+    }
+    *device = out.front().device;
     return out;
 }
 
@@ -201,7 +240,8 @@ int main(int argc, char** argv) {
     kvgen::TokenizeOptions tok_opt;
     kvgen::LlamaSettings llama;
     app.add_option("-m,--model", models,
-                   fmt::format("GGUF model file (default: {}; --bench: -m again for each model to measure)",
+                   fmt::format("GGUF model file (default: {}; --bench: -m again, or a list a,b, for each model "
+                               "to measure)",
                                kDefaultModel))
         ->expected(1)
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
@@ -272,9 +312,10 @@ int main(int argc, char** argv) {
                    "llama.cpp's -ctv: the V cache's type (as --kv-type; --bench: a list)");
     app.add_option("--device", gen.run.device,
                    "-dev: cpu, cuda, cudaN or auto (the GPU when this build and machine have one); llama.cpp's CUDA0 "
-                   "and none are understood");
+                   "and none are understood; --bench: a list, e.g. cpu,cuda");
     app.add_option("--n-gpu-layers", llama.n_gpu_layers,
-                   "-ngl N: 0 runs on the CPU, N > 0 (or all) the whole model on the GPU, auto as --device auto");
+                   "-ngl N: 0 runs on the CPU, N > 0 (or all) the whole model on the GPU, auto as --device auto; "
+                   "--bench: a list, e.g. 0,99");
     app.add_option("--flash-attn", llama.flash_attn, "-fa on|auto: accepted (kvgen's attention is always fused)");
     app.add_flag(
         "--no-cuda-graphs", [&gen](int64_t) { gen.run.cuda_graphs = false; },
@@ -445,6 +486,18 @@ int main(int argc, char** argv) {
         only_with(app, "--keep", generating, "generation");
         only_with(app, "--prompt-cache-all", app.count("--prompt-cache") > 0, "--prompt-cache");
         only_with(app, "--prompt-cache-ro", app.count("--prompt-cache") > 0, "--prompt-cache");
+        if (bench) {  // as llama-bench, -m a,b is two models (a file whose name has a comma is one)
+            std::vector<std::string> listed;
+            for (const std::string& m : models) {
+                std::error_code ec;
+                if (has_comma(m) && !std::filesystem::exists(m, ec)) {
+                    for (const std::string& one : split_list(m, "-m/--model", "model files")) listed.push_back(one);
+                } else {
+                    listed.push_back(m);
+                }
+            }
+            models = listed;
+        }
         if (models.size() > 1 && !bench)
             throw kvgen::Error(fmt::format("-m given {} times: only --bench measures several models", models.size()));
         for (const std::string& m : models)
@@ -473,6 +526,7 @@ int main(int argc, char** argv) {
         if (bench && !gen.reverse_prompts.empty())
             throw kvgen::Error(
                 "--reverse-prompt applies to generation, not --bench (where -r is the repetition count)");
+        std::vector<kvgen::BenchDevice> bench_devs = bench_devices(&gen.run.device, &llama, bench);
         gen.run.device = kvgen::normalize_device(gen.run.device);
         // --bench compares KV types in one run: --kv-type f16,q8_0,q8_0/q4_0, or -ctk and -ctv lists (every pair)
         const std::vector<std::pair<kvgen::KvType, kvgen::KvType>> kv_types =
@@ -490,7 +544,11 @@ int main(int argc, char** argv) {
             kvgen::resolve_device(gen.run.device, fmt::format("-ngl {}", llama.n_gpu_layers));
         if (gen.run.math != kvgen::MathMode::Exact) {  // the CPU's modes: auto means the CPU, a GPU is refused
             if (gen.run.device == "auto") gen.run.device = "cpu";
-            if (gen.run.device != "cpu")
+            for (kvgen::BenchDevice& d : bench_devs)
+                if (d.device == "auto") d.device = "cpu";
+            bool gpu = gen.run.device != "cpu";
+            for (const kvgen::BenchDevice& d : bench_devs) gpu = gpu || d.device != "cpu";
+            if (gpu)
                 throw kvgen::Error(fmt::format(
                     "--math {}: the CUDA backend computes in the exact mode only (use --device cpu)", math));
         }
@@ -512,6 +570,7 @@ int main(int argc, char** argv) {
             b.threads = thread_counts;
             b.batches = batch_sizes;
             b.kv_types = kv_types;
+            b.devices = bench_devs;
             if (!prompt.empty()) b.n_prompt = kvgen::parse_int_list(prompt, "-p", 0);
             if (!gen_counts.empty()) b.n_gen = gen_counts;
             for (const std::string& pg : prompt_gen) {

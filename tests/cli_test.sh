@@ -338,13 +338,14 @@ rows = json.load(open(base + ".json"))
 lines = [json.loads(line) for line in open(base + ".jsonl")]
 assert [r["test"] for r in rows] == [r["test"] for r in lines] == ["pp8", "tg2"], rows
 llama_bench = ["build_commit", "build_number", "cpu_info", "gpu_info", "backends", "model_filename", "model_type",
-               "model_size", "model_n_params", "n_batch", "n_threads", "type_k", "type_v", "use_mmap", "n_prompt",
-               "n_gen", "n_depth", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts", "samples_ns",
-               "samples_ts"]
+               "model_size", "model_n_params", "n_batch", "n_threads", "type_k", "type_v", "n_gpu_layers", "use_mmap",
+               "n_prompt", "n_gen", "n_depth", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts",
+               "samples_ns", "samples_ts"]
 for r in rows:
     assert list(r)[:len(llama_bench)] == llama_bench, list(r)
     assert r["build_commit"].split("-")[0] == commit or commit == "unknown", (r["build_commit"], commit)
     assert r["backends"] == "CPU" and r["math"] == "fast" and r["n_threads"] == 1 and r["type_k"] == "f16"
+    assert r["n_gpu_layers"] == 0
     n = r["n_prompt"] + r["n_gen"]
     assert len(r["samples_ns"]) == len(r["samples_ts"]) == 2
     for ns, ts in zip(r["samples_ns"], r["samples_ts"]):
@@ -438,6 +439,31 @@ assert got == [(m, t, "pp4") for m in ("open-gqa-Q8_0.gguf", "synth-Q4_0.gguf") 
 else
     fail "bench: two models and two thread counts ($(cat "$tmp/err"))"
 fi
+# -m a,b is two models, as in llama-bench (a file whose name holds a comma stays one); devices in one run: --device
+# or -ngl as a list, every device with every thread count on the CPU
+cp "$ref" "$tmp/with,comma.gguf"
+if "$kvgen" --bench -m "$ref,$tmp/synth-Q4_0.gguf" -m "$tmp/with,comma.gguf" --device cpu,cpu -t 1,2 -p 4 -n 0 -r 1 \
+    -o jsonl 2>"$tmp/err" | python3 -c '
+import json, sys
+rows = [json.loads(line) for line in sys.stdin]
+got = [(r["model_filename"].rsplit("/", 1)[-1], r["backends"], r["n_gpu_layers"], r["n_threads"]) for r in rows]
+models = ("open-gqa-Q8_0.gguf", "synth-Q4_0.gguf", "with,comma.gguf")
+assert got == [(m, "CPU", 0, t) for m in models for d in range(2) for t in (1, 2)], got'; then
+    pass
+else
+    fail "bench: -m a,b and a --device list ($(cat "$tmp/err"))"
+fi
+expect_ok "bench: an -ngl list" "| CPU | 1 | pp4 |" "$kvgen" --bench -m "$ref" -ngl 0,0 -p 4 -n 0 -r 1 -t 1
+expect_error "an -ngl list without --bench" "-ngl '0,99': kvgen runs a model on one device (a list of them is for" \
+    "$kvgen" -m "$ref" -p hi -ngl 0,99
+expect_error "bench: --device and an -ngl list" "give the devices one way" "$kvgen" --bench -m "$ref" -ngl 0,99 \
+    --device cpu
+expect_error "bench: a --device list ending in a comma" "expected a comma-separated list of devices" "$kvgen" --bench \
+    -m "$ref" --device cpu,
+expect_error "bench: --math fast with a GPU in the list" "exact mode only" "$kvgen" --bench -m "$ref" --math fast \
+    -ngl 0,99
+expect_error "bench: -m a, (an empty name)" "expected a comma-separated list of model files" "$kvgen" --bench \
+    -m "$ref,"
 # -n takes a list with --bench, and -pg P,N times a prompt and its generation together (llama-bench's ppP+tgN)
 if "$kvgen" --bench -m "$ref" -p 0 -n 2,3 -pg 4,2 -d 0,8 -r 1 -t 1 -o jsonl 2>"$tmp/err" | python3 -c '
 import json, sys
@@ -566,6 +592,8 @@ if "$kvgen" --list-devices | grep -q '^  cuda0:'; then
         --device cuda --kv-type f32
 else
     expect_error "--device cuda without a GPU" "--device cuda" "$kvgen" -m "$ref" -p hi --device cuda
+    expect_error "bench: -ngl 0,99 without a GPU, before any row" "-ngl 99: " "$kvgen" --bench -m "$ref" -ngl 0,99 \
+        -p 4 -n 0 -r 1
     # With no NVIDIA driver at all, say so rather than "driver version is insufficient".
     if [[ ! -e /proc/driver/nvidia/version ]] && ! "$kvgen" --list-devices | grep -q "this build has no CUDA"; then
         expect_error "--device cuda without a driver" "no NVIDIA driver or GPU found" "$kvgen" -m "$ref" -p hi --device cuda

@@ -263,32 +263,43 @@ void run_bench(const BenchOptions& opt) {
         need = std::max(need, int(positions));
     }
     if (opt.model_paths.empty()) throw Error("--bench: no model");
-    const std::string device = resolve_device(opt.run.device);  // a missing device fails before the model loads
-    // The settings each model is measured with, in turn: every batch size, KV types and thread count given.
-    std::vector<int> thread_counts = opt.threads.empty() ? std::vector<int>{opt.run.n_threads} : opt.threads;
-    if (device == "cuda" && thread_counts.size() > 1) {  // the GPU backend runs no CPU threads: one run is enough
-        spdlog::warn("-t {}: the CUDA backend does not use CPU threads; measuring once", fmt::join(thread_counts, ","));
-        thread_counts.resize(1);
-    }
+    // Every device is looked for before the model loads (a missing one fails first).
+    const std::vector<BenchDevice> asked =
+        opt.devices.empty() ? std::vector<BenchDevice>{{opt.run.device, "--device cuda"}} : opt.devices;
+    std::vector<std::string> resolved;  // cpu or cuda, where each runs
+    for (const BenchDevice& d : asked) resolved.push_back(resolve_device(d.device, d.asked_by));
+    // The settings each model is measured with, in turn: every device, batch size, KV types and thread count given
+    // (llama-bench's order); `first` marks the first thread count of each of the others.
+    const std::vector<int> thread_counts = opt.threads.empty() ? std::vector<int>{opt.run.n_threads} : opt.threads;
+    if (thread_counts.size() > 1 && std::find(resolved.begin(), resolved.end(), "cuda") != resolved.end())
+        spdlog::warn("-t {}: the CUDA backend does not use CPU threads; measuring it once",
+                     fmt::join(thread_counts, ","));
     const std::vector<int> batches = opt.batches.empty() ? std::vector<int>{opt.run.n_batch} : opt.batches;
     const std::vector<std::pair<KvType, KvType>> kv_types =
         opt.kv_types.empty() ? std::vector<std::pair<KvType, KvType>>{{opt.run.kv_type_k, opt.run.kv_type_v}}
                              : opt.kv_types;
-    std::vector<Settings> instances;
-    for (int batch : batches)
-        for (const auto& [k, v] : kv_types)
-            for (int threads : thread_counts) {
-                Settings run = opt.run;
-                run.n_ctx = need;
-                run.n_batch = batch;
-                run.kv_type_k = k;
-                run.kv_type_v = v;
-                run.n_threads = threads;
-                instances.push_back(run);
-            }
-    // Several models, batch sizes or KV types: each is set up once (its backend and KV cache made, then freed) before
-    // the first run, so a file or setting that does not suit one of them fails before any row is printed. (Thread
-    // counts cannot fail.)
+    struct Instance {
+        Settings run;
+        bool first;
+    };
+    std::vector<Instance> instances;
+    for (size_t d = 0; d < asked.size(); ++d)
+        for (int batch : batches)
+            for (const auto& [k, v] : kv_types)
+                for (size_t i = 0; i < thread_counts.size(); ++i) {
+                    if (resolved[d] == "cuda" && i > 0) break;  // the GPU backend runs no CPU threads
+                    Settings run = opt.run;
+                    run.device = asked[d].device;
+                    run.n_ctx = need;
+                    run.n_batch = batch;
+                    run.kv_type_k = k;
+                    run.kv_type_v = v;
+                    run.n_threads = thread_counts[i];
+                    instances.push_back({run, i == 0});
+                }
+    // Several models, devices, batch sizes or KV types: each is set up once (its backend and KV cache made, then
+    // freed) before the first run, so a file or setting that does not suit one of them fails before any row is
+    // printed. (Thread counts cannot fail.)
     for (size_t i = 1; i < opt.model_paths.size(); ++i) Model::load(opt.model_paths[i]);
     // with several models, a set-up's error names the model it was for
     auto set_up = [&](const Model& model, const Settings& run, const std::string& path) {
@@ -301,10 +312,10 @@ void run_bench(const BenchOptions& opt) {
     };
     for (size_t i = 0; i < opt.model_paths.size(); ++i) {
         std::unique_ptr<Model> model;
-        for (size_t j = 0; j < instances.size(); j += thread_counts.size()) {
-            if (i == 0 && j == 0) continue;  // the first run's own set-up fails before any row
+        for (size_t j = 0; j < instances.size(); ++j) {
+            if ((i == 0 && j == 0) || !instances[j].first) continue;  // the first run's own set-up fails before any row
             if (!model) model = std::make_unique<Model>(Model::load(opt.model_paths[i]));
-            set_up(*model, instances[j], opt.model_paths[i]);
+            set_up(*model, instances[j].run, opt.model_paths[i]);
         }
     }
 
@@ -324,7 +335,8 @@ void run_bench(const BenchOptions& opt) {
         std::vector<int32_t> tokens(static_cast<size_t>(need));
         for (int32_t& t : tokens) t = dist(rng);
 
-        for (const Settings& run : instances) {
+        for (const Instance& instance : instances) {
+            const Settings& run = instance.run;
             const std::string type_k = kv_type_name(run.kv_type_k), type_v = kv_type_name(run.kv_type_v);
             SelectedBackend selected = set_up(model, run, path);
             Backend& backend = *selected.backend;
@@ -368,6 +380,7 @@ void run_bench(const BenchOptions& opt) {
                 r["n_threads"] = selected.n_threads;
                 r["type_k"] = type_k;
                 r["type_v"] = type_v;
+                r["n_gpu_layers"] = selected.device == "cuda" ? model.config.n_layers : 0;
                 r["use_mmap"] = true;
                 r["n_prompt"] = t.n_prompt;
                 r["n_gen"] = t.n_gen;
