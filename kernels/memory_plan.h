@@ -48,15 +48,6 @@ inline int gemm_mma_token_tiles(int n, int tok) {
 inline int64_t gemm_mma_row_tiles(int64_t rows) {
     return (rows + kQgRows - 1) / kQgRows;
 }
-// Tokens per block for n tokens and `rows` rows on sm_count SMs: 128, which decodes each weight tile once for twice
-// as many tokens, unless n fits in 64 or 128-token tiles leave the GPU short of one full wave of blocks (LLaMA-2-7B's
-// output and down projections at 512 tokens: 32 x 4 blocks for 264 places on an H200), where 64-token tiles give
-// twice the blocks.
-inline int gemm_mma_tokens(int n, int64_t rows, int sm_count) {
-    if (n <= 64) return 64;
-    return gemm_mma_row_tiles(rows) * gemm_mma_token_tiles(n, 128) < int64_t(kQgBlocksPerSm) * sm_count ? 64 : 128;
-}
-
 // Shared memory of one stage of a block of tok tokens: a step's weights and activations in f16, kQgStride halves a row.
 inline int64_t gemm_mma_stage_bytes(int tok) {
     return int64_t(kQgRows + tok) * kQgStride * 2;
@@ -67,15 +58,28 @@ struct GemmMmaDevice {
     int sm_count = 1;
     int64_t shared_per_sm = 0, shared_per_block = 0;
 };
+constexpr int64_t kSharedReservePerBlock = 1024;  // what the runtime keeps of an SM's shared memory per block
+// Whether kQgBlocksPerSm blocks of `bytes` of shared memory each fit on one of d's multiprocessors.
+inline bool gemm_mma_blocks_fit(int64_t bytes, const GemmMmaDevice& d) {
+    return kQgBlocksPerSm * (bytes + kSharedReservePerBlock) <= d.shared_per_sm;
+}
+
+// Tokens per block for n tokens and `rows` rows on device d: 128, which decodes each weight tile once for twice as
+// many tokens, unless n fits in 64, or 128-token tiles leave the GPU short of one full wave of blocks (LLaMA-2-7B's
+// output and down projections at 512 tokens: 32 x 4 blocks for 264 places on an H200), where 64-token tiles give
+// twice the blocks, or two 128-token blocks do not fit on an SM (sm_75: 2 x 37 KiB against 64).
+inline int gemm_mma_tokens(int n, int64_t rows, const GemmMmaDevice& d) {
+    if (n <= 64 || !gemm_mma_blocks_fit(gemm_mma_stage_bytes(128), d)) return 64;
+    return gemm_mma_row_tiles(rows) * gemm_mma_token_tiles(n, 128) < int64_t(kQgBlocksPerSm) * d.sm_count ? 64 : 128;
+}
+
 // Stages of a block's shared memory: 2 (the next step's weights and activations are written into one while the
 // tensor cores read the other: one barrier a step instead of two, and warps that finish a step's products go on
-// decoding) where kQgBlocksPerSm blocks of twice the bytes still fit on a multiprocessor, each with the kilobyte the
-// runtime keeps per block (A100 and H100/H200: 164 and 228 KiB); else 1, where doubling would cost a block per SM
-// (86 and 89: 100 KiB) or not fit (75: 64 KiB).
-constexpr int64_t kSharedReservePerBlock = 1024;
+// decoding) where kQgBlocksPerSm blocks of twice the bytes still fit on a multiprocessor (A100 and H100/H200: 164 and
+// 228 KiB); else 1, where doubling would cost a block per SM (86 and 89: 100 KiB) or not fit (75: 64 KiB).
 inline int gemm_mma_stages(int tok, const GemmMmaDevice& d) {
     const int64_t two = 2 * gemm_mma_stage_bytes(tok);
-    return two <= d.shared_per_block && kQgBlocksPerSm * (two + kSharedReservePerBlock) <= d.shared_per_sm ? 2 : 1;
+    return two <= d.shared_per_block && gemm_mma_blocks_fit(two, d) ? 2 : 1;
 }
 
 // Ways to split the columns of such a product among blocks (gemm_mma_body's splits) where its grid has fewer blocks
@@ -85,10 +89,10 @@ inline int gemm_mma_stages(int tok, const GemmMmaDevice& d) {
 // within `capacity` floats of scratch.
 constexpr int kQgMaxSplits = 8;
 constexpr int64_t kQgSplitMinCols = 512;
-inline int gemm_mma_splits(int n, int64_t rows, int64_t cols, int sm_count, int64_t capacity) {
-    const int64_t blocks = gemm_mma_row_tiles(rows) * gemm_mma_token_tiles(n, gemm_mma_tokens(n, rows, sm_count));
-    if (blocks >= sm_count) return 1;
-    int64_t s = (int64_t(kQgBlocksPerSm) * sm_count + blocks - 1) / blocks;
+inline int gemm_mma_splits(int n, int64_t rows, int64_t cols, const GemmMmaDevice& d, int64_t capacity) {
+    const int64_t blocks = gemm_mma_row_tiles(rows) * gemm_mma_token_tiles(n, gemm_mma_tokens(n, rows, d));
+    if (blocks >= d.sm_count) return 1;
+    int64_t s = (int64_t(kQgBlocksPerSm) * d.sm_count + blocks - 1) / blocks;
     if (s > kQgMaxSplits) s = kQgMaxSplits;
     if (s > cols / kQgSplitMinCols) s = cols / kQgSplitMinCols;
     while (s > 1 && s * n * rows > capacity) --s;

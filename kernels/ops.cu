@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 #include <vector>
 
 #include "attention.cuh"
@@ -774,38 +775,41 @@ bool gemm_mma_ok(const DevWeight& w) {
 }
 
 namespace {
-// up: null, or the up weight of a SwiGLU pair whose gate is w (the GLU kernels). splits > 1 (not with up): the
-// columns split among blocks, their partial sums in `partials` (splits x n x w.rows floats), then summed into out.
-// Lets `kernel` ask for `bytes` of dynamic shared memory on the current device: once per device and kernel, the
-// attribute stays set.
-void allow_shared(const void* kernel, size_t bytes) {
-    constexpr size_t kDefault = size_t(48) << 10;  // what a kernel gets without asking
-    struct Allowed {
+// Sets up `kernel`'s shared memory on the current device, d, for blocks of `bytes`: the dynamic shared memory a
+// block may ask for (past the 48 KiB a kernel gets without asking) and, as a hint, the share of each SM's unified L1
+// and shared memory that holds kQgBlocksPerSm of them (the driver would otherwise pick one itself, possibly for fewer
+// blocks). Once per device, kernel and size: the attributes stay set.
+void set_up_shared(const void* kernel, size_t bytes, const GemmMmaDevice& d) {
+    struct Done {
         const void* kernel;
         int device;
         size_t bytes;
     };
-    static std::vector<Allowed> allowed;
-    if (bytes <= kDefault) return;
+    static std::mutex mutex;
+    static std::vector<Done> done;
     int device = 0;
     KVGEN_CUDA_CHECK(cudaGetDevice(&device));
-    for (Allowed& a : allowed)
-        if (a.kernel == kernel && a.device == device) {
-            if (bytes <= a.bytes) return;
-            KVGEN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-            a.bytes = bytes;
-            return;
-        }
-    KVGEN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-    allowed.push_back({kernel, device, bytes});
+    const std::lock_guard<std::mutex> lock(mutex);
+    for (const Done& e : done)
+        if (e.kernel == kernel && e.device == device && e.bytes == bytes) return;
+    if (bytes > size_t(48) << 10)
+        KVGEN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+    if (d.shared_per_sm > 0) {
+        const int64_t need = kQgBlocksPerSm * (int64_t(bytes) + kSharedReservePerBlock);
+        const int64_t percent = std::min<int64_t>(100, (100 * need + d.shared_per_sm - 1) / d.shared_per_sm);
+        KVGEN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, int(percent)));
+    }
+    done.push_back({kernel, device, bytes});
 }
 
+// up: null, or the up weight of a SwiGLU pair whose gate is w (the GLU kernels). splits > 1 (not with up): the
+// columns split among blocks, their partial sums in `partials` (splits x n x w.rows floats), then summed into out.
 void gemm_mma_launch(const RowSplit& out, const DevWeight& w, const DevWeight* up, const __half* x, int n,
                      bool accumulate, const GemmMmaDevice& dev, int splits, float* partials, cudaStream_t s) {
     KVGEN_ASSERT(gemm_mma_ok(w) && n > 0 && !(up && accumulate) && splits >= 1 && !(up && splits > 1) &&
                  (splits == 1 || partials));
     const int64_t tile_rows = up ? 2 * w.rows : w.rows;  // a GLU block owns half as many rows of each weight
-    const int tok = gemm_mma_tokens(n, tile_rows, dev.sm_count);
+    const int tok = gemm_mma_tokens(n, tile_rows, dev);
     const int stages = gemm_mma_stages(tok, dev);
     const size_t bytes = size_t(stages) * size_t(gemm_mma_stage_bytes(tok));
     const dim3 grid(unsigned(gemm_mma_token_tiles(n, tok)), unsigned(gemm_mma_row_tiles(tile_rows) * splits));
@@ -816,7 +820,7 @@ void gemm_mma_launch(const RowSplit& out, const DevWeight& w, const DevWeight* u
         constexpr GgmlType T = decltype(tag)::value;
         if constexpr (T != GgmlType::F16) {  // F16 goes to cuBLAS in place (gemm_mma_ok): no kernel built for it
             const auto launch = [&](auto kernel) {
-                allow_shared(reinterpret_cast<const void*>(kernel), bytes);
+                set_up_shared(reinterpret_cast<const void*>(kernel), bytes, dev);
                 kernel<<<grid, kQgThreads, bytes, s>>>(w.data, u, w.row_bytes, w.rows, w.cols, x, n, dst, accumulate,
                                                        splits, stages);
             };
@@ -851,7 +855,7 @@ GemmMmaDevice gemm_mma_device(int device) {
 
 void gemm_weight_mma(const RowSplit& out, const DevWeight& w, const __half* x, int n, bool accumulate,
                      const GemmMmaDevice& dev, float* scratch, int64_t scratch_floats, cudaStream_t s) {
-    const int splits = gemm_mma_splits(n, w.rows, w.cols, dev.sm_count, scratch ? scratch_floats : 0);
+    const int splits = gemm_mma_splits(n, w.rows, w.cols, dev, scratch ? scratch_floats : 0);
     gemm_mma_launch(out, w, nullptr, x, n, accumulate, dev, splits, scratch, s);
 }
 

@@ -143,19 +143,19 @@ TEST_CASE("the prefill GEMM's chunked f16 decoding, run on the host, equals dequ
 TEST_CASE("the one-kernel prefill GEMM, its mma fragments run on the host, equals the product of f16 operands",
           "[cuda-host]") {
     // 133 rows and 130 tokens: two tiles of rows, the second of 5 rows, and two or three of tokens, the last of 2 or 3
-    // tokens; 96 columns end half way
-    // through a 64-weight step (the k-quants' rows are whole 256-weight super-blocks)
+    // tokens; 160 columns: three 64-weight steps, the last ending half way (so that with two stages one is filled
+    // twice); the k-quants' rows are whole 256-weight super-blocks, four steps
     for (const char* name : {"F32", "BF16", "Q4_0", "Q5_1", "Q8_0", "Q3_K", "Q4_K", "Q6_K"}) {
         INFO(name);
         GgmlType t;
         REQUIRE(ggml_type_from_name(name, &t));
-        const int64_t rows = 133, cols = ggml_type_info(t)->block_size == 256 ? 256 : 96;
+        const int64_t rows = 133, cols = ggml_type_info(t)->block_size == 256 ? 256 : 160;
         const int n = 130;
         const RandomRows w = random_rows(t, rows, cols, 41);
         const std::vector<float> x = test::randn(size_t(n * cols), 42);
         const std::vector<float> y0 = test::randn(size_t(n * rows), 43);
         // one output buffer, or three as Q, K and V (the middle one ending inside a 16-row fragment); the columns
-        // in one block or split among 2, 3 or 4 (96 columns in 3 or 4: a step each, the last ranges past the end;
+        // in one block or split among 2, 3 or 4 (160 columns in 3 or 4: a step each, a fourth range past the end;
         // 256 in 4: a step each); one step in shared memory at a time or two
         for (const auto& [tok, accumulate, end0, end1, splits, stages] :
              {std::tuple<int, bool, int64_t, int64_t, int, int>{128, false, rows, rows, 1, 2}, {128, true, 40, 101, 3, 1},
@@ -241,25 +241,30 @@ TEST_CASE("the one-kernel prefill GEMM with gate and up in one block, run on the
 
 TEST_CASE("the one-kernel prefill GEMM takes 64-token tiles for short prompts and where 128 leave SMs idle",
           "[cuda-host]") {
+    // devices as cudaDeviceGetAttribute gives them: SMs, shared memory bytes an SM has and one block may ask for
+    const cuda::GemmMmaDevice h200{132, 233472, 232448}, small{16, 233472, 232448}, a100{108, 167936, 166912},
+        ada{128, 102400, 101376}, turing{40, 65536, 65536};
     using cuda::gemm_mma_tokens;
-    CHECK(gemm_mma_tokens(17, 11008, 132) == 64);
-    CHECK(gemm_mma_tokens(64, 11008, 132) == 64);
-    CHECK(gemm_mma_tokens(512, 11008, 132) == 128);  // LLaMA-2-7B gate or up alone: 86 x 4 blocks fill 264 places
-    CHECK(gemm_mma_tokens(512, 4096, 132) == 64);    // output and down: 32 x 4 would not (32 x 8)
-    CHECK(gemm_mma_tokens(512, 3 * 4096, 132) == 128);  // Q|K|V as one matrix: 96 x 4
-    CHECK(gemm_mma_tokens(512, 2 * 11008, 132) == 128);  // gate|up in one kernel (both weights' rows): 172 x 4
-    CHECK(gemm_mma_tokens(2048, 4096, 132) == 128);  // 32 x 16
-    CHECK(gemm_mma_tokens(512, 4096, 16) == 128);    // a small GPU
+    CHECK(gemm_mma_tokens(17, 11008, h200) == 64);
+    CHECK(gemm_mma_tokens(64, 11008, h200) == 64);
+    CHECK(gemm_mma_tokens(512, 11008, h200) == 128);  // LLaMA-2-7B gate or up alone: 86 x 4 blocks fill 264 places
+    CHECK(gemm_mma_tokens(512, 4096, h200) == 64);    // output and down: 32 x 4 would not (32 x 8)
+    CHECK(gemm_mma_tokens(512, 3 * 4096, h200) == 128);  // Q|K|V as one matrix: 96 x 4
+    CHECK(gemm_mma_tokens(512, 2 * 11008, h200) == 128);  // gate|up in one kernel (both weights' rows): 172 x 4
+    CHECK(gemm_mma_tokens(2048, 4096, h200) == 128);  // 32 x 16
+    CHECK(gemm_mma_tokens(512, 4096, small) == 128);  // a small GPU
+    CHECK(gemm_mma_tokens(2048, 4096, ada) == 128);   // two blocks of 37 KiB in 100
+    CHECK(gemm_mma_tokens(2048, 4096, turing) == 64);  // not in 64: two of 28 KiB do
     // columns split among blocks where the grid has fewer blocks than SMs (capacity: floats of scratch)
     using cuda::gemm_mma_splits;
-    CHECK(gemm_mma_splits(512, 4096, 11008, 132, 1 << 22) == 1);  // 32 x 8 blocks
-    CHECK(gemm_mma_splits(40, 4096, 11008, 132, 1 << 22) == 8);   // 7B down at 40 tokens: 32 blocks -> 256
-    CHECK(gemm_mma_splits(40, 4096, 4096, 132, 1 << 22) == 8);    // output: 8 ranges of 512 columns
-    CHECK(gemm_mma_splits(40, 3 * 4096, 4096, 132, 1 << 22) == 3);  // Q|K|V: 96 blocks -> 288
-    CHECK(gemm_mma_splits(40, 4096, 1024, 132, 1 << 22) == 2);    // at least 512 columns a range
-    CHECK(gemm_mma_splits(40, 4096, 11008, 132, 3 * 40 * 4096) == 3);  // partial sums within the scratch
-    CHECK(gemm_mma_splits(40, 4096, 11008, 132, 0) == 1);
-    CHECK(gemm_mma_splits(40, 4096, 11008, 16, 1 << 22) == 1);    // 32 blocks fill a 16-SM GPU
+    CHECK(gemm_mma_splits(512, 4096, 11008, h200, 1 << 22) == 1);  // 32 x 8 blocks
+    CHECK(gemm_mma_splits(40, 4096, 11008, h200, 1 << 22) == 8);   // 7B down at 40 tokens: 32 blocks -> 256
+    CHECK(gemm_mma_splits(40, 4096, 4096, h200, 1 << 22) == 8);    // output: 8 ranges of 512 columns
+    CHECK(gemm_mma_splits(40, 3 * 4096, 4096, h200, 1 << 22) == 3);  // Q|K|V: 96 blocks -> 288
+    CHECK(gemm_mma_splits(40, 4096, 1024, h200, 1 << 22) == 2);    // at least 512 columns a range
+    CHECK(gemm_mma_splits(40, 4096, 11008, h200, 3 * 40 * 4096) == 3);  // partial sums within the scratch
+    CHECK(gemm_mma_splits(40, 4096, 11008, h200, 0) == 1);
+    CHECK(gemm_mma_splits(40, 4096, 11008, small, 1 << 22) == 1);  // 32 blocks fill a 16-SM GPU
     CHECK(cuda::gemm_mma_token_tiles(130, 64) == 3);
     CHECK(cuda::gemm_mma_token_tiles(128, 128) == 1);
     CHECK(cuda::gemm_mma_row_tiles(133) == 2);
@@ -267,8 +272,6 @@ TEST_CASE("the one-kernel prefill GEMM takes 64-token tiles for short prompts an
     // one block may ask for, as cudaDeviceGetAttribute gives them)
     using cuda::gemm_mma_stages;
     CHECK(cuda::gemm_mma_stage_bytes(128) == 36864);
-    const cuda::GemmMmaDevice h200{132, 233472, 232448}, a100{108, 167936, 166912}, ada{128, 102400, 101376},
-        turing{40, 65536, 65536};
     CHECK(gemm_mma_stages(128, h200) == 2);
     CHECK(gemm_mma_stages(64, h200) == 2);
     CHECK(gemm_mma_stages(128, a100) == 2);
@@ -630,13 +633,15 @@ TEST_CASE("host emulation: a shuffle or mma.sync after a lane of the warp return
 }
 
 TEST_CASE("host emulation runs each warp as far as it goes before the next, in turn forwards and backwards between "
-          "barriers, and lands asynchronous copies only when the thread waits for them", "[cuda-host]") {
+          "barriers, lands asynchronous copies only when the thread waits for them, and finds a deadlock",
+          "[cuda-host]") {
     // so that a kernel that leaves out a barrier between one warp's write and another's read of shared memory, or a
-    // wait for its copies, computes a wrong result here
-    const auto [before, after] = cuda::host::unsynchronized_reads();
-    CHECK(before == 1.0f);  // the first warp went on past its warp barrier and wrote before the second warp read
-    CHECK(after == 0.0f);   // after the block's barrier the second warp ran first
+    // wait for its copies, computes a wrong result here (its shared memory starts as NaN, not zeros)
+    const auto [first, second] = cuda::host::unsynchronized_reads();
+    CHECK(first == 0.0f);   // after the first barrier (block 0, 0: backwards) the second warp ran first
+    CHECK(second == 1.0f);  // after the second, the first warp went on past its warp barrier and wrote before
     CHECK_THROWS_WITH(cuda::host::copy_never_waited(), Catch::Contains("never waited for"));
+    CHECK_THROWS_WITH(cuda::host::barrier_deadlock(), Catch::Contains("deadlocked at a barrier"));
 }
 
 TEST_CASE("the CUDA attention kernels' bodies, run on the host, match cpu::attention", "[cuda-host]") {

@@ -169,13 +169,17 @@ std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, cons
 
 namespace {
 // The current device as the one-kernel GEMM's launch sees it, with sm_count SMs (for the tiles and splits a device of
-// that size gets) and, with one stage, no room for two.
+// that size gets), and stages: 1, no room for two; 2, room for two wherever one block may ask for them (on sm_86/89
+// too, which have it for one block a multiprocessor and so take one stage in the backend).
 GemmMmaDevice mma_device(int sm_count, int stages) {
     int device = 0;
     KVGEN_CUDA_CHECK(cudaGetDevice(&device));
     GemmMmaDevice d = gemm_mma_device(device);
     d.sm_count = sm_count;
-    if (stages == 1) d.shared_per_sm = d.shared_per_block = 0;
+    if (stages == 1) d.shared_per_block = 0;
+    if (stages == 2)
+        d.shared_per_sm =
+            std::max(d.shared_per_sm, kQgBlocksPerSm * (2 * gemm_mma_stage_bytes(128) + kSharedReservePerBlock));
     return d;
 }
 }  // namespace

@@ -256,7 +256,7 @@ class FiberBlock {
     enum Wait { kNone, kWarp, kBlock };
 
     FiberBlock(int threads, size_t shared_floats, int bx, int by)
-        : bx_(bx), by_(by), smem_(shared_floats), exch_(size_t(threads)), frags_(size_t(threads)),
+        : bx_(bx), by_(by), smem_(shared_floats, kPoison), exch_(size_t(threads)), frags_(size_t(threads)),
           copies_(size_t(threads)), fibers_(size_t(threads)) {}
 
     void run(const std::function<void(int)>& body) {
@@ -273,10 +273,12 @@ class FiberBlock {
             makecontext(&f.ctx, reinterpret_cast<void (*)()>(&FiberBlock::entry), 1, int(i));
         }
         // Warp by warp, each as far as it goes before the next starts (to the block's barrier or its end), in turn
-        // first to last and then last to first between barriers: the least fair order the device could take, so that
-        // a warp that writes shared memory another warp has yet to read, with no barrier between, shows here.
+        // first to last and then last to first between barriers, starting one way or the other with the block (so
+        // that a loop with an even number of barriers a pass still runs each part both ways somewhere in the grid):
+        // the least fair orders the device could take, so that a warp that writes shared memory another warp has yet
+        // to read, with no barrier between, shows here.
         const int warps = (int(fibers_.size()) + 31) / 32;
-        for (int phase = 0;;) {
+        for (int phase = (bx_ + by_) & 1;;) {
             bool ran = false;
             for (int k = 0; k < warps; ++k) {
                 const int w = phase % 2 == 0 ? k : warps - 1 - k;
@@ -439,6 +441,14 @@ class FiberBlock {
         return true;
     }
 
+    // Shared memory starts as all-ones bits (NaN as f32 and as both f16 halves), not zeros: on the device it holds
+    // whatever was there, so a kernel that reads what it never wrote should not get zeros for free.
+    static inline const float kPoison = [] {
+        const uint32_t ones = ~0u;
+        float f;
+        std::memcpy(&f, &ones, sizeof f);
+        return f;
+    }();
     int bx_, by_, current_ = 0;
     std::vector<float> smem_;
     std::vector<float> exch_;
@@ -507,17 +517,28 @@ std::pair<float, float> unsynchronized_reads() {
     run_grid(1, 1, 64, 2, [&](const HostThread& t) {
         float* const sm = t.shared();
         const int warp = t.thread() / 32, lane = t.thread() % 32;
+        if (t.thread() == 0) sm[0] = sm[1] = 0.0f;
+        t.sync();
+        if (warp == 0 && lane == 0) sm[0] = 1.0f;
+        if (warp == 1 && lane == 0) seen.first = sm[0];
+        t.sync();
         if (warp == 0) {
             t.sync_warp();
-            if (lane == 0) sm[0] = 1.0f;
+            if (lane == 0) sm[1] = 1.0f;
         } else if (lane == 0) {
-            seen.first = sm[0];
+            seen.second = sm[1];
         }
-        t.sync();
-        if (warp == 0 && lane == 0) sm[1] = 1.0f;
-        if (warp == 1 && lane == 0) seen.second = sm[1];
     });
     return seen;
+}
+
+void barrier_deadlock() {
+    run_grid(1, 1, 32, 0, [&](const HostThread& t) {
+        if (t.thread() == 0)
+            t.sync_warp();
+        else
+            t.sync();
+    });
 }
 
 void copy_never_waited() {

@@ -207,12 +207,14 @@ int64_t attention_partials(int n_heads, int head_dim, int splits, int n_batch);
 // The emulator's own check: one warp whose lane 31 returns before the others shuffle (kind 0) or multiply with
 // mma.sync (kind 1), which the device leaves undefined; throws kvgen::Error saying so. Kind 2: no lane returns.
 void warp_after_a_lane_returned(int kind);
-// The emulator's order of warps: what the second warp of a 64-thread block reads of shared words the first warp
-// writes with no block barrier between, before the block's first barrier (a word written after a warp barrier) and
-// after it (a word written at once). Lanes 0 of each warp read and write; the words start at 0 and are written 1.
+// The emulator's order of warps: what the second warp of a 64-thread block (block 0, 0) reads of a shared word (0
+// until then) that the first warp writes (1) with no block barrier between: in the part after the block's first
+// barrier (the word written at once), then in the part after its second (written after a warp barrier).
 std::pair<float, float> unsynchronized_reads();
 // Thread 0 of a block copies 16 bytes with copy16_async and ends without waiting for them: throws kvgen::Error.
 void copy_never_waited();
+// Lane 0 of a warp waits at a warp barrier while the others wait at the block's: throws kvgen::Error (deadlock).
+void barrier_deadlock();
 using testing::KvBytes;
 // store_step and kv_write with the kernels' items run on the host (store_kv_item, store_kv_row_item, kv_offset_item).
 void store_step(KvBytes& cache, int l, const float* k, const float* v, int pos0, int n);
