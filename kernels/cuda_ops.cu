@@ -33,12 +33,6 @@ constexpr size_t kReserve = size_t(512) << 20;  // the CUDA context, cuBLAS's wo
 
 std::string gib(double bytes) { return fmt::format("{:.2f} GiB", bytes / double(1ull << 30)); }
 
-int sm_count_of(int device) {
-    int n = 0;
-    KVGEN_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    return n;
-}
-
 class CudaOps final : public Ops {
 public:
     CudaOps(const Model& model, const Settings& s, int device);
@@ -99,7 +93,7 @@ private:
     int device_;
     KvLayout kv_;
     int n_batch_, n_logits_, sm_count_, splits_;
-    GemmMmaDevice mma_dev_;  // --cuda-gemm mma's launch facts
+    GemmMmaDevice mma_dev_;  // the SMs and shared memory (--cuda-gemm mma's launch facts)
     bool graphs_;
     bool int_matvec_;  // Settings::cuda_int_matvec
     bool pdl_;         // Settings::cuda_pdl on a device that has it (sm_90 and later)
@@ -150,8 +144,8 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
     int major = 0;
     KVGEN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
     pdl_ = s.cuda_pdl && major >= 9;
-    sm_count_ = sm_count_of(device_);
     mma_dev_ = gemm_mma_device(device_);
+    sm_count_ = mma_dev_.sm_count;
     splits_ = attention_splits(c_.n_heads, kv_, sm_count_);
     const MemoryPlan p = plan_memory(model, kv_, n_batch_, n_logits_,
                                      attention_partials(c_.n_heads, c_.head_dim, splits_, n_batch_));

@@ -49,7 +49,7 @@ inline int64_t gemm_mma_row_tiles(int64_t rows) {
     return (rows + kQgRows - 1) / kQgRows;
 }
 // Shared memory of one stage of a block of tok tokens: a step's weights and activations in f16, kQgStride halves a row.
-inline int64_t gemm_mma_stage_bytes(int tok) {
+constexpr int64_t gemm_mma_stage_bytes(int tok) {
     return int64_t(kQgRows + tok) * kQgStride * 2;
 }
 // What the launch of such a product needs to know of its device (gemm_mma_device, ops.cuh): its SMs, and the bytes

@@ -76,10 +76,10 @@ KVGEN_HD void dequantize_rows_body(const Ctx& ctx, const uint8_t* __restrict__ w
 // same up rows in its second, so that each thread holds both sums of its outputs and writes silu(gate) * up (the
 // swiglu kernel's arithmetic, silu_mul) instead of two products and an element-wise pass.
 constexpr int kQgThreads = 256;  // 8 warps: 4 along the rows x 2 along the tokens
-// Floats of shared memory one stage of a block of TOK tokens needs (kQgRows, kQgStep, kQgStride, the tile choice,
-// the stages and the grid: memory_plan.h).
+// Floats of shared memory one stage of a block of TOK tokens needs (gemm_mma_stage_bytes; kQgRows, kQgStep,
+// kQgStride, the tile choice, the stages and the grid: memory_plan.h).
 template <int TOK>
-constexpr int kQgShared = (kQgRows + TOK) * kQgStride / 2;
+constexpr int kQgShared = int(gemm_mma_stage_bytes(TOK) / 4);
 // Output rows a block owns: kQgRows, or half of them of each weight with GLU.
 template <bool GLU>
 constexpr int kQgOutRows = GLU ? kQgRows / 2 : kQgRows;
@@ -147,7 +147,7 @@ KVGEN_HD void gemm_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w, const
     const int t = ctx.thread(), warp = t >> 5, lane = t & 31, gid = lane >> 2, tig = lane & 3;
     static_assert(TOK == 64 || TOK == 128, "two warps along the tokens, 4 or 8 n8 tiles each");
     constexpr int NT = TOK / 16;                         // n8 tiles a warp
-    constexpr int kStage = (kQgRows + TOK) * kQgStride;  // halves of one stage: weights, then activations
+    constexpr int kStage = 2 * kQgShared<TOK>;           // halves of one stage: weights, then activations
     const int tok0 = ctx.block_x() * TOK;
     int tile = ctx.block_y();
     int64_t k_begin = 0, k_end = cols;

@@ -116,9 +116,6 @@ std::vector<int> count_list(const std::string& text, bool given, bool bench, con
     return out;
 }
 
-// The KV types --bench measures in turn: --kv-type A,B,C (each as --kv-type takes it, K/V for a pair), or -ctk and
-// -ctv lists as llama-bench takes them (every K type with every V type); empty for a single type (one value, or none:
-// the settings' own). Lists outside --bench, or with both spellings, are errors. The lists are taken out of *llama.
 bool has_comma(const std::string& text) {
     return text.find(',') != std::string::npos;
 }
@@ -137,6 +134,9 @@ std::vector<std::string> split_list(const std::string& text, const char* option,
     }
 }
 
+// The KV types --bench measures in turn: --kv-type A,B,C (each as --kv-type takes it, K/V for a pair), or -ctk and
+// -ctv lists as llama-bench takes them (every K type with every V type); empty for a single type (one value, or none:
+// the settings' own). Lists outside --bench, or with both spellings, are errors. The lists are taken out of *llama.
 std::vector<std::pair<kvgen::KvType, kvgen::KvType>> bench_kv_types(const std::string& kv_type, bool kv_type_given,
                                                                      kvgen::LlamaSettings* llama, bool bench) {
     const bool listed = has_comma(kv_type), k_listed = has_comma(llama->cache_type_k),
