@@ -4,6 +4,10 @@
 #include "testing.h"
 
 #include <ucontext.h>
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -11,6 +15,8 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <memory>
+#include <new>
 #include <random>
 #include <utility>
 #include <vector>
@@ -251,13 +257,68 @@ namespace {
 class FiberBlock;
 thread_local FiberBlock* g_block = nullptr;
 
+// Each fiber's stack: AddressSanitizer's red zones make frames larger.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr size_t kFiberStack = 128 * 1024;
+#else
+constexpr size_t kFiberStack = 64 * 1024;
+#endif
+
+// Fiber stacks, kept for the next block instead of allocated (and zeroed) anew for each of a grid's blocks.
+class StackPool {
+  public:
+    static std::unique_ptr<char[]> take() {
+        auto& free = list();
+        if (free.empty()) return std::unique_ptr<char[]>(new char[kFiberStack]);
+        std::unique_ptr<char[]> s = std::move(free.back());
+        free.pop_back();
+        return s;
+    }
+    static void give(std::unique_ptr<char[]> s) {
+        if (!s) return;
+#if defined(__SANITIZE_ADDRESS__)
+        // a fiber left suspended (a block stopped by an error) leaves its frames' red zones marked
+        ASAN_UNPOISON_MEMORY_REGION(s.get(), kFiberStack);
+#endif
+        list().push_back(std::move(s));
+    }
+
+  private:
+    static std::vector<std::unique_ptr<char[]>>& list() {
+        thread_local std::vector<std::unique_ptr<char[]>> free;
+        return free;
+    }
+};
+
+// AddressSanitizer follows a switch of stacks only when told (scripts/sanitize.sh runs these tests under it): before
+// a switch, the stack switched to; after it, the one left. A fiber that ends says so with a null save slot.
+struct StackSwitch {
+#if defined(__SANITIZE_ADDRESS__)
+    void* fake = nullptr;
+    void before(const void* bottom, size_t size, bool ending = false) {
+        __sanitizer_start_switch_fiber(ending ? nullptr : &fake, bottom, size);
+    }
+    void after(const void** from_bottom = nullptr, size_t* from_size = nullptr) {
+        __sanitizer_finish_switch_fiber(fake, from_bottom, from_size);
+    }
+#else
+    void before(const void*, size_t, bool = false) {}
+    void after(const void** = nullptr, size_t* = nullptr) {}
+#endif
+};
+
 class FiberBlock {
   public:
     enum Wait { kNone, kWarp, kBlock };
 
     FiberBlock(int threads, size_t shared_floats, int bx, int by)
-        : bx_(bx), by_(by), smem_(shared_floats, kPoison), exch_(size_t(threads)), frags_(size_t(threads)),
+        : bx_(bx), by_(by), smem_(shared_floats), exch_(size_t(threads)), frags_(size_t(threads)),
           copies_(size_t(threads)), fibers_(size_t(threads)) {}
+    ~FiberBlock() {
+        for (Fiber& f : fibers_) StackPool::give(std::move(f.stack));
+    }
+    FiberBlock(const FiberBlock&) = delete;
+    FiberBlock& operator=(const FiberBlock&) = delete;
 
     void run(const std::function<void(int)>& body) {
         body_ = &body;
@@ -265,10 +326,10 @@ class FiberBlock {
         g_block = this;
         for (size_t i = 0; i < fibers_.size(); ++i) {
             Fiber& f = fibers_[i];
-            f.stack.resize(64 * 1024);
+            f.stack = StackPool::take();
             getcontext(&f.ctx);
-            f.ctx.uc_stack.ss_sp = f.stack.data();
-            f.ctx.uc_stack.ss_size = f.stack.size();
+            f.ctx.uc_stack.ss_sp = f.stack.get();
+            f.ctx.uc_stack.ss_size = kFiberStack;
             f.ctx.uc_link = &main_;
             makecontext(&f.ctx, reinterpret_cast<void (*)()>(&FiberBlock::entry), 1, int(i));
         }
@@ -288,7 +349,10 @@ class FiberBlock {
                     for (int i = w * 32; i < end; ++i) {
                         if (fibers_[size_t(i)].done || fibers_[size_t(i)].wait != kNone) continue;
                         current_ = i;
+                        StackSwitch to_fiber;
+                        to_fiber.before(fibers_[size_t(i)].stack.get(), kFiberStack);
                         swapcontext(&main_, &fibers_[size_t(i)].ctx);
+                        to_fiber.after();
                         warp_ran = ran = true;
                         if (error_) {  // the other threads stay suspended; their stacks go with the block
                             g_block = outer;
@@ -314,7 +378,15 @@ class FiberBlock {
 
     // cp.async: the thread's copies land when it waits for them, not before, so that a kernel that reads its shared
     // memory without waiting reads what was there (and a thread that ends with copies outstanding is an error).
-    void copy_async(void* dst, const void* src) { copies_[size_t(current_)].push_back({dst, src}); }
+    // Both ends 16-byte aligned and the destination inside the block's shared memory, as cp.async needs.
+    void copy_async(void* dst, const void* src) {
+        const auto d = reinterpret_cast<uintptr_t>(dst), sm = reinterpret_cast<uintptr_t>(smem_.data());
+        if (d % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0)
+            throw Error(fmt::format("host emulation: thread {} copies 16 bytes between unaligned addresses", current_));
+        if (d < sm || d + 16 > sm + smem_.size() * sizeof(float))
+            throw Error(fmt::format("host emulation: thread {} copies 16 bytes outside shared memory", current_));
+        copies_[size_t(current_)].push_back({dst, src});
+    }
     void wait_async() {
         for (const auto& [dst, src] : copies_[size_t(current_)]) std::memcpy(dst, src, 16);
         copies_[size_t(current_)].clear();
@@ -323,7 +395,10 @@ class FiberBlock {
     void wait(Wait kind) {
         Fiber& f = fibers_[size_t(current_)];
         f.wait = kind;
+        StackSwitch to_main;
+        to_main.before(main_bottom_, main_size_);
         swapcontext(&f.ctx, &main_);
+        to_main.after();
     }
 
     float warp_sum(float v) {
@@ -409,7 +484,7 @@ class FiberBlock {
 
     struct Fiber {
         ucontext_t ctx{};
-        std::vector<char> stack;
+        std::unique_ptr<char[]> stack;  // kFiberStack bytes from StackPool
         bool done = false;
         Wait wait = kNone;
     };
@@ -417,6 +492,7 @@ class FiberBlock {
     // note: an exception cannot unwind past a fiber's first frame, so it is kept here and rethrown by run()
     static void entry(int i) {
         FiberBlock* b = g_block;
+        StackSwitch().after(&b->main_bottom_, &b->main_size_);  // the first switch into this fiber
         try {
             (*b->body_)(i);
             if (!b->copies_[size_t(i)].empty())
@@ -425,6 +501,7 @@ class FiberBlock {
             if (!b->error_) b->error_ = std::current_exception();
         }
         b->fibers_[size_t(i)].done = true;
+        StackSwitch().before(b->main_bottom_, b->main_size_, true);  // back to run() through uc_link, for good
     }
 
     // Opens a barrier of threads [from, to) when every live one waits at it.
@@ -450,12 +527,31 @@ class FiberBlock {
         return f;
     }();
     int bx_, by_, current_ = 0;
-    std::vector<float> smem_;
+    // The block's shared memory: exactly the floats asked for (so that AddressSanitizer sees a read past them), 16-byte
+    // aligned as the device's is, starting as kPoison.
+    struct Shared {
+        explicit Shared(size_t n) : n_(n), p_(static_cast<float*>(::operator new(n * sizeof(float), kAlign))) {
+            std::fill(p_, p_ + n, kPoison);
+        }
+        ~Shared() { ::operator delete(p_, kAlign); }
+        Shared(const Shared&) = delete;
+        Shared& operator=(const Shared&) = delete;
+        float* data() const { return p_; }
+        size_t size() const { return n_; }
+
+      private:
+        static constexpr std::align_val_t kAlign{16};
+        size_t n_;
+        float* p_;
+    };
+    Shared smem_;
     std::vector<float> exch_;
     std::vector<std::array<uint32_t, 6>> frags_;  // mma: each lane's A and B registers
     std::vector<std::vector<std::pair<void*, const void*>>> copies_;  // each thread's outstanding copy_async
     std::vector<Fiber> fibers_;
     ucontext_t main_{};
+    const void* main_bottom_ = nullptr;  // the stack run() runs on, for AddressSanitizer (StackSwitch)
+    size_t main_size_ = 0;
     const std::function<void(int)>* body_ = nullptr;
     std::exception_ptr error_;
 };
