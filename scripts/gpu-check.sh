@@ -36,7 +36,8 @@
 # Later stages are skipped, and the report says so, when the time budget (KVGEN_GPU_BUDGET_S, default 420; 240 with
 # --quick) runs out; any one command is stopped 60 s past it, and the report is rewritten after every stage (marked
 # partial until the end), so a run cut short still leaves its figures. OUTDIR gets at most 8 files: log.txt,
-# cuda-tests.txt (read its first failure: a device fault fails every later test case too), report.md, report.json,
+# cuda-tests.txt (read its first failure: a device fault fails every later test case too; that case is rerun alone
+# under compute-sanitizer's memcheck, where the tool is, and its output ends the file), report.md, report.json,
 # ncu-SHAPE-TYPE.csv.gz per profile, kv-results.md. KVGEN_GPU_CHECK_DRY=1 rehearses the script on a machine without a GPU (CPU device, tiny
 # shapes): it checks the script, not the GPU; there KVGEN_GPU_CHECK_NCU_CSV=FILE (an earlier ncu CSV, .gz or not)
 # stands in for the profile. Needs the test-data folder (../shared, ./shared or .shared, or KVGEN_SHARED; on a lent
@@ -44,6 +45,9 @@
 # models, and its device-deps/, when there, prebuilt libraries for a machine without a package registry (unpacked
 # into build-gpu/deps).
 set -euo pipefail
+
+# shellcheck source=lib/catch_spec.sh source-path=SCRIPTDIR
+source "$(dirname "${BASH_SOURCE[0]}")/lib/catch_spec.sh"
 
 usage() { sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0"; }
 quick=0 types="" outdir=""
@@ -131,10 +135,30 @@ write_report() {
 
 set +e
 # note: a device fault is sticky for the process, so every test case after a faulting one fails too: read the first
-timeout -k 5 240 "$build/tests/kvgen_cuda_tests" --durations yes >"$out/cuda-tests.txt" 2>&1
+# (the binary writes its name, or the name of the case it died in, to first-failure: tests/first_failure.h)
+KVGEN_TEST_FIRST_FAILURE="$work/first-failure" timeout -k 5 240 "$build/tests/kvgen_cuda_tests" --durations yes \
+    >"$out/cuda-tests.txt" 2>&1
 cuda_rc=$?
 set -e
 log "[cuda] tests: exit $cuda_rc ($(tail -n 2 "$out/cuda-tests.txt" | tr '\n' ' '))"
+# That first failing case once more under compute-sanitizer's memcheck, which names the kernel, the bad access and
+# its source line (the tests are built with -lineinfo): its output ends cuda-tests.txt.
+first=$(head -n 1 "$work/first-failure" 2>/dev/null || true)
+csan=$(command -v compute-sanitizer || true)
+[[ -z $csan && -x /usr/local/cuda/bin/compute-sanitizer ]] && csan=/usr/local/cuda/bin/compute-sanitizer
+if ((cuda_rc != 0 && cuda_rc != 77)) && [[ -n $first ]]; then
+    if [[ -n $csan ]]; then
+        log "first failing [cuda] case: $first; once more under compute-sanitizer --tool memcheck"
+        spec=$(catch_spec "$first")
+        {
+            printf '\n=== compute-sanitizer --tool memcheck, the first failing case alone: %s\n' "$first"
+            timeout -k 5 150 "$csan" --tool memcheck --print-limit 20 "$build/tests/kvgen_cuda_tests" "$spec" 2>&1 |
+                tail -n 250
+        } >>"$out/cuda-tests.txt" || true
+    else
+        log "first failing [cuda] case: $first (no compute-sanitizer to rerun it under)"
+    fi
+fi
 write_report "the [cuda] tests" >/dev/null
 
 vocab="$shared/testdata/vocab/ggml-vocab-llama-spm.gguf"

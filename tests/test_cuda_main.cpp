@@ -7,6 +7,7 @@
 #include <string>
 
 #include "device.h"
+#include "first_failure.h"
 
 int main(int argc, char** argv) {
     std::string why;

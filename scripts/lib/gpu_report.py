@@ -78,6 +78,15 @@ for ij in sorted(glob.glob(f"{work}/speed/*.inspect.json")):
 
 # 77: the test binary found no GPU (a dry run's case; on the GPU machine, a failure all the same)
 cuda_word = {0: "passed", 77: "skipped: no GPU found (exit 77)"}.get(int(cuda_rc), f"FAILED (exit {cuda_rc})")
+# the first case that failed (or was running when the binary died), which gpu-check.sh reruns under compute-sanitizer
+first_failure = ""
+if int(cuda_rc) not in (0, 77) and os.path.exists(f"{work}/first-failure"):
+    with open(f"{work}/first-failure") as f:
+        first_failure = f.readline().strip()
+rep["cuda_first_failure"] = first_failure
+if first_failure:
+    cuda_word += (f"; first failing case \"{first_failure}\", rerun alone under compute-sanitizer at the end of "
+                  "cuda-tests.txt where the tool is installed")
 
 # per kernel: ncu_sum.py's tables (or why there are none)
 per_kernel_md = {}
