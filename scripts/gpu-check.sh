@@ -71,6 +71,10 @@ cd "$root"
 budget=${KVGEN_GPU_BUDGET_S:-$((quick ? 240 : 420))}
 peak=${KVGEN_PEAK_GBS:-4800}
 t0=$SECONDS
+# cuda_tool NAME: the path of a CUDA toolkit program (on PATH, or in /usr/local/cuda/bin), or nothing.
+cuda_tool() {
+    command -v "$1" || { [[ -x /usr/local/cuda/bin/$1 ]] && echo "/usr/local/cuda/bin/$1"; } || true
+}
 log() { echo "gpu-check [$((SECONDS - t0)) s]: $*" | tee -a "$out/log.txt" >&2; }
 left() { echo $((budget - (SECONDS - t0))); }
 # bounded CMD...: CMD, stopped if it runs until 60 s past the budget (a hang must not take a lent machine's time)
@@ -144,9 +148,8 @@ log "[cuda] tests: exit $cuda_rc ($(tail -n 2 "$out/cuda-tests.txt" | tr '\n' ' 
 # That first failing case once more under compute-sanitizer's memcheck, which names the kernel, the bad access and
 # its source line (the tests are built with -lineinfo): its output ends cuda-tests.txt.
 first=$(head -n 1 "$work/first-failure" 2>/dev/null || true)
-csan=$(command -v compute-sanitizer || true)
-[[ -z $csan && -x /usr/local/cuda/bin/compute-sanitizer ]] && csan=/usr/local/cuda/bin/compute-sanitizer
 if ((cuda_rc != 0 && cuda_rc != 77)) && [[ -n $first ]]; then
+    csan=$(cuda_tool compute-sanitizer)
     if [[ -n $csan ]]; then
         log "first failing [cuda] case: $first; once more under compute-sanitizer --tool memcheck"
         spec=$(catch_spec "$first")
@@ -188,8 +191,7 @@ done
 kv_type=${speed_types[0]}
 [[ ,$types, == *,Q4_K_M,* ]] && kv_type=Q4_K_M
 kv_name="${shapes[0]}-$kv_type"
-ncu=$(command -v ncu || true)
-[[ -z $ncu && -x /usr/local/cuda/bin/ncu ]] && ncu=/usr/local/cuda/bin/ncu
+ncu=$(cuda_tool ncu)
 ncu_csv="" ncu_status="profiled with $ncu"
 [[ -n $ncu ]] || ncu_status="ncu not available (neither /usr/local/cuda/bin/ncu nor on PATH): no per-kernel table"
 if ((dry)); then
