@@ -193,7 +193,7 @@ TEST_CASE("the portable attention build: whole items equal its split parts bit f
         std::vector<float> scratch(size_t(attention_scratch(c, n_ctx)));
         const int64_t n_items = int64_t(n) * 3;
         std::vector<float> whole(q.size()), parts(q.size());
-        kernels::attention_items_generic(whole.data(), q.data(), kv, 0, pos0, c, n_items, 0, n_items, scratch.data());
+        kernels::attention_items_generic(whole.data(), q.data(), kv, 0, pos0, c, n, 1, 0, n_items, scratch.data());
         // the same items from their parts, positions and columns in uneven pieces
         std::vector<float> scores(size_t(3 * n_ctx)), q_rot(3 * 64), rows(size_t(kAttentionRowTile * 64));
         for (int i = 0; i < n; ++i)
@@ -212,13 +212,57 @@ TEST_CASE("the portable attention build: whole items equal its split parts bit f
         CHECK(whole == parts);
         if (has_avx2()) {
             std::vector<float> avx2(q.size());
-            kernels::attention_items_avx2(avx2.data(), q.data(), kv, 0, pos0, c, n_items, 0, n_items, scratch.data());
+            kernels::attention_items_avx2(avx2.data(), q.data(), kv, 0, pos0, c, n, 1, 0, n_items, scratch.data());
             float worst = 0, scale = 0;
             for (size_t j = 0; j < q.size(); ++j) {
                 worst = std::max(worst, std::fabs(avx2[j] - whole[j]));
                 scale = std::max(scale, std::fabs(whole[j]));
             }
             CHECK(worst <= 1e-5f * scale);
+        }
+    }
+}
+
+TEST_CASE("attention over tiles of a prompt's tokens gives each token's bits, in both builds, any tile size",
+          "[cpu][attention]") {
+    // note: a tile decodes each K and V row once for its tokens; each token's scores, softmax and weighted values must
+    // still be the ones a tile of one token computes (and so the ones decode computes for it)
+    struct Shape {
+        int n_heads, n_kv, hd;
+        KvType kt, vt;
+    };
+    for (const Shape sh : {Shape{9, 3, 64, KvType::F16, KvType::F16}, Shape{9, 3, 64, KvType::Q8_0, KvType::Q4_0},
+                           Shape{4, 1, 128, KvType::Q4_0, KvType::F16}, Shape{6, 2, 36, KvType::F32, KvType::F32},
+                           Shape{6, 2, 96, KvType::F16, KvType::Q8_0}}) {
+        const Config c = test::attention_config(sh.n_heads, sh.n_kv, sh.hd);
+        const int n_ctx = 200;
+        // a prompt from the start (inside and past the first kKvOffsetPositions), and one after a cache of 150
+        for (const auto& [pos0, n] : {std::pair{0, 37}, std::pair{150, 19}}) {
+            INFO(kv_types_name(sh.kt, sh.vt) << " heads " << sh.n_heads << "/" << sh.n_kv << " hd " << sh.hd << " pos0 "
+                                             << pos0 << " n " << n);
+            const std::vector<float> q = test::randn(size_t(n) * size_t(c.n_heads) * size_t(c.head_dim), 21, 2.0f);
+            const std::vector<float> k = test::randn(size_t(pos0 + n) * size_t(sh.n_kv) * size_t(sh.hd), 22, 1.0f);
+            const std::vector<float> v = test::randn(size_t(pos0 + n) * size_t(sh.n_kv) * size_t(sh.hd), 23, 1.0f);
+            KvCache kv(c, n_ctx, sh.kt, sh.vt);
+            kv.write(0, 0, pos0 + n, k.data(), v.data());
+            std::vector<float> scratch(size_t(attention_scratch(c, n_ctx)));
+            const auto run = [&](auto items, int tile, int64_t w0, int64_t w1, std::vector<float>& out) {
+                items(out.data(), q.data(), kv, 0, pos0, c, n, tile, w0, w1, scratch.data());
+            };
+            const auto check = [&](auto items) {
+                std::vector<float> one(q.size(), -1.0f);
+                run(items, 1, 0, int64_t(n) * sh.n_kv, one);
+                for (int tile : {2, 3, 8}) {
+                    INFO("tile " << tile);
+                    const int64_t n_items = int64_t((n + tile - 1) / tile) * sh.n_kv;
+                    std::vector<float> tiled(q.size(), -1.0f);
+                    run(items, tile, 0, n_items / 2, tiled);  // in two slices, as two threads take them
+                    run(items, tile, n_items / 2, n_items, tiled);
+                    CHECK(tiled == one);
+                }
+            };
+            check(kernels::attention_items_generic);
+            if (has_avx2()) check(kernels::attention_items_avx2);
         }
     }
 }

@@ -73,8 +73,10 @@ void add(float* x, const float* y, int64_t count) {
 }
 
 int64_t attention_scratch(const Config& c, int n_ctx) {
-    // a tile's decoded K or V rows; the scores and the rotated query of two items (one when items run whole)
-    return kAttentionRowTile * int64_t(c.head_dim) + 2 * (int64_t(c.n_rep()) * n_ctx + int64_t(c.n_rep()) * c.head_dim);
+    // a tile's decoded K or V rows; the scores and the rotated queries of a tile of tokens (or of two split items)
+    static_assert(kAttentionTokenTile >= 2, "the split items' two slots fit in a tile's");
+    return kAttentionRowTile * int64_t(c.head_dim) +
+           kAttentionTokenTile * (int64_t(c.n_rep()) * n_ctx + int64_t(c.n_rep()) * c.head_dim);
 }
 
 namespace kernels {
@@ -104,8 +106,13 @@ void attention(float* out, const float* q, const KvCache& kv, int l, int pos0, i
     // scores by ranges of positions, its softmax by query head, its values by ranges of 32 columns. Every element
     // is computed by the same kernels in the same order either way, so the results do not depend on the split.
     if (threads == 1 || n_items >= 2 * threads || pos0 + n < 2 * kSplitPositions) {
-        pool.parallel_for(n_items, [&](int64_t w0, int64_t w1, int t) {
-            kAttention.items(out, q, kv, l, pos0, c, n_items, w0, w1, scratch + per_thread * t);
+        // note: the tokens of a prompt go in tiles of up to kAttentionTokenTile that decode each K and V row once
+        // (a deep cache is read once per tile instead of once per token), as large as leaves four items a thread
+        int tile = kAttentionTokenTile;
+        while (tile > 1 && int64_t((n + tile - 1) / tile) * c.n_kv_heads < 4 * threads) tile /= 2;
+        const int64_t tile_items = int64_t((n + tile - 1) / tile) * c.n_kv_heads;
+        pool.parallel_for(tile_items, [&](int64_t w0, int64_t w1, int t) {
+            kAttention.items(out, q, kv, l, pos0, c, n, tile, w0, w1, scratch + per_thread * t);
         });
         return;
     }

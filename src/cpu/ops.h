@@ -28,14 +28,19 @@ void attention(float* out, const float* q, const KvCache& kv, int l, int pos0, i
 int64_t attention_scratch(const Config& c, int n_ctx);
 // The positions whose K or V rows attention decodes at a time (into its scratch).
 constexpr int kAttentionRowTile = 32;
+// The most consecutive tokens of a prompt that share each decoded K or V row (attention_items' token_tile).
+constexpr int kAttentionTokenTile = 8;
 
 namespace kernels {
-// One (token, KV head) pair per work item, for items [w0, w1) of n_items = n_tokens * n_kv_heads: the scores, their
-// softmax and the weighted values of the group's n_rep query heads. scratch: attention_scratch floats.
-void attention_items_avx2(float* out, const float* q, const KvCache& kv, int l, int pos0, const Config& c,
-                          int64_t n_items, int64_t w0, int64_t w1, float* scratch);
-void attention_items_generic(float* out, const float* q, const KvCache& kv, int l, int pos0, const Config& c,
-                             int64_t n_items, int64_t w0, int64_t w1, float* scratch);
+// One (tile of token_tile consecutive tokens, KV head) pair per work item, for items [w0, w1) of
+// ceil(n / token_tile) * n_kv_heads: the scores, their softmax and the weighted values of the group's n_rep query heads
+// for each token of the tile, each K and V row decoded once for the tile. Every output is computed as with a tile of
+// one token: the tile changes the memory traffic, not the bits. token_tile: 1 .. kAttentionTokenTile. scratch:
+// attention_scratch floats.
+void attention_items_avx2(float* out, const float* q, const KvCache& kv, int l, int pos0, const Config& c, int n,
+                          int token_tile, int64_t w0, int64_t w1, float* scratch);
+void attention_items_generic(float* out, const float* q, const KvCache& kv, int l, int pos0, const Config& c, int n,
+                             int token_tile, int64_t w0, int64_t w1, float* scratch);
 // The parts of one item, for splitting an item's positions or columns across threads (each element is computed as
 // the items function computes it). scores: [n_rep] rows `stride` apart, positions [t0, t1) of KV head g for a query
 // that sees n_pos positions, from qg (attention_query's); rows: kAttentionRowTile * head_dim floats. Where K carries
