@@ -201,7 +201,8 @@ TEST_CASE("the portable attention build: whole items equal its split parts bit f
                 const int n_pos = pos0 + i + 1;
                 const float* qg = kernels::attention_query(q_rot.data(), q.data(), kv, i, g, c);
                 kernels::attention_scores_generic(scores.data(), n_ctx, qg, kv, 0, g, 0, 104, n_pos, c, rows.data());
-                kernels::attention_scores_generic(scores.data(), n_ctx, qg, kv, 0, g, 104, n_pos, n_pos, c, rows.data());
+                kernels::attention_scores_generic(scores.data(), n_ctx, qg, kv, 0, g, 104, n_pos, n_pos, c,
+                                                  rows.data());
                 float* og = parts.data() + (size_t(i) * 9 + size_t(g) * 3) * 64;
                 for (int r = 0; r < 3; ++r)
                     kernels::attention_softmax_generic(scores.data() + r * n_ctx, n_pos, og + r * 64, 64);
@@ -223,7 +224,8 @@ TEST_CASE("the portable attention build: whole items equal its split parts bit f
     }
 }
 
-TEST_CASE("attention over tiles of a prompt's tokens gives each token's bits, in both builds, any tile size",
+TEST_CASE("attention over tiles of a prompt's tokens gives each token's bits, in every build, any tile size; the "
+          "AVX-512 build the AVX2 build's bits",
           "[cpu][attention]") {
     // note: a tile decodes each K and V row once for its tokens; each token's scores, softmax and weighted values must
     // still be the ones a tile of one token computes (and so the ones decode computes for it)
@@ -249,9 +251,12 @@ TEST_CASE("attention over tiles of a prompt's tokens gives each token's bits, in
             const auto run = [&](auto items, int tile, int64_t w0, int64_t w1, std::vector<float>& out) {
                 items(out.data(), q.data(), kv, 0, pos0, c, n, tile, w0, w1, scratch.data());
             };
+            std::vector<float> avx2_one;  // the AVX2 build's answer, which the AVX-512 build must give too
             const auto check = [&](auto items) {
                 std::vector<float> one(q.size(), -1.0f);
                 run(items, 1, 0, int64_t(n) * sh.n_kv, one);
+                if (items == kernels::attention_items_avx2) avx2_one = one;
+                if (items == kernels::attention_items_avx512) CHECK(one == avx2_one);
                 for (int tile : {2, 3, 8}) {
                     INFO("tile " << tile);
                     const int64_t n_items = int64_t((n + tile - 1) / tile) * sh.n_kv;
@@ -263,6 +268,7 @@ TEST_CASE("attention over tiles of a prompt's tokens gives each token's bits, in
             };
             check(kernels::attention_items_generic);
             if (has_avx2()) check(kernels::attention_items_avx2);
+            if (has_avx512_vnni()) check(kernels::attention_items_avx512);
         }
     }
 }

@@ -17,10 +17,12 @@ struct AttentionKernels {
     decltype(&kernels::attention_softmax_generic) softmax;
 };
 const AttentionKernels kAttention =
-    has_avx2() ? AttentionKernels{kernels::attention_items_avx2, kernels::attention_scores_avx2,
-                                  kernels::attention_values_avx2, kernels::attention_softmax_avx2}
-               : AttentionKernels{kernels::attention_items_generic, kernels::attention_scores_generic,
-                                  kernels::attention_values_generic, kernels::attention_softmax_generic};
+    has_avx512_vnni() ? AttentionKernels{kernels::attention_items_avx512, kernels::attention_scores_avx512,
+                                         kernels::attention_values_avx512, kernels::attention_softmax_avx512}
+    : has_avx2()      ? AttentionKernels{kernels::attention_items_avx2, kernels::attention_scores_avx2,
+                                         kernels::attention_values_avx2, kernels::attention_softmax_avx2}
+                      : AttentionKernels{kernels::attention_items_generic, kernels::attention_scores_generic,
+                                         kernels::attention_values_generic, kernels::attention_softmax_generic};
 // Positions per work item of a split item's scores (a multiple of the kernels' tiles).
 constexpr int kSplitPositions = 256;
 }  // namespace

@@ -37,6 +37,8 @@ namespace kernels {
 // for each token of the tile, each K and V row decoded once for the tile. Every output is computed as with a tile of
 // one token: the tile changes the memory traffic, not the bits. token_tile: 1 .. kAttentionTokenTile. scratch:
 // attention_scratch floats.
+void attention_items_avx512(float* out, const float* q, const KvCache& kv, int l, int pos0, const Config& c, int n,
+                            int token_tile, int64_t w0, int64_t w1, float* scratch);
 void attention_items_avx2(float* out, const float* q, const KvCache& kv, int l, int pos0, const Config& c, int n,
                           int token_tile, int64_t w0, int64_t w1, float* scratch);
 void attention_items_generic(float* out, const float* q, const KvCache& kv, int l, int pos0, const Config& c, int n,
@@ -46,12 +48,16 @@ void attention_items_generic(float* out, const float* q, const KvCache& kv, int 
 // that sees n_pos positions, from qg (attention_query's); rows: kAttentionRowTile * head_dim floats. Where K carries
 // offsets and the query sees rows past the first kKvOffsetPositions, the scores of those first rows have q . offset
 // taken off (engine/kv_offset.h), so that every score is of the same k - offset.
+void attention_scores_avx512(float* scores, int64_t stride, const float* qg, const KvCache& kv, int l, int g, int t0,
+                             int t1, int n_pos, const Config& c, float* rows);
 void attention_scores_avx2(float* scores, int64_t stride, const float* qg, const KvCache& kv, int l, int g, int t0,
                            int t1, int n_pos, const Config& c, float* rows);
 void attention_scores_generic(float* scores, int64_t stride, const float* qg, const KvCache& kv, int l, int g, int t0,
                               int t1, int n_pos, const Config& c, float* rows);
 // og[r][j0, j0 + width) (after attention_softmax zeroed it) += the softmaxed scores' weighted V columns over
 // positions 0 .. n_pos; j0 and width multiples of 32 where V is quantized.
+void attention_values_avx512(float* og, const float* scores, int64_t stride, const KvCache& kv, int l, int g, int n_pos,
+                             int j0, int width, const Config& c, float* rows);
 void attention_values_avx2(float* og, const float* scores, int64_t stride, const KvCache& kv, int l, int g, int n_pos,
                            int j0, int width, const Config& c, float* rows);
 void attention_values_generic(float* og, const float* scores, int64_t stride, const KvCache& kv, int l, int g,
@@ -62,7 +68,8 @@ const float* attention_query(float* q_rot, const float* q, const KvCache& kv, in
 // A group's output rows og ([n_rep][head_dim]) as attention returns them: turned back from the rotated basis where V
 // is quantized.
 void attention_output(float* og, const KvCache& kv, const Config& c);
-// s[0..n_pos) <- softmax(s), and o[0..hd) <- 0; the two builds give the same bits.
+// s[0..n_pos) <- softmax(s), and o[0..hd) <- 0; the three builds give the same bits.
+void attention_softmax_avx512(float* s, int n_pos, float* o, int hd);
 void attention_softmax_avx2(float* s, int n_pos, float* o, int hd);
 void attention_softmax_generic(float* s, int n_pos, float* o, int hd);
 }  // namespace kernels
