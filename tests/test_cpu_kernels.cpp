@@ -229,24 +229,18 @@ TEST_CASE("attention over tiles of a prompt's tokens gives each token's bits, in
           "[cpu][attention]") {
     // note: a tile decodes each K and V row once for its tokens; each token's scores, softmax and weighted values must
     // still be the ones a tile of one token computes (and so the ones decode computes for it)
-    struct Shape {
-        int n_heads, n_kv, hd;
-        KvType kt, vt;
-    };
-    for (const Shape sh : {Shape{9, 3, 64, KvType::F16, KvType::F16}, Shape{9, 3, 64, KvType::Q8_0, KvType::Q4_0},
-                           Shape{4, 1, 128, KvType::Q4_0, KvType::F16}, Shape{6, 2, 36, KvType::F32, KvType::F32},
-                           Shape{6, 2, 96, KvType::F16, KvType::Q8_0}}) {
-        const Config c = test::attention_config(sh.n_heads, sh.n_kv, sh.hd);
+    using S = test::AttentionShape;
+    for (const S sh : {S{9, 3, 64, KvType::F16, KvType::F16}, S{9, 3, 64, KvType::Q8_0, KvType::Q4_0},
+                       S{4, 1, 128, KvType::Q4_0, KvType::F16}, S{6, 2, 36, KvType::F32, KvType::F32},
+                       S{6, 2, 96, KvType::F16, KvType::Q8_0}}) {
         const int n_ctx = 200;
         // a prompt from the start (inside and past the first kKvOffsetPositions), and one after a cache of 150
         for (const auto& [pos0, n] : {std::pair{0, 37}, std::pair{150, 19}}) {
-            INFO(kv_types_name(sh.kt, sh.vt) << " heads " << sh.n_heads << "/" << sh.n_kv << " hd " << sh.hd << " pos0 "
-                                             << pos0 << " n " << n);
-            const std::vector<float> q = test::randn(size_t(n) * size_t(c.n_heads) * size_t(c.head_dim), 21, 2.0f);
-            const std::vector<float> k = test::randn(size_t(pos0 + n) * size_t(sh.n_kv) * size_t(sh.hd), 22, 1.0f);
-            const std::vector<float> v = test::randn(size_t(pos0 + n) * size_t(sh.n_kv) * size_t(sh.hd), 23, 1.0f);
-            KvCache kv(c, n_ctx, sh.kt, sh.vt);
-            kv.write(0, 0, pos0 + n, k.data(), v.data());
+            INFO(sh.name() << " pos0 " << pos0 << " n " << n);
+            const test::AttentionProblem problem(sh, n_ctx, pos0, n, 21);
+            const Config& c = problem.c;
+            const std::vector<float>& q = problem.q;
+            const KvCache& kv = problem.kv;
             std::vector<float> scratch(size_t(attention_scratch(c, n_ctx)));
             const auto run = [&](auto items, int tile, int64_t w0, int64_t w1, std::vector<float>& out) {
                 items(out.data(), q.data(), kv, 0, pos0, c, n, tile, w0, w1, scratch.data());

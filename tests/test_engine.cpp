@@ -470,28 +470,24 @@ TEST_CASE("a quantized K past its first positions is stored less the key offset,
     }
 }
 
-TEST_CASE("CPU attention gives the same bits on 1, 2 or 3 threads, whole items or split across the threads",
+TEST_CASE("CPU attention gives the same bits on 1, 2 or 3 threads, whole items, tiles or split across the threads",
           "[engine][kv][invariant]") {
     // note: with fewer than two (token, KV head) items per thread and a long context, attention splits each item's
     // positions, query heads and columns across the threads; every element must still be computed as one thread
     // computes it
-    struct Shape {
-        int n_heads, n_kv, hd;
-        KvType kt, vt;
-    };
-    for (const Shape sh : {Shape{9, 3, 64, KvType::F16, KvType::F16}, Shape{9, 3, 64, KvType::Q8_0, KvType::Q8_0},
-                           Shape{9, 3, 64, KvType::Q4_0, KvType::Q4_0}, Shape{4, 1, 128, KvType::Q4_0, KvType::F16},
-                           Shape{6, 2, 40, KvType::F16, KvType::F32}, Shape{6, 2, 96, KvType::F16, KvType::Q8_0}}) {
-        const Config c = test::attention_config(sh.n_heads, sh.n_kv, sh.hd);
+    using S = test::AttentionShape;
+    for (const S sh : {S{9, 3, 64, KvType::F16, KvType::F16}, S{9, 3, 64, KvType::Q8_0, KvType::Q8_0},
+                       S{9, 3, 64, KvType::Q4_0, KvType::Q4_0}, S{4, 1, 128, KvType::Q4_0, KvType::F16},
+                       S{6, 2, 40, KvType::F16, KvType::F32}, S{6, 2, 96, KvType::F16, KvType::Q8_0}}) {
         const int n_ctx = 1100;
-        for (const auto& [pos0, n] : {std::pair{700, 1}, std::pair{1020, 2}, std::pair{300, 1}}) {
-            INFO(kv_types_name(sh.kt, sh.vt) << " heads " << sh.n_heads << "/" << sh.n_kv << " hd " << sh.hd << " pos0 "
-                                             << pos0 << " n " << n);
-            const std::vector<float> q = test::randn(size_t(n) * size_t(c.n_heads) * size_t(c.head_dim), 3, 2.0f);
-            const std::vector<float> k = test::randn(size_t(pos0 + n) * size_t(sh.n_kv) * size_t(sh.hd), 4, 1.0f);
-            const std::vector<float> v = test::randn(size_t(pos0 + n) * size_t(sh.n_kv) * size_t(sh.hd), 5, 1.0f);
-            KvCache kv(c, n_ctx, sh.kt, sh.vt);
-            kv.write(0, 0, pos0 + n, k.data(), v.data());
+        // one or two tokens (items split across the threads), and a prompt (tiles of tokens, as large as leave
+        // four items a thread: 8, 4 and 2 tokens here)
+        for (const auto& [pos0, n] : {std::pair{700, 1}, std::pair{1020, 2}, std::pair{300, 1}, std::pair{300, 37}}) {
+            INFO(sh.name() << " pos0 " << pos0 << " n " << n);
+            const test::AttentionProblem problem(sh, n_ctx, pos0, n, 3);
+            const Config& c = problem.c;
+            const std::vector<float>& q = problem.q;
+            const KvCache& kv = problem.kv;
             std::vector<std::vector<float>> outs;
             for (int threads : {1, 2, 3}) {
                 cpu::ThreadPool pool(threads);
