@@ -110,10 +110,10 @@ void attention(float* out, const float* q, const KvCache& kv, int l, int pos0, i
     if (threads == 1 || n_items >= 2 * threads || pos0 + n < 2 * kSplitPositions) {
         // note: the tokens of a prompt go in tiles of up to kAttentionTokenTile that decode each K and V row once
         // (a deep cache is read once per tile instead of once per token), as large as leaves four items a thread
+        const auto items_of = [&](int tile) { return int64_t((n + tile - 1) / tile) * c.n_kv_heads; };
         int tile = kAttentionTokenTile;
-        while (tile > 1 && int64_t((n + tile - 1) / tile) * c.n_kv_heads < 4 * threads) tile /= 2;
-        const int64_t tile_items = int64_t((n + tile - 1) / tile) * c.n_kv_heads;
-        pool.parallel_for(tile_items, [&](int64_t w0, int64_t w1, int t) {
+        while (tile > 1 && items_of(tile) < 4 * threads) tile /= 2;
+        pool.parallel_for(items_of(tile), [&](int64_t w0, int64_t w1, int t) {
             kAttention.items(out, q, kv, l, pos0, c, n, tile, w0, w1, scratch + per_thread * t);
         });
         return;
