@@ -111,10 +111,10 @@ void matmul_many(float* const* ys, Activations& x, const WeightView* const* ws, 
     // A prompt's tokens side by side go in groups of 16: a group of fewer than min_group tokens (a short prompt, or
     // the last group of a longer one) would leave most of its lanes empty while each weight tile is still widened for
     // it, so its tokens take the generated tokens' kernels instead, four at a time (the same bits). Measured faster
-    // below these counts (AVX-512, TinyLlama-shaped Q4_K_M, 2 threads): a short prompt of 8 to 11 tokens 1.2x to 1.5x
-    // in 16 bits (level at 12), of 8 to 13 tokens up to 1.6x in 8 bits; the last group of a longer prompt, whose
+    // below these counts (AVX-512, TinyLlama-shaped Q4_K_M, 2 threads): a short prompt of 6 to 8 tokens 1.3x to 1.5x
+    // in 16 bits (level at 10), of 6 to 11 tokens up to 1.7x in 8 bits; the last group of a longer prompt, whose
     // weight tiles are widened for the groups before it anyway, 1.1x to 1.3x for 1 to 4 tokens, level at 6.
-    const int min_group = !kAvx512 ? 14 : n > 16 ? 6 : x.mode() == MathMode::Fast ? 14 : 12;
+    const int min_group = !kAvx512 ? 14 : n > 16 ? 6 : x.mode() == MathMode::Fast ? 12 : 11;
     const int n_side = n % 16 < min_group ? n - n % 16 : n;
     const void* xs[kMax];  // tokens 0 .. n_gemm[i] side by side: tokens16 (null: the f32 tiles of x)
     const void* xq[kMax];  // the others as generated tokens: from token n_gemm[i], stride[i] bytes apart (null: f32)
