@@ -131,10 +131,7 @@ void CpuOps::norm_swiglu(float* h, const float* x, int l, int n) {
     float* xn = xn_.data();
     rmsnorm(xn, x, ffn_norm_[size_t(l)].data(), n, c_.n_embd, c_.rms_eps);
     Activations a(xn, n, c_.n_embd, act_, prefill_, math_);  // shared by gate and up
-    float* const ys[] = {h, up_.data()};
-    const WeightView* const ws[] = {&L.w_gate, &L.w_up};
-    cpu::matmul_many(ys, a, ws, 2, mm_scratch_.data(), pool_);
-    swiglu(h, up_.data(), int64_t(n) * c_.n_ff);
+    cpu::matmul_glu(h, up_.data(), a, L.w_gate, L.w_up, mm_scratch_.data(), pool_);
 }
 
 void CpuOps::down_proj_add(float* x, const float* h, int l, int n) {

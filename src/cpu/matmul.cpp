@@ -2,6 +2,7 @@
 
 #include "common/error.h"
 #include "cpu/cpu_features.h"
+#include "cpu/ops.h"
 #include "model/dequant.h"
 
 namespace kvgen::cpu {
@@ -103,8 +104,13 @@ const void* Activations::tokens16(ActFormat f, ThreadPool& pool) {
     return out;
 }
 
-void matmul_many(float* const* ys, Activations& x, const WeightView* const* ws, int count, float* scratch,
-                 ThreadPool& pool) {
+namespace {
+
+// matmul_many's body. paired: the weights have the same rows, and each thread takes the same range of rows in every
+// weight, then calls after(r0, r1) on it (matmul_glu); else the threads split all the weights' rows as one list.
+template <typename After>
+void products(float* const* ys, Activations& x, const WeightView* const* ws, int count, float* scratch,
+              ThreadPool& pool, bool paired, After&& after) {
     constexpr int kMax = 4;
     KVGEN_ASSERT(count >= 1 && count <= kMax);
     const int n = x.n();
@@ -138,13 +144,15 @@ void matmul_many(float* const* ys, Activations& x, const WeightView* const* ws, 
         xq[i] = n_gemm[i] == n || f == ActFormat::None
                     ? nullptr
                     : static_cast<const char*>(x.quantized(f, pool, &stride[i])) + int64_t(n_gemm[i]) * stride[i];
+        KVGEN_ASSERT(!paired || w.rows == ws[0]->rows);
         total += w.rows;
     }
-    pool.parallel_for(total, [&](int64_t r0, int64_t r1, int t) {
+    pool.parallel_for(paired ? ws[0]->rows : total, [&](int64_t r0, int64_t r1, int t) {
         int64_t base = 0;  // the first row of weight i in the joint numbering
         for (int i = 0; i < count; ++i) {
             const WeightView& w = *ws[i];
-            const int64_t lo = (r0 > base ? r0 : base) - base, hi = (r1 < base + w.rows ? r1 : base + w.rows) - base;
+            const int64_t lo = paired ? r0 : (r0 > base ? r0 : base) - base;
+            const int64_t hi = paired ? r1 : (r1 < base + w.rows ? r1 : base + w.rows) - base;
             float* buf = scratch + int64_t(t) * matmul_scratch(w.cols);
             const int m = n_gemm[i];
             if (lo < hi && m > 0) kRows(ys[i], x.x(), true, fs[i], xs[i], 0, w, m, lo, hi, buf);
@@ -153,6 +161,24 @@ void matmul_many(float* const* ys, Activations& x, const WeightView* const* ws, 
                       n - m, lo, hi, buf);
             base += w.rows;
         }
+        if (paired) after(r0, r1);
+    });
+}
+
+}  // namespace
+
+void matmul_many(float* const* ys, Activations& x, const WeightView* const* ws, int count, float* scratch,
+                 ThreadPool& pool) {
+    products(ys, x, ws, count, scratch, pool, false, [](int64_t, int64_t) {});
+}
+
+void matmul_glu(float* h, float* up, Activations& x, const WeightView& w_gate, const WeightView& w_up,
+                float* scratch, ThreadPool& pool) {
+    float* const ys[] = {h, up};
+    const WeightView* const ws[] = {&w_gate, &w_up};
+    const int64_t rows = w_gate.rows;
+    products(ys, x, ws, 2, scratch, pool, true, [&](int64_t r0, int64_t r1) {
+        for (int i = 0; i < x.n(); ++i) swiglu(h + int64_t(i) * rows + r0, up + int64_t(i) * rows + r0, r1 - r0);
     });
 }
 

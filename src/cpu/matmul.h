@@ -82,6 +82,12 @@ void matmul(float* y, Activations& x, const WeightView& w, float* scratch, Threa
 void matmul_many(float* const* ys, Activations& x, const WeightView* const* ws, int count, float* scratch,
                  ThreadPool& pool);
 
+// The feed-forward's gate and up products and their SwiGLU in one parallel region: h = silu(x w_gate^T) * (x w_up^T)
+// element by element (swiglu's bits), up: [n][w_up.rows] scratch. Each thread takes the same rows of both weights and
+// combines them itself, so the SwiGLU is split among the threads too.
+void matmul_glu(float* h, float* up, Activations& x, const WeightView& w_gate, const WeightView& w_up,
+                float* scratch, ThreadPool& pool);
+
 // Rows `rows` of an embedding-like weight, decoded: out [n][w.cols].
 void get_rows(float* out, const WeightView& w, const int32_t* rows, int n);
 
