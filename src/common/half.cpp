@@ -1,5 +1,11 @@
 #include "common/half.h"
 
+#include <cstdlib>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace kvgen {
 
@@ -51,6 +57,45 @@ uint16_t fp32_to_fp16(float f) {
     const uint32_t rem = abs & 0x1fffu;
     if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) ++r;
     return sign | uint16_t(r);
+}
+
+namespace {
+
+#if defined(__x86_64__)
+// F16C rounds to nearest even as fp32_to_fp16 does (overflow to inf, subnormal results kept); only a NaN's bits
+// differ (F16C keeps the payload's top bits), so eight values with a NaN among them take the portable path.
+__attribute__((target("avx,f16c"))) void row_f16c(const float* x, uint16_t* y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0) {
+            for (int j = 0; j < 8; ++j) y[i + j] = fp32_to_fp16(x[i + j]);
+            continue;
+        }
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    }
+    for (; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
+}
+
+// (KVGEN_ISA=generic, which keeps the kernels portable, keeps this portable too)
+const bool kF16c = [] {
+    const char* isa = std::getenv("KVGEN_ISA");
+    if (isa && std::strcmp(isa, "generic") == 0) return false;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+}();
+#endif
+
+}  // namespace
+
+void fp32_to_fp16_row(const float* x, uint16_t* y, int64_t n) {
+#if defined(__x86_64__)
+    if (kF16c) {
+        row_f16c(x, y, n);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
 }
 
 }  // namespace kvgen

@@ -8,6 +8,9 @@ namespace kvgen {
 float fp16_to_fp32(uint16_t h);
 uint16_t fp32_to_fp16(float f);  // round to nearest even, overflow to inf, NaN kept
 
+// y[i] = fp32_to_fp16(x[i]) for i < n, the same bits (F16C's conversion where the CPU has it).
+void fp32_to_fp16_row(const float* x, uint16_t* y, int64_t n);
+
 inline float bf16_to_fp32(uint16_t h) {
     uint32_t bits = uint32_t(h) << 16;
     float f;

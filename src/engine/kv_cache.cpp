@@ -36,7 +36,7 @@ uint64_t available_memory() {
 void kv_encode_row(KvType t, const float* x, void* dst, int head_dim, float* tmp, const float* offset) {
     switch (t) {
         case KvType::F16:
-            for (int j = 0; j < head_dim; ++j) static_cast<uint16_t*>(dst)[j] = fp32_to_fp16(x[j]);
+            fp32_to_fp16_row(x, static_cast<uint16_t*>(dst), head_dim);
             return;
         case KvType::F32:
             std::memcpy(dst, x, size_t(head_dim) * 4);
