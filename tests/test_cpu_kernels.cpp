@@ -173,6 +173,13 @@ TEST_CASE("the thread pool covers every index once, for any thread count", "[cpu
                     for (int64_t i = b; i < e; ++i) hits[size_t(i)]++;
                 });
             for (auto& h : hits) CHECK(h.load() == 20);
+            // slices differ by at most one index, the larger ones first (thread 0 is the caller)
+            std::vector<int64_t> size(static_cast<size_t>(threads), 0);
+            pool.parallel_for(n, [&](int64_t b, int64_t e, int t) { size[size_t(t)] = e - b; });
+            for (int t = 1; t < threads; ++t) {
+                CHECK(size[size_t(t)] <= size[size_t(t - 1)]);
+                CHECK(size[0] - size[size_t(t)] <= 1);
+            }
         }
     }
     CHECK(ThreadPool::physical_cores() >= 1);
