@@ -4,6 +4,7 @@
 #include <cstring>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -77,12 +78,19 @@ __attribute__((target("avx,f16c"))) void row_f16c(const float* x, uint16_t* y, i
     for (; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
 }
 
-// (KVGEN_ISA=generic, which keeps the kernels portable, keeps this portable too)
+// CPUID leaf 1's AVX and F16C bits, and the OS saving the vector registers (OSXSAVE, XCR0's SSE and AVX state), read
+// directly: not every compiler's __builtin_cpu_supports knows "f16c". (KVGEN_ISA=generic, which keeps the kernels
+// portable, keeps this portable too.)
 const bool kF16c = [] {
     const char* isa = std::getenv("KVGEN_ISA");
     if (isa && std::strcmp(isa, "generic") == 0) return false;
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    const unsigned need = 1u << 27 | 1u << 28 | 1u << 29;  // OSXSAVE, AVX, F16C
+    if ((c & need) != need) return false;
+    unsigned lo = 0, hi = 0;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 6u) == 6u;
 }();
 #endif
 
