@@ -512,37 +512,41 @@ TEST_CASE("a token's products are the same bits on every path: the scalar refere
         }
 }
 
-TEST_CASE("Q3_K: a generated token's rows on every instruction set give the scalar reference's bits",
+TEST_CASE("Q2_K and Q3_K: a generated token's rows on every instruction set give the scalar reference's bits",
           "[cpu][vecdot]") {
     const int64_t rows = 37, cols = 768;  // groups of 16 (AVX2: 8) rows and a partial one, 3 super-blocks
-    const RandomWeight weight(GgmlType::Q3_K, rows, cols, 17);
-    const WeightView& w = weight.w;
     std::vector<float> x = test::randn(size_t(4 * cols), 23, 1.0f);
     for (size_t i = 0; i < x.size(); i += 41) x[i] *= 12.0f;  // outliers: activations near +-32512
     std::vector<BlockA32> a(size_t(4 * cols / 32));
     for (int t = 0; t < 4; ++t) quantize_a32(x.data() + t * cols, a.data() + t * cols / 32, cols);
     const int64_t stride = cols / 32 * int64_t(sizeof(BlockA32));
-    for (int nt = 1; nt <= 4; ++nt) {
-        INFO("tokens " << nt);
-        std::vector<float> ref(size_t(nt * rows)), got(size_t(nt * rows));
-        kernels::vec_dot_rows_generic(GgmlType::Q3_K, ActFormat::A32, w.data, w.row_bytes, int(rows), a.data(), stride,
-                                      nt, ref.data(), rows, cols);
-        for (int r = 0; r < rows; ++r)
-            for (int t = 0; t < nt; ++t) {
-                float one;
-                kernels::vec_dot_generic(GgmlType::Q3_K, ActFormat::A32, w.row(r),
-                                         reinterpret_cast<const char*>(a.data()) + t * stride, stride, 1, &one, cols);
-                CHECK(std::memcmp(&one, &ref[size_t(t * rows + r)], 4) == 0);
+    for (GgmlType type : {GgmlType::Q2_K, GgmlType::Q3_K}) {
+        INFO(ggml_type_info(type)->name);
+        const RandomWeight weight(type, rows, cols, 17);
+        const WeightView& w = weight.w;
+        for (int nt = 1; nt <= 4; ++nt) {
+            INFO("tokens " << nt);
+            std::vector<float> ref(size_t(nt * rows)), got(size_t(nt * rows));
+            kernels::vec_dot_rows_generic(type, ActFormat::A32, w.data, w.row_bytes, int(rows), a.data(), stride, nt,
+                                          ref.data(), rows, cols);
+            for (int r = 0; r < rows; ++r)
+                for (int t = 0; t < nt; ++t) {
+                    float one;
+                    kernels::vec_dot_generic(type, ActFormat::A32, w.row(r),
+                                             reinterpret_cast<const char*>(a.data()) + t * stride, stride, 1, &one,
+                                             cols);
+                    CHECK(std::memcmp(&one, &ref[size_t(t * rows + r)], 4) == 0);
+                }
+            if (has_avx2()) {
+                kernels::vec_dot_rows_avx2(type, ActFormat::A32, w.data, w.row_bytes, int(rows), a.data(), stride, nt,
+                                           got.data(), rows, cols);
+                CHECK(std::memcmp(got.data(), ref.data(), ref.size() * 4) == 0);
             }
-        if (has_avx2()) {
-            kernels::vec_dot_rows_avx2(GgmlType::Q3_K, ActFormat::A32, w.data, w.row_bytes, int(rows), a.data(), stride,
-                                       nt, got.data(), rows, cols);
-            CHECK(std::memcmp(got.data(), ref.data(), ref.size() * 4) == 0);
-        }
-        if (has_avx512_vnni()) {
-            kernels::vec_dot_rows_avx512(GgmlType::Q3_K, ActFormat::A32, w.data, w.row_bytes, int(rows), a.data(),
-                                         stride, nt, got.data(), rows, cols);
-            CHECK(std::memcmp(got.data(), ref.data(), ref.size() * 4) == 0);
+            if (has_avx512_vnni()) {
+                kernels::vec_dot_rows_avx512(type, ActFormat::A32, w.data, w.row_bytes, int(rows), a.data(), stride,
+                                             nt, got.data(), rows, cols);
+                CHECK(std::memcmp(got.data(), ref.data(), ref.size() * 4) == 0);
+            }
         }
     }
 }
