@@ -512,7 +512,7 @@ TEST_CASE("a token's products are the same bits on every path: the scalar refere
         }
 }
 
-TEST_CASE("Q2_K and Q3_K: a generated token's rows on every instruction set give the scalar reference's bits",
+TEST_CASE("Q2_K, Q3_K, Q5_0, Q5_1: a generated token's rows on every instruction set give the scalar reference's bits",
           "[cpu][vecdot]") {
     const int64_t rows = 37, cols = 768;  // groups of 16 (AVX2: 8) rows and a partial one, 3 super-blocks
     std::vector<float> x = test::randn(size_t(4 * cols), 23, 1.0f);
@@ -520,7 +520,7 @@ TEST_CASE("Q2_K and Q3_K: a generated token's rows on every instruction set give
     std::vector<BlockA32> a(size_t(4 * cols / 32));
     for (int t = 0; t < 4; ++t) quantize_a32(x.data() + t * cols, a.data() + t * cols / 32, cols);
     const int64_t stride = cols / 32 * int64_t(sizeof(BlockA32));
-    for (GgmlType type : {GgmlType::Q2_K, GgmlType::Q3_K}) {
+    for (GgmlType type : {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q5_0, GgmlType::Q5_1}) {
         INFO(ggml_type_info(type)->name);
         const RandomWeight weight(type, rows, cols, 17);
         const WeightView& w = weight.w;
