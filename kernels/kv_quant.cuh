@@ -110,6 +110,18 @@ KVGEN_HD void kv_load(KvType t, const uint8_t* row, int j0, float (&out)[E]) {
     for (int e = 0; e < E; ++e) out[e] = reinterpret_cast<const float*>(row)[j0 + e];  // F32 (not on the GPU)
 }
 
+// A block's f16 scale d at p (2-byte aligned: blocks of 34 or 18 bytes from an even row start). On the device one
+// 16-bit store: ptxas of CUDA 13.0 compiled memcpy's byte stores of a __half into F2I.U8.F16, the low byte written as
+// the scale's value truncated to an integer (3.52 -> 0x03) instead of its bits.
+KVGEN_HD void kv_store_scale(uint8_t* p, float d) {
+    const __half h = __float2half_rn(d);
+#if defined(__CUDA_ARCH__)
+    *reinterpret_cast<__half*>(p) = h;
+#else
+    memcpy(p, &h, sizeof(h));
+#endif
+}
+
 // One row of head_dim values x (changed: rotated when t is quantized) stored as type t at dst: quantize_row_q8_0 /
 // kv_q4_0_levels of H x per piece, less offset (null: none; a key offset in the rotated basis, engine/kv_offset.h) when
 // given, as kv_encode_row does; or f16 (F32 too, for completeness).
@@ -135,14 +147,12 @@ KVGEN_HD void kv_store_row(KvType t, float* x, uint8_t* dst, int hd, const float
             float amax = 0.0f;
             for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(xb[j]));
             const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-            const __half dh = __float2half_rn(d);
-            memcpy(y, &dh, sizeof(dh));
+            kv_store_scale(y, d);
             for (int j = 0; j < 32; ++j) y[2 + j] = uint8_t(int8_t(roundf(kv_mul(xb[j], id))));
         } else {  // Q4_0: the levels and scale of kv_q4_0_levels
             uint8_t* y = dst + 18 * b;
             int8_t l[32];
-            const __half dh = __float2half_rn(kv_q4_0_levels(xb, l));
-            memcpy(y, &dh, sizeof(dh));
+            kv_store_scale(y, kv_q4_0_levels(xb, l));
             kv_q4_0_pack(l, y + 2);
         }
     }
