@@ -63,9 +63,32 @@ def split_top(s, sep):
     return parts
 
 
+def unmangle(name):
+    """A mangled kernel name ('_ZN5kvgen4cuda...15get_rows_kernelILNS_8GgmlTypeE12EEEvPKh...', as some ncu versions
+    print it) -> 'get_rows_kernel<12>': the last identifier of its nested name, with its leading integer template
+    arguments. Other names are returned as they are."""
+    if not name.startswith("_ZN"):
+        return name
+    i, ident = 3, ""
+    while i < len(name) and name[i].isdigit():
+        j = i
+        while name[j].isdigit():
+            j += 1
+        ln = int(name[i:j])
+        ident, i = name[j:j + ln], j + ln
+    if not ident:
+        return name
+    args = re.findall(r"L[^E]*?E(\d+)E|Li(\d+)E", name[i:]) if name[i:i + 1] == "I" else []
+    nums = [a or b for a, b in args]
+    return f"{ident}<{', '.join(nums)}>" if nums else ident
+
+
 def short_name(name):
-    """'void kvgen::<unnamed>::matvec_kernel<12>(const unsigned char *, ...)' -> 'matvec_kernel<Q4_K>'."""
-    n = name.strip().replace("(anonymous namespace)", "<unnamed>")
+    """'void kvgen::<unnamed>::matvec_kernel<12>(const unsigned char *, ...)' (or 'void unnamed>::matvec_kernel<12>(...)')
+    -> 'matvec_kernel<Q4_K>'."""
+    # the anonymous namespace as '(anonymous namespace)::', '<unnamed>::' or, from ncu 2025, 'unnamed>::' with its
+    # '<' and the namespaces before it cut off: dropped, so that no '<' is left open
+    n = re.sub(r"(?:\(anonymous namespace\)|<?unnamed>)::", "", unmangle(name.strip()))
     if n.startswith("void "):
         n = n[5:]
     # the argument list: the last top-level (...)
