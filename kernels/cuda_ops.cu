@@ -143,7 +143,7 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
     KVGEN_CUDA_CHECK(cudaSetDevice(device_));
     int major = 0;
     KVGEN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
-    pdl_ = s.cuda_pdl && major >= 9;
+    pdl_ = s.cuda_pdl && major >= 9 && CUDART_VERSION >= 12030;  // (graphs take PDL edges from 12.3)
     mma_dev_ = gemm_mma_device(device_);
     sm_count_ = mma_dev_.sm_count;
     splits_ = attention_splits(c_.n_heads, kv_, sm_count_);

@@ -18,7 +18,8 @@
 #      raw CSV as OUTDIR/ncu-SHAPE-TYPE.csv.gz; and for the first type of each shape, pp16 and pp512 at depths 0 and
 #      4096 with --cuda-attention warp (the CUDA-core prefill attention) beside the default tensor-core one
 #      (SHAPE-T-warpattn), and pp512 / tg128 at those depths with --kv-type q8_0 and q4_0 (SHAPE-T-kvq8_0, -kvq4_0);
-#      for every file, tg128 with --cuda-pdl on (SHAPE-T-pdl: programmatic dependent launch of the decode products),
+#      for every file, tg128 with --cuda-pdl off (SHAPE-T-nopdl: the decode products launched without programmatic
+#      dependent launch),
 #      and for the quantized ones pp512 with --cuda-gemm mma (SHAPE-T-mmagemm: the prefill products in one kernel
 #      that decodes each weight tile into shared memory, against cuBLAS on decoded chunks) and pp16 and tg128 with
 #      --cuda-kv-store kernel (SHAPE-T-storekernel: RoPE and the K/V store in their own launch, not in the Q|K|V
@@ -285,10 +286,10 @@ for shape in "${shapes[@]}"; do
             bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-matvec f32 -p 4,16 -n 128 -d 0 -r 2 -o json \
                 >"$work/speed/$name-f32matvec.bench.json" 2>>"$out/log.txt" || log "$name: f32 matvec bench failed"
         fi
-        # the decode products launched programmatically (--cuda-pdl on), to compare with the default launches
-        cp "$work/speed/$name.inspect.json" "$work/speed/$name-pdl.inspect.json"
-        bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-pdl on -p 0 -n 128 -d 0 -r 2 -o json \
-            >"$work/speed/$name-pdl.bench.json" 2>>"$out/log.txt" || log "$name: bench with --cuda-pdl on failed"
+        # the decode products launched without programmatic dependent launch (--cuda-pdl off), to compare
+        cp "$work/speed/$name.inspect.json" "$work/speed/$name-nopdl.inspect.json"
+        bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-pdl off -p 0 -n 128 -d 0 -r 2 -o json \
+            >"$work/speed/$name-nopdl.bench.json" 2>>"$out/log.txt" || log "$name: bench with --cuda-pdl off failed"
         if [[ $t != F16 ]]; then  # the prefill products in one kernel, each weight tile decoded in shared memory
             cp "$work/speed/$name.inspect.json" "$work/speed/$name-mmagemm.inspect.json"
             bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-gemm mma -p 512 -n 0 -d 0 -r 2 -o json \

@@ -330,11 +330,11 @@ int main(int argc, char** argv) {
                    "CUDA prefill attention: mma (flash attention on the tensor cores for head_dim 64 and 128, the "
                    "default) or warp (a warp per query on the CUDA cores, to compare; an f16 cache only)")
         ->check(CLI::IsMember({"mma", "warp"}));
-    std::string cuda_pdl = "off";
+    std::string cuda_pdl = "on";
     app.add_option("--cuda-pdl", cuda_pdl,
-                   "CUDA, sm_90 and later: on lets each integer product start loading its weights while the kernel "
-                   "before it drains (programmatic dependent launch; in graphs it needs CUDA 12.3 or later); off "
-                   "(the default) launches it after")
+                   "CUDA, sm_90 and later with CUDA 12.3 or later: on (the default) lets each integer product start "
+                   "loading its weights while the kernel before it drains (programmatic dependent launch); off "
+                   "launches it after")
         ->check(CLI::IsMember({"on", "off"}));
     std::string cuda_kv_store = "product";
     app.add_option("--cuda-kv-store", cuda_kv_store,

@@ -110,9 +110,9 @@ TEST_CASE("the bench backend column names the CUDA options that differ from the 
     CHECK(cuda_options_name(s).empty());
     s.cuda_mma_gemm = true;
     CHECK(cuda_options_name(s) == "--cuda-gemm mma");
-    s.cuda_pdl = true;
+    s.cuda_pdl = false;
     s.cuda_graphs = false;
-    CHECK(cuda_options_name(s) == "--no-cuda-graphs --cuda-pdl on --cuda-gemm mma");
+    CHECK(cuda_options_name(s) == "--no-cuda-graphs --cuda-pdl off --cuda-gemm mma");
     Settings t;
     t.cuda_int_matvec = t.cuda_flash_attention = t.cuda_qkv_store = false;
     CHECK(cuda_options_name(t) == "--cuda-matvec f32 --cuda-attention warp --cuda-kv-store kernel");

@@ -36,7 +36,7 @@ struct Settings {
     bool cuda_int_matvec = true;  // CUDA: products of up to 16 tokens in integers (16-bit activations) for the types
                                   // that have them
     bool cuda_flash_attention = true;  // CUDA: prefill attention on the tensor cores where head_dim has the kernel
-    bool cuda_pdl = false;  // CUDA (sm_90+): integer products start as the kernel before them drains (--cuda-pdl)
+    bool cuda_pdl = true;  // CUDA (sm_90+): integer products start as the kernel before them drains (--cuda-pdl)
     bool cuda_qkv_store = true;  // CUDA, an f16 cache: the integer Q|K|V products rotate Q and K and store K and V
                                  // themselves, without a launch of their own (--cuda-kv-store)
     bool cuda_mma_gemm = false;  // CUDA: prefill products of quantized weights in one kernel, each weight tile decoded
