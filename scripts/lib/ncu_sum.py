@@ -72,7 +72,7 @@ def unmangle(name):
     i, ident = 3, ""
     while i < len(name) and name[i].isdigit():
         j = i
-        while name[j].isdigit():
+        while j < len(name) and name[j].isdigit():
             j += 1
         ln = int(name[i:j])
         ident, i = name[j:j + ln], j + ln
@@ -84,8 +84,8 @@ def unmangle(name):
 
 
 def short_name(name):
-    """'void kvgen::<unnamed>::matvec_kernel<12>(const unsigned char *, ...)' (or 'void unnamed>::matvec_kernel<12>(...)')
-    -> 'matvec_kernel<Q4_K>'."""
+    """'void kvgen::<unnamed>::matvec_kernel<12>(const unsigned char *, ...)' (or 'void
+    unnamed>::matvec_kernel<12>(...)') -> 'matvec_kernel<Q4_K>'."""
     # the anonymous namespace as '(anonymous namespace)::', '<unnamed>::' or, from ncu 2025, 'unnamed>::' with its
     # '<' and the namespaces before it cut off: dropped, so that no '<' is left open
     n = re.sub(r"(?:\(anonymous namespace\)|<?unnamed>)::", "", unmangle(name.strip()))
