@@ -42,6 +42,9 @@ struct DeviceThread {
     __device__ __forceinline__ float shfl_xor(float v, int o) const {
         return __shfl_xor_sync(0xffffffffu, v, o);
     }
+    __device__ __forceinline__ float shfl(float v, int src_lane) const {
+        return __shfl_sync(0xffffffffu, v, src_lane);
+    }
     // A barrier of the warp's lanes that also orders their memory accesses (a shuffle does not).
     __device__ __forceinline__ void sync_warp() const {
         __syncwarp();

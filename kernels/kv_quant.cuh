@@ -110,10 +110,10 @@ KVGEN_HD void kv_load(KvType t, const uint8_t* row, int j0, float (&out)[E]) {
     for (int e = 0; e < E; ++e) out[e] = reinterpret_cast<const float*>(row)[j0 + e];  // F32 (not on the GPU)
 }
 
-// A block's f16 scale d at p (2-byte aligned: blocks of 34 or 18 bytes from an even row start). On the device one
-// 16-bit store: ptxas of CUDA 13.0 compiled memcpy's byte stores of a __half into F2I.U8.F16, the low byte written as
-// the scale's value truncated to an integer (3.52 -> 0x03) instead of its bits.
-KVGEN_HD void kv_store_scale(uint8_t* p, float d) {
+// d rounded to f16 at p (2-byte aligned: an f16 row's value, or a block's scale, blocks of 34 or 18 bytes from an
+// even row start). On the device one 16-bit store: ptxas of CUDA 13.0 compiled memcpy's byte stores of a __half into
+// F2I.U8.F16, the low byte written as the scale's value truncated to an integer (3.52 -> 0x03) instead of its bits.
+KVGEN_HD void kv_store_half(uint8_t* p, float d) {
     const __half h = __float2half_rn(d);
 #if defined(__CUDA_ARCH__)
     *reinterpret_cast<__half*>(p) = h;
@@ -122,66 +122,133 @@ KVGEN_HD void kv_store_scale(uint8_t* p, float d) {
 #endif
 }
 
-// One row of head_dim values x (changed: rotated when t is quantized) stored as type t at dst: quantize_row_q8_0 /
-// kv_q4_0_levels of H x per piece, less offset (null: none; a key offset in the rotated basis, engine/kv_offset.h) when
-// given, as kv_encode_row does; or f16 (F32 too, for completeness).
-KVGEN_HD void kv_store_row(KvType t, float* x, uint8_t* dst, int hd, const float* offset = nullptr) {
-    if (t == KvType::F16) {
-        for (int j = 0; j < hd; j += 2) {
-            const __half2 h = __floats2half2_rn(x[j], x[j + 1]);
-            memcpy(dst + 2 * j, &h, sizeof(h));
-        }
-        return;
-    }
-    if (t == KvType::F32) {
-        memcpy(dst, x, size_t(hd) * 4);
-        return;
-    }
-    kv_rotate(x, hd);
-    if (offset)
-        for (int j = 0; j < hd; ++j) x[j] -= offset[j];
-    for (int b = 0; b < hd / 32; ++b) {
-        const float* xb = x + 32 * b;
-        if (t == KvType::Q8_0) {
-            uint8_t* y = dst + 34 * b;
-            float amax = 0.0f;
-            for (int j = 0; j < 32; ++j) amax = fmaxf(amax, fabsf(xb[j]));
-            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-            kv_store_scale(y, d);
-            for (int j = 0; j < 32; ++j) y[2 + j] = uint8_t(int8_t(roundf(kv_mul(xb[j], id))));
-        } else {  // Q4_0: the levels and scale of kv_q4_0_levels
-            uint8_t* y = dst + 18 * b;
-            int8_t l[32];
-            kv_store_scale(y, kv_q4_0_levels(xb, l));
-            kv_q4_0_pack(l, y + 2);
+// kv_q4_0_levels of one block held by a warp, lane j holding value j (x): the same value of largest magnitude (the
+// first in j order among equals), the same trials, and each trial's sum(x l) in kv_q4_0_trial_scalar's order: lane k
+// (k < 8) sums part k from lanes k, k ^ 8, k ^ 16, k ^ 24 (that is k + 8, k + 16, k + 24) in turn, then the parts go
+// pairwise by lanes ^ 4, ^ 2, ^ 1 (each add commutes, so lane 0 ends with the loop's sum). sum(l l) is exact in any
+// order. Returns d, in every lane; *level <- lane j's level.
+#pragma nv_exec_check_disable
+template <class Ctx>
+KVGEN_HD float kv_q4_0_levels_warp(const Ctx& ctx, float x, int lane, int* level) {
+    float amag = fabsf(x) > 0.0f ? fabsf(x) : 0.0f;  // a NaN, like a zero, is never the largest
+    float m = x, at = float(lane);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {  // (largest magnitude, then first lane): one order, so every lane agrees
+        const float a2 = ctx.shfl_xor(amag, o), m2 = ctx.shfl_xor(m, o), at2 = ctx.shfl_xor(at, o);
+        if (a2 > amag || (a2 == amag && at2 < at)) {
+            amag = a2;
+            m = m2;
+            at = at2;
         }
     }
+    *level = 0;
+    if (amag == 0.0f) return 0.0f;
+    float best_num = 0.0f, best_sxl = 0.0f;
+    int best_sll = 1;
+    for (int i = 0; i < kKvQ4Trials; ++i) {
+        const int q = kv_q4_0_level(x, kv_q4_0_trial_id(i, m));
+        const float p = kv_mul(x, float(q));
+        float part = kv_add(0.0f, p);
+        part = kv_add(part, ctx.shfl_xor(p, 8));
+        part = kv_add(part, ctx.shfl_xor(p, 16));
+        part = kv_add(part, ctx.shfl_xor(p, 24));
+        part = kv_add(part, ctx.shfl_xor(part, 4));
+        part = kv_add(part, ctx.shfl_xor(part, 2));
+        part = kv_add(part, ctx.shfl_xor(part, 1));
+        const float sxl = ctx.shfl(part, 0);
+        const int sll = int(ctx.warp_sum(float(q * q)));  // at most 32 * 64: exact
+        const float num = kv_mul(sxl, sxl);
+        if (kv_q4_0_better(num, sll, best_num, best_sll)) {
+            best_num = num;
+            best_sll = sll;
+            best_sxl = sxl;
+            *level = q;
+        }
+    }
+    return best_sxl / float(best_sll);
 }
 
 // Item g = (token i0 + g / (2 n_kv_heads), KV head h, half c: 0 K, 1 V) of (i1 - i0) x n_kv_heads x 2 for a step's
-// tokens [i0, i1): that row of k or v ([n][n_kv_heads][hd]), K rotated by RoPE like store_kv_item (cos_t null: as
-// given), stored at position *d_pos0 + i of one layer's cache (kc / vc: the layer's first row). For caches with a
+// tokens [i0, i1), by the 32 lanes of a warp: that row of k or v ([n][n_kv_heads][hd], hd = 32 E), K rotated by RoPE
+// like store_kv_item (cos_t null: as given), stored at position *d_pos0 + i of one layer's cache (kc / vc: the
+// layer's first row) in its half's type (f16, or q8_0 / q4_0 with the rotation of kv_rotation.h). For caches with a
 // quantized half. k_offsets: the layer's key offsets [n_kv_heads][hd] (null where K carries none), taken from the K
 // rows at positions from kKvOffsetPositions on; they must be set before such a row is stored.
-KVGEN_HD void store_kv_row_item(int64_t g, const float* __restrict__ k, const float* __restrict__ v,
+// Lane t holds values t + 32 e of the row (e < E), so register e is the row's block e. The bits of kv_encode_row:
+// hadamard's butterflies pair lanes t and t ^ len for len < 32 and registers e and e ^ len / 32 above (a + b on the
+// lower index, a - b on the upper, as the loop), the key offset is subtracted, then quantize_row_q8_0's arithmetic
+// (a warp maximum) or kv_q4_0_levels_warp.
+#pragma nv_exec_check_disable
+template <int E, class Ctx>
+KVGEN_HD void store_kv_row_warp(const Ctx& ctx, int64_t g, const float* __restrict__ k, const float* __restrict__ v,
                                 const float* __restrict__ cos_t, const float* __restrict__ sin_t,
                                 const float* __restrict__ k_offsets, const int* __restrict__ d_pos0, int i0,
                                 const KvLayout& kv, int half_rope, uint8_t* __restrict__ kc, uint8_t* __restrict__ vc) {
-    constexpr int kMaxHd = 256;
-    const int c = int(g % 2);
+    constexpr int hd = 32 * E, w = hd & -hd;  // w: kv_rotation_width
+    const int lane = ctx.thread() % 32, c = int(g % 2);
     const int64_t ih = int64_t(i0) * kv.n_kv_heads + g / 2;  // token * n_kv_heads + head
-    const int i = int(ih / kv.n_kv_heads), h = int(ih % kv.n_kv_heads), hd = kv.head_dim;
+    const int i = int(ih / kv.n_kv_heads), h = int(ih % kv.n_kv_heads);
     const int pos = *d_pos0 + i;
     const float* src = (c == 0 ? k : v) + ih * hd;
-    float x[kMaxHd];
-    for (int j = 0; j < hd; ++j) x[j] = src[j];
-    if (c == 0 && cos_t)
-        for (int j = 0; j < half_rope; ++j)
-            rope_pair(x[2 * j], x[2 * j + 1], cos_t[int64_t(i) * half_rope + j], sin_t[int64_t(i) * half_rope + j]);
+    float x[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+        const int j = lane + 32 * e;
+        if (c == 0 && cos_t && j / 2 < half_rope) {  // the pair's rope_pair, this lane's half of it kept
+            float a = src[j & ~1], b = src[j | 1];
+            rope_pair(a, b, cos_t[int64_t(i) * half_rope + j / 2], sin_t[int64_t(i) * half_rope + j / 2]);
+            x[e] = j % 2 == 0 ? a : b;
+        } else {
+            x[e] = src[j];
+        }
+    }
     const KvType t = c == 0 ? kv.k_type : kv.v_type;
-    const int64_t rb = KvLayout::row_bytes(t, hd);
-    const float* offset = c == 0 && k_offsets && pos >= kKvOffsetPositions ? k_offsets + int64_t(h) * hd : nullptr;
-    kv_store_row(t, x, (c == 0 ? kc : vc) + (int64_t(h) * kv.n_ctx + pos) * rb, hd, offset);
+    uint8_t* dst = (c == 0 ? kc : vc) + (int64_t(h) * kv.n_ctx + pos) * KvLayout::row_bytes(t, hd);
+    if (t == KvType::F16) {  // (an F32 cache does not run on the GPU: kv_cache_supported)
+#pragma unroll
+        for (int e = 0; e < E; ++e) kv_store_half(dst + 2 * (lane + 32 * e), x[e]);
+        return;
+    }
+#pragma unroll
+    for (int len = 1; len < w; len *= 2) {
+        if (len < 32) {
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                const float o = ctx.shfl_xor(x[e], len);
+                x[e] = lane & len ? o - x[e] : x[e] + o;
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < E; ++e)
+                if ((e & (len / 32)) == 0) {
+                    const float a = x[e], b = x[e + len / 32];
+                    x[e] = a + b;
+                    x[e + len / 32] = a - b;
+                }
+        }
+    }
+    if (c == 0 && k_offsets && pos >= kKvOffsetPositions) {
+        const float* offset = k_offsets + int64_t(h) * hd;
+#pragma unroll
+        for (int e = 0; e < E; ++e) x[e] -= offset[lane + 32 * e];
+    }
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+        if (t == KvType::Q8_0) {
+            uint8_t* y = dst + 34 * e;
+            const float amax = ctx.warp_max(fmaxf(0.0f, fabsf(x[e])));
+            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            if (lane == 0) kv_store_half(y, d);
+            y[2 + lane] = uint8_t(int8_t(roundf(kv_mul(x[e], id))));
+        } else {  // Q4_0: element j in the low nibble of byte j, element j + 16 in its high nibble (kv_q4_0_pack)
+            uint8_t* y = dst + 18 * e;
+            int l;
+            const float d = kv_q4_0_levels_warp(ctx, x[e], lane, &l);
+            const int hi = int(ctx.shfl_xor(float(l), 16));
+            if (lane == 0) kv_store_half(y, d);
+            if (lane < 16) y[2 + lane] = uint8_t((l + 8) | ((hi + 8) << 4));
+        }
+    }
 }
 
 // Item g of n_layers x n_kv_heads (g = l n_kv_heads + h; one layer: kc and k_offsets at that layer's first row and

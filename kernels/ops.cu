@@ -359,16 +359,20 @@ __global__ void store_kv_kernel(QRope qr, const float* __restrict__ k, const flo
         store_kv_item(g, k, v, cos_t, sin_t, d_pos0, kv, half_rope, kc, vc);
 }
 
-__global__ void store_kv_rows_kernel(QRope qr, const float* __restrict__ k, const float* __restrict__ v,
-                                     const float* __restrict__ cos_t, const float* __restrict__ sin_t,
-                                     const float* __restrict__ k_offsets, const int* __restrict__ d_pos0, int i0,
-                                     int n, KvLayout kv, int half_rope, uint8_t* __restrict__ kc,
-                                     uint8_t* __restrict__ vc) {
+// A warp per row (store_kv_row_warp), kKvRowWarps rows a block; E = head_dim / 32.
+constexpr int kKvRowWarps = 8;
+template <int E>
+__global__ void __launch_bounds__(kKvRowWarps* kWarp)
+    store_kv_rows_kernel(QRope qr, const float* __restrict__ k, const float* __restrict__ v,
+                         const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+                         const float* __restrict__ k_offsets, const int* __restrict__ d_pos0, int i0, int n,
+                         KvLayout kv, int half_rope, uint8_t* __restrict__ kc, uint8_t* __restrict__ vc) {
     unsigned b = blockIdx.x;
     if (rope_q_block(qr, &b, cos_t, sin_t, i0 + n, half_rope)) return;
-    const int64_t g = int64_t(b) * blockDim.x + threadIdx.x;
-    if (g < int64_t(n) * kv.n_kv_heads * 2)
-        store_kv_row_item(g, k, v, cos_t, sin_t, k_offsets, d_pos0, i0, kv, half_rope, kc, vc);
+    const int64_t g = int64_t(b) * kKvRowWarps + threadIdx.x / kWarp;
+    if (g < int64_t(n) * kv.n_kv_heads * 2)  // the same for the whole warp
+        store_kv_row_warp<E>(DeviceThread{nullptr}, g, k, v, cos_t, sin_t, k_offsets, d_pos0, i0, kv, half_rope, kc,
+                             vc);
 }
 
 __global__ void kv_offsets_kernel(const uint8_t* __restrict__ kc, int64_t heads, KvLayout kv,
@@ -663,13 +667,20 @@ void store_kv_launch(QRope qr, uint8_t* k_cache, uint8_t* v_cache, const float* 
     KVGEN_ASSERT((k_offsets != nullptr) == kv.k_offsets());
     const int n = i1 - i0;
     if (n == 0 && !qr.q) return;  // with q: the step's rows were all stored in a first part, q still turns here
-    const int threads = kv.quantized() ? 64 : 256;
+    const int threads = 256;
     // note: q is rotated for all i1 tokens, in the launch that stores the last part
     if (qr.q) qr.blocks = grid_for(int64_t(i1) * qr.n_heads * (rope_dim / 2), threads);
-    if (kv.quantized()) {  // a thread per row: RoPE, the rotation of kv_rotation.h, the key offset, the blocks
-        const int64_t items = int64_t(n) * kv.n_kv_heads * 2;
-        store_kv_rows_kernel<<<qr.blocks + grid_for(items, threads), threads, 0, s>>>(
-            qr, k, v, cos_t, sin_t, k_offsets, d_pos0, i0, n, kv, rope_dim / 2, k_cache, v_cache);
+    if (kv.quantized()) {  // a warp per row: RoPE, the rotation of kv_rotation.h, the key offset, the blocks
+        static_assert(kKvRowWarps * kWarp == threads, "one block size for q's RoPE and the rows");
+        const unsigned blocks = qr.blocks + grid_for(int64_t(n) * kv.n_kv_heads * 2, kKvRowWarps);
+        const auto launch = [&](auto e) {
+            store_kv_rows_kernel<decltype(e)::value><<<blocks, threads, 0, s>>>(
+                qr, k, v, cos_t, sin_t, k_offsets, d_pos0, i0, n, kv, rope_dim / 2, k_cache, v_cache);
+        };
+        if (kv.head_dim == 64)  // kv_quantized_head_dim
+            launch(std::integral_constant<int, 2>{});
+        else
+            launch(std::integral_constant<int, 4>{});
         KVGEN_CUDA_LAUNCHED("store_kv_rows");
         return;
     }

@@ -878,6 +878,30 @@ TEST_CASE("a quantized CUDA cache: store_kv writes the CPU cache's bytes, attent
     }
 }
 
+
+TEST_CASE("a quantized CUDA cache row whose values tie in magnitude, or are all zero, gets the CPU's bytes",
+          "[cuda-host]") {
+    // After the rotation a row with one nonzero value is +-1 everywhere: every value of every block ties for the
+    // largest magnitude, and the warp's choice must be the loop's (the first). Two nonzero values give 0 and +-2.
+    for (const int hd : {64, 128})
+        for (const KvType t : {KvType::Q8_0, KvType::Q4_0}) {
+            const Config c = test::attention_config(2, 1, hd);
+            INFO(kv_type_name(t) << " hd " << hd);
+            const int n = 9;
+            std::vector<float> k(size_t(n * hd), 0.0f);
+            const int one[][2] = {{-1, -1}, {0, -1}, {1, -1}, {5, -1}, {0, 1}, {2, 7}, {hd - 1, -1}, {3, hd / 2}};
+            for (int i = 0; i < 8; ++i)
+                for (int e : one[i])
+                    if (e >= 0) k[size_t(i * hd + e)] = i % 3 == 1 ? -0.75f : 1.5f;
+            for (int j = 0; j < hd; ++j) k[size_t(8 * hd + j)] = j % 2 == 0 ? 0.25f : -0.25f;
+            KvCache cpu_kv(c, 16, t, t);
+            cuda::host::KvBytes gpu(cpu_kv.layout());
+            cpu_kv.write(0, 0, n, k.data(), k.data());
+            cuda::host::store_step(gpu, 0, k.data(), k.data(), 0, n);
+            CHECK(kv_rows_differing(cpu_kv, gpu, 0, n) == 0);
+        }
+}
+
 TEST_CASE("the CUDA element-wise bodies, run on the host, match the CPU ops", "[cuda-host]") {
     // RMSNorm: one block of 256 threads per row (fibers), rows longer and shorter than the block
     for (int dim : {96, 896, 2049, 4160}) {

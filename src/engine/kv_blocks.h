@@ -1,7 +1,7 @@
 #pragma once
 // The rounding of a quantized KV cache row's blocks, shared by the CPU backend (kv_encode_row) and the CUDA kernels
-// (kv_store_row), so that both write the same bytes: every product and sum is rounded on its own (kv_mul, kv_add),
-// never fused into a multiply-add.
+// (store_kv_row_warp), so that both write the same bytes: every product and sum is rounded on its own (kv_mul,
+// kv_add), never fused into a multiply-add.
 //
 // q4_0 keeps ggml's Q4_0 block (an f16 scale d, 32 levels l in -8..7 stored as l + 8; value = d * l), but chooses d
 // and the levels by least squares instead of ggml's rule (the value of largest magnitude maps to -8): for each of a
@@ -39,18 +39,29 @@ KVGEN_HD float kv_add(float x, float y) {
 // beyond it). t = 0 is ggml's rule; a larger t clips m a little to give the other values finer steps.
 constexpr int kKvQ4Trials = 5;
 
-// One trial at 1 / scale id: l <- the nearest level of each value, floor(x id + 1/2), computed as floor(x id + 8.5)
-// clamped to 0..15 (so a truncation) less 8; *sxl <- sum(x l) in 8 partial sums (j mod 8) added pairwise; returns
-// sum(l l) (exact: small integers). The reference arithmetic; kv_q4_0_trial is the same, lane for lane, in SSE2.
+// The nearest level of x at 1 / scale id, floor(x id + 1/2): computed as floor(x id + 8.5) clamped to 0..15 (so a
+// truncation) less 8.
+KVGEN_HD int kv_q4_0_level(float x, float id) {
+    float v = kv_add(kv_mul(x, id), 8.5f);
+    v = v < 0.0f ? 0.0f : v;
+    v = v > 15.0f ? 15.0f : v;
+    return int(v) - 8;
+}
+
+// Trial i's 1 / scale, for m the value of largest magnitude.
+KVGEN_HD float kv_q4_0_trial_id(int i, float m) {
+    return kv_mul(-8.0f, kv_add(1.0f, float(i - 2) * (1.0f / 16.0f))) / m;
+}
+
+// One trial at 1 / scale id: l <- each value's kv_q4_0_level; *sxl <- sum(x l) in 8 partial sums (j mod 8) added
+// pairwise; returns sum(l l) (exact: small integers). The reference arithmetic; kv_q4_0_trial is the same, lane for
+// lane, in SSE2.
 KVGEN_HD int kv_q4_0_trial_scalar(const float* x, float id, int8_t* l, float* sxl) {
     float part[8];
     int sll = 0;
     for (int k = 0; k < 8; ++k) part[k] = 0.0f;
     for (int j = 0; j < 32; ++j) {
-        float v = kv_add(kv_mul(x[j], id), 8.5f);
-        v = v < 0.0f ? 0.0f : v;
-        v = v > 15.0f ? 15.0f : v;
-        const int q = int(v) - 8;
+        const int q = kv_q4_0_level(x[j], id);
         l[j] = int8_t(q);
         part[j % 8] = kv_add(part[j % 8], kv_mul(x[j], float(q)));
         sll += q * q;
@@ -96,6 +107,12 @@ KVGEN_HD int kv_q4_0_trial(const float* x, float id, int8_t* l, float* sxl) {
 #endif
 }
 
+// Whether a trial with sum(x l)^2 = num and sum(l l) = sll beats the best so far: num / sll larger, compared without a
+// division.
+KVGEN_HD bool kv_q4_0_better(float num, int sll, float best_num, int best_sll) {
+    return sll > 0 && kv_mul(num, float(best_sll)) > kv_mul(best_num, float(sll));
+}
+
 // levels <- the 32 levels (-8..7) of the block x that round it best; returns its scale d (before f16 rounding; 0 for
 // a block of zeros, whose levels are then all 0).
 KVGEN_HD float kv_q4_0_levels(const float* x, int8_t* levels) {
@@ -110,13 +127,12 @@ KVGEN_HD float kv_q4_0_levels(const float* x, int8_t* levels) {
     float best_num = 0.0f, best_sxl = 0.0f;  // the best trial's sum(x l)^2 and sum(x l)
     int best_sll = 1;                        // and its sum(l l)
     for (int i = 0; i < kKvQ4Trials; ++i) {
-        const float id = kv_mul(-8.0f, kv_add(1.0f, float(i - 2) * (1.0f / 16.0f))) / m;
+        const float id = kv_q4_0_trial_id(i, m);
         int8_t l[32];
         float sxl;
         const int sll = kv_q4_0_trial(x, id, l, &sxl);
-        // keep the trial when sxl^2 / sll beats the best so far (compared without a division)
         const float num = kv_mul(sxl, sxl);
-        if (sll > 0 && kv_mul(num, float(best_sll)) > kv_mul(best_num, float(sll))) {
+        if (kv_q4_0_better(num, sll, best_num, best_sll)) {
             best_num = num;
             best_sll = sll;
             best_sxl = sxl;

@@ -451,10 +451,16 @@ class FiberBlock {
 
     // __shfl_xor_sync: lane ^ o's value.
     float shfl_xor(float v, int o) {
-        const int lane = current_ % 32, base = current_ - lane;
+        const int lane = current_ % 32;
+        return shfl(v, lane ^ o);
+    }
+    float shfl(float v, int src_lane) {
+        if (src_lane < 0 || src_lane >= 32)
+            throw Error(fmt::format("host emulation: a shuffle from lane {}", src_lane));
+        const int base = current_ - current_ % 32;
         exch_[size_t(current_)] = v;
         wait(kWarp);
-        const float p = exch_[source(base + (lane ^ o))];
+        const float p = exch_[source(base + src_lane)];
         wait(kWarp);
         return p;
     }
@@ -568,6 +574,7 @@ struct HostThread {
     float quad_sum(float v) const { return b->quad_sum(v); }
     float quad_max(float v) const { return b->quad_max(v); }
     float shfl_xor(float v, int o) const { return b->shfl_xor(v, o); }
+    float shfl(float v, int src_lane) const { return b->shfl(v, src_lane); }
     void sync_warp() const { b->wait(FiberBlock::kWarp); }
     void mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b_)[2]) const { b->mma(c, a, b_); }
     float load_other(const float* p) const { return *p; }
@@ -716,6 +723,24 @@ std::vector<float> gemm_mma(GgmlType type, const uint8_t* bytes, int64_t rows, i
 }
 
 namespace {
+// store_kv_rows_kernel's rows [0, rows), a warp each (store_kv_row_warp).
+void host_store_rows(int64_t rows, const float* k, const float* v, const float* cos_t, const float* sin_t,
+                     const float* k_offsets, int pos0, int i0, const KvLayout& kv, int half_rope, uint8_t* kc,
+                     uint8_t* vc) {
+    const auto grid = [&](auto e) {
+        run_grid(int(rows), 1, 32, 0, [&](const HostThread& t) {
+            store_kv_row_warp<decltype(e)::value>(t, t.block_x(), k, v, cos_t, sin_t, k_offsets, &pos0, i0, kv,
+                                                  half_rope, kc, vc);
+        });
+    };
+    if (kv.head_dim == 64)
+        grid(std::integral_constant<int, 2>{});
+    else if (kv.head_dim == 128)
+        grid(std::integral_constant<int, 4>{});
+    else
+        throw Error(fmt::format("store_kv_rows: no kernel for head_dim {}", kv.head_dim));
+}
+
 // kv_offsets_kernel: items [0, heads) of kv_offset_item from layer l on.
 void host_kv_offsets(KvBytes& cache, int l, int n_layers) {
     const KvLayout& kv = cache.kv;
@@ -739,8 +764,7 @@ void store_step(KvBytes& cache, int l, const float* k, const float* v, int pos0,
     uint8_t* vc = cache.v.data() + kv.row_index(l, 0, 0) * kv.v_row_bytes();
     const float* off = kv.k_offsets() ? cache.k_offsets.data() + int64_t(l) * kv.n_kv_heads * kv.head_dim : nullptr;
     auto rows = [&](int i0, int i1) {  // store_kv_rows_kernel over tokens [i0, i1)
-        for (int64_t g = 0; g < int64_t(i1 - i0) * kv.n_kv_heads * 2; ++g)
-            store_kv_row_item(g, k, v, nullptr, nullptr, off, &pos0, i0, kv, 0, kc, vc);
+        host_store_rows(int64_t(i1 - i0) * kv.n_kv_heads * 2, k, v, nullptr, nullptr, off, pos0, i0, kv, 0, kc, vc);
     };
     const bool sets = kv.k_offsets() && pos0 < kKvOffsetPositions && pos0 + n >= kKvOffsetPositions;
     const int split = sets ? kKvOffsetPositions - pos0 : 0;
@@ -965,9 +989,8 @@ std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos
         store_kv_item(g, k.data(), k.data(), cs.data(), sn.data(), &pos0, kv, c.rope_dim / 2, kc.data(), vc.data());
     // the per-row kernel of a quantized cache, run with f16 halves, writes the same values
     std::vector<__half> kr(kc.size(), __float2half(NAN)), vr(kr);
-    for (int64_t g = 0; g < int64_t(n) * c.n_kv_heads * 2; ++g)
-        store_kv_row_item(g, k.data(), k.data(), cs.data(), sn.data(), nullptr, &pos0, 0, kv, c.rope_dim / 2,
-                          reinterpret_cast<uint8_t*>(kr.data()), reinterpret_cast<uint8_t*>(vr.data()));
+    host_store_rows(int64_t(n) * c.n_kv_heads * 2, k.data(), k.data(), cs.data(), sn.data(), nullptr, pos0, 0, kv,
+                    c.rope_dim / 2, reinterpret_cast<uint8_t*>(kr.data()), reinterpret_cast<uint8_t*>(vr.data()));
     for (int i = 0; i < n; ++i)
         for (int h = 0; h < c.n_kv_heads; ++h)
             for (int j = 0; j < c.head_dim; ++j) {

@@ -216,7 +216,7 @@ void copy_never_waited();
 // Lane 0 of a warp waits at a warp barrier while the others wait at the block's: throws kvgen::Error (deadlock).
 void barrier_deadlock();
 using testing::KvBytes;
-// store_step and kv_write with the kernels' items run on the host (store_kv_item, store_kv_row_item, kv_offset_item).
+// store_step and kv_write with the kernels' items run on the host (store_kv_item, store_kv_row_warp, kv_offset_item).
 void store_step(KvBytes& cache, int l, const float* k, const float* v, int pos0, int n);
 void kv_write(KvBytes& cache, const void* k, const void* v, int n);
 
