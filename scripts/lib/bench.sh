@@ -32,15 +32,17 @@ words() {
     echo "${line[*]}"
 }
 
-# run_context ROOT: sets date (UTC), commit (short, -dirty with local changes) and machine (CPU model, CPUs, memory,
-# the CPU flags kvgen's kernels use).
+# run_context ROOT [CPUINFO]: sets date (UTC), commit (short, -dirty with local changes) and machine (CPU model,
+# CPUs, memory, the CPU flags kvgen's kernels use; CPUINFO: /proc/cpuinfo unless given).
+# note: each field is read by a sed that stops at its first match, not sed | head: a container on a large host lists
+# hundreds of CPUs there, and head leaving early killed sed with SIGPIPE, which pipefail and set -e made a silent exit.
 run_context() {
-    local root=$1 cpu have f flags=() mem_gib
+    local root=$1 cpuinfo=${2:-/proc/cpuinfo} cpu have f flags=() mem_gib
     date=$(date -u '+%Y-%m-%d %H:%M UTC')
     commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null) || commit=unknown
     [[ $commit != unknown ]] && ! git -C "$root" diff --quiet HEAD -- 2>/dev/null && commit+=-dirty
-    cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)
-    have=" $(sed -n 's/^flags[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1) "
+    cpu=$(sed -n '/^model name[[:space:]]*: /{s///p;q}' "$cpuinfo" 2>/dev/null) || cpu=""
+    have=" $(sed -n '/^flags[[:space:]]*: /{s///p;q}' "$cpuinfo" 2>/dev/null || true) "
     for f in avx2 fma f16c avx512f avx512bw avx512vl avx512_vnni; do [[ $have == *" $f "* ]] && flags+=("$f"); done
     mem_gib=$(awk '/^MemTotal:/ {printf "%.0f", $2 / 1048576}' /proc/meminfo 2>/dev/null || true)
     machine="${cpu:-$(uname -m)}, $(nproc) CPUs${mem_gib:+, $mem_gib GiB}; CPU flags: ${flags[*]:-none of avx2, avx512f, avx512_vnni}"
