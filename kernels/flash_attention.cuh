@@ -5,11 +5,12 @@
 // mma.sync m16n8k16 products (f16 operands, f32 accumulation), the softmax is online (running max m, sum l) in
 // registers, and tiles past a warp's last query are skipped.
 //
-// Exactness: K and V are the cache's f16 values as they are (a quantized cache's values rounded to f16, a K row's key
-// offset added back first). The query, scaled by 1/sqrt(head_dim) log2(e) in f32, is split into an f16 high part and
-// an f16 low part (q = hi + lo to about 2^-22), and S is both parts' products summed in f32, so the scores keep f32
-// precision. P is rounded to f16 for P V (each weight within 2^-11 of itself; l, the normalizer, sums the unrounded
-// values).
+// Exactness: an f16 cache's K and V are its values as they are. The query, scaled by 1/sqrt(head_dim) log2(e) in f32,
+// is split into an f16 high part and an f16 low part (q = hi + lo to about 2^-22), and S is both parts' products
+// summed in f32, so the scores keep f32 precision. A quantized cache's values (d * q, a K row's key offset added back)
+// are not f16 values: with LO (a cache with a quantized half) the tiles hold each value the same way, as hi + lo, and
+// S adds q_hi k_lo, O adds P v_lo, so K and V count to about 2^-22 as well, as the CPU's f32 reads them. P is rounded
+// to f16 for P V (each weight within 2^-11 of itself; l, the normalizer, sums the unrounded values).
 //
 // Written against a thread context, like attention.cuh: on the GPU, DeviceThread::mma is the mma.sync instruction;
 // on the host (tests/cuda_support/host_emulation.cu) the warp's fragments are gathered and multiplied as the PTX ISA
@@ -40,9 +41,10 @@ constexpr int kFaTile = 64;             // cache positions per tile
 constexpr int kFaVStride = kFaTile + 8;  // halves per transposed V row (36 words: fragment reads in 32 banks)
 template <int HD>
 constexpr int kFaKStride = HD + 8;  // halves per K row in shared memory (HD / 2 + 4 words: no bank conflicts)
-// Floats of shared memory a block needs: the K tile [kFaTile][HD + 8] and the transposed V tile [HD][kFaTile + 8].
-template <int HD>
-constexpr int kFaShared = (kFaTile * kFaKStride<HD> + HD * kFaVStride) / 2;
+// Floats of shared memory a block needs: the K tile [kFaTile][HD + 8] and the transposed V tile [HD][kFaTile + 8], and
+// with LO both again for the low parts (head_dim 128: 35,840 bytes, with LO 71,680).
+template <int HD, bool LO = false>
+constexpr int kFaShared = (LO ? 2 : 1) * (kFaTile * kFaKStride<HD> + HD * kFaVStride) / 2;
 
 // head_dim values the tensor-core kernel is built for (the rest use attention_prefill_body).
 KVGEN_HD bool flash_head_dim(int hd) {
@@ -68,11 +70,13 @@ KVGEN_HD uint32_t load_u32(const __half* p) {
     return u;
 }
 
-// Values d .. d + 7 of a cached row as eight f16 (a quantized row's d * q rounded to f16: within 2^-12 of itself,
-// as an f16 cache holds K and V). add (a quantized row only; null: none): eight values added before the rounding.
-KVGEN_HD uint4 kv_load8_f16(KvType t, const uint8_t* row, int d, const float* add = nullptr) {
+// Values d .. d + 7 of a cached row as eight f16 (a quantized row's d * q rounded to f16: within 2^-12 of itself).
+// add (a quantized row only; null: none): eight values added before the rounding. lo (null: not wanted): each value
+// less its f16, rounded to f16 (exact in f32: hi + lo is the value to about 2^-22 of it; zeros for an f16 row).
+KVGEN_HD uint4 kv_load8_f16(KvType t, const uint8_t* row, int d, const float* add = nullptr, uint4* lo = nullptr) {
     if (t == KvType::F16) {
         check_aligned(row + 2 * d, 16);
+        if (lo) *lo = make_uint4(0, 0, 0, 0);
         return *reinterpret_cast<const uint4*>(row + 2 * d);
     }
     float f[8];
@@ -80,10 +84,17 @@ KVGEN_HD uint4 kv_load8_f16(KvType t, const uint8_t* row, int d, const float* ad
     if (add)
 #pragma unroll
         for (int e = 0; e < 8; ++e) f[e] += add[e];
-    const uint32_t w[4] = {pack_halves(f[0], f[1]), pack_halves(f[2], f[3]), pack_halves(f[4], f[5]),
-                           pack_halves(f[6], f[7])};
+    uint32_t w[4], r[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const __half2 h = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+        w[i] = half2_bits(h);
+        const float2 back = __half22float2(h);
+        r[i] = pack_halves(f[2 * i] - back.x, f[2 * i + 1] - back.y);
+    }
     uint4 u;
     memcpy(&u, w, sizeof(u));
+    if (lo) memcpy(lo, r, sizeof(*lo));
     return u;
 }
 
@@ -119,7 +130,8 @@ KVGEN_HD int64_t flash_partials(int n_batch, int n_heads, int head_dim) {
     return (rows < cap ? rows : cap) * (head_dim + 2);
 }
 
-// grid (n_heads / NQ, ceil(n / (kFaRows / NQ)) x splits), kFaThreads threads, kFaShared<HD> floats of shared memory.
+// grid (n_heads / NQ, ceil(n / (kFaRows / NQ)) x splits), kFaThreads threads, kFaShared<HD, LO> floats of shared
+// memory. LO: K and V as f16 high and low parts (for a cache with a quantized half; see the top of this file).
 // Queries i at positions *d_pos0 + i, each over cache positions 0 ..= its own; q, out [n][n_heads][HD]; scale =
 // 1 / sqrt(HD). Row rho of the block is query i0 + rho / NQ of head h0 + rho % NQ. k_offsets: the layer's key offsets
 // [n_kv_heads][HD] where K carries them (KvLayout::k_offsets), else null: added back to the K rows from
@@ -128,7 +140,7 @@ KVGEN_HD int64_t flash_partials(int n_batch, int n_heads, int head_dim) {
 // and writes each row's partial result to partials [n][n_heads][splits][HD + 2] (o unnormalized, m, l; m in natural
 // log units, as combine_head reads it) instead of out; a split with no tile writes m = -inf, l = 0.
 #pragma nv_exec_check_disable
-template <int HD, int NQ, class Ctx>
+template <int HD, int NQ, bool LO, class Ctx>
 KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, const uint8_t* __restrict__ kc,
                                  const uint8_t* __restrict__ vc, const float* __restrict__ k_offsets,
                                  const int* __restrict__ d_pos0, int n, int n_heads, int n_rep, const KvLayout& kv,
@@ -142,6 +154,8 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
     constexpr float kLog2e = 1.4426950408889634f;
     __half* ks = reinterpret_cast<__half*>(ctx.shared());
     __half* vts = ks + kFaTile * KS;
+    __half* kls = vts + HD * VS;  // with LO: the low parts' tiles, laid out as the high parts'
+    __half* vtls = kls + kFaTile * KS;
 
     const int tid = ctx.thread(), warp = tid / 32, lane = tid % 32, gid = lane >> 2, tig = lane & 3;
     const int h0 = ctx.block_x() * NQ, g = h0 / n_rep;
@@ -207,11 +221,11 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
         for (int u = tid; u < kFaTile * HD / 8; u += kFaThreads) {
             constexpr int PG = kFaTile / 16;  // groups of 16 positions
             const int c = u / 32, p = 16 * (c % PG) + u % 16, d = 8 * (2 * (c / PG) + u % 32 / 16);
-            uint4 k4 = make_uint4(0, 0, 0, 0), v4 = make_uint4(0, 0, 0, 0);
+            uint4 k4 = make_uint4(0, 0, 0, 0), v4 = k4, kl4 = k4, vl4 = k4;
             if (t0 + p <= block_last) {
                 k4 = kv_load8_f16(kv.k_type, kg + int64_t(t0 + p) * krb, d,
-                                  koff && t0 + p >= kKvOffsetPositions ? koff + d : nullptr);
-                v4 = kv_load8_f16(kv.v_type, vg + int64_t(t0 + p) * vrb, d);
+                                  koff && t0 + p >= kKvOffsetPositions ? koff + d : nullptr, LO ? &kl4 : nullptr);
+                v4 = kv_load8_f16(kv.v_type, vg + int64_t(t0 + p) * vrb, d, nullptr, LO ? &vl4 : nullptr);
             }
             check_aligned(ks + p * KS + d, 16);
             *reinterpret_cast<uint4*>(ks + p * KS + d) = k4;
@@ -219,6 +233,12 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
             memcpy(vh, &v4, sizeof(vh));
 #pragma unroll
             for (int e = 0; e < 8; ++e) vts[(d + e) * VS + p] = vh[e];
+            if constexpr (LO) {
+                *reinterpret_cast<uint4*>(kls + p * KS + d) = kl4;
+                memcpy(vh, &vl4, sizeof(vh));
+#pragma unroll
+                for (int e = 0; e < 8; ++e) vtls[(d + e) * VS + p] = vh[e];
+            }
         }
         ctx.sync();
         if (t0 <= warp_last) {  // the same for the whole warp
@@ -233,6 +253,11 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
                     const uint32_t b[2] = {load_u32(kp), load_u32(kp + 8)};
                     ctx.mma(s[j], qh[kk], b);
                     ctx.mma(s[j], ql[kk], b);
+                    if constexpr (LO) {
+                        const __half* klp = kls + (8 * j + gid) * KS + 16 * kk + 2 * tig;
+                        const uint32_t bl[2] = {load_u32(klp), load_u32(klp + 8)};
+                        ctx.mma(s[j], qh[kk], bl);
+                    }
                 }
             }
             if (t0 + kFaTile - 1 > warp_first) {  // the diagonal: positions past a row's own are masked
@@ -277,6 +302,11 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
                     const __half* vp = vts + (8 * nt + gid) * VS + 16 * kk + 2 * tig;
                     const uint32_t b[2] = {load_u32(vp), load_u32(vp + 8)};
                     ctx.mma(o[nt], a, b);
+                    if constexpr (LO) {
+                        const __half* vlp = vtls + (8 * nt + gid) * VS + 16 * kk + 2 * tig;
+                        const uint32_t bl[2] = {load_u32(vlp), load_u32(vlp + 8)};
+                        ctx.mma(o[nt], a, bl);
+                    }
                 }
             }
         }

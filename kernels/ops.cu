@@ -443,15 +443,23 @@ __global__ void __launch_bounds__(kAttnThreads)
     attention_prefill_body<NQ, E>(DeviceThread{nullptr}, q, kc, vc, d_pos0, n, n_heads, n_rep, kv, scale, out);
 }
 
-template <int HD, int NQ>
+// LO (a cache with a quantized half): kFaShared<HD, true> floats of dynamic shared memory (over 48 KiB for head_dim
+// 128); else the static kFaShared<HD>.
+template <int HD, int NQ, bool LO>
 __global__ void __launch_bounds__(kFaThreads)
     flash_prefill_kernel(const float* __restrict__ q, const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc,
                          const float* __restrict__ k_offsets, const int* __restrict__ d_pos0, int n, int n_heads,
                          int n_rep, KvLayout kv, float scale, float* __restrict__ out, int splits,
                          float* __restrict__ partials) {
-    __shared__ __align__(16) float sm[kFaShared<HD>];
-    flash_prefill_body<HD, NQ>(DeviceThread{sm}, q, kc, vc, k_offsets, d_pos0, n, n_heads, n_rep, kv, scale, out,
-                               splits, partials);
+    if constexpr (LO) {
+        extern __shared__ __align__(16) float flash_lo_shared[];
+        flash_prefill_body<HD, NQ, true>(DeviceThread{flash_lo_shared}, q, kc, vc, k_offsets, d_pos0, n, n_heads,
+                                         n_rep, kv, scale, out, splits, partials);
+    } else {
+        __shared__ __align__(16) float sm[kFaShared<HD>];
+        flash_prefill_body<HD, NQ, false>(DeviceThread{sm}, q, kc, vc, k_offsets, d_pos0, n, n_heads, n_rep, kv,
+                                          scale, out, splits, partials);
+    }
 }
 
 // grid n * n_heads: row block_x's splits of a split flash_prefill_kernel combined into out.
@@ -788,9 +796,9 @@ bool gemm_mma_ok(const DevWeight& w) {
 namespace {
 // Sets up `kernel`'s shared memory on the current device, d, for blocks of `bytes`: the dynamic shared memory a
 // block may ask for (past the 48 KiB a kernel gets without asking) and, as a hint, the share of each SM's unified L1
-// and shared memory that holds kQgBlocksPerSm of them (the driver would otherwise pick one itself, possibly for fewer
+// and shared memory that holds blocks_per_sm of them (the driver would otherwise pick one itself, possibly for fewer
 // blocks). Once per device, kernel and size: the attributes stay set.
-void set_up_shared(const void* kernel, size_t bytes, const GemmMmaDevice& d) {
+void set_up_shared(const void* kernel, size_t bytes, const GemmMmaDevice& d, int blocks_per_sm) {
     struct Done {
         const void* kernel;
         int device;
@@ -806,7 +814,7 @@ void set_up_shared(const void* kernel, size_t bytes, const GemmMmaDevice& d) {
     if (bytes > size_t(48) << 10)
         KVGEN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
     if (d.shared_per_sm > 0) {
-        const int64_t need = kQgBlocksPerSm * (int64_t(bytes) + kSharedReservePerBlock);
+        const int64_t need = blocks_per_sm * (int64_t(bytes) + kSharedReservePerBlock);
         const int64_t percent = std::min<int64_t>(100, (100 * need + d.shared_per_sm - 1) / d.shared_per_sm);
         KVGEN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, int(percent)));
     }
@@ -831,7 +839,7 @@ void gemm_mma_launch(const RowSplit& out, const DevWeight& w, const DevWeight* u
         constexpr GgmlType T = decltype(tag)::value;
         if constexpr (T != GgmlType::F16) {  // F16 goes to cuBLAS in place (gemm_mma_ok): no kernel built for it
             const auto launch = [&](auto kernel) {
-                set_up_shared(reinterpret_cast<const void*>(kernel), bytes, dev);
+                set_up_shared(reinterpret_cast<const void*>(kernel), bytes, dev, kQgBlocksPerSm);
                 kernel<<<grid, kQgThreads, bytes, s>>>(w.data, u, w.row_bytes, w.rows, w.cols, x, n, dst, accumulate,
                                                        splits, stages);
             };
@@ -952,8 +960,18 @@ void attention_prefill(float* out, const float* q, const uint8_t* k_cache, const
             constexpr int HD = decltype(hd)::value, NQ = decltype(nq)::value;
             KVGEN_ASSERT(splits >= 1 && (splits == 1 || partials));
             const dim3 grid(unsigned(n_heads / NQ), unsigned((n + kFaRows / NQ - 1) / (kFaRows / NQ) * splits));
-            flash_prefill_kernel<HD, NQ><<<grid, kFaThreads, 0, s>>>(q, k_cache, v_cache, k_offsets, d_pos0, n, n_heads,
-                                                                     n_rep, kv, scale, out, splits, partials);
+            if (kv.quantized()) {
+                const auto kernel = flash_prefill_kernel<HD, NQ, true>;
+                const size_t bytes = sizeof(float) * size_t(kFaShared<HD, true>);
+                int device = 0;
+                KVGEN_CUDA_CHECK(cudaGetDevice(&device));
+                set_up_shared(reinterpret_cast<const void*>(kernel), bytes, gemm_mma_device(device), kFaBlocksPerSm);
+                kernel<<<grid, kFaThreads, bytes, s>>>(q, k_cache, v_cache, k_offsets, d_pos0, n, n_heads, n_rep, kv,
+                                                       scale, out, splits, partials);
+            } else {
+                flash_prefill_kernel<HD, NQ, false><<<grid, kFaThreads, 0, s>>>(
+                    q, k_cache, v_cache, k_offsets, d_pos0, n, n_heads, n_rep, kv, scale, out, splits, partials);
+            }
         })) {
         KVGEN_CUDA_LAUNCHED("flash_prefill");
         if (splits > 1) {

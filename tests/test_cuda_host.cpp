@@ -867,10 +867,11 @@ TEST_CASE("a quantized CUDA cache: store_kv writes the CPU cache's bytes, attent
                     CHECK(test::worst_diff(got, want) <= 2e-5f * scale);
                     continue;
                 }
-                // the tile's values and P rounded to f16: within 2e-3 of the largest output
+                // the tile's values as f16 high and low parts, P rounded to f16: within 3e-4 of the largest output
+                // (measured: at most 1.5e-4, as for an f16 cache; with the values rounded to f16 alone, up to 6.7e-4)
                 const std::vector<float> flash =
                     cuda::host::attention(c, q, k, v, pos0, n, n_ctx, 0, false, true, ty.k, ty.v);
-                CHECK(test::worst_diff(flash, want) <= 2e-3f * scale);
+                CHECK(test::worst_diff(flash, want) <= 3e-4f * scale);
                 // --cuda-attention warp does not apply to a quantized cache: the same kernel runs
                 CHECK(cuda::host::attention(c, q, k, v, pos0, n, n_ctx, 0, false, false, ty.k, ty.v) == flash);
             }

@@ -863,10 +863,17 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q_in, co
             const int sp = splits > 1 ? splits : 1, gy = (n + kFaRows / NQ - 1) / (kFaRows / NQ) * sp;
             std::vector<float> partials(sp > 1 ? size_t(n) * size_t(c.n_heads) * size_t(sp) * size_t(hd + 2) : 0,
                                         NAN);
-            run_grid(c.n_heads / NQ, gy, kFaThreads, size_t(kFaShared<HD>), [&](const HostThread& t) {
-                flash_prefill_body<HD, NQ>(t, q.data(), kc, vc, koff, &pos0, n, c.n_heads, n_rep, kv, scale,
-                                           out.data(), sp, partials.data());
-            });
+            const auto grid = [&](auto lo) {
+                constexpr bool LO = decltype(lo)::value;
+                run_grid(c.n_heads / NQ, gy, kFaThreads, size_t(kFaShared<HD, LO>), [&](const HostThread& t) {
+                    flash_prefill_body<HD, NQ, LO>(t, q.data(), kc, vc, koff, &pos0, n, c.n_heads, n_rep, kv, scale,
+                                                   out.data(), sp, partials.data());
+                });
+            };
+            if (kv.quantized())  // as attention_prefill launches it
+                grid(std::true_type{});
+            else
+                grid(std::false_type{});
             if (sp > 1)
                 run_grid(n * c.n_heads, 1, 128, 0, [&](const HostThread& t) {
                     combine_head(t, 128, partials.data(), sp, sp, hd, t.block_x(), out.data(), nullptr);
