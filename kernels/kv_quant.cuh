@@ -122,6 +122,49 @@ KVGEN_HD void kv_store_half(uint8_t* p, float d) {
 #endif
 }
 
+// x <- H x per piece (kv_rotate's butterflies, bit for bit) for a row of 32 E values held by a warp, lane t holding
+// values t + 32 e in x[e]: pairs t, t ^ len are lanes for len < 32 and registers e, e ^ len / 32 above, the lower
+// index taking a + b and the upper a - b, as hadamard does.
+#pragma nv_exec_check_disable
+template <int E, class Ctx>
+KVGEN_HD void kv_hadamard_warp(const Ctx& ctx, int lane, float (&x)[E]) {
+    constexpr int hd = 32 * E, w = hd & -hd;  // w: kv_rotation_width
+#pragma unroll
+    for (int len = 1; len < w; len *= 2) {
+        if (len < 32) {
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                const float o = ctx.shfl_xor(x[e], len);
+                x[e] = lane & len ? o - x[e] : x[e] + o;
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < E; ++e)
+                if ((e & (len / 32)) == 0) {
+                    const float a = x[e], b = x[e + len / 32];
+                    x[e] = a + b;
+                    x[e + len / 32] = a - b;
+                }
+        }
+    }
+}
+
+// A row of 32 E values at p <- H x / w per piece (kv_rotate_scaled, bit for bit), by the 32 lanes of a warp: a query
+// turned to a quantized K's basis, an attention output back from a quantized V's.
+#pragma nv_exec_check_disable
+template <int E, class Ctx>
+KVGEN_HD void kv_rotate_row_warp(const Ctx& ctx, float* __restrict__ p) {
+    constexpr int hd = 32 * E, w = hd & -hd;
+    const int lane = ctx.thread() % 32;
+    float x[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) x[e] = p[lane + 32 * e];
+    kv_hadamard_warp<E>(ctx, lane, x);
+    const float inv_w = 1.0f / float(w);
+#pragma unroll
+    for (int e = 0; e < E; ++e) p[lane + 32 * e] = x[e] * inv_w;
+}
+
 // kv_q4_0_levels of one block held by a warp, lane j holding value j (x): the same value of largest magnitude (the
 // first in j order among equals), the same trials, and each trial's sum(x l) in kv_q4_0_trial_scalar's order: lane k
 // (k < 8) sums part k from lanes k, k ^ 8, k ^ 16, k ^ 24 (that is k + 8, k + 16, k + 24) in turn, then the parts go
@@ -175,16 +218,15 @@ KVGEN_HD float kv_q4_0_levels_warp(const Ctx& ctx, float x, int lane, int* level
 // quantized half. k_offsets: the layer's key offsets [n_kv_heads][hd] (null where K carries none), taken from the K
 // rows at positions from kKvOffsetPositions on; they must be set before such a row is stored.
 // Lane t holds values t + 32 e of the row (e < E), so register e is the row's block e. The bits of kv_encode_row:
-// hadamard's butterflies pair lanes t and t ^ len for len < 32 and registers e and e ^ len / 32 above (a + b on the
-// lower index, a - b on the upper, as the loop), the key offset is subtracted, then quantize_row_q8_0's arithmetic
-// (a warp maximum) or kv_q4_0_levels_warp.
+// the rotation (kv_hadamard_warp), the key offset subtracted, then quantize_row_q8_0's arithmetic (a warp maximum) or
+// kv_q4_0_levels_warp.
 #pragma nv_exec_check_disable
 template <int E, class Ctx>
 KVGEN_HD void store_kv_row_warp(const Ctx& ctx, int64_t g, const float* __restrict__ k, const float* __restrict__ v,
                                 const float* __restrict__ cos_t, const float* __restrict__ sin_t,
                                 const float* __restrict__ k_offsets, const int* __restrict__ d_pos0, int i0,
                                 const KvLayout& kv, int half_rope, uint8_t* __restrict__ kc, uint8_t* __restrict__ vc) {
-    constexpr int hd = 32 * E, w = hd & -hd;  // w: kv_rotation_width
+    constexpr int hd = 32 * E;
     const int lane = ctx.thread() % 32, c = int(g % 2);
     const int64_t ih = int64_t(i0) * kv.n_kv_heads + g / 2;  // token * n_kv_heads + head
     const int i = int(ih / kv.n_kv_heads), h = int(ih % kv.n_kv_heads);
@@ -209,24 +251,7 @@ KVGEN_HD void store_kv_row_warp(const Ctx& ctx, int64_t g, const float* __restri
         for (int e = 0; e < E; ++e) kv_store_half(dst + 2 * (lane + 32 * e), x[e]);
         return;
     }
-#pragma unroll
-    for (int len = 1; len < w; len *= 2) {
-        if (len < 32) {
-#pragma unroll
-            for (int e = 0; e < E; ++e) {
-                const float o = ctx.shfl_xor(x[e], len);
-                x[e] = lane & len ? o - x[e] : x[e] + o;
-            }
-        } else {
-#pragma unroll
-            for (int e = 0; e < E; ++e)
-                if ((e & (len / 32)) == 0) {
-                    const float a = x[e], b = x[e + len / 32];
-                    x[e] = a + b;
-                    x[e + len / 32] = a - b;
-                }
-        }
-    }
+    kv_hadamard_warp<E>(ctx, lane, x);
     if (c == 0 && k_offsets && pos >= kKvOffsetPositions) {
         const float* offset = k_offsets + int64_t(h) * hd;
 #pragma unroll

@@ -381,9 +381,11 @@ __global__ void kv_offsets_kernel(const uint8_t* __restrict__ kc, int64_t heads,
     if (g < heads) kv_offset_item(g, kc, kv, k_offsets);
 }
 
-__global__ void kv_rotate_rows_kernel(float* __restrict__ x, int64_t rows, int hd) {
-    const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (r < rows) kv_rotate_scaled(x + r * hd, hd, hd);
+// A warp per row (kv_rotate_row_warp), kKvRowWarps rows a block; E = head_dim / 32.
+template <int E>
+__global__ void __launch_bounds__(kKvRowWarps* kWarp) kv_rotate_rows_kernel(float* __restrict__ x, int64_t rows) {
+    const int64_t r = int64_t(blockIdx.x) * kKvRowWarps + threadIdx.x / kWarp;
+    if (r < rows) kv_rotate_row_warp<E>(DeviceThread{nullptr}, x + r * 32 * E);  // the same for the whole warp
 }
 
 __global__ void swiglu_kernel(float* __restrict__ g, const float* __restrict__ u, int64_t count) {
@@ -724,7 +726,11 @@ void kv_offsets(float* k_offsets, const uint8_t* k_cache, int n_layers, const Kv
 
 void kv_rotate_rows(float* x, int64_t rows, int head_dim, cudaStream_t s) {
     if (rows == 0) return;
-    kv_rotate_rows_kernel<<<grid_for(rows, 64), 64, 0, s>>>(x, rows, head_dim);
+    KVGEN_ASSERT(kv_quantized_head_dim(head_dim));
+    if (head_dim == 64)
+        kv_rotate_rows_kernel<2><<<grid_for(rows, kKvRowWarps), kKvRowWarps * kWarp, 0, s>>>(x, rows);
+    else
+        kv_rotate_rows_kernel<4><<<grid_for(rows, kKvRowWarps), kKvRowWarps * kWarp, 0, s>>>(x, rows);
     KVGEN_CUDA_LAUNCHED("kv_rotate_rows");
 }
 

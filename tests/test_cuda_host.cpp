@@ -17,6 +17,7 @@
 #include "weight_layout.h"
 #include "engine/kv_cache.h"
 #include "engine/kv_offset.h"
+#include "engine/kv_rotation.h"
 #include "model/dequant.h"
 #include "model/weights.h"
 #include "synth/synth.h"
@@ -879,6 +880,22 @@ TEST_CASE("a quantized CUDA cache: store_kv writes the CPU cache's bytes, attent
     }
 }
 
+
+TEST_CASE("a query or an output turned by a warp per row equals kv_rotate_scaled bit for bit", "[cuda-host]") {
+    for (const int hd : {64, 128}) {
+        INFO("hd " << hd);
+        std::vector<float> x = test::randn(size_t(7 * hd), uint32_t(hd), 3.0f);
+        x[5] = 1e30f;  // large and tiny values: the same sums, so the same roundings
+        x[size_t(hd) + 1] = -1e-30f;
+        std::vector<float> want = x;
+        for (int r = 0; r < 7; ++r) kv_rotate_scaled(want.data() + size_t(r * hd), hd, hd);
+        const std::vector<float> got = cuda::host::rotate_rows(x, hd);
+        REQUIRE(got.size() == want.size());
+        int differ = 0;
+        for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &want[i], sizeof(float)) != 0;
+        CHECK(differ == 0);
+    }
+}
 
 TEST_CASE("a quantized CUDA cache row whose values tie in magnitude, or are all zero, gets the CPU's bytes",
           "[cuda-host]") {

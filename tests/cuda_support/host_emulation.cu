@@ -722,6 +722,23 @@ std::vector<float> gemm_mma(GgmlType type, const uint8_t* bytes, int64_t rows, i
     return out;
 }
 
+std::vector<float> rotate_rows(const std::vector<float>& x, int head_dim) {
+    std::vector<float> out = x;
+    const int rows = int(x.size() / size_t(head_dim));
+    const auto grid = [&](auto e) {
+        run_grid(rows, 1, 32, 0, [&](const HostThread& t) {
+            kv_rotate_row_warp<decltype(e)::value>(t, out.data() + size_t(t.block_x()) * size_t(head_dim));
+        });
+    };
+    if (head_dim == 64)
+        grid(std::integral_constant<int, 2>{});
+    else if (head_dim == 128)
+        grid(std::integral_constant<int, 4>{});
+    else
+        throw Error(fmt::format("kv_rotate_rows: no kernel for head_dim {}", head_dim));
+    return out;
+}
+
 namespace {
 // store_kv_rows_kernel's rows [0, rows), a warp each (store_kv_row_warp).
 void host_store_rows(int64_t rows, const float* k, const float* v, const float* cos_t, const float* sin_t,
@@ -847,14 +864,11 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q_in, co
     const float* koff = kv.k_offsets() ? cache.k_offsets.data() : nullptr;
     // the query turned to a quantized K's basis, as CudaOps::attention does (kv_rotate_rows_kernel's body)
     std::vector<float> q = q_in;
-    if (kv_type_quantized(kt))
-        for (size_t r = 0; r < q.size() / size_t(hd); ++r) kv_rotate_scaled(q.data() + r * size_t(hd), hd, hd);
+    if (kv_type_quantized(kt)) q = rotate_rows(q, hd);
     const float scale = 1.0f / std::sqrt(float(hd));
     std::vector<float> out(q.size(), NAN);
     auto unrotate = [&] {
-        if (kv_type_quantized(vt))
-            for (size_t r = 0; r < out.size() / size_t(hd); ++r)
-                kv_rotate_scaled(out.data() + r * size_t(hd), hd, hd);
+        if (kv_type_quantized(vt)) out = rotate_rows(out, hd);
     };
     if (n > 1 && (tensor_cores || kv.quantized()) && dispatch_flash(n_rep, hd, [&](auto hdc, auto nq) {
             constexpr int HD = decltype(hdc)::value, NQ = decltype(nq)::value;
