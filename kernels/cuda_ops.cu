@@ -313,7 +313,7 @@ void CudaOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int 
     // product over the rows of all three where they share a type (one token's also in f32).
     const bool in_int = n <= kMvMaxTokens && (L.fused_qkv ? use_int(L.qkv)
                                                            : use_int(L.wq) && use_int(L.wk) && use_int(L.wv));
-    rmsnorm(xn_, in_int ? xq_ : nullptr, x, L.attn_norm, n, c_.n_embd, c_.rms_eps, stream_);
+    rmsnorm(xn_, in_int ? xq_ : nullptr, x, L.attn_norm, n, c_.n_embd, c_.rms_eps, pdl_, stream_);
     // Over an f16 cache the integer products also rotate Q and K and store K and V (rope_store_kv then has nothing
     // left to do); a quantized cache stores whole rows, in rope_store_kv's launch.
     kv_stored_ = in_int && qkv_store_ && kv_.k_type == KvType::F16 && kv_.v_type == KvType::F16;
@@ -409,7 +409,7 @@ void CudaOps::norm_swiglu(float* h, const float* x, int l, int n) {
     const bool fused = in_int || (n == 1 && pair);
     // one token's down projection input quantized by the product that makes it, where both run in integers
     glu_quantized_ = n == 1 && in_int && hq_ && use_int(L.down);
-    rmsnorm(xn_, in_int ? xq_ : nullptr, x, L.ffn_norm, n, c_.n_embd, c_.rms_eps, stream_);
+    rmsnorm(xn_, in_int ? xq_ : nullptr, x, L.ffn_norm, n, c_.n_embd, c_.rms_eps, pdl_, stream_);
     if (fused) {
         if (in_int)  // xq_: quantized by the norm
             matvec_glu_int(h, glu_quantized_ ? hq_ : nullptr, hq_counters_, L.gate, L.up, xq_, n, pdl_, stream_);
@@ -443,16 +443,16 @@ void CudaOps::down_proj_add(float* x, const float* h, int l, int n) {
 
 void CudaOps::head(float* logits, const float* x, int n) {
     if (n > 1) {  // every position's logits (Settings::all_logits)
-        rmsnorm(xn_, nullptr, x, w_.output_norm, n, c_.n_embd, c_.rms_eps, stream_);
+        rmsnorm(xn_, nullptr, x, w_.output_norm, n, c_.n_embd, c_.rms_eps, pdl_, stream_);
         proj(logits, w_.output, xn_, n, false);
         return;
     }
     if (use_int(w_.output)) {
-        rmsnorm(xn_, xq_, x, w_.output_norm, 1, c_.n_embd, c_.rms_eps, stream_);
+        rmsnorm(xn_, xq_, x, w_.output_norm, 1, c_.n_embd, c_.rms_eps, pdl_, stream_);
         matvec_int(RowSplit::one(logits, w_.output.rows), w_.output, xq_, 1, false, pdl_, stream_);
         return;
     }
-    rmsnorm(xn_, nullptr, x, w_.output_norm, 1, c_.n_embd, c_.rms_eps, stream_);
+    rmsnorm(xn_, nullptr, x, w_.output_norm, 1, c_.n_embd, c_.rms_eps, pdl_, stream_);
     matvec(logits, w_.output, xn_, false, stream_);
 }
 

@@ -50,6 +50,14 @@ KVGEN_HD void pdl_trigger() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+// A hint that the 128-byte line holding p will be read soon, to be brought into L1 (nothing on the host).
+KVGEN_HD void prefetch_l1(const void* p) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+#else
+    (void)p;
+#endif
+}
 
 // Block b of x (32 values) by one thread: the twin of quantize_act_warp (the kernels' blocks) that the host tests
 // quantize the integer products' inputs with.

@@ -312,6 +312,10 @@ __global__ void __launch_bounds__(kNormThreads)
     rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,
                    ActBlock* __restrict__ xq, int dim, float eps) {
     pdl_trigger();  // the product that reads xq may start loading its weights
+    // w depends on no kernel: under programmatic launch its lines (one a thread, 128 bytes) are on their way to L1
+    // while the kernel that writes x still runs; x is read, and out and xq written, only after pdl_wait
+    for (int j = 32 * int(threadIdx.x); j < dim; j += 32 * int(blockDim.x)) prefetch_l1(w + j);
+    pdl_wait();
     __shared__ float part[kNormWarps];
     rmsnorm_body(DeviceThread{part}, int(blockDim.x), x, w, out, xq, dim, eps);
 }
@@ -641,9 +645,10 @@ void matvec_glu(float* y, const DevWeight& gate, const DevWeight& up, const floa
     KVGEN_CUDA_LAUNCHED("matvec_glu");
 }
 
-void rmsnorm(float* out, ActBlock* xq, const float* x, const float* w, int n, int dim, float eps, cudaStream_t s) {
+void rmsnorm(float* out, ActBlock* xq, const float* x, const float* w, int n, int dim, float eps, bool pdl,
+             cudaStream_t s) {
     KVGEN_ASSERT(xq == nullptr || dim % 32 == 0);
-    rmsnorm_kernel<<<n, kNormThreads, 0, s>>>(x, w, out, xq, dim, eps);
+    launch(rmsnorm_kernel, unsigned(n), unsigned(kNormThreads), pdl, s, x, w, out, xq, dim, eps);
     KVGEN_CUDA_LAUNCHED("rmsnorm");
 }
 

@@ -73,8 +73,10 @@ bool glu_fusable(const DevWeight& gate, const DevWeight& up);
 void matvec_glu(float* y, const DevWeight& gate, const DevWeight& up, const float* x, cudaStream_t s);
 
 // out = rmsnorm(x) * w for n rows of dim; with xq (may be null; dim a multiple of 32), each row also as dim / 32
-// ActBlocks, quantized in the same kernel. Twins: cpu::rmsnorm, then quantize_act of the output.
-void rmsnorm(float* out, ActBlock* xq, const float* x, const float* w, int n, int dim, float eps, cudaStream_t s);
+// ActBlocks, quantized in the same kernel. pdl: a programmatic dependent launch (as matvec_int), which fetches w
+// while the kernel before it still runs. Twins: cpu::rmsnorm, then quantize_act of the output.
+void rmsnorm(float* out, ActBlock* xq, const float* x, const float* w, int n, int dim, float eps, bool pdl,
+             cudaStream_t s);
 
 // cos/sin tables [n][rope_dim / 2] for positions *d_pos0 + i, theta from rope_theta (engine/rope.h) on a RopeFreqs'
 // arrays in device memory (factors may be null). Twin: cpu::rope_tables.

@@ -216,7 +216,7 @@ std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n,
 std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps) {
     Dev<float> dx(x), dw(w), out(x.size());
     poison(out);
-    kvgen::cuda::rmsnorm(out.p, nullptr, dx.p, dw.p, n, dim, eps, nullptr);
+    kvgen::cuda::rmsnorm(out.p, nullptr, dx.p, dw.p, n, dim, eps, false, nullptr);
     return out.get();
 }
 
@@ -238,7 +238,7 @@ std::vector<float> rmsnorm_quantized(const std::vector<float>& x, const std::vec
                                      float eps) {
     Dev<float> dx(x), dw(w), out(x.size());
     Dev<ActBlock> xq(x.size() / 32);
-    kvgen::cuda::rmsnorm(out.p, xq.p, dx.p, dw.p, n, dim, eps, nullptr);
+    kvgen::cuda::rmsnorm(out.p, xq.p, dx.p, dw.p, n, dim, eps, false, nullptr);
     return append_blocks(out.get(), xq.get());  // the f32 rows, then the blocks
 }
 
