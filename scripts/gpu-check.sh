@@ -14,8 +14,9 @@
 #      bandwidth ((weight bytes + KV bytes read) x tokens/s) beside the card's peak (KVGEN_PEAK_GBS, default 4800 for
 #      H200); per kernel, when Nsight Compute's ncu is there (/usr/local/cuda/bin/ncu or on PATH), the 7B shape in
 #      Q4_K_M (with --quick: in every --types) over a 3-token prompt and 3 generated tokens: launches, GPU time, share
-#      of the step, GB read and GB/s of each kernel in one decode step and in the prefill (scripts/lib/ncu_sum.py), the
-#      raw CSV as OUTDIR/ncu-SHAPE-TYPE.csv.gz; and for the first type of each shape, pp16 and pp512 at depths 0 and
+#      of the step, GB read and GB/s of each kernel in one decode step and in the prefill, with its registers, block
+#      and grid size, waves per SM and achieved occupancy (scripts/lib/ncu_sum.py; without those where this ncu does
+#      not know them), the raw CSV as OUTDIR/ncu-SHAPE-TYPE.csv.gz; and for the first type of each shape, pp16 and pp512 at depths 0 and
 #      4096 with --cuda-attention warp (the CUDA-core prefill attention) beside the default tensor-core one
 #      (SHAPE-T-warpattn), and pp512 / tg128 at those depths with --kv-type q8_0 and q4_0 (SHAPE-T-kvq8_0, -kvq4_0);
 #      for every file, tg128 with --cuda-pdl off (SHAPE-T-nopdl: the decode products launched without programmatic
@@ -206,13 +207,19 @@ ncu_gen=3                 # the prefill, then 2 decode steps: the first one capt
 
 # ncu_pass MODEL NAME [KVGEN FLAGS...]: profile MODEL into $work/ncu/NAME.csv; ncu_sum's exit status.
 ncu_pass() {
-    local f=$1 name=$2 rc
+    local f=$1 name=$2 rc metrics
     shift 2
     if [[ -n $ncu ]]; then
         # note: --log-file keeps ncu's CSV apart from kvgen's generated text on stdout.
-        bounded "$ncu" --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \
-            --log-file "$work/ncu/$name.csv" "$kvgen" -m "$f" -p "$ncu_prompt" -n "$ncu_gen" --temp 0 --ignore-eos \
-            --device "$dev" --no-perf "$@" >/dev/null 2>"$work/ncu/$name.err" || return 1
+        for metrics in "$ncu_metrics,$ncu_launch_metrics" "$ncu_metrics"; do
+            bounded "$ncu" --clock-control none --metrics "$metrics" --csv --log-file "$work/ncu/$name.csv" \
+                "$kvgen" -m "$f" -p "$ncu_prompt" -n "$ncu_gen" --temp 0 --ignore-eos --device "$dev" --no-perf "$@" \
+                >/dev/null 2>"$work/ncu/$name.err" && break
+            [[ $metrics == "$ncu_metrics" ]] && return 1
+            log "$name: ncu with the launch metrics failed ($(cat "$work/ncu/$name.csv" "$work/ncu/$name.err" \
+                2>/dev/null | grep -m 1 -i 'error' | cut -c1-200 || true)); again with time and bytes alone"
+            (($(left) >= 60)) || return 1
+        done
     else
         case $ncu_csv in
             *.gz) gzip -dc "$ncu_csv" >"$work/ncu/$name.csv" ;;
@@ -224,6 +231,12 @@ ncu_pass() {
         >"$work/ncu/$name.md" 2>>"$work/ncu/$name.err" || rc=$?
     return "$rc"
 }
+
+# What ncu measures per kernel: GPU time and DRAM bytes read, and the launch facts that scripts/lib/ncu_sum.py shows
+# beside them where present (its LAUNCH: registers, block and grid size, waves per SM, achieved occupancy).
+ncu_metrics=gpu__time_duration.sum,dram__bytes_read.sum
+ncu_launch_metrics=launch__registers_per_thread,launch__block_size,launch__grid_size,launch__waves_per_multiprocessor
+ncu_launch_metrics+=,sm__warps_active.avg.pct_of_peak_sustained_active
 
 # profile_kernels MODEL NAME: the per-kernel table of MODEL, in $work/ncu/NAME.md whatever happens.
 profile_kernels() {

@@ -54,4 +54,40 @@ with tempfile.TemporaryDirectory() as d:
     with open(os.path.join(d, "p.json")) as f:
         res = json.load(f)
     assert res["forwards"] == [3, 3], res
-print("ncu_sum: names and a two-forward profile summarised")
+
+# The launch metrics, where the CSV has them: per kernel, a range over its launches (grid) or one value (registers),
+# and the achieved occupancy weighted by each launch's time; kernels without them leave their cells empty.
+def launch_rows(kid, name, facts):
+    pre = f'"{kid}","7","kvgen","127.0.0.1","{name}","1","13","(128, 1, 1)","(3, 1, 1)","0","9.0","metrics",'
+    return "".join(pre + f'"{m}","{u}","{v:,}"\n' for m, u, v in facts)
+
+
+matvec = "void unnamed>::matvec_int_kernel<12, 1>(const unsigned char *)"
+decode = [("void unnamed>::get_rows_kernel<12>(const unsigned char *)", 4000, 16384, []),
+          (matvec, 3000, 45000000, [("launch__registers_per_thread", "register/thread", 83),
+                                    ("launch__block_size", "", 128), ("launch__grid_size", "", 3072),
+                                    ("launch__waves_per_multiprocessor", "", 4.65),
+                                    ("sm__warps_active.avg.pct_of_peak_sustained_active", "%", 30.0)]),
+          (matvec, 1000, 15000000, [("launch__registers_per_thread", "register/thread", 83),
+                                    ("launch__block_size", "", 128), ("launch__grid_size", "", 1024),
+                                    ("launch__waves_per_multiprocessor", "", 1.55),
+                                    ("sm__warps_active.avg.pct_of_peak_sustained_active", "%", 10.0)])]
+with tempfile.TemporaryDirectory() as d:
+    path = os.path.join(d, "l.csv")
+    with open(path, "w") as f:
+        f.write(HEADER)
+        kid = 0
+        for _ in range(2):
+            for name, ns, nbytes, facts in decode:
+                f.write(rows(kid, name, ns, nbytes) + launch_rows(kid, name, facts))
+                kid += 1
+    out = subprocess.run([sys.executable, os.path.join(root, "scripts", "lib", "ncu_sum.py"), path, "--gen", "2"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "| GB/s | regs | block | grid | waves/SM | occupancy % |" in out.stdout, out.stdout
+    # occupancy (30 * 3000 + 10 * 1000) / 4000 = 25
+    assert "`matvec_int_kernel<Q4_K, 1>` | 2 | 4.0 | 50.0% | 0.060 | 15000 | 83 | 128 | 1024-3072 | 1.55-4.65 | 25 |" \
+        in out.stdout, out.stdout
+    assert "`get_rows_kernel<Q4_K>` | 1 | 4.0 | 50.0% | 0.000 | 4 |  |  |  |  |  |" in out.stdout, out.stdout
+    assert "unknown" not in out.stderr and "warning" not in out.stderr, out.stderr
+print("ncu_sum: names, a two-forward profile and its launch metrics summarised")

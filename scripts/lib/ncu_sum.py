@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Per-kernel summary of an Nsight Compute CSV (`ncu --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum`)
 over a short kvgen run: one decode step and the prefill, each as a table of kernel, launches, GPU time, share of the
-step, DRAM bytes read and the bandwidth they imply.
+step, DRAM bytes read and the bandwidth they imply. Where the CSV also has the launch metrics of LAUNCH (registers
+per thread, block and grid size, waves per SM, achieved occupancy), the tables show them too.
 
 usage: ncu_sum.py CSV[.gz] [--gen N] [--json FILE] [--top K]
 
@@ -28,6 +29,15 @@ UNITS = {
     "ns": 1, "nsecond": 1, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6, "s": 1e9, "second": 1e9,
 }
 TIME, READ = "gpu__time_duration.sum", "dram__bytes_read.sum"
+# Launch facts, shown per kernel where present: column heading, and whether the column is a time-weighted mean (else
+# the range of values over the kernel's launches).
+LAUNCH = collections.OrderedDict([
+    ("launch__registers_per_thread", ("regs", False)),
+    ("launch__block_size", ("block", False)),
+    ("launch__grid_size", ("grid", False)),
+    ("launch__waves_per_multiprocessor", ("waves/SM", False)),
+    ("sm__warps_active.avg.pct_of_peak_sustained_active", ("occupancy %", True)),
+])
 # kvgen's kernels templated on the weight type (GgmlType, src/gguf/ggml_types.h) show its number: name it.
 GGML_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1", 10: "Q2_K",
               11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 30: "BF16"}
@@ -123,20 +133,46 @@ def read_kernels(path):
             continue
         key = (r.get("Process ID", ""), int(r["ID"]))
         k = kernels.setdefault(key, {"name": short_name(r["Kernel Name"]), TIME: 0.0, READ: 0.0})
-        if r.get("Metric Name") in (TIME, READ):
-            k[r["Metric Name"]] = value(r["Metric Value"], r.get("Metric Unit", ""), unknown)
+        metric = r.get("Metric Name")
+        if metric in (TIME, READ):
+            k[metric] = value(r["Metric Value"], r.get("Metric Unit", ""), unknown)
+        elif metric in LAUNCH:
+            try:  # counts, waves and percentages: no unit to scale
+                k[metric] = float(r["Metric Value"].strip().replace(",", ""))
+            except ValueError:
+                pass
     if unknown:
         print(f"ncu_sum: warning: units {sorted(unknown)} taken as bytes and ns", file=sys.stderr)
     return [kernels[k] for k in sorted(kernels, key=lambda k: (k[0], k[1]))]
 
 
+def launch_facts(launches):
+    """The LAUNCH columns of one kernel's launches: {heading: text}, for the metrics they have."""
+    facts = {}
+    for metric, (head, weighted) in LAUNCH.items():
+        have = [k for k in launches if metric in k]
+        if not have:
+            continue
+        if weighted:
+            t = sum(k[TIME] for k in have)
+            v = sum(k[metric] * k[TIME] for k in have) / t if t else sum(k[metric] for k in have) / len(have)
+            facts[head] = f"{v:.0f}"
+        else:
+            lo, hi = min(k[metric] for k in have), max(k[metric] for k in have)
+            fmt = (lambda x: f"{x:.2f}") if head == "waves/SM" else (lambda x: f"{x:.0f}")
+            facts[head] = fmt(lo) if lo == hi else f"{fmt(lo)}-{fmt(hi)}"
+    return facts
+
+
 def summarize(seg, top):
     agg = collections.OrderedDict()
+    by_name = collections.defaultdict(list)
     for k in seg:
         a = agg.setdefault(k["name"], [0, 0.0, 0.0])
         a[0] += 1
         a[1] += k[TIME]
         a[2] += k[READ]
+        by_name[k["name"]].append(k)
     rows = sorted(([n] + a for n, a in agg.items()), key=lambda r: -r[2])
     if len(rows) > top:
         rest = rows[top - 1:]
@@ -147,16 +183,19 @@ def summarize(seg, top):
     return {"kernels": len(seg), "time_us": total_ns / 1e3, "gb_read": total_b / 1e9,
             "gb_s": total_b / total_ns if total_ns else 0.0,
             "rows": [{"kernel": n, "launches": c, "time_us": t / 1e3, "share": t / total_ns if total_ns else 0.0,
-                      "gb_read": b / 1e9, "gb_s": b / t if t else 0.0} for n, c, t, b in rows]}
+                      "gb_read": b / 1e9, "gb_s": b / t if t else 0.0, "launch": launch_facts(by_name.get(n, []))}
+                     for n, c, t, b in rows]}
 
 
 def table(s):
-    out = ["| kernel | launches | time (us) | share of step | GB read | GB/s |",
-           "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    heads = [h for h, _ in LAUNCH.values() if any(h in r["launch"] for r in s["rows"])]
+    out = ["| kernel | launches | time (us) | share of step | GB read | GB/s |" + "".join(f" {h} |" for h in heads),
+           "| --- | ---: | ---: | ---: | ---: | ---: |" + " ---: |" * len(heads)]
     for r in s["rows"]:
         out.append(f"| `{r['kernel']}` | {r['launches']} | {r['time_us']:.1f} | {100 * r['share']:.1f}% "
-                   f"| {r['gb_read']:.3f} | {r['gb_s']:.0f} |")
-    out.append(f"| all | {s['kernels']} | {s['time_us']:.1f} | 100% | {s['gb_read']:.3f} | {s['gb_s']:.0f} |")
+                   f"| {r['gb_read']:.3f} | {r['gb_s']:.0f} |" + "".join(f" {r['launch'].get(h, '')} |" for h in heads))
+    out.append(f"| all | {s['kernels']} | {s['time_us']:.1f} | 100% | {s['gb_read']:.3f} | {s['gb_s']:.0f} |" +
+               " |" * len(heads))
     return out
 
 
