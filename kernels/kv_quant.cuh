@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "common/hd.h"
 #include "elementwise.cuh"
@@ -26,6 +27,21 @@ namespace kvgen::cuda {
 // kernel that reads one), whose rows also split evenly over a decode warp's lanes within blocks.
 KVGEN_HD bool kv_quantized_head_dim(int hd) {
     return hd == 64 || hd == 128;
+}
+
+// Calls f(std::integral_constant<int, E>{}) with E = hd / 32 for the warp-per-row kernels (store_kv_row_warp,
+// kv_rotate_row_warp); false for a head_dim they are not built for (those of kv_quantized_head_dim).
+template <typename F>
+bool dispatch_kv_rows(int hd, F&& f) {
+    if (hd == 64) {
+        f(std::integral_constant<int, 2>{});
+        return true;
+    }
+    if (hd == 128) {
+        f(std::integral_constant<int, 4>{});
+        return true;
+    }
+    return false;
 }
 
 KVGEN_HD float kv_half_at(const uint8_t* p) {

@@ -688,14 +688,11 @@ void store_kv_launch(QRope qr, uint8_t* k_cache, uint8_t* v_cache, const float* 
     if (kv.quantized()) {  // a warp per row: RoPE, the rotation of kv_rotation.h, the key offset, the blocks
         static_assert(kKvRowWarps * kWarp == threads, "one block size for q's RoPE and the rows");
         const unsigned blocks = qr.blocks + grid_for(int64_t(n) * kv.n_kv_heads * 2, kKvRowWarps);
-        const auto launch = [&](auto e) {
+        const bool ok = dispatch_kv_rows(kv.head_dim, [&](auto e) {
             store_kv_rows_kernel<decltype(e)::value><<<blocks, threads, 0, s>>>(
                 qr, k, v, cos_t, sin_t, k_offsets, d_pos0, i0, n, kv, rope_dim / 2, k_cache, v_cache);
-        };
-        if (kv.head_dim == 64)  // kv_quantized_head_dim
-            launch(std::integral_constant<int, 2>{});
-        else
-            launch(std::integral_constant<int, 4>{});
+        });
+        KVGEN_ASSERT(ok);  // kv_cache_supported
         KVGEN_CUDA_LAUNCHED("store_kv_rows");
         return;
     }
@@ -731,11 +728,10 @@ void kv_offsets(float* k_offsets, const uint8_t* k_cache, int n_layers, const Kv
 
 void kv_rotate_rows(float* x, int64_t rows, int head_dim, cudaStream_t s) {
     if (rows == 0) return;
-    KVGEN_ASSERT(kv_quantized_head_dim(head_dim));
-    if (head_dim == 64)
-        kv_rotate_rows_kernel<2><<<grid_for(rows, kKvRowWarps), kKvRowWarps * kWarp, 0, s>>>(x, rows);
-    else
-        kv_rotate_rows_kernel<4><<<grid_for(rows, kKvRowWarps), kKvRowWarps * kWarp, 0, s>>>(x, rows);
+    const bool ok = dispatch_kv_rows(head_dim, [&](auto e) {
+        kv_rotate_rows_kernel<decltype(e)::value><<<grid_for(rows, kKvRowWarps), kKvRowWarps * kWarp, 0, s>>>(x, rows);
+    });
+    KVGEN_ASSERT(ok);  // only a quantized cache's head_dims come here
     KVGEN_CUDA_LAUNCHED("kv_rotate_rows");
 }
 
@@ -805,11 +801,11 @@ bool gemm_mma_ok(const DevWeight& w) {
 }
 
 namespace {
-// Sets up `kernel`'s shared memory on the current device, d, for blocks of `bytes`: the dynamic shared memory a
-// block may ask for (past the 48 KiB a kernel gets without asking) and, as a hint, the share of each SM's unified L1
-// and shared memory that holds blocks_per_sm of them (the driver would otherwise pick one itself, possibly for fewer
-// blocks). Once per device, kernel and size: the attributes stay set.
-void set_up_shared(const void* kernel, size_t bytes, const GemmMmaDevice& d, int blocks_per_sm) {
+// Sets up `kernel`'s shared memory on the current device, d (null: its facts asked for here, the first time only), for
+// blocks of `bytes`: the dynamic shared memory a block may ask for (past the 48 KiB a kernel gets without asking) and,
+// as a hint, the share of each SM's unified L1 and shared memory that holds blocks_per_sm of them (the driver would
+// otherwise pick one itself, possibly for fewer blocks). Once per device, kernel and size: the attributes stay set.
+void set_up_shared(const void* kernel, size_t bytes, const GemmMmaDevice* d, int blocks_per_sm) {
     struct Done {
         const void* kernel;
         int device;
@@ -824,9 +820,10 @@ void set_up_shared(const void* kernel, size_t bytes, const GemmMmaDevice& d, int
         if (e.kernel == kernel && e.device == device && e.bytes == bytes) return;
     if (bytes > size_t(48) << 10)
         KVGEN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-    if (d.shared_per_sm > 0) {
+    const int64_t per_sm = d ? d->shared_per_sm : gemm_mma_device(device).shared_per_sm;
+    if (per_sm > 0) {
         const int64_t need = blocks_per_sm * (int64_t(bytes) + kSharedReservePerBlock);
-        const int64_t percent = std::min<int64_t>(100, (100 * need + d.shared_per_sm - 1) / d.shared_per_sm);
+        const int64_t percent = std::min<int64_t>(100, (100 * need + per_sm - 1) / per_sm);
         KVGEN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, int(percent)));
     }
     done.push_back({kernel, device, bytes});
@@ -850,7 +847,7 @@ void gemm_mma_launch(const RowSplit& out, const DevWeight& w, const DevWeight* u
         constexpr GgmlType T = decltype(tag)::value;
         if constexpr (T != GgmlType::F16) {  // F16 goes to cuBLAS in place (gemm_mma_ok): no kernel built for it
             const auto launch = [&](auto kernel) {
-                set_up_shared(reinterpret_cast<const void*>(kernel), bytes, dev, kQgBlocksPerSm);
+                set_up_shared(reinterpret_cast<const void*>(kernel), bytes, &dev, kQgBlocksPerSm);
                 kernel<<<grid, kQgThreads, bytes, s>>>(w.data, u, w.row_bytes, w.rows, w.cols, x, n, dst, accumulate,
                                                        splits, stages);
             };
@@ -974,9 +971,7 @@ void attention_prefill(float* out, const float* q, const uint8_t* k_cache, const
             if (kv.quantized()) {
                 const auto kernel = flash_prefill_kernel<HD, NQ, true>;
                 const size_t bytes = sizeof(float) * size_t(kFaShared<HD, true>);
-                int device = 0;
-                KVGEN_CUDA_CHECK(cudaGetDevice(&device));
-                set_up_shared(reinterpret_cast<const void*>(kernel), bytes, gemm_mma_device(device), kFaBlocksPerSm);
+                set_up_shared(reinterpret_cast<const void*>(kernel), bytes, nullptr, kFaBlocksPerSm);
                 kernel<<<grid, kFaThreads, bytes, s>>>(q, k_cache, v_cache, k_offsets, d_pos0, n, n_heads, n_rep, kv,
                                                        scale, out, splits, partials);
             } else {

@@ -725,17 +725,12 @@ std::vector<float> gemm_mma(GgmlType type, const uint8_t* bytes, int64_t rows, i
 std::vector<float> rotate_rows(const std::vector<float>& x, int head_dim) {
     std::vector<float> out = x;
     const int rows = int(x.size() / size_t(head_dim));
-    const auto grid = [&](auto e) {
+    const bool ok = dispatch_kv_rows(head_dim, [&](auto e) {
         run_grid(rows, 1, 32, 0, [&](const HostThread& t) {
             kv_rotate_row_warp<decltype(e)::value>(t, out.data() + size_t(t.block_x()) * size_t(head_dim));
         });
-    };
-    if (head_dim == 64)
-        grid(std::integral_constant<int, 2>{});
-    else if (head_dim == 128)
-        grid(std::integral_constant<int, 4>{});
-    else
-        throw Error(fmt::format("kv_rotate_rows: no kernel for head_dim {}", head_dim));
+    });
+    if (!ok) throw Error(fmt::format("kv_rotate_rows: no kernel for head_dim {}", head_dim));
     return out;
 }
 
@@ -744,18 +739,13 @@ namespace {
 void host_store_rows(int64_t rows, const float* k, const float* v, const float* cos_t, const float* sin_t,
                      const float* k_offsets, int pos0, int i0, const KvLayout& kv, int half_rope, uint8_t* kc,
                      uint8_t* vc) {
-    const auto grid = [&](auto e) {
+    const bool ok = dispatch_kv_rows(kv.head_dim, [&](auto e) {
         run_grid(int(rows), 1, 32, 0, [&](const HostThread& t) {
             store_kv_row_warp<decltype(e)::value>(t, t.block_x(), k, v, cos_t, sin_t, k_offsets, &pos0, i0, kv,
                                                   half_rope, kc, vc);
         });
-    };
-    if (kv.head_dim == 64)
-        grid(std::integral_constant<int, 2>{});
-    else if (kv.head_dim == 128)
-        grid(std::integral_constant<int, 4>{});
-    else
-        throw Error(fmt::format("store_kv_rows: no kernel for head_dim {}", kv.head_dim));
+    });
+    if (!ok) throw Error(fmt::format("store_kv_rows: no kernel for head_dim {}", kv.head_dim));
 }
 
 // kv_offsets_kernel: items [0, heads) of kv_offset_item from layer l on.
