@@ -57,20 +57,28 @@ float top2_gap(const std::vector<float>& v) {
     return s[0] - s[1];
 }
 
-// CUDA logits within 1% of the CPU's largest logit, and the same greedy choice unless the CPU's top two are closer
-// than that.
-void check_logits(const std::vector<float>& cpu, const std::vector<float>& gpu, const std::string& where) {
-    REQUIRE(cpu.size() == gpu.size());
+// The largest |a - b| over the largest |a| (at least 1).
+float relative_diff(const std::vector<float>& a, const std::vector<float>& b) {
     float scale = 0.0f, worst = 0.0f;
-    for (size_t i = 0; i < cpu.size(); ++i) {
-        scale = std::max(scale, std::fabs(cpu[i]));
-        const float d = std::fabs(cpu[i] - gpu[i]);
+    for (size_t i = 0; i < a.size(); ++i) {
+        scale = std::max(scale, std::fabs(a[i]));
+        const float d = std::fabs(a[i] - b[i]);
         worst = std::isnan(d) ? INFINITY : std::max(worst, d);
     }
-    const float tol = 0.01f * std::max(scale, 1.0f);
-    INFO(where << ": worst |cpu - cuda| " << worst << " (" << 100.0 * worst / std::max(scale, 1.0f)
-               << "% of the largest logit " << scale << ")");
-    REQUIRE(worst <= tol);
+    return worst / std::max(scale, 1.0f);
+}
+
+// CUDA logits within rel (1%) of the CPU's largest logit, and the same greedy choice unless the CPU's top two are
+// closer than that.
+void check_logits(const std::vector<float>& cpu, const std::vector<float>& gpu, const std::string& where,
+                  float rel = 0.01f) {
+    REQUIRE(cpu.size() == gpu.size());
+    float scale = 0.0f;
+    for (float v : cpu) scale = std::max(scale, std::fabs(v));
+    const float diff = relative_diff(cpu, gpu), tol = rel * std::max(scale, 1.0f);
+    INFO(where << ": worst |cpu - cuda| " << diff * std::max(scale, 1.0f) << " (" << 100.0 * diff
+               << "% of the largest logit " << scale << "; allowed " << 100.0 * rel << "%)");
+    REQUIRE(diff <= rel);
     if (top2_gap(cpu) > 2 * tol) REQUIRE(argmax(cpu) == argmax(gpu));
 }
 
@@ -96,14 +104,43 @@ void compare_backends(const Model& m, const std::string& label, KvType kt = KvTy
     std::uniform_int_distribution<int32_t> dist(0, n_vocab - 1);
     std::vector<int32_t> prompt(12);
     for (int32_t& t : prompt) t = dist(rng);
-    std::vector<float> lc = copy(cpu.forward(prompt.data(), 12, 0, Pass::Prefill), n_vocab);
+    // The CPU's logits of the prefill and 12 greedy steps, and for a quantized cache what a rounding-level change of
+    // the CPU's own arithmetic does to them: the same tokens with --math f32 (products on f32 activations). The
+    // values a quantized row is made of then differ in their last bits, a few of them land on the other side of a
+    // rounding boundary and move by a whole quantization step, which a small random model amplifies (prefills,
+    // 2026-12-04: 0.03% with an f16 cache, 0.18% q8_0, 1.5% K q8_0 / V q4_0, 3.9% q4_0). The GPU rounds differently
+    // too, so for these types it is held to twice that instead of 1% (never less than 1%); its stored rows are held
+    // to the CPU's exactly by the kernel tests, and below its cache gives the CPU's logits within 1%.
+    std::vector<std::vector<float>> cpu_logits;
+    std::vector<int32_t> ids;
+    float f32_diff = 0.0f;
+    {
+        std::unique_ptr<Backend> f32;
+        if (kv_type_quantized(kt) || kv_type_quantized(vt)) {
+            Settings sf = s;
+            sf.math = MathMode::F32;
+            f32 = cpu::make_backend(m, sf);
+        }
+        auto step = [&](const int32_t* t, int n, int pos, Pass pass) {
+            cpu_logits.push_back(copy(cpu.forward(t, n, pos, pass), n_vocab));
+            if (f32)
+                f32_diff =
+                    std::max(f32_diff, relative_diff(cpu_logits.back(), copy(f32->forward(t, n, pos, pass), n_vocab)));
+            ids.push_back(argmax(cpu_logits.back()));
+        };
+        step(prompt.data(), 12, 0, Pass::Prefill);
+        for (int i = 0; i < 12; ++i) {
+            const int32_t id = ids.back();
+            step(&id, 1, 12 + i, Pass::Decode);
+        }
+    }
+    const float rel = std::max(0.01f, 2.0f * f32_diff);
+    INFO("with --math f32 the CPU's logits move by up to " << 100.0 * f32_diff << "% of the largest");
     std::vector<float> lg = copy(gpu->forward(prompt.data(), 12, 0, Pass::Prefill), n_vocab);
-    check_logits(lc, lg, "prefill of 12 tokens");
+    check_logits(cpu_logits[0], lg, "prefill of 12 tokens", rel);
     for (int step = 0; step < 12; ++step) {
-        const int32_t id = argmax(lc);
-        lc = copy(cpu.forward(&id, 1, 12 + step, Pass::Decode), n_vocab);
-        lg = copy(gpu->forward(&id, 1, 12 + step, Pass::Decode), n_vocab);
-        check_logits(lc, lg, "decode step " + std::to_string(step));
+        lg = copy(gpu->forward(&ids[size_t(step)], 1, 12 + step, Pass::Decode), n_vocab);
+        check_logits(cpu_logits[size_t(step) + 1], lg, "decode step " + std::to_string(step), rel);
     }
     REQUIRE(gpu->n_past() == 24);
     if (kv_type_quantized(kt)) {
