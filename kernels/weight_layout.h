@@ -27,7 +27,7 @@ KVGEN_HD constexpr bool planar_type(GgmlType t) {
 struct PlanarBlock {
     int bytes, quant_bytes, quant_at, weights;
 };
-KVGEN_HD PlanarBlock planar_block(GgmlType t) {
+KVGEN_HD constexpr PlanarBlock planar_block(GgmlType t) {
     if (t == GgmlType::Q4_0) return PlanarBlock{18, 16, 2, 32};
     if (t == GgmlType::Q8_0) return PlanarBlock{34, 32, 2, 32};
     return PlanarBlock{210, 192, 0, 256};  // Q6_K: ql and qh lead the block; scales[16] and d follow
@@ -39,6 +39,25 @@ inline int64_t device_row_bytes(GgmlType t, int64_t cols) {
     return planar_type(t) ? (gguf + 15) / 16 * 16 : gguf;
 }
 
+// One GGUF row of nb blocks of planar type T at s, as the device lays it out at d (without the padding). The block's
+// sizes are constants, so that each copy is a move or two of registers, not a library call (two calls per 18-byte
+// Q4_0 block held the upload of a 7B Q4_0 file to 0.5 GB/s on the H200's host).
+template <GgmlType T>
+inline void planar_row(const uint8_t* s, int64_t nb, uint8_t* d) {
+    constexpr PlanarBlock b = planar_block(T);
+    constexpr int rest = b.bytes - b.quant_bytes;  // the scale bytes of a block, in GGUF order
+    for (int64_t k = 0; k < nb; ++k) {
+        const uint8_t* blk = s + k * b.bytes;
+        std::memcpy(d + k * b.quant_bytes, blk + b.quant_at, size_t(b.quant_bytes));
+        if constexpr (T == GgmlType::Q6_K) {
+            std::memcpy(d + nb * 192 + k * 16, blk + 192, 16);
+            std::memcpy(d + nb * 208 + k * 2, blk + 208, 2);
+        } else {
+            std::memcpy(d + nb * b.quant_bytes + k * rest, blk, size_t(rest));
+        }
+    }
+}
+
 // rows GGUF rows of cols weights at src, laid out for the device at dst (rows * device_row_bytes bytes; the padding
 // zeroed).
 inline void to_device_rows(GgmlType t, const uint8_t* src, int64_t rows, int64_t cols, uint8_t* dst) {
@@ -47,22 +66,16 @@ inline void to_device_rows(GgmlType t, const uint8_t* src, int64_t rows, int64_t
         std::memcpy(dst, src, size_t(rows * gguf));
         return;
     }
-    const PlanarBlock b = planar_block(t);
-    const int64_t nb = cols / b.weights;
-    const int rest = b.bytes - b.quant_bytes;  // the scale bytes of a block, in GGUF order
+    const int64_t nb = cols / planar_block(t).weights;
     for (int64_t r = 0; r < rows; ++r) {
         const uint8_t* s = src + r * gguf;
         uint8_t* d = dst + r * dev;
-        for (int64_t k = 0; k < nb; ++k) {
-            const uint8_t* blk = s + k * b.bytes;
-            std::memcpy(d + k * b.quant_bytes, blk + b.quant_at, size_t(b.quant_bytes));
-            if (t == GgmlType::Q6_K) {
-                std::memcpy(d + nb * 192 + k * 16, blk + 192, 16);
-                std::memcpy(d + nb * 208 + k * 2, blk + 208, 2);
-            } else {
-                std::memcpy(d + nb * b.quant_bytes + k * rest, blk, size_t(rest));
-            }
-        }
+        if (t == GgmlType::Q4_0)
+            planar_row<GgmlType::Q4_0>(s, nb, d);
+        else if (t == GgmlType::Q8_0)
+            planar_row<GgmlType::Q8_0>(s, nb, d);
+        else
+            planar_row<GgmlType::Q6_K>(s, nb, d);
         std::memset(d + gguf, 0, size_t(dev - gguf));
     }
 }
