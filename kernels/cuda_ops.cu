@@ -97,6 +97,7 @@ private:
     bool graphs_;
     bool int_matvec_;  // Settings::cuda_int_matvec
     bool pdl_;         // Settings::cuda_pdl on a device that has it (sm_90 and later)
+    bool wide_;        // Settings::cuda_matvec_rows == 8: one token's Q4_0 / Q8_0 products take 8 rows a block
     bool qkv_store_;   // Settings::cuda_qkv_store
     bool kv_stored_ = false;      // the last norm_qkv() also rotated Q and K and stored K and V (QkvStore)
     bool att_quantized_ = false;  // the last attention() also wrote its output into xq_
@@ -137,6 +138,7 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
       graphs_(s.cuda_graphs),
       int_matvec_(s.cuda_int_matvec),
       pdl_(false),
+      wide_(s.cuda_matvec_rows == 8),
       qkv_store_(s.cuda_qkv_store),
       flash_(s.cuda_flash_attention),
       mma_gemm_(s.cuda_mma_gemm) {
@@ -272,7 +274,8 @@ const ActBlock* CudaOps::quantized(const float* in, int64_t count) {
 
 void CudaOps::proj(float* out, const DevWeight& w, const float* in, int n, bool accumulate) {
     if (n <= kMvMaxTokens && use_int(w)) {  // one token, or a short prompt with each weight read once for 8 tokens
-        matvec_int(RowSplit::one(out, w.rows), w, quantized(in, n * w.cols), n, accumulate, pdl_, stream_);
+        matvec_int(RowSplit::one(out, w.rows), w, quantized(in, n * w.cols), n, accumulate, pdl_, stream_, nullptr,
+                   wide_);
         return;
     }
     if (n == 1) {
@@ -326,16 +329,16 @@ void CudaOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int 
         const RowSplit qkv{{q, k, v}, {qd, qd + kvd}};
         const QkvStore st = store(qd, qd + kvd);
         if (in_int)  // xq_: quantized by the norm
-            matvec_int(qkv, L.qkv, xq_, n, false, pdl_, stream_, kv_stored_ ? &st : nullptr);
+            matvec_int(qkv, L.qkv, xq_, n, false, pdl_, stream_, kv_stored_ ? &st : nullptr, wide_);
         else
             matvec_split(qkv, L.qkv, xn_, stream_);
         return;
     }
     if (in_int) {  // Q, K and V of different types (a Q4_K_M file's Q6_K V)
         const QkvStore sq = store(qd, qd), sk = store(0, kvd), sv = store(0, 0);
-        matvec_int(RowSplit::one(q, qd), L.wq, xq_, n, false, pdl_, stream_, kv_stored_ ? &sq : nullptr);
-        matvec_int(RowSplit::one(k, kvd), L.wk, xq_, n, false, pdl_, stream_, kv_stored_ ? &sk : nullptr);
-        matvec_int(RowSplit::one(v, L.wv.rows), L.wv, xq_, n, false, pdl_, stream_, kv_stored_ ? &sv : nullptr);
+        matvec_int(RowSplit::one(q, qd), L.wq, xq_, n, false, pdl_, stream_, kv_stored_ ? &sq : nullptr, wide_);
+        matvec_int(RowSplit::one(k, kvd), L.wk, xq_, n, false, pdl_, stream_, kv_stored_ ? &sk : nullptr, wide_);
+        matvec_int(RowSplit::one(v, L.wv.rows), L.wv, xq_, n, false, pdl_, stream_, kv_stored_ ? &sv : nullptr, wide_);
         return;
     }
     if (n <= kMvMaxTokens) {  // a short prompt's f32 products
@@ -396,7 +399,7 @@ void CudaOps::attention(float* out, const float* q, int l, int n) {
 void CudaOps::out_proj_add(float* x, const float* att, int l, int n) {
     const DevWeight& wo = w_.layers[size_t(l)].wo;
     if (att_quantized_) {  // xq_: att as quantized by attention_decode
-        matvec_int(RowSplit::one(x, wo.rows), wo, xq_, 1, true, pdl_, stream_);
+        matvec_int(RowSplit::one(x, wo.rows), wo, xq_, 1, true, pdl_, stream_, nullptr, wide_);
         return;
     }
     proj(x, wo, att, n, true);  // the residual add is the product's accumulate
@@ -412,7 +415,7 @@ void CudaOps::norm_swiglu(float* h, const float* x, int l, int n) {
     rmsnorm(xn_, in_int ? xq_ : nullptr, x, L.ffn_norm, n, c_.n_embd, c_.rms_eps, pdl_, stream_);
     if (fused) {
         if (in_int)  // xq_: quantized by the norm
-            matvec_glu_int(h, glu_quantized_ ? hq_ : nullptr, hq_counters_, L.gate, L.up, xq_, n, pdl_, stream_);
+            matvec_glu_int(h, glu_quantized_ ? hq_ : nullptr, hq_counters_, L.gate, L.up, xq_, n, pdl_, stream_, wide_);
         else
             matvec_glu(h, L.gate, L.up, xn_, stream_);
         return;
@@ -435,7 +438,7 @@ void CudaOps::norm_swiglu(float* h, const float* x, int l, int n) {
 void CudaOps::down_proj_add(float* x, const float* h, int l, int n) {
     const DevWeight& down = w_.layers[size_t(l)].down;
     if (n == 1 && glu_quantized_) {  // hq_: h as quantized by the SwiGLU product
-        matvec_int(RowSplit::one(x, down.rows), down, hq_, 1, true, pdl_, stream_);
+        matvec_int(RowSplit::one(x, down.rows), down, hq_, 1, true, pdl_, stream_, nullptr, wide_);
         return;
     }
     proj(x, down, h, n, true);  // the residual add is the product's accumulate
@@ -449,7 +452,7 @@ void CudaOps::head(float* logits, const float* x, int n) {
     }
     if (use_int(w_.output)) {
         rmsnorm(xn_, xq_, x, w_.output_norm, 1, c_.n_embd, c_.rms_eps, pdl_, stream_);
-        matvec_int(RowSplit::one(logits, w_.output.rows), w_.output, xq_, 1, false, pdl_, stream_);
+        matvec_int(RowSplit::one(logits, w_.output.rows), w_.output, xq_, 1, false, pdl_, stream_, nullptr, wide_);
         return;
     }
     rmsnorm(xn_, nullptr, x, w_.output_norm, 1, c_.n_embd, c_.rms_eps, pdl_, stream_);

@@ -349,22 +349,31 @@ KVGEN_HD constexpr int mvi_rows(int nm, int nt) {
 }
 constexpr int kMviRows = mvi_rows<GgmlType::Q4_0>(1, 1);     // one token: rows per block of one matrix (4, any type)
 constexpr int kMviGluRows = mvi_rows<GgmlType::Q4_0>(2, 1);  // one token: of each of gate and up (2)
+// With --cuda-matvec-rows 8, one token's products of the types whose threads then still fit in 128 registers without
+// spilling (sm_90: Q4_0 94, Q8_0 115; Q4_K and Q6_K would spill) take twice the rows a block: each thread has twice
+// the 16-byte loads in flight, and the launch has half the blocks. A row's sum is the same bits whatever the rows a
+// block: its threads' shares and their reduction do not depend on them.
+constexpr int kMviWideRows = 2 * kMviRows;
+KVGEN_HD constexpr bool mvi_wide_type(GgmlType t) {
+    return t == GgmlType::Q4_0 || t == GgmlType::Q8_0;
+}
 
 // The SwiGLU product's output quantized where it is made, for the down projection (one launch fewer per layer): a
-// block stores its kMviGluRows outputs v (held by lane 0 of its first warp) at y[r0 ..], and that thread counts the
-// block done on the counter of their 32-row group after a fence; the group's last block reads the group's 32 outputs
+// block stores its R outputs v (held by lane 0 of its first warp) at y[r0 ..], and that thread counts the block done
+// on the counter of their 32-row group after a fence; the group's last block (of 32 / R) reads the group's 32 outputs
 // back past L1 and writes them as ActBlock yq[r0 / 32] (quantize_act_warp: the blocks quantize_act makes), then sets
 // the counter back to zero for the next launch. Run by the 32 lanes of one warp per block; rows a multiple of 32.
 #pragma nv_exec_check_disable
-template <class Ctx>
-KVGEN_HD void glu_store_quantized(const Ctx& ctx, int lane, const float (&v)[kMviGluRows], float* y, int64_t r0,
-                                  int* counters, ActBlock* yq) {
+template <int R, class Ctx>
+KVGEN_HD void glu_store_quantized(const Ctx& ctx, int lane, const float (&v)[R], float* y, int64_t r0, int* counters,
+                                  ActBlock* yq) {
+    static_assert(32 % R == 0, "a 32-row group is whole blocks");
     const int64_t g = r0 / 32;
     float last = 0.0f;
     if (lane == 0) {
-        for (int r = 0; r < kMviGluRows; ++r) y[r0 + r] = v[r];
+        for (int r = 0; r < R; ++r) y[r0 + r] = v[r];
         ctx.fence();  // the outputs are visible to every block before the count says so
-        const bool done = ctx.atomic_add(&counters[g], 1) == 32 / kMviGluRows - 1;
+        const bool done = ctx.atomic_add(&counters[g], 1) == 32 / R - 1;
         if (done) counters[g] = 0;
         last = done ? 1.0f : 0.0f;
     }

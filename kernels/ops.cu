@@ -229,15 +229,15 @@ __device__ __forceinline__ float block_rows_sum(const float (&acc)[R][NT], float
 
 // grid = rows / R, block = 32 mvi_warps(n_units) threads: the block's threads stride over the units of its R rows
 // (matvec_int_thread) for n <= NT tokens, x the tokens' ActBlocks one after another. At most 128 registers (two
-// blocks of up to 256 threads per SM), so that every row's loads are issued before the first is used.
+// blocks of up to 256 threads per SM), so that every row's loads are issued before the first is used. R: mvi_rows,
+// or kMviWideRows for one token (--cuda-matvec-rows 8).
 // With st.kc (accumulate 0), a Q|K|V product that rotates Q and K and stores K and V into an f16 cache itself
 // (qkv_store_row) instead of writing k and v.
-template <GgmlType T, int NT>
+template <GgmlType T, int NT, int R>
 __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
     matvec_int_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int n_units, int64_t rows,
                       const ActBlock* __restrict__ x, int n, RowSplit y, int i0, int accumulate, QkvStore st) {
     if constexpr (NT > 1) pdl_trigger();  // a prompt's next launch over the same weight may start loading them
-    constexpr int R = mvi_rows<T>(1, NT);
     __shared__ float part[kMviMaxWarps][R * NT];
     const int64_t r0 = int64_t(blockIdx.x) * R;
     const uint8_t* const ws[1] = {w};
@@ -258,15 +258,15 @@ __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
 }
 
 // grid = rows / R: gate and up rows of a SwiGLU pair in one block, y[i][r] = silu(gate[r] . x[i]) * (up[r] . x[i]).
-// With yq (one token; rows a multiple of 32; counters: rows / 32 ints, zero between launches), y is also written as
-// ActBlocks by each 32-row group's last block (glu_store_quantized).
-template <GgmlType T, int NT>
+// R of each: mvi_rows, or half kMviWideRows for one token (--cuda-matvec-rows 8). With yq (one token; rows a multiple
+// of 32; counters: rows / 32 ints, zero between launches), y is also written as ActBlocks by each 32-row group's last
+// block (glu_store_quantized).
+template <GgmlType T, int NT, int R>
 __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
     matvec_glu_int_kernel(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int64_t row_bytes,
                           int n_units, int64_t rows, const ActBlock* __restrict__ x, int n, float* __restrict__ y,
                           ActBlock* __restrict__ yq, int* __restrict__ counters) {
     pdl_trigger();  // the down projection, which reads y or yq, may start loading its weights
-    constexpr int R = mvi_rows<T>(2, NT);
     __shared__ float part[2][kMviMaxWarps][R * NT];
     const int64_t r0 = int64_t(blockIdx.x) * R;
     const uint8_t* const ws[2] = {gate, up};
@@ -569,7 +569,7 @@ void launch(void (*kernel)(Params...), unsigned grid, unsigned block, bool pdl, 
 }  // namespace
 
 void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n, bool accumulate, bool pdl,
-                cudaStream_t s, const QkvStore* store) {
+                cudaStream_t s, const QkvStore* store, bool wide) {
     KVGEN_ASSERT(n >= 1 && n <= kMvMaxTokens);
     KVGEN_ASSERT(!store || (store->kc && store->vc && !accumulate && w.rows % 2 == 0 && store->kv.head_dim % 2 == 0));
     const bool ok = int_matvec_ok(w) && dispatch_int_type(w.type, [&](auto tag) {
@@ -577,9 +577,15 @@ void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n,
         const int n_units = int(w.cols / 32);
         int_launches(n, [&](auto nt, int i0, int m) {
             constexpr int NT = decltype(nt)::value;
-            launch(matvec_int_kernel<T, NT>, grid_for(w.rows, mvi_rows<T>(1, NT)), unsigned(32 * mvi_warps(n_units)),
-                   pdl, s, w.data, w.row_bytes, n_units, w.rows, x + int64_t(i0) * n_units, m, y, i0,
-                   accumulate ? 1 : 0, store ? *store : QkvStore{});
+            const auto go = [&](auto kernel, int rows_per_block) {
+                launch(kernel, grid_for(w.rows, rows_per_block), unsigned(32 * mvi_warps(n_units)), pdl, s, w.data,
+                       w.row_bytes, n_units, w.rows, x + int64_t(i0) * n_units, m, y, i0, accumulate ? 1 : 0,
+                       store ? *store : QkvStore{});
+            };
+            if constexpr (NT == 1 && mvi_wide_type(T)) {
+                if (wide) return go(matvec_int_kernel<T, 1, kMviWideRows>, kMviWideRows);
+            }
+            go(matvec_int_kernel<T, NT, mvi_rows<T>(1, NT)>, mvi_rows<T>(1, NT));
         });
     });
     if (!ok) throw Error(fmt::format("CUDA: no integer product for {}", ggml_type_name(w.type)));
@@ -587,7 +593,7 @@ void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n,
 }
 
 void matvec_glu_int(float* y, ActBlock* yq, int* counters, const DevWeight& gate, const DevWeight& up,
-                    const ActBlock* x, int n, bool pdl, cudaStream_t s) {
+                    const ActBlock* x, int n, bool pdl, cudaStream_t s, bool wide) {
     KVGEN_ASSERT(n >= 1 && n <= kMvMaxTokens);
     KVGEN_ASSERT(!yq || (n == 1 && gate.rows % 32 == 0 && counters));
     const bool ok = glu_fusable(gate, up) && int_matvec_ok(gate) && dispatch_int_type(gate.type, [&](auto tag) {
@@ -595,9 +601,15 @@ void matvec_glu_int(float* y, ActBlock* yq, int* counters, const DevWeight& gate
         const int n_units = int(gate.cols / 32);
         int_launches(n, [&](auto nt, int i0, int m) {
             constexpr int NT = decltype(nt)::value;
-            launch(matvec_glu_int_kernel<T, NT>, grid_for(gate.rows, mvi_rows<T>(2, NT)),
-                   unsigned(32 * mvi_warps(n_units)), pdl, s, gate.data, up.data, gate.row_bytes, n_units, gate.rows,
-                   x + int64_t(i0) * n_units, m, y + int64_t(i0) * gate.rows, yq, counters);
+            const auto go = [&](auto kernel, int rows_per_block) {
+                launch(kernel, grid_for(gate.rows, rows_per_block), unsigned(32 * mvi_warps(n_units)), pdl, s,
+                       gate.data, up.data, gate.row_bytes, n_units, gate.rows, x + int64_t(i0) * n_units, m,
+                       y + int64_t(i0) * gate.rows, yq, counters);
+            };
+            if constexpr (NT == 1 && mvi_wide_type(T)) {
+                if (wide) return go(matvec_glu_int_kernel<T, 1, kMviWideRows / 2>, kMviWideRows / 2);
+            }
+            go(matvec_glu_int_kernel<T, NT, mvi_rows<T>(2, NT)>, mvi_rows<T>(2, NT));
         });
     });
     if (!ok) throw Error(fmt::format("CUDA: no fused integer SwiGLU for {}", ggml_type_name(gate.type)));

@@ -52,15 +52,16 @@ bool int_matvec_ok(const DevWeight& w);
 void quantize_act(ActBlock* out, const float* x, int64_t count, cudaStream_t s);
 // With store (an f16 cache; not accumulate), the product's rows are queries, keys and values as QkvStore says: Q
 // rotated into y, K rotated and K and V stored into the cache at the step's positions, as rope_store_kv would (the
-// same bits; k and v are not written).
+// same bits; k and v are not written). wide (one token of Q4_0 or Q8_0; --cuda-matvec-rows 8): kMviWideRows rows a
+// block instead of kMviRows, the same bits.
 void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n, bool accumulate, bool pdl,
-                cudaStream_t s, const QkvStore* store = nullptr);
+                cudaStream_t s, const QkvStore* store = nullptr, bool wide = false);
 // y[i][r] = silu(gate[r] . x[i]) * (up[r] . x[i]) in integers (glu_fusable and int_matvec_ok), n <= kMvMaxTokens.
 // With yq (may be null; one token, gate.rows a multiple of 32), y is also written as gate.rows / 32 ActBlocks for
 // the down projection, the blocks quantize_act makes of it; counters: gate.rows / 32 ints, zero before the first
-// launch and left at zero.
+// launch and left at zero. wide: as for matvec_int (twice the rows of each of gate and up a block).
 void matvec_glu_int(float* y, ActBlock* yq, int* counters, const DevWeight& gate, const DevWeight& up,
-                    const ActBlock* x, int n, bool pdl, cudaStream_t s);
+                    const ActBlock* x, int n, bool pdl, cudaStream_t s, bool wide = false);
 
 // y[i][r] = W[r] . x[i] (+= when accumulate) for n tokens, 1 <= n <= kMvMaxTokens (16), in f32: each weight read
 // once for all of them (a short prompt's prefill, for weights without an integer product). Twin: a double-precision

@@ -20,7 +20,8 @@
 #      4096 with --cuda-attention warp (the CUDA-core prefill attention) beside the default tensor-core one
 #      (SHAPE-T-warpattn), and pp512 / tg128 at those depths with --kv-type q8_0 and q4_0 (SHAPE-T-kvq8_0, -kvq4_0);
 #      for every file, tg128 with --cuda-pdl off (SHAPE-T-nopdl: the decode products launched without programmatic
-#      dependent launch),
+#      dependent launch), for Q4_0 and Q8_0 tg128 with --cuda-matvec-rows 8 (SHAPE-T-rows8: 8 rows a block of the
+#      one-token products; with --quick also the per-kernel table of the first of them),
 #      and for the quantized ones pp512 with --cuda-gemm mma (SHAPE-T-mmagemm: the prefill products in one kernel
 #      that decodes each weight tile into shared memory, against cuBLAS on decoded chunks) and pp16 and tg128 with
 #      --cuda-kv-store kernel (SHAPE-T-storekernel: RoPE and the K/V store in their own launch, not in the Q|K|V
@@ -238,16 +239,17 @@ ncu_metrics=gpu__time_duration.sum,dram__bytes_read.sum
 ncu_launch_metrics=launch__registers_per_thread,launch__block_size,launch__grid_size,launch__waves_per_multiprocessor
 ncu_launch_metrics+=,sm__warps_active.avg.pct_of_peak_sustained_active
 
-# profile_kernels MODEL NAME: the per-kernel table of MODEL, in $work/ncu/NAME.md whatever happens.
+# profile_kernels MODEL NAME [KVGEN FLAGS...]: the per-kernel table of MODEL, in $work/ncu/NAME.md whatever happens.
 profile_kernels() {
     local f=$1 name=$2 rc=0 start=$SECONDS
+    shift 2
     if (($(left) < 60)); then skipped+=("per-kernel $name"); return; fi
-    ncu_pass "$f" "$name" || rc=$?
+    ncu_pass "$f" "$name" "$@" || rc=$?
     if ((rc == 3 && $(left) >= 60)); then
         # ncu_sum found no decode step: the graph's kernels were not profiled one by one. Launch them one by one.
         log "$name: no decode step in the profile; profiling again with --no-cuda-graphs"
         rc=0
-        ncu_pass "$f" "$name" --no-cuda-graphs || rc=$?
+        ncu_pass "$f" "$name" "$@" --no-cuda-graphs || rc=$?
         local why="Decode without the CUDA graph (kvgen --no-cuda-graphs): ncu did not profile the graph's kernels."
         ((rc == 0)) && sed -i "1s/^/$why /" "$work/ncu/$name.md"
     fi
@@ -278,6 +280,7 @@ profile_kernels() {
 }
 
 mkdir -p "$work/speed" "$work/ncu"
+rows8_profiled=0
 for shape in "${shapes[@]}"; do
     # seconds a shape's runs take at most (2026-11-30: a 7B type about 40 s, a 13B 60-100 s with its larger files)
     need=70
@@ -303,6 +306,11 @@ for shape in "${shapes[@]}"; do
         cp "$work/speed/$name.inspect.json" "$work/speed/$name-nopdl.inspect.json"
         bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-pdl off -p 0 -n 128 -d 0 -r 2 -o json \
             >"$work/speed/$name-nopdl.bench.json" 2>>"$out/log.txt" || log "$name: bench with --cuda-pdl off failed"
+        if [[ $t == Q4_0 || $t == Q8_0 ]]; then  # one token's products with 8 rows a block (the default: 4)
+            cp "$work/speed/$name.inspect.json" "$work/speed/$name-rows8.inspect.json"
+            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-matvec-rows 8 -p 0 -n 128 -d 0 -r 2 -o json \
+                >"$work/speed/$name-rows8.bench.json" 2>>"$out/log.txt" || log "$name: bench with 8 rows failed"
+        fi
         if [[ $t != F16 ]]; then  # the prefill products in one kernel, each weight tile decoded in shared memory
             cp "$work/speed/$name.inspect.json" "$work/speed/$name-mmagemm.inspect.json"
             bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-gemm mma -p 512 -n 0 -d 0 -r 2 -o json \
@@ -336,6 +344,10 @@ for shape in "${shapes[@]}"; do
         # --quick profiles every type (its one shape); the full run the KV comparison's model alone
         if [[ -n $ncu || -n $ncu_csv ]] && { ((quick)) || [[ $name == "$kv_name" ]]; }; then
             profile_kernels "$f" "$name"
+            if ((quick && !rows8_profiled)) && [[ $t == Q4_0 || $t == Q8_0 ]]; then  # the first such type only
+                profile_kernels "$f" "$name-rows8" --cuda-matvec-rows 8
+                rows8_profiled=1
+            fi
         fi
         if [[ $name == "$kv_name" ]] && ((!quick)); then mv "$f" "$work/kv-model.gguf"; else rm -f "$f"; fi
         write_report "$name's speed runs" >/dev/null

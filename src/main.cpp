@@ -336,6 +336,11 @@ int main(int argc, char** argv) {
                    "loading its weights while the kernel before it drains (programmatic dependent launch); off "
                    "launches it after")
         ->check(CLI::IsMember({"on", "off"}));
+    int cuda_matvec_rows = 4;
+    app.add_option("--cuda-matvec-rows", cuda_matvec_rows,
+                   "CUDA: rows of a matrix one block of one token's Q4_0 and Q8_0 integer products takes: 4 (the "
+                   "default) or 8 (twice the weight loads in flight a thread, half the blocks); the same results")
+        ->check(CLI::IsMember({4, 8}));
     std::string cuda_kv_store = "product";
     app.add_option("--cuda-kv-store", cuda_kv_store,
                    "CUDA with an f16 KV cache: product (the integer Q|K|V products of up to 16 tokens rotate Q and K "
@@ -537,6 +542,7 @@ int main(int argc, char** argv) {
         kvgen::math_mode_from_name(math, &gen.run.math);
         gen.run.cuda_flash_attention = cuda_attention == "mma";
         gen.run.cuda_pdl = cuda_pdl == "on";
+        gen.run.cuda_matvec_rows = cuda_matvec_rows;
         gen.run.cuda_qkv_store = cuda_kv_store == "product";
         gen.run.cuda_mma_gemm = cuda_gemm == "mma";
         kvgen::apply_llama_settings(llama, gen.run, app.count("--kv-type") > 0);

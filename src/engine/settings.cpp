@@ -36,6 +36,8 @@ std::string cuda_options_name(const Settings& s) {
     if (s.cuda_flash_attention != d.cuda_flash_attention)
         add(s.cuda_flash_attention ? "--cuda-attention mma" : "--cuda-attention warp");
     if (s.cuda_pdl != d.cuda_pdl) add(s.cuda_pdl ? "--cuda-pdl on" : "--cuda-pdl off");
+    const std::string rows = "--cuda-matvec-rows " + std::to_string(s.cuda_matvec_rows);
+    if (s.cuda_matvec_rows != d.cuda_matvec_rows) add(rows.c_str());
     if (s.cuda_qkv_store != d.cuda_qkv_store)
         add(s.cuda_qkv_store ? "--cuda-kv-store product" : "--cuda-kv-store kernel");
     if (s.cuda_mma_gemm != d.cuda_mma_gemm) add(s.cuda_mma_gemm ? "--cuda-gemm mma" : "--cuda-gemm cublas");
