@@ -52,8 +52,8 @@ bool int_matvec_ok(const DevWeight& w);
 void quantize_act(ActBlock* out, const float* x, int64_t count, cudaStream_t s);
 // With store (an f16 cache; not accumulate), the product's rows are queries, keys and values as QkvStore says: Q
 // rotated into y, K rotated and K and V stored into the cache at the step's positions, as rope_store_kv would (the
-// same bits; k and v are not written). wide (one token of Q4_0 or Q8_0; --cuda-matvec-rows 8): kMviWideRows rows a
-// block instead of kMviRows, the same bits.
+// same bits; k and v are not written). wide (one token of Q4_0 or Q8_0; --cuda-matvec-rows 8, the default):
+// kMviWideRows rows a block instead of kMviRows, the same bits.
 void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n, bool accumulate, bool pdl,
                 cudaStream_t s, const QkvStore* store = nullptr, bool wide = false);
 // y[i][r] = silu(gate[r] . x[i]) * (up[r] . x[i]) in integers (glu_fusable and int_matvec_ok), n <= kMvMaxTokens.

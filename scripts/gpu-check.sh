@@ -20,8 +20,8 @@
 #      4096 with --cuda-attention warp (the CUDA-core prefill attention) beside the default tensor-core one
 #      (SHAPE-T-warpattn), and pp512 / tg128 at those depths with --kv-type q8_0 and q4_0 (SHAPE-T-kvq8_0, -kvq4_0);
 #      for every file, tg128 with --cuda-pdl off (SHAPE-T-nopdl: the decode products launched without programmatic
-#      dependent launch), for Q4_0 and Q8_0 tg128 with --cuda-matvec-rows 8 (SHAPE-T-rows8: 8 rows a block of the
-#      one-token products; with --quick also the per-kernel table of the first of them),
+#      dependent launch), for Q4_0 and Q8_0 tg128 with --cuda-matvec-rows 4 (SHAPE-T-rows4: 4 rows a block of the
+#      one-token products instead of 8; with --quick also the per-kernel table of the first of them),
 #      and for the quantized ones pp512 with --cuda-gemm mma (SHAPE-T-mmagemm: the prefill products in one kernel
 #      that decodes each weight tile into shared memory, against cuBLAS on decoded chunks) and pp16 and tg128 with
 #      --cuda-kv-store kernel (SHAPE-T-storekernel: RoPE and the K/V store in their own launch, not in the Q|K|V
@@ -280,7 +280,7 @@ profile_kernels() {
 }
 
 mkdir -p "$work/speed" "$work/ncu"
-rows8_profiled=0
+rows4_profiled=0
 for shape in "${shapes[@]}"; do
     # seconds a shape's runs take at most (2026-11-30: a 7B type about 40 s, a 13B 60-100 s with its larger files)
     need=70
@@ -306,10 +306,10 @@ for shape in "${shapes[@]}"; do
         cp "$work/speed/$name.inspect.json" "$work/speed/$name-nopdl.inspect.json"
         bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-pdl off -p 0 -n 128 -d 0 -r 2 -o json \
             >"$work/speed/$name-nopdl.bench.json" 2>>"$out/log.txt" || log "$name: bench with --cuda-pdl off failed"
-        if [[ $t == Q4_0 || $t == Q8_0 ]]; then  # one token's products with 8 rows a block (the default: 4)
-            cp "$work/speed/$name.inspect.json" "$work/speed/$name-rows8.inspect.json"
-            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-matvec-rows 8 -p 0 -n 128 -d 0 -r 2 -o json \
-                >"$work/speed/$name-rows8.bench.json" 2>>"$out/log.txt" || log "$name: bench with 8 rows failed"
+        if [[ $t == Q4_0 || $t == Q8_0 ]]; then  # one token's products with 4 rows a block (the default: 8)
+            cp "$work/speed/$name.inspect.json" "$work/speed/$name-rows4.inspect.json"
+            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-matvec-rows 4 -p 0 -n 128 -d 0 -r 2 -o json \
+                >"$work/speed/$name-rows4.bench.json" 2>>"$out/log.txt" || log "$name: bench with 4 rows failed"
         fi
         if [[ $t != F16 ]]; then  # the prefill products in one kernel, each weight tile decoded in shared memory
             cp "$work/speed/$name.inspect.json" "$work/speed/$name-mmagemm.inspect.json"
@@ -344,9 +344,9 @@ for shape in "${shapes[@]}"; do
         # --quick profiles every type (its one shape); the full run the KV comparison's model alone
         if [[ -n $ncu || -n $ncu_csv ]] && { ((quick)) || [[ $name == "$kv_name" ]]; }; then
             profile_kernels "$f" "$name"
-            if ((quick && !rows8_profiled)) && [[ $t == Q4_0 || $t == Q8_0 ]]; then  # the first such type only
-                profile_kernels "$f" "$name-rows8" --cuda-matvec-rows 8
-                rows8_profiled=1
+            if ((quick && !rows4_profiled)) && [[ $t == Q4_0 || $t == Q8_0 ]]; then  # the first such type only
+                profile_kernels "$f" "$name-rows4" --cuda-matvec-rows 4
+                rows4_profiled=1
             fi
         fi
         if [[ $name == "$kv_name" ]] && ((!quick)); then mv "$f" "$work/kv-model.gguf"; else rm -f "$f"; fi

@@ -336,10 +336,11 @@ int main(int argc, char** argv) {
                    "loading its weights while the kernel before it drains (programmatic dependent launch); off "
                    "launches it after")
         ->check(CLI::IsMember({"on", "off"}));
-    int cuda_matvec_rows = 4;
+    int cuda_matvec_rows = 8;
     app.add_option("--cuda-matvec-rows", cuda_matvec_rows,
-                   "CUDA: rows of a matrix one block of one token's Q4_0 and Q8_0 integer products takes: 4 (the "
-                   "default) or 8 (twice the weight loads in flight a thread, half the blocks); the same results")
+                   "CUDA: rows of a matrix one block of one token's Q4_0 and Q8_0 integer products takes: 8 (the "
+                   "default: twice the weight loads in flight a thread, half the blocks) or 4, to compare; the same "
+                   "results")
         ->check(CLI::IsMember({4, 8}));
     std::string cuda_kv_store = "product";
     app.add_option("--cuda-kv-store", cuda_kv_store,

@@ -113,8 +113,8 @@ TEST_CASE("the bench backend column names the CUDA options that differ from the 
     s.cuda_pdl = false;
     s.cuda_graphs = false;
     CHECK(cuda_options_name(s) == "--no-cuda-graphs --cuda-pdl off --cuda-gemm mma");
-    s.cuda_matvec_rows = 8;
-    CHECK(cuda_options_name(s) == "--no-cuda-graphs --cuda-pdl off --cuda-matvec-rows 8 --cuda-gemm mma");
+    s.cuda_matvec_rows = 4;
+    CHECK(cuda_options_name(s) == "--no-cuda-graphs --cuda-pdl off --cuda-matvec-rows 4 --cuda-gemm mma");
     Settings t;
     t.cuda_int_matvec = t.cuda_flash_attention = t.cuda_qkv_store = false;
     CHECK(cuda_options_name(t) == "--cuda-matvec f32 --cuda-attention warp --cuda-kv-store kernel");

@@ -253,7 +253,7 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
     // decode products, the ones programmatic launch applies to).
     // A q4_0 K too: its one decode step that writes position 15 sets the key offsets outside the graph, and the
     // graph replays after it.
-    // And Q4_0 (fused Q|K|V), whose one-token products can take 8 rows a block (--cuda-matvec-rows 8).
+    // And Q4_0 (fused Q|K|V), whose one-token products take 8 rows a block or 4 (--cuda-matvec-rows).
     std::vector<Model> models;
     if (test::file_exists(KVGEN_DEFAULT_MODEL)) models.push_back(Model::load(KVGEN_DEFAULT_MODEL));
     models.push_back(synth_model("Q4_K_M"));
@@ -281,11 +281,11 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
             go.cuda_pdl = false;
             go.cuda_qkv_store = false;
             std::unique_ptr<Backend> store_launch = cuda::make_backend(m, go);
-            // 8 rows a block of the one-token integer products (the defaults otherwise): the same bits
-            Settings wide_rows = go;
-            wide_rows.cuda_pdl = wide_rows.cuda_qkv_store = true;
-            wide_rows.cuda_matvec_rows = 8;
-            std::unique_ptr<Backend> wide = cuda::make_backend(m, wide_rows);
+            // 4 rows a block of the one-token integer products instead of 8 (the defaults otherwise): the same bits
+            Settings narrow_rows = go;
+            narrow_rows.cuda_pdl = narrow_rows.cuda_qkv_store = true;
+            narrow_rows.cuda_matvec_rows = 4;
+            std::unique_ptr<Backend> narrow = cuda::make_backend(m, narrow_rows);
             // 12 tokens: the integer products of a prompt in two launches (8 + 4), programmatic ones under PDL
             std::vector<int32_t> seq = {1, 504, 3158, 282, 1649, 314, 42, 1000, 77, 2048, 15, 600};
             const int n0 = int(seq.size());
@@ -295,7 +295,7 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
             REQUIRE(copy(pdl_launch->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
             REQUIRE(copy(pdl_graph->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
             REQUIRE(copy(store_launch->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
-            REQUIRE(copy(wide->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
+            REQUIRE(copy(narrow->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
             for (int step = 0; step < 20; ++step) {
                 const int32_t id = argmax(a);
                 seq.push_back(id);
@@ -307,7 +307,7 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
                 REQUIRE(copy(pdl_launch->forward(&id, 1, pos, Pass::Decode), n_vocab) == a);
                 REQUIRE(copy(pdl_graph->forward(&id, 1, pos, Pass::Decode), n_vocab) == a);
                 REQUIRE(copy(store_launch->forward(&id, 1, pos, Pass::Decode), n_vocab) == a);
-                REQUIRE(copy(wide->forward(&id, 1, pos, Pass::Decode), n_vocab) == a);
+                REQUIRE(copy(narrow->forward(&id, 1, pos, Pass::Decode), n_vocab) == a);
             }
             // The whole sequence again in one prefill (what --no-kv-cache does each step) against the last decode step
             // (with an f16 cache: a q4_0 one rounds the two ways' keys apart by its own steps).
