@@ -268,7 +268,7 @@ const float* CudaOps::run(int n, int n_out, const std::function<void()>& step) {
 }
 
 const ActBlock* CudaOps::quantized(const float* in, int64_t count) {
-    quantize_act(xq_, in, count, stream_);
+    quantize_act(xq_, in, count, stream_, pdl_);
     return xq_;
 }
 
@@ -381,7 +381,7 @@ void CudaOps::attention(float* out, const float* q, int l, int n) {
     // note: a quantized K is read in the rotated basis of kv_rotation.h, so the query turns to it; a quantized V
     // gives the output in it, and it turns back. q is not read after attention.
     const int64_t rows = int64_t(n) * c_.n_heads;
-    if (kv_type_quantized(kv_.k_type)) kv_rotate_rows(const_cast<float*>(q), rows, c_.head_dim, stream_);
+    if (kv_type_quantized(kv_.k_type)) kv_rotate_rows(const_cast<float*>(q), rows, c_.head_dim, stream_, pdl_);
     // One token's output is also quantized where it is made, for the output projection's integer product (not
     // through a quantized V: its output turns back after attention).
     const DevWeight& wo = w_.layers[size_t(l)].wo;
@@ -389,11 +389,11 @@ void CudaOps::attention(float* out, const float* q, int l, int n) {
     att_quantized_ = n == 1 && !kv_type_quantized(kv_.v_type) && c_.head_dim % 32 == 0 && use_int(wo);
     if (n == 1)
         attention_decode(out, att_quantized_ ? xq_ : nullptr, partials_, counters_, q, layer_k(l), layer_v(l),
-                         layer_offsets(l), d_step_, c_.n_heads, kv_, splits_, stream_);
+                         layer_offsets(l), d_step_, c_.n_heads, kv_, splits_, stream_, pdl_);
     else  // a short prompt over a deep cache: its positions split among more blocks
         attention_prefill(out, q, layer_k(l), layer_v(l), layer_offsets(l), d_step_, n, c_.n_heads, kv_, flash_,
                           attention_prefill_splits(c_.n_heads, kv_, n, pos0_, sm_count_), partials_, stream_);
-    if (kv_type_quantized(kv_.v_type)) kv_rotate_rows(out, rows, c_.head_dim, stream_);
+    if (kv_type_quantized(kv_.v_type)) kv_rotate_rows(out, rows, c_.head_dim, stream_, pdl_);
 }
 
 void CudaOps::out_proj_add(float* x, const float* att, int l, int n) {

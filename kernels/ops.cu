@@ -200,6 +200,7 @@ __global__ void __launch_bounds__(kMvWarps* kWarp)
 // A warp per ActBlock, a lane per value (quantize_act_warp: coalesced loads, 10 shuffles a block).
 __global__ void quantize_act_kernel(const float* __restrict__ x, int64_t n_blocks, ActBlock* __restrict__ out) {
     pdl_trigger();  // the product that reads out may start loading its weights
+    pdl_wait();     // launched programmatically: x is read once the kernel that writes it has finished
     const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
     const int lane = int(threadIdx.x % kWarp);
     if (b < n_blocks) quantize_act_warp(DeviceThread{nullptr}, x[b * 32 + lane], lane, out[b]);  // whole warps
@@ -388,6 +389,8 @@ __global__ void kv_offsets_kernel(const uint8_t* __restrict__ kc, int64_t heads,
 // A warp per row (kv_rotate_row_warp), kKvRowWarps rows a block; E = head_dim / 32.
 template <int E>
 __global__ void __launch_bounds__(kKvRowWarps* kWarp) kv_rotate_rows_kernel(float* __restrict__ x, int64_t rows) {
+    pdl_trigger();  // the kernel after it (attention, or the output's quantization) may be set up
+    pdl_wait();     // launched programmatically: x is read once the kernel that writes it has finished
     const int64_t r = int64_t(blockIdx.x) * kKvRowWarps + threadIdx.x / kWarp;
     if (r < rows) kv_rotate_row_warp<E>(DeviceThread{nullptr}, x + r * 32 * E);  // the same for the whole warp
 }
@@ -411,6 +414,10 @@ __global__ void __launch_bounds__(kAttnThreads)
                             KvLayout kv, int splits, float scale, float* __restrict__ partials,
                             int* __restrict__ counters, float* __restrict__ out, ActBlock* __restrict__ xq) {
     pdl_trigger();  // the output projection, which reads xq, may start loading its weights
+    // Launched as a programmatic dependent launch after the kernel that writes q and the step's cache rows (the
+    // Q|K|V product, or the store or rotation), its blocks are set up while that kernel's last ones run; nothing is
+    // read before it has finished.
+    pdl_wait();
     __shared__ float sm[kAttnDecodeShared<NQ, E>];
     attention_decode_body<NQ, E, F16>(DeviceThread{sm}, q, kc, vc, k_offsets, d_pos0, n_rep, kv, splits, scale,
                                       partials, counters, out, xq);
@@ -543,19 +550,13 @@ bool int_matvec_ok(const DevWeight& w) {
     return has_int_matvec(w.type) && w.cols % 32 == 0 && w.row_bytes < (int64_t(1) << 31);  // 32-bit offsets
 }
 
-void quantize_act(ActBlock* out, const float* x, int64_t count, cudaStream_t s) {
-    KVGEN_ASSERT(count % 32 == 0);
-    quantize_act_kernel<<<grid_for(count, 128), 128, 0, s>>>(x, count / 32, out);
-    KVGEN_CUDA_LAUNCHED("quantize_act");
-}
-
 namespace {
 // A kernel launch, with programmatic dependent launch when pdl (sm_90: the kernel may start before the one before it
 // in the stream ends, and waits in pdl_wait; captured into graphs as a programmatic edge).
 template <typename... Params, typename... Args>
-void launch(void (*kernel)(Params...), unsigned grid, unsigned block, bool pdl, cudaStream_t s, Args... args) {
+void launch(void (*kernel)(Params...), dim3 grid, unsigned block, bool pdl, cudaStream_t s, Args... args) {
     cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(grid);
+    cfg.gridDim = grid;
     cfg.blockDim = dim3(block);
     cfg.dynamicSmemBytes = 0;
     cfg.stream = s;
@@ -567,6 +568,12 @@ void launch(void (*kernel)(Params...), unsigned grid, unsigned block, bool pdl, 
     KVGEN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, Params(args)...));
 }
 }  // namespace
+
+void quantize_act(ActBlock* out, const float* x, int64_t count, cudaStream_t s, bool pdl) {
+    KVGEN_ASSERT(count % 32 == 0);
+    launch(quantize_act_kernel, grid_for(count, 128), 128, pdl, s, x, count / 32, out);
+    KVGEN_CUDA_LAUNCHED("quantize_act");
+}
 
 void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n, bool accumulate, bool pdl,
                 cudaStream_t s, const QkvStore* store, bool wide) {
@@ -738,10 +745,11 @@ void kv_offsets(float* k_offsets, const uint8_t* k_cache, int n_layers, const Kv
     KVGEN_CUDA_LAUNCHED("kv_offsets");
 }
 
-void kv_rotate_rows(float* x, int64_t rows, int head_dim, cudaStream_t s) {
+void kv_rotate_rows(float* x, int64_t rows, int head_dim, cudaStream_t s, bool pdl) {
     if (rows == 0) return;
     const bool ok = dispatch_kv_rows(head_dim, [&](auto e) {
-        kv_rotate_rows_kernel<decltype(e)::value><<<grid_for(rows, kKvRowWarps), kKvRowWarps * kWarp, 0, s>>>(x, rows);
+        launch(kv_rotate_rows_kernel<decltype(e)::value>, grid_for(rows, kKvRowWarps), kKvRowWarps * kWarp, pdl, s, x,
+               rows);
     });
     KVGEN_ASSERT(ok);  // only a quantized cache's head_dims come here
     KVGEN_CUDA_LAUNCHED("kv_rotate_rows");
@@ -936,7 +944,7 @@ int attention_counters(int n_heads, const KvLayout& kv) {
 
 void attention_decode(float* out, ActBlock* xq, float* partials, int* counters, const float* q, const uint8_t* k_cache,
                       const uint8_t* v_cache, const float* k_offsets, const int* d_pos0, int n_heads,
-                      const KvLayout& kv, int splits, cudaStream_t s) {
+                      const KvLayout& kv, int splits, cudaStream_t s, bool pdl) {
     KVGEN_ASSERT(kv_cache_supported(kv));
     KVGEN_ASSERT(!xq || kv.head_dim % 32 == 0);
     KVGEN_ASSERT((k_offsets != nullptr) == kv.k_offsets());
@@ -946,11 +954,11 @@ void attention_decode(float* out, ActBlock* xq, float* partials, int* counters, 
         constexpr int NQ = decltype(nq)::value, E = decltype(e)::value;
         const dim3 grid(unsigned(n_heads / NQ), unsigned(splits));
         if (!kv.quantized())
-            attention_decode_kernel<NQ, E, true><<<grid, kAttnThreads, 0, s>>>(
-                q, k_cache, v_cache, nullptr, d_pos0, n_rep, kv, splits, scale, partials, counters, out, xq);
+            launch(attention_decode_kernel<NQ, E, true>, grid, kAttnThreads, pdl, s, q, k_cache, v_cache,
+                   static_cast<const float*>(nullptr), d_pos0, n_rep, kv, splits, scale, partials, counters, out, xq);
         else if constexpr (E == 2 || E == 4)  // head_dim 64, 128: kv_quantized_head_dim
-            attention_decode_kernel<NQ, E, false><<<grid, kAttnThreads, 0, s>>>(
-                q, k_cache, v_cache, k_offsets, d_pos0, n_rep, kv, splits, scale, partials, counters, out, xq);
+            launch(attention_decode_kernel<NQ, E, false>, grid, kAttnThreads, pdl, s, q, k_cache, v_cache, k_offsets,
+                   d_pos0, n_rep, kv, splits, scale, partials, counters, out, xq);
     });
     if (!ok) {
         attention_generic(out, q, k_cache, v_cache, d_pos0, 1, n_heads, kv, s);

@@ -49,7 +49,7 @@ void matvec_split(const RowSplit& y, const DevWeight& w, const float* x, cudaStr
 // streaming while the kernel before it (the norm, attention or quantize_act that writes x, which let it start) still
 // runs. Twins: cpu::quantize_a32 and the double-precision product of the dequantized rows.
 bool int_matvec_ok(const DevWeight& w);
-void quantize_act(ActBlock* out, const float* x, int64_t count, cudaStream_t s);
+void quantize_act(ActBlock* out, const float* x, int64_t count, cudaStream_t s, bool pdl = false);
 // With store (an f16 cache; not accumulate), the product's rows are queries, keys and values as QkvStore says: Q
 // rotated into y, K rotated and K and V stored into the cache at the step's positions, as rope_store_kv would (the
 // same bits; k and v are not written). wide (one token of Q4_0 or Q8_0; --cuda-matvec-rows 8, the default):
@@ -108,8 +108,9 @@ void rope_store_kv(float* q, uint8_t* k_cache, uint8_t* v_cache, const float* k,
 // [n_layers][n_kv_heads][head_dim]. Twin: kv_offset_of_rows (KvCache::k_offset), bit for bit.
 void kv_offsets(float* k_offsets, const uint8_t* k_cache, int n_layers, const KvLayout& kv, cudaStream_t s);
 // rows rows of head_dim values <- H x / w per piece (kv_rotate_scaled): a query before attention over a quantized K,
-// an attention output after a quantized V. Twin: kv_rotate_scaled.
-void kv_rotate_rows(float* x, int64_t rows, int head_dim, cudaStream_t s);
+// an attention output after a quantized V. Twin: kv_rotate_scaled. pdl: a programmatic dependent launch (sm_90),
+// which reads x only once the kernel before it has finished.
+void kv_rotate_rows(float* x, int64_t rows, int head_dim, cudaStream_t s, bool pdl = false);
 
 // gate[j] = silu(gate[j]) * up[j]; y = f16(x) (saturating). Twin: cpu::swiglu.
 void swiglu(float* gate, const float* up, int64_t count, cudaStream_t s);
@@ -169,12 +170,13 @@ int attention_prefill_splits(int n_heads, const KvLayout& kv, int n, int pos0, i
 // log-sum-exp combine: by each group's last block when counters is given (attention_counters() ints, zero before
 // the first launch; they are left at zero), else by a second kernel. q, out: [n_heads][head_dim]. With xq (may be null;
 // head_dim a multiple of 32) out is also written as n_heads * head_dim / 32 ActBlocks, quantized where each value is
-// made (the output projection's integer input).
+// made (the output projection's integer input). pdl: a programmatic dependent launch (sm_90; waits for the kernel
+// before it in pdl_wait before reading anything).
 // Twins: cpu::attention with n = 1, then quantize_act of the output.
 int attention_counters(int n_heads, const KvLayout& kv);
 void attention_decode(float* out, ActBlock* xq, float* partials, int* counters, const float* q, const uint8_t* k_cache,
                       const uint8_t* v_cache, const float* k_offsets, const int* d_pos0, int n_heads,
-                      const KvLayout& kv, int splits, cudaStream_t s);
+                      const KvLayout& kv, int splits, cudaStream_t s, bool pdl = false);
 // n queries at positions *d_pos0 + i, each over cache positions 0 ..= its own (causal). With tensor_cores, head_dim
 // 64 and 128 run flash attention on the tensor cores (flash_attention.cuh); other head_dims, or without, a warp per
 // query on the CUDA cores (attention_prefill_body, an f16 cache only: a quantized one always takes flash attention).
