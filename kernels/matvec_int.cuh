@@ -357,6 +357,15 @@ constexpr int kMviWideRows = 2 * kMviRows;
 KVGEN_HD constexpr bool mvi_wide_type(GgmlType t) {
     return t == GgmlType::Q4_0 || t == GgmlType::Q8_0;
 }
+// Calls f(std::integral_constant<int, R>{}) with the rows a block of NM matrices of type T takes for NT tokens:
+// mvi_rows, or twice that for one token of a wide type when wide.
+template <GgmlType T, int NM, int NT, typename F>
+void with_mvi_rows(bool wide, F&& f) {
+    if constexpr (NT == 1 && mvi_wide_type(T)) {
+        if (wide) return f(std::integral_constant<int, kMviWideRows / NM>{});
+    }
+    f(std::integral_constant<int, mvi_rows<T>(NM, NT)>{});
+}
 
 // The SwiGLU product's output quantized where it is made, for the down projection (one launch fewer per layer): a
 // block stores its R outputs v (held by lane 0 of its first warp) at y[r0 ..], and that thread counts the block done

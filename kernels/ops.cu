@@ -584,15 +584,12 @@ void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n,
         const int n_units = int(w.cols / 32);
         int_launches(n, [&](auto nt, int i0, int m) {
             constexpr int NT = decltype(nt)::value;
-            const auto go = [&](auto kernel, int rows_per_block) {
-                launch(kernel, grid_for(w.rows, rows_per_block), unsigned(32 * mvi_warps(n_units)), pdl, s, w.data,
-                       w.row_bytes, n_units, w.rows, x + int64_t(i0) * n_units, m, y, i0, accumulate ? 1 : 0,
+            with_mvi_rows<T, 1, NT>(wide, [&](auto r) {
+                constexpr int R = decltype(r)::value;
+                launch(matvec_int_kernel<T, NT, R>, grid_for(w.rows, R), unsigned(32 * mvi_warps(n_units)), pdl, s,
+                       w.data, w.row_bytes, n_units, w.rows, x + int64_t(i0) * n_units, m, y, i0, accumulate ? 1 : 0,
                        store ? *store : QkvStore{});
-            };
-            if constexpr (NT == 1 && mvi_wide_type(T)) {
-                if (wide) return go(matvec_int_kernel<T, 1, kMviWideRows>, kMviWideRows);
-            }
-            go(matvec_int_kernel<T, NT, mvi_rows<T>(1, NT)>, mvi_rows<T>(1, NT));
+            });
         });
     });
     if (!ok) throw Error(fmt::format("CUDA: no integer product for {}", ggml_type_name(w.type)));
@@ -608,15 +605,12 @@ void matvec_glu_int(float* y, ActBlock* yq, int* counters, const DevWeight& gate
         const int n_units = int(gate.cols / 32);
         int_launches(n, [&](auto nt, int i0, int m) {
             constexpr int NT = decltype(nt)::value;
-            const auto go = [&](auto kernel, int rows_per_block) {
-                launch(kernel, grid_for(gate.rows, rows_per_block), unsigned(32 * mvi_warps(n_units)), pdl, s,
-                       gate.data, up.data, gate.row_bytes, n_units, gate.rows, x + int64_t(i0) * n_units, m,
+            with_mvi_rows<T, 2, NT>(wide, [&](auto r) {
+                constexpr int R = decltype(r)::value;
+                launch(matvec_glu_int_kernel<T, NT, R>, grid_for(gate.rows, R), unsigned(32 * mvi_warps(n_units)), pdl,
+                       s, gate.data, up.data, gate.row_bytes, n_units, gate.rows, x + int64_t(i0) * n_units, m,
                        y + int64_t(i0) * gate.rows, yq, counters);
-            };
-            if constexpr (NT == 1 && mvi_wide_type(T)) {
-                if (wide) return go(matvec_glu_int_kernel<T, 1, kMviWideRows / 2>, kMviWideRows / 2);
-            }
-            go(matvec_glu_int_kernel<T, NT, mvi_rows<T>(2, NT)>, mvi_rows<T>(2, NT));
+            });
         });
     });
     if (!ok) throw Error(fmt::format("CUDA: no fused integer SwiGLU for {}", ggml_type_name(gate.type)));

@@ -30,14 +30,13 @@ bool math_mode_from_name(const std::string& s, MathMode* m) {
 std::string cuda_options_name(const Settings& s) {
     const Settings d;
     std::string out;
-    const auto add = [&out](const char* option) { out += (out.empty() ? "" : " ") + std::string(option); };
+    const auto add = [&out](const std::string& option) { out += (out.empty() ? "" : " ") + option; };
     if (!s.cuda_graphs) add("--no-cuda-graphs");
     if (s.cuda_int_matvec != d.cuda_int_matvec) add(s.cuda_int_matvec ? "--cuda-matvec int16" : "--cuda-matvec f32");
     if (s.cuda_flash_attention != d.cuda_flash_attention)
         add(s.cuda_flash_attention ? "--cuda-attention mma" : "--cuda-attention warp");
     if (s.cuda_pdl != d.cuda_pdl) add(s.cuda_pdl ? "--cuda-pdl on" : "--cuda-pdl off");
-    const std::string rows = "--cuda-matvec-rows " + std::to_string(s.cuda_matvec_rows);
-    if (s.cuda_matvec_rows != d.cuda_matvec_rows) add(rows.c_str());
+    if (s.cuda_matvec_rows != d.cuda_matvec_rows) add("--cuda-matvec-rows " + std::to_string(s.cuda_matvec_rows));
     if (s.cuda_qkv_store != d.cuda_qkv_store)
         add(s.cuda_qkv_store ? "--cuda-kv-store product" : "--cuda-kv-store kernel");
     if (s.cuda_mma_gemm != d.cuda_mma_gemm) add(s.cuda_mma_gemm ? "--cuda-gemm mma" : "--cuda-gemm cublas");
