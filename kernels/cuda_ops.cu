@@ -76,6 +76,21 @@ private:
     // Whether a product with w of up to kMvMaxTokens tokens runs in integers, and `in` (count floats) quantized for
     // it into xq_.
     bool use_int(const DevWeight& w) const { return int_matvec_ && int_matvec_ok(w); }
+    // Whether layer l's Q|K|V products (its SwiGLU products) of n tokens run in integers, on the ActBlocks the norm
+    // before them writes.
+    bool qkv_in_int(const LayerDev& L, int n) const {
+        return n <= kMvMaxTokens && (L.fused_qkv ? use_int(L.qkv) : use_int(L.wq) && use_int(L.wk) && use_int(L.wv));
+    }
+    bool glu_in_int(const LayerDev& L, int n) const {
+        return n <= kMvMaxTokens && glu_fusable(L.gate, L.up) && use_int(L.gate);
+    }
+    // The residual product of one token into x_ (w, as matvec_int on the ActBlocks in), with the next RMSNorm (weight
+    // norm_w) folded in where the products after it read its ActBlocks (Settings::cuda_norm_fold; then norm_folded_
+    // tells the next norm that xnq_ holds them).
+    void residual_int(const DevWeight& w, const ActBlock* in, const float* norm_w, bool next_int);
+    // The ActBlocks of x normed by w for integer products of n tokens: xnq_ where the residual product folded it in,
+    // else rmsnorm's into xq_.
+    const ActBlock* norm_int(const float* x, const float* w, int n);
     const ActBlock* quantized(const float* in, int64_t count);
     void capture(const std::function<void()>& step);
     // Layer l's first K (V) row in the cache.
@@ -102,6 +117,8 @@ private:
     bool kv_stored_ = false;      // the last norm_qkv() also rotated Q and K and stored K and V (QkvStore)
     bool att_quantized_ = false;  // the last attention() also wrote its output into xq_
     bool glu_quantized_ = false;  // the last norm_swiglu() also wrote its output into hq_
+    bool norm_fold_;              // Settings::cuda_norm_fold
+    bool norm_folded_ = false;    // the last residual product also wrote the next norm's ActBlocks into xnq_
     bool flash_;       // Settings::cuda_flash_attention
     bool mma_gemm_;    // Settings::cuda_mma_gemm
     // The step begin() announced: its first position, and whether it writes the last of the first kKvOffsetPositions
@@ -127,6 +144,9 @@ private:
     int* counters_;
     ActBlock* hq_;      // [n_ff / 32]: the SwiGLU output as its product quantized it (null where n_ff % 32 != 0)
     int* hq_counters_;  // [n_ff / 32]
+    ActBlock* xnq_;     // [n_embd / 32]: the next norm's output, made by a residual product (null where n_embd % 32)
+    float* norm_sums_;  // [n_embd / 32]
+    int* norm_counters_;  // [n_embd / 32 + 1]
 };
 
 CudaOps::CudaOps(const Model& model, const Settings& s, int device)
@@ -140,6 +160,7 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
       pdl_(false),
       wide_(s.cuda_matvec_rows == 8),
       qkv_store_(s.cuda_qkv_store),
+      norm_fold_(s.cuda_norm_fold),
       flash_(s.cuda_flash_attention),
       mma_gemm_(s.cuda_mma_gemm) {
     KVGEN_CUDA_CHECK(cudaSetDevice(device_));
@@ -164,6 +185,7 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
         KVGEN_CUDA_CHECK(cudaMemsetAsync(base_ + p.k_offsets.offset, 0, p.k_offsets.bytes, stream_));
         KVGEN_CUDA_CHECK(cudaMemsetAsync(base_ + p.counters.offset, 0, p.counters.bytes, stream_));
         KVGEN_CUDA_CHECK(cudaMemsetAsync(base_ + p.hq_counters.offset, 0, p.hq_counters.bytes, stream_));
+        KVGEN_CUDA_CHECK(cudaMemsetAsync(base_ + p.norm_counters.offset, 0, p.norm_counters.bytes, stream_));
         KVGEN_CUDA_CHECK(cudaStreamSynchronize(stream_));
     } catch (...) {
         release();  // a constructor that throws runs no destructor
@@ -192,6 +214,9 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
     counters_ = at<int>(p.counters);
     hq_ = at<ActBlock>(p.hq);
     hq_counters_ = at<int>(p.hq_counters);
+    xnq_ = at<ActBlock>(p.xnq);
+    norm_sums_ = at<float>(p.norm_sums);
+    norm_counters_ = at<int>(p.norm_counters);
 }
 
 void CudaOps::release() {
@@ -212,7 +237,7 @@ void CudaOps::release() {
 // note: the GPU chooses its kernels by the batch size alone (one token, 2 to 16, more); Pass does not change them.
 void CudaOps::begin(const int32_t* tokens, int n, int pos0, Pass) {
     pos0_ = pos0;
-    kv_stored_ = false;
+    kv_stored_ = norm_folded_ = false;
     sets_offsets_ = kv_.k_offsets() && pos0 < kKvOffsetPositions && pos0 + n >= kKvOffsetPositions;
     h_step_[0] = pos0;
     h_step_[1] = n;
@@ -314,9 +339,12 @@ void CudaOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int 
     const LayerDev& L = w_.layers[size_t(l)];
     // In integers (one token or a short prompt) the norm quantizes the input once for all three products; one
     // product over the rows of all three where they share a type (one token's also in f32).
-    const bool in_int = n <= kMvMaxTokens && (L.fused_qkv ? use_int(L.qkv)
-                                                           : use_int(L.wq) && use_int(L.wk) && use_int(L.wv));
-    rmsnorm(xn_, in_int ? xq_ : nullptr, x, L.attn_norm, n, c_.n_embd, c_.rms_eps, pdl_, stream_);
+    const bool in_int = qkv_in_int(L, n);
+    const ActBlock* xin = nullptr;
+    if (in_int)
+        xin = norm_int(x, L.attn_norm, n);
+    else
+        rmsnorm(xn_, nullptr, x, L.attn_norm, n, c_.n_embd, c_.rms_eps, pdl_, stream_);
     // Over an f16 cache the integer products also rotate Q and K and store K and V (rope_store_kv then has nothing
     // left to do); a quantized cache stores whole rows, in rope_store_kv's launch.
     kv_stored_ = in_int && qkv_store_ && kv_.k_type == KvType::F16 && kv_.v_type == KvType::F16;
@@ -328,17 +356,17 @@ void CudaOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int 
     if (L.fused_qkv && (in_int || n == 1)) {
         const RowSplit qkv{{q, k, v}, {qd, qd + kvd}};
         const QkvStore st = store(qd, qd + kvd);
-        if (in_int)  // xq_: quantized by the norm
-            matvec_int(qkv, L.qkv, xq_, n, false, pdl_, stream_, kv_stored_ ? &st : nullptr, wide_);
+        if (in_int)
+            matvec_int(qkv, L.qkv, xin, n, false, pdl_, stream_, kv_stored_ ? &st : nullptr, wide_);
         else
             matvec_split(qkv, L.qkv, xn_, stream_);
         return;
     }
     if (in_int) {  // Q, K and V of different types (a Q4_K_M file's Q6_K V)
         const QkvStore sq = store(qd, qd), sk = store(0, kvd), sv = store(0, 0);
-        matvec_int(RowSplit::one(q, qd), L.wq, xq_, n, false, pdl_, stream_, kv_stored_ ? &sq : nullptr, wide_);
-        matvec_int(RowSplit::one(k, kvd), L.wk, xq_, n, false, pdl_, stream_, kv_stored_ ? &sk : nullptr, wide_);
-        matvec_int(RowSplit::one(v, L.wv.rows), L.wv, xq_, n, false, pdl_, stream_, kv_stored_ ? &sv : nullptr, wide_);
+        matvec_int(RowSplit::one(q, qd), L.wq, xin, n, false, pdl_, stream_, kv_stored_ ? &sq : nullptr, wide_);
+        matvec_int(RowSplit::one(k, kvd), L.wk, xin, n, false, pdl_, stream_, kv_stored_ ? &sk : nullptr, wide_);
+        matvec_int(RowSplit::one(v, L.wv.rows), L.wv, xin, n, false, pdl_, stream_, kv_stored_ ? &sv : nullptr, wide_);
         return;
     }
     if (n <= kMvMaxTokens) {  // a short prompt's f32 products
@@ -397,25 +425,51 @@ void CudaOps::attention(float* out, const float* q, int l, int n) {
 }
 
 void CudaOps::out_proj_add(float* x, const float* att, int l, int n) {
-    const DevWeight& wo = w_.layers[size_t(l)].wo;
+    const LayerDev& L = w_.layers[size_t(l)];
+    const DevWeight& wo = L.wo;
+    KVGEN_ASSERT(x == x_);
     if (att_quantized_) {  // xq_: att as quantized by attention_decode
-        matvec_int(RowSplit::one(x, wo.rows), wo, xq_, 1, true, pdl_, stream_, nullptr, wide_);
+        residual_int(wo, xq_, L.ffn_norm, glu_in_int(L, 1));
+        return;
+    }
+    if (n == 1 && use_int(wo)) {
+        residual_int(wo, quantized(att, wo.cols), L.ffn_norm, glu_in_int(L, 1));
         return;
     }
     proj(x, wo, att, n, true);  // the residual add is the product's accumulate
 }
 
+void CudaOps::residual_int(const DevWeight& w, const ActBlock* in, const float* norm_w, bool next_int) {
+    norm_folded_ = norm_fold_ && next_int && xnq_ && w.rows == c_.n_embd;
+    const NormStore ns{norm_w, xnq_, norm_sums_, norm_counters_, c_.rms_eps};
+    matvec_int(RowSplit::one(x_, w.rows), w, in, 1, true, pdl_, stream_, nullptr, wide_, norm_folded_ ? &ns : nullptr);
+}
+
+const ActBlock* CudaOps::norm_int(const float* x, const float* w, int n) {
+    if (norm_folded_) {  // made by the residual product before: x is the residual it wrote
+        KVGEN_ASSERT(n == 1 && x == x_);
+        norm_folded_ = false;
+        return xnq_;
+    }
+    rmsnorm(xn_, xq_, x, w, n, c_.n_embd, c_.rms_eps, pdl_, stream_);
+    return xq_;
+}
+
 void CudaOps::norm_swiglu(float* h, const float* x, int l, int n) {
     const LayerDev& L = w_.layers[size_t(l)];
     // Gate and up in one product: one token's, or in integers a short prompt's.
-    const bool pair = glu_fusable(L.gate, L.up), in_int = n <= kMvMaxTokens && pair && use_int(L.gate);
+    const bool pair = glu_fusable(L.gate, L.up), in_int = glu_in_int(L, n);
     const bool fused = in_int || (n == 1 && pair);
     // one token's down projection input quantized by the product that makes it, where both run in integers
     glu_quantized_ = n == 1 && in_int && hq_ && use_int(L.down);
-    rmsnorm(xn_, in_int ? xq_ : nullptr, x, L.ffn_norm, n, c_.n_embd, c_.rms_eps, pdl_, stream_);
+    const ActBlock* xin = nullptr;
+    if (in_int)
+        xin = norm_int(x, L.ffn_norm, n);
+    else
+        rmsnorm(xn_, nullptr, x, L.ffn_norm, n, c_.n_embd, c_.rms_eps, pdl_, stream_);
     if (fused) {
-        if (in_int)  // xq_: quantized by the norm
-            matvec_glu_int(h, glu_quantized_ ? hq_ : nullptr, hq_counters_, L.gate, L.up, xq_, n, pdl_, stream_, wide_);
+        if (in_int)
+            matvec_glu_int(h, glu_quantized_ ? hq_ : nullptr, hq_counters_, L.gate, L.up, xin, n, pdl_, stream_, wide_);
         else
             matvec_glu(h, L.gate, L.up, xn_, stream_);
         return;
@@ -437,8 +491,17 @@ void CudaOps::norm_swiglu(float* h, const float* x, int l, int n) {
 
 void CudaOps::down_proj_add(float* x, const float* h, int l, int n) {
     const DevWeight& down = w_.layers[size_t(l)].down;
+    KVGEN_ASSERT(x == x_);
+    // the next norm: the next layer's before its Q|K|V products, or the output norm before the head
+    const bool last = l + 1 == c_.n_layers;
+    const float* norm_w = last ? w_.output_norm : w_.layers[size_t(l) + 1].attn_norm;
+    const bool next_int = last ? use_int(w_.output) : qkv_in_int(w_.layers[size_t(l) + 1], 1);
     if (n == 1 && glu_quantized_) {  // hq_: h as quantized by the SwiGLU product
-        matvec_int(RowSplit::one(x, down.rows), down, hq_, 1, true, pdl_, stream_, nullptr, wide_);
+        residual_int(down, hq_, norm_w, next_int);
+        return;
+    }
+    if (n == 1 && use_int(down)) {
+        residual_int(down, quantized(h, down.cols), norm_w, next_int);
         return;
     }
     proj(x, down, h, n, true);  // the residual add is the product's accumulate
@@ -451,8 +514,8 @@ void CudaOps::head(float* logits, const float* x, int n) {
         return;
     }
     if (use_int(w_.output)) {
-        rmsnorm(xn_, xq_, x, w_.output_norm, 1, c_.n_embd, c_.rms_eps, pdl_, stream_);
-        matvec_int(RowSplit::one(logits, w_.output.rows), w_.output, xq_, 1, false, pdl_, stream_, nullptr, wide_);
+        const ActBlock* xin = norm_int(x, w_.output_norm, 1);
+        matvec_int(RowSplit::one(logits, w_.output.rows), w_.output, xin, 1, false, pdl_, stream_, nullptr, wide_);
         return;
     }
     rmsnorm(xn_, nullptr, x, w_.output_norm, 1, c_.n_embd, c_.rms_eps, pdl_, stream_);

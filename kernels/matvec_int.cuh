@@ -367,15 +367,13 @@ void with_mvi_rows(bool wide, F&& f) {
     f(std::integral_constant<int, mvi_rows<T>(NM, NT)>{});
 }
 
-// The SwiGLU product's output quantized where it is made, for the down projection (one launch fewer per layer): a
-// block stores its R outputs v (held by lane 0 of its first warp) at y[r0 ..], and that thread counts the block done
-// on the counter of their 32-row group after a fence; the group's last block (of 32 / R) reads the group's 32 outputs
-// back past L1 and writes them as ActBlock yq[r0 / 32] (quantize_act_warp: the blocks quantize_act makes), then sets
-// the counter back to zero for the next launch. Run by the 32 lanes of one warp per block; rows a multiple of 32.
+// A block's R outputs v (held by lane 0 of its first warp) stored at y[r0 ..], and that thread counts the block done
+// on the counter of their 32-row group after a fence; true, in every lane, for the group's last block (of 32 / R),
+// which has set the counter back to zero for the next launch and may read the group's 32 outputs (past L1, after a
+// fence). Run by the 32 lanes of one warp per block; rows a multiple of 32.
 #pragma nv_exec_check_disable
 template <int R, class Ctx>
-KVGEN_HD void glu_store_quantized(const Ctx& ctx, int lane, const float (&v)[R], float* y, int64_t r0, int* counters,
-                                  ActBlock* yq) {
+KVGEN_HD bool group_store_last(const Ctx& ctx, int lane, const float (&v)[R], float* y, int64_t r0, int* counters) {
     static_assert(32 % R == 0, "a 32-row group is whole blocks");
     const int64_t g = r0 / 32;
     float last = 0.0f;
@@ -386,10 +384,67 @@ KVGEN_HD void glu_store_quantized(const Ctx& ctx, int lane, const float (&v)[R],
         if (done) counters[g] = 0;
         last = done ? 1.0f : 0.0f;
     }
-    ctx.sync_warp();  // lane 0's observation of the count is ordered before the other lanes' loads below
-    if (ctx.warp_sum(last) == 0.0f) return;  // lane 0's answer, the same in every lane
+    ctx.sync_warp();  // lane 0's observation of the count is ordered before the other lanes' loads after this
+    if (ctx.warp_sum(last) == 0.0f) return false;  // lane 0's answer, the same in every lane
     ctx.fence();
+    return true;
+}
+
+// The SwiGLU product's output quantized where it is made, for the down projection (one launch fewer per layer): the
+// last block of each 32-row group (group_store_last) writes the group's outputs as ActBlock yq[r0 / 32]
+// (quantize_act_warp: the blocks quantize_act makes).
+#pragma nv_exec_check_disable
+template <int R, class Ctx>
+KVGEN_HD void glu_store_quantized(const Ctx& ctx, int lane, const float (&v)[R], float* y, int64_t r0, int* counters,
+                                  ActBlock* yq) {
+    if (!group_store_last(ctx, lane, v, y, r0, counters)) return;
+    const int64_t g = r0 / 32;
     quantize_act_warp(ctx, ctx.load_other(y + 32 * g + lane), lane, yq[g]);
+}
+
+// The RMSNorm after a residual product, folded into it (one token): what the next integer products read, instead of
+// a launch of rmsnorm_kernel. out = x * w / rms(x) quantized in blocks of 32 is the blocks of u = x * w with each
+// scale divided by rms(x): a block's integers are round(u_j * 32512 / max |u|) either way, so the norm's factor is
+// only needed at the end. The product's blocks add their rows to the residual x (group_store_last); each 32-row
+// group's last block writes ActBlock xq[g] of x * w over its rows, unscaled, and the group's sum of squares in
+// sums[g]; after a fence it counts the group done on counters[groups] (groups = dim / 32), and the last group's block
+// sums the groups' sums in a fixed order (lane l: groups l, l + 32, ... in turn, then the butterfly), takes
+// 1 / sqrt(sum / dim + eps) as rmsnorm_body does, and scales every block's d by it. The counters are zero between
+// launches (each last block sets its own back).
+struct NormStore {
+    const float* w = nullptr;  // the norm's weight [dim]
+    ActBlock* xq = nullptr;    // [dim / 32]: null for a product without the norm folded in
+    float* sums = nullptr;     // [dim / 32]
+    int* counters = nullptr;   // [dim / 32 + 1]
+    float eps = 0.0f;
+};
+
+#pragma nv_exec_check_disable
+template <int R, class Ctx>
+KVGEN_HD void residual_norm_store(const Ctx& ctx, int lane, const float (&v)[R], float* x, int64_t r0, int64_t dim,
+                                  const NormStore& ns) {
+    if (!group_store_last(ctx, lane, v, x, r0, ns.counters)) return;
+    const int64_t g = r0 / 32, groups = dim / 32;
+    const float xv = ctx.load_other(x + 32 * g + lane);
+    quantize_act_warp(ctx, xv * ns.w[32 * g + lane], lane, ns.xq[g]);
+    // note: the square rounded on its own (fmaf with 0), so that no compiler fuses it into the butterfly's first add
+    const float ss = ctx.warp_sum(fmaf(xv, xv, 0.0f));
+    float last = 0.0f;
+    if (lane == 0) {
+        ns.sums[g] = ss;
+        ctx.fence();  // the group's sum and block (lane 0 wrote d) are visible before the count says so
+        const bool done = ctx.atomic_add(&ns.counters[groups], 1) == int(groups) - 1;
+        if (done) ns.counters[groups] = 0;
+        last = done ? 1.0f : 0.0f;
+    }
+    ctx.sync_warp();
+    if (ctx.warp_sum(last) == 0.0f) return;
+    ctx.fence();
+    float part = 0.0f;
+    for (int64_t k = lane; k < groups; k += 32) part += ctx.load_other(ns.sums + k);
+    const float total = ctx.warp_sum(part);
+    const float inv = float(1.0 / sqrt(double(total) / double(dim) + double(ns.eps)));
+    for (int64_t k = lane; k < groups; k += 32) ns.xq[k].d = ctx.load_other(&ns.xq[k].d) * inv;
 }
 
 KVGEN_HD int mvi_warps(int n_units) {

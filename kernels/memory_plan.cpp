@@ -94,6 +94,10 @@ MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int n_lo
     p.counters = place(c.n_heads, 4);
     p.hq = place(ff % 32 == 0 ? ff / 32 : 0, kActBlockBytes);
     p.hq_counters = place(ff % 32 == 0 ? ff / 32 : 0, 4);
+    const int64_t groups = e % 32 == 0 ? e / 32 : 0;
+    p.xnq = place(groups, kActBlockBytes);
+    p.norm_sums = place(groups, 4);
+    p.norm_counters = place(groups > 0 ? groups + 1 : 0, 4);
     p.total = align_up(end);
     p.buffers = p.total - p.weights - p.kv_cache;
     return p;

@@ -129,6 +129,11 @@ struct MemoryPlan {
     Region counters;   // int [n_heads]: decode attention's per-head-group split counters, zero between launches
     Region hq;         // ActBlock [n_ff / 32]: one token's SwiGLU output quantized by its product (n_ff % 32 == 0)
     Region hq_counters;  // int [n_ff / 32]: that product's per-32-row-group counters, zero between launches
+    // One token's RMSNorm folded into the residual product before it (NormStore, matvec_int.cuh; n_embd % 32 == 0):
+    Region xnq;            // ActBlock [n_embd / 32]: the normed residual as the next integer products read it
+    Region norm_sums;      // f32 [n_embd / 32]: each 32-row group's sum of squares
+    Region norm_counters;  // int [n_embd / 32 + 1]: the groups' counters, then the count of groups done; zero between
+                           // launches
 
     size_t weights = 0, kv_cache = 0, buffers = 0;  // bytes of each part
     size_t total = 0;                               // the allocation, alignment included

@@ -233,11 +233,13 @@ __device__ __forceinline__ float block_rows_sum(const float (&acc)[R][NT], float
 // blocks of up to 256 threads per SM), so that every row's loads are issued before the first is used. R: mvi_rows,
 // or kMviWideRows for one token (--cuda-matvec-rows 8).
 // With st.kc (accumulate 0), a Q|K|V product that rotates Q and K and stores K and V into an f16 cache itself
-// (qkv_store_row) instead of writing k and v.
+// (qkv_store_row) instead of writing k and v. With ns.xq (one token, accumulate 1, one buffer, rows a multiple of
+// 32), a residual product with the next RMSNorm folded in (residual_norm_store).
 template <GgmlType T, int NT, int R>
 __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
     matvec_int_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int n_units, int64_t rows,
-                      const ActBlock* __restrict__ x, int n, RowSplit y, int i0, int accumulate, QkvStore st) {
+                      const ActBlock* __restrict__ x, int n, RowSplit y, int i0, int accumulate, QkvStore st,
+                      NormStore ns) {
     if constexpr (NT > 1) pdl_trigger();  // a prompt's next launch over the same weight may start loading them
     __shared__ float part[kMviMaxWarps][R * NT];
     const int64_t r0 = int64_t(blockIdx.x) * R;
@@ -251,6 +253,17 @@ __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
         static_assert(R % 2 == 0 && R * NT <= kWarp, "a block's RoPE pairs in its first warp");
         if (threadIdx.x < kWarp) qkv_store_row(DeviceThread{nullptr}, v, valid, r0 + r, i0 + i, NT, y, rows, st);
         return;
+    }
+    if constexpr (NT == 1) {
+        if (ns.xq) {
+            if (threadIdx.x >= kWarp) return;
+            const float sum = valid ? y.y[0][r0 + r] + v : 0.0f;  // thread r < R: row r0 + r, with the residual
+            float nv[R];
+#pragma unroll
+            for (int k = 0; k < R; ++k) nv[k] = __shfl_sync(0xffffffffu, sum, k);
+            residual_norm_store(DeviceThread{nullptr}, int(threadIdx.x), nv, y.y[0], r0, rows, ns);
+            return;
+        }
     }
     if (valid) {
         float* out = y.at(r0 + r, i0 + i, rows);
@@ -576,9 +589,11 @@ void quantize_act(ActBlock* out, const float* x, int64_t count, cudaStream_t s, 
 }
 
 void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n, bool accumulate, bool pdl,
-                cudaStream_t s, const QkvStore* store, bool wide) {
+                cudaStream_t s, const QkvStore* store, bool wide, const NormStore* norm) {
     KVGEN_ASSERT(n >= 1 && n <= kMvMaxTokens);
     KVGEN_ASSERT(!store || (store->kc && store->vc && !accumulate && w.rows % 2 == 0 && store->kv.head_dim % 2 == 0));
+    KVGEN_ASSERT(!norm || (norm->xq && norm->w && norm->sums && norm->counters && !store && n == 1 && accumulate &&
+                           w.rows % 32 == 0 && y.end[0] == w.rows));
     const bool ok = int_matvec_ok(w) && dispatch_int_type(w.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
         const int n_units = int(w.cols / 32);
@@ -588,7 +603,7 @@ void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n,
                 constexpr int R = decltype(r)::value;
                 launch(matvec_int_kernel<T, NT, R>, grid_for(w.rows, R), unsigned(32 * mvi_warps(n_units)), pdl, s,
                        w.data, w.row_bytes, n_units, w.rows, x + int64_t(i0) * n_units, m, y, i0, accumulate ? 1 : 0,
-                       store ? *store : QkvStore{});
+                       store ? *store : QkvStore{}, norm ? *norm : NormStore{});
             });
         });
     });

@@ -25,7 +25,8 @@
 #      and for the quantized ones pp512 with --cuda-gemm mma (SHAPE-T-mmagemm: the prefill products in one kernel
 #      that decodes each weight tile into shared memory, against cuBLAS on decoded chunks) and pp16 and tg128 with
 #      --cuda-kv-store kernel (SHAPE-T-storekernel: RoPE and the K/V store in their own launch, not in the Q|K|V
-#      products);
+#      products), and tg128 with --cuda-norm kernel (SHAPE-T-normkernel: each RMSNorm in its own launch, not folded
+#      into the residual product before it);
 #   4. the KV cache comparison (scripts/bench-kv.sh, --device cuda) on the first shape's Q4_K_M file (7B; without
 #      Q4_K_M in --types, the first type's): 128, 256, 512 tokens, and where the cached and recomputed tokens part
 #      (step, top-2 logit margin, logit difference).
@@ -322,6 +323,11 @@ for shape in "${shapes[@]}"; do
             bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-kv-store kernel -p 16 -n 128 -d 0 -r 2 -o json \
                 >"$work/speed/$name-storekernel.bench.json" 2>>"$out/log.txt" ||
                 log "$name: bench with --cuda-kv-store kernel failed"
+            # each RMSNorm in a launch of its own, not folded into the residual product before it
+            cp "$work/speed/$name.inspect.json" "$work/speed/$name-normkernel.inspect.json"
+            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-norm kernel -p 0 -n 128 -d 0 -r 2 -o json \
+                >"$work/speed/$name-normkernel.bench.json" 2>>"$out/log.txt" ||
+                log "$name: bench with --cuda-norm kernel failed"
         fi
         # the first type: prefill attention on the CUDA cores, to compare with the tensor cores
         if [[ $t == "${speed_types[0]}" ]]; then

@@ -347,6 +347,12 @@ int main(int argc, char** argv) {
                    "CUDA with an f16 KV cache: product (the integer Q|K|V products of up to 16 tokens rotate Q and K "
                    "and store K and V themselves, the default) or kernel (a launch of its own after them, to compare)")
         ->check(CLI::IsMember({"product", "kernel"}));
+    std::string cuda_norm = "product";
+    app.add_option("--cuda-norm", cuda_norm,
+                   "CUDA, one token: product (each RMSNorm after the first folded into the integer product that adds "
+                   "to the residual before it, the default) or kernel (a launch of its own, to compare; results "
+                   "within a rounding step of the activations)")
+        ->check(CLI::IsMember({"product", "kernel"}));
     std::string cuda_gemm = "cublas";
     app.add_option("--cuda-gemm", cuda_gemm,
                    "CUDA prefill products (over 16 tokens) of quantized weights: cublas (the weight decoded to f16 a "
@@ -545,6 +551,7 @@ int main(int argc, char** argv) {
         gen.run.cuda_pdl = cuda_pdl == "on";
         gen.run.cuda_matvec_rows = cuda_matvec_rows;
         gen.run.cuda_qkv_store = cuda_kv_store == "product";
+        gen.run.cuda_norm_fold = cuda_norm == "product";
         gen.run.cuda_mma_gemm = cuda_gemm == "mma";
         kvgen::apply_llama_settings(llama, gen.run, app.count("--kv-type") > 0);
         if (!llama.n_gpu_layers.empty() && gen.run.device != "cpu" && gen.run.device != "auto")

@@ -286,6 +286,16 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
             narrow_rows.cuda_pdl = narrow_rows.cuda_qkv_store = true;
             narrow_rows.cuda_matvec_rows = 4;
             std::unique_ptr<Backend> narrow = cuda::make_backend(m, narrow_rows);
+            // Each RMSNorm in a launch of its own (--cuda-norm kernel) instead of folded into the residual product
+            // before it: not the same bits (the norm's factor meets the activation blocks' scales after their
+            // rounding, not before), the same logits within a small part of the largest (an f16 cache; a 4-bit one
+            // rounds some cached values a whole step apart)
+            Settings norm_kernel_s = narrow_rows;
+            norm_kernel_s.cuda_matvec_rows = 8;
+            norm_kernel_s.cuda_norm_fold = false;
+            std::unique_ptr<Backend> norm_kernel = cuda::make_backend(m, norm_kernel_s);
+            const bool norm_compared = kt == KvType::F16;
+            const float norm_rel = 2e-3f;
             // 12 tokens: the integer products of a prompt in two launches (8 + 4), programmatic ones under PDL
             std::vector<int32_t> seq = {1, 504, 3158, 282, 1649, 314, 42, 1000, 77, 2048, 15, 600};
             const int n0 = int(seq.size());
@@ -296,6 +306,7 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
             REQUIRE(copy(pdl_graph->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
             REQUIRE(copy(store_launch->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
             REQUIRE(copy(narrow->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
+            REQUIRE(copy(norm_kernel->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);  // no fold here
             for (int step = 0; step < 20; ++step) {
                 const int32_t id = argmax(a);
                 seq.push_back(id);
@@ -308,6 +319,8 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
                 REQUIRE(copy(pdl_graph->forward(&id, 1, pos, Pass::Decode), n_vocab) == a);
                 REQUIRE(copy(store_launch->forward(&id, 1, pos, Pass::Decode), n_vocab) == a);
                 REQUIRE(copy(narrow->forward(&id, 1, pos, Pass::Decode), n_vocab) == a);
+                const std::vector<float> nk = copy(norm_kernel->forward(&id, 1, pos, Pass::Decode), n_vocab);
+                if (norm_compared) check_logits(nk, a, "--cuda-norm product vs kernel", norm_rel);
             }
             // The whole sequence again in one prefill (what --no-kv-cache does each step) against the last decode step
             // (with an f16 cache: a q4_0 one rounds the two ways' keys apart by its own steps).

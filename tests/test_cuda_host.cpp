@@ -356,10 +356,34 @@ TEST_CASE("the CUDA memory plan places every region inside one allocation, none 
             const KvLayout kv = KvLayout::of(c, 300, kt, KvType::F16);
             const cuda::MemoryPlan p = cuda::plan_memory(m, kv, n_batch, n_batch, 1234);
             std::vector<cuda::Region> all = p.matrices;
-            for (const cuda::Region& r :
-                 {p.norms, p.rope_inv_freq, p.rope_factors, p.k_cache, p.v_cache, p.k_offsets, p.x, p.q, p.k, p.v,
-                  p.att, p.ffn, p.up, p.logits, p.xn, p.partials, p.cos, p.sin, p.xh, p.wh, p.step, p.xq, p.counters,
-                  p.hq, p.hq_counters})
+            for (const cuda::Region& r : {p.norms,
+                                          p.rope_inv_freq,
+                                          p.rope_factors,
+                                          p.k_cache,
+                                          p.v_cache,
+                                          p.k_offsets,
+                                          p.x,
+                                          p.q,
+                                          p.k,
+                                          p.v,
+                                          p.att,
+                                          p.ffn,
+                                          p.up,
+                                          p.logits,
+                                          p.xn,
+                                          p.partials,
+                                          p.cos,
+                                          p.sin,
+                                          p.xh,
+                                          p.wh,
+                                          p.step,
+                                          p.xq,
+                                          p.counters,
+                                          p.hq,
+                                          p.hq_counters,
+                                          p.xnq,
+                                          p.norm_sums,
+                                          p.norm_counters})
                 all.push_back(r);
             std::sort(all.begin(), all.end(), [](const cuda::Region& a, const cuda::Region& b) {
                 return a.offset < b.offset || (a.offset == b.offset && a.bytes < b.bytes);
@@ -380,6 +404,11 @@ TEST_CASE("the CUDA memory plan places every region inside one allocation, none 
             // an integer product's input: one token's, or a short prompt's (up to 16 tokens)
             const int64_t widest = std::max({int64_t(c.n_embd), int64_t(c.n_heads) * c.head_dim, int64_t(c.n_ff)});
             CHECK(p.xq.bytes == size_t(std::min(n_batch, 16)) * size_t((widest + 31) / 32) * 80);
+            // the RMSNorm folded into a residual product: one token's blocks, a sum and a counter per group, one count
+            const size_t groups = c.n_embd % 32 == 0 ? size_t(c.n_embd / 32) : 0;
+            CHECK(p.xnq.bytes == groups * 80);
+            CHECK(p.norm_sums.bytes == groups * 4);
+            CHECK(p.norm_counters.bytes == (groups > 0 ? groups + 1 : 0) * 4);
             // Q, K and V of a fused layer follow each other without a gap, so they read as one matrix.
             const std::vector<const WeightView*> ws = cuda::device_weights(m);
             const size_t first = ws.size() - 7 * c.n_layers;
@@ -596,6 +625,64 @@ TEST_CASE("the SwiGLU product quantizes its output for the down projection: the 
             cuda::host::matvec_glu_int_quantized(t, gate.bytes.data(), up.bytes.data(), rows, cols, x, &yq);
         CHECK(yf == y);
         check_same_blocks(yq, cuda::host::quantize_act(y));
+    }
+}
+
+TEST_CASE("a residual product folds the next RMSNorm in: the blocks rmsnorm quantizes, within a rounding step",
+          "[cuda-host]") {
+    // 1280 rows: 40 groups of 32 (more than a warp's lanes, so the last block sums some groups' squares in turn),
+    // blocks of 4 and 8 rows finishing in a shuffled order.
+    const int64_t rows = 1280, cols = 256;
+    const float eps = 1e-5f;
+    const std::vector<float> x = test::randn(size_t(cols), 21, 2.0f), residual = test::randn(size_t(rows), 22, 3.0f);
+    const std::vector<float> norm_w = test::randn(size_t(rows), 23, 1.0f);
+    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"}) {
+        INFO(name);
+        GgmlType t;
+        REQUIRE(ggml_type_from_name(name, &t));
+        const RandomRows w = random_rows(t, rows, cols, 7);
+        const std::vector<float> y = cuda::host::matvec_int(t, w.bytes.data(), rows, cols, x);
+        std::vector<cuda::host::HostActBlock> xq, xq8;
+        const std::vector<float> got =
+            cuda::host::matvec_int_residual_norm(t, w.bytes.data(), rows, cols, x, residual, norm_w, eps, 4, &xq);
+        // the residual as the plain accumulating product leaves it
+        std::vector<float> want(static_cast<size_t>(rows));
+        for (size_t r = 0; r < want.size(); ++r) want[r] = residual[r] + y[r];
+        CHECK(got == want);
+        // 8 rows a block, another order of blocks: the same bits
+        CHECK(cuda::host::matvec_int_residual_norm(t, w.bytes.data(), rows, cols, x, residual, norm_w, eps, 8, &xq8) ==
+              got);
+        REQUIRE(xq8.size() == xq.size());
+        for (size_t b = 0; b < xq.size(); ++b) {
+            CHECK(xq8[b].d == xq[b].d);
+            CHECK(std::equal(xq[b].q, xq[b].q + 32, xq8[b].q));
+        }
+        // The integers are those of the blocks of got * w (the norm's factor left out), and each scale theirs divided
+        // by rms(got).
+        std::vector<float> u(got.size());
+        for (size_t j = 0; j < u.size(); ++j) u[j] = got[j] * norm_w[j];
+        const std::vector<cuda::host::HostActBlock> uq = cuda::host::quantize_act(u);
+        double ss = 0.0;
+        for (float v : got) ss += double(v) * v;
+        const double inv = 1.0 / std::sqrt(ss / double(rows) + double(eps));
+        REQUIRE(uq.size() == xq.size());
+        for (size_t b = 0; b < xq.size(); ++b) {
+            INFO("block " << b);
+            CHECK(std::equal(xq[b].q, xq[b].q + 32, uq[b].q));
+            CHECK(xq[b].s == uq[b].s);
+            CHECK(xq[b].h[0] == uq[b].h[0]);
+            CHECK(xq[b].h[1] == uq[b].h[1]);
+            CHECK(std::fabs(double(xq[b].d) - double(uq[b].d) * inv) <= 1e-6 * double(uq[b].d) * inv);
+        }
+        // Against rmsnorm's own quantization of the same row: every value within one step of the block's, the
+        // scales within a few rounding steps of f32.
+        const std::vector<float> both = cuda::host::rmsnorm_quantized(got, norm_w, 1, int(rows), eps);
+        for (size_t b = 0; b < xq.size(); ++b) {
+            const float* ref = both.data() + rows + b * 36;
+            INFO("block " << b);
+            CHECK(std::fabs(xq[b].d - ref[0]) <= 1e-6f * ref[0]);
+            for (int j = 0; j < 32; ++j) CHECK(std::abs(int(xq[b].q[j]) - int(ref[4 + j])) <= 1);
+        }
     }
 }
 

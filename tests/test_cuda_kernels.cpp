@@ -310,6 +310,44 @@ TEST_CASE("the integer SwiGLU product quantizes its output for the down projecti
     }
 }
 
+TEST_CASE("a residual product folds the next RMSNorm in: the host emulation's bits, counters left at zero",
+          "[cuda][kernels]") {
+    // 4096 rows (128 groups of 32) and 5120 (160): a 7B and a 13B residual; 4 and 8 rows a block. The host emulation
+    // (whose blocks the CPU-only tests hold against rmsnorm's quantization) gives the same bits, whatever the order
+    // in which the device's blocks finish.
+    const int64_t cols = 1024;
+    const std::vector<float> x = test::randn(size_t(cols), 61, 1.0f);
+    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
+        for (const int64_t rows : {4096, 5120})
+            for (const bool wide : {false, true}) {
+                GgmlType t;
+                REQUIRE(ggml_type_from_name(name, &t));
+                INFO(name << " rows " << rows << (wide ? ", 8 rows a block" : ""));
+                const std::vector<uint8_t> b = random_weights(t, rows, cols, 62);
+                const std::vector<float> residual = test::randn(size_t(rows), 63, 4.0f);
+                const std::vector<float> norm_w = test::randn(size_t(rows), 64, 1.0f);
+                const std::vector<float> got =
+                    ct::matvec_int_residual_norm({t, rows, cols, &b}, x, residual, norm_w, 1e-5f, wide);
+                const size_t groups = size_t(rows / 32);
+                REQUIRE(got.size() == size_t(rows) + groups * 36 + groups + 1);
+                for (size_t k = 0; k <= groups; ++k) CHECK(got[size_t(rows) + groups * 36 + k] == 0.0f);
+                std::vector<kvgen::cuda::host::HostActBlock> xq;
+                const std::vector<float> want = kvgen::cuda::host::matvec_int_residual_norm(
+                    t, b.data(), rows, cols, x, residual, norm_w, 1e-5f, wide ? 8 : 4, &xq);
+                CHECK(std::vector<float>(got.begin(), got.begin() + rows) == want);
+                REQUIRE(xq.size() == groups);
+                for (size_t g = 0; g < groups; ++g) {
+                    const float* blk = got.data() + rows + g * 36;
+                    INFO("block " << g);
+                    CHECK(blk[0] == xq[g].d);
+                    CHECK(blk[1] == float(xq[g].s));
+                    CHECK(blk[2] == float(xq[g].h[0]));
+                    CHECK(blk[3] == float(xq[g].h[1]));
+                    for (int j = 0; j < 32; ++j) CHECK(blk[4 + j] == float(xq[g].q[j]));
+                }
+            }
+}
+
 TEST_CASE("the prefill GEMM of a weight larger than one decoded chunk covers every row", "[cuda][kernels]") {
     // 2304 x 4096 = 9.4M weights: a 2048-row chunk, then a 256-row one (gemm_chunk_rows); with --cuda-gemm mma 18
     // row tiles, and 150 tokens two or three token tiles

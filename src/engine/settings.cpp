@@ -39,6 +39,7 @@ std::string cuda_options_name(const Settings& s) {
     if (s.cuda_matvec_rows != d.cuda_matvec_rows) add("--cuda-matvec-rows " + std::to_string(s.cuda_matvec_rows));
     if (s.cuda_qkv_store != d.cuda_qkv_store)
         add(s.cuda_qkv_store ? "--cuda-kv-store product" : "--cuda-kv-store kernel");
+    if (s.cuda_norm_fold != d.cuda_norm_fold) add(s.cuda_norm_fold ? "--cuda-norm product" : "--cuda-norm kernel");
     if (s.cuda_mma_gemm != d.cuda_mma_gemm) add(s.cuda_mma_gemm ? "--cuda-gemm mma" : "--cuda-gemm cublas");
     return out;
 }

@@ -41,6 +41,8 @@ struct Settings {
                                // bits) (--cuda-matvec-rows)
     bool cuda_qkv_store = true;  // CUDA, an f16 cache: the integer Q|K|V products rotate Q and K and store K and V
                                  // themselves, without a launch of their own (--cuda-kv-store)
+    bool cuda_norm_fold = true;  // CUDA, one token: each RMSNorm after the first folded into the integer residual
+                                 // product before it, without a launch of its own (--cuda-norm)
     bool cuda_mma_gemm = false;  // CUDA: prefill products of quantized weights in one kernel, each weight tile decoded
                                  // into shared memory and multiplied there (--cuda-gemm mma), instead of cuBLAS
     bool progress = true;         // CUDA: weight upload progress on stderr

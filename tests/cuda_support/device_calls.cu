@@ -242,6 +242,23 @@ std::vector<float> rmsnorm_quantized(const std::vector<float>& x, const std::vec
     return append_blocks(out.get(), xq.get());  // the f32 rows, then the blocks
 }
 
+std::vector<float> matvec_int_residual_norm(const HostWeight& w, const std::vector<float>& x,
+                                            const std::vector<float>& residual, const std::vector<float>& norm_w,
+                                            float eps, bool wide) {
+    Dev<uint8_t> b(device_bytes(w));
+    Dev<float> dx(x), y(residual), dw(norm_w), sums(size_t(w.rows / 32));
+    Dev<ActBlock> xq(x.size() / 32), yq(size_t(w.rows / 32));
+    Dev<int> counters(std::vector<int>(size_t(w.rows / 32 + 1), 0));
+    poison(sums);
+    quantize_act(xq.p, dx.p, int64_t(x.size()), nullptr);
+    const NormStore ns{dw.p, yq.p, sums.p, counters.p, eps};
+    kvgen::cuda::matvec_int(RowSplit::one(y.p, w.rows), dev_weight(w, b), xq.p, 1, true, false, nullptr, nullptr, wide,
+                            &ns);
+    std::vector<float> out = append_blocks(y.get(), yq.get());  // the rows, then the blocks, then the counters
+    for (int c : counters.get()) out.push_back(float(c));
+    return out;
+}
+
 std::vector<float> quantize_act(const std::vector<float>& x) {
     Dev<float> dx(x);
     Dev<ActBlock> xq(x.size() / 32);

@@ -818,6 +818,42 @@ std::vector<float> matvec_glu_int_quantized(GgmlType type, const uint8_t* gate, 
     return y;
 }
 
+std::vector<float> matvec_int_residual_norm(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
+                                            const std::vector<float>& x, const std::vector<float>& residual,
+                                            const std::vector<float>& norm_w, float eps, int block_rows,
+                                            std::vector<HostActBlock>* xq) {
+    if (rows % 32 != 0) throw Error("the residual product folds the norm in for rows a multiple of 32");
+    if (block_rows != kMviRows && block_rows != kMviWideRows) throw Error("matvec_int_residual_norm: 4 or 8 rows");
+    const std::vector<float> sums = matvec_int(type, bytes, rows, cols, x);  // each block's outputs
+    std::vector<float> y = residual;
+    std::vector<ActBlock> blocks(size_t(rows / 32));
+    std::vector<float> group_sums(size_t(rows / 32), NAN);
+    std::vector<int> counters(size_t(rows / 32 + 1), 0);
+    const NormStore ns{norm_w.data(), blocks.data(), group_sums.data(), counters.data(), eps};
+    // matvec_int_kernel's tail, block by block in a shuffled order (the device's is any): its first warp, lane 0
+    // holding the block's rows with the residual added
+    std::vector<int64_t> order;
+    for (int64_t r0 = 0; r0 < rows; r0 += block_rows) order.push_back(r0);
+    std::shuffle(order.begin(), order.end(), std::mt19937(uint32_t(rows + block_rows)));
+    auto tail = [&](auto r) {
+        constexpr int R = decltype(r)::value;
+        for (const int64_t r0 : order)
+            run_grid(1, 1, 32, 0, [&](const HostThread& t) {
+                float v[R];
+                for (int k = 0; k < R; ++k) v[k] = residual[size_t(r0 + k)] + sums[size_t(r0 + k)];
+                residual_norm_store(t, t.thread(), v, y.data(), r0, rows, ns);
+            });
+    };
+    if (block_rows == kMviRows)
+        tail(std::integral_constant<int, kMviRows>{});
+    else
+        tail(std::integral_constant<int, kMviWideRows>{});
+    for (int cnt : counters)
+        if (cnt != 0) throw Error("matvec_int_residual_norm: a counter was not reset");
+    *xq = host_blocks(blocks);
+    return y;
+}
+
 int attention_split_positions() {
     return kAttnSplitPositions;
 }

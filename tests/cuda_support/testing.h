@@ -77,6 +77,12 @@ std::vector<float> swiglu(const std::vector<float>& gate, const std::vector<floa
 // (36 floats).
 std::vector<float> rmsnorm_quantized(const std::vector<float>& x, const std::vector<float>& w, int n, int dim,
                                      float eps);
+// One token's residual product with the next RMSNorm folded in (matvec_int with NormStore; wide: 8 rows a block of
+// Q4_0 / Q8_0): the rows residual + W x, then the norm's ActBlocks (36 floats each as above), then the rows / 32 + 1
+// counters as left after the launch.
+std::vector<float> matvec_int_residual_norm(const HostWeight& w, const std::vector<float>& x,
+                                            const std::vector<float>& residual, const std::vector<float>& norm_w,
+                                            float eps, bool wide);
 // The ActBlocks quantize_act makes of x (a multiple of 32 values), 36 floats each as above.
 std::vector<float> quantize_act(const std::vector<float>& x);
 // A step's Q, K and V products in integers (one matrix Q|K|V, or three) over an f16 cache of n_ctx positions with c's
@@ -152,6 +158,13 @@ std::vector<float> matvec_glu_int(GgmlType type, const uint8_t* gate, const uint
 // *yq its ActBlocks; rows a multiple of 32.
 std::vector<float> matvec_glu_int_quantized(GgmlType type, const uint8_t* gate, const uint8_t* up, int64_t rows,
                                             int64_t cols, const std::vector<float>& x, std::vector<HostActBlock>* yq);
+// One token's residual product with the next RMSNorm folded in (matvec_int_kernel with NormStore, blocks of
+// block_rows = 4 or 8 rows in a shuffled order): residual + W x (x quantized by quantize_act_items), and *xq the
+// ActBlocks of its norm with weight norm_w (residual_norm_store); rows a multiple of 32.
+std::vector<float> matvec_int_residual_norm(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
+                                            const std::vector<float>& x, const std::vector<float>& residual,
+                                            const std::vector<float>& norm_w, float eps, int block_rows,
+                                            std::vector<HostActBlock>* xq);
 // [n][rows] = x[n][cols] . W^T with the short-prompt kernel's lane body (matvec_batch_lane, NT = 16).
 std::vector<float> matvec_batch(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                                 const std::vector<float>& x, int n);
