@@ -121,6 +121,7 @@ private:
     bool norm_folded_ = false;    // the last residual product also wrote the next norm's ActBlocks into xnq_
     bool flash_;       // Settings::cuda_flash_attention
     bool mma_gemm_;    // Settings::cuda_mma_gemm
+    int64_t gemm_chunk_;  // Settings::cuda_gemm_chunk_mib in weights (gemm_chunk_rows; 0: whole matrices)
     // The step begin() announced: its first position, and whether it writes the last of the first kKvOffsetPositions
     // rows of a K with offsets and so sets them (engine/kv_offset.h).
     int pos0_ = 0;
@@ -162,7 +163,8 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
       qkv_store_(s.cuda_qkv_store),
       norm_fold_(s.cuda_norm_fold),
       flash_(s.cuda_flash_attention),
-      mma_gemm_(s.cuda_mma_gemm) {
+      mma_gemm_(s.cuda_mma_gemm),
+      gemm_chunk_(gemm_chunk_elems_of_mib(s.cuda_gemm_chunk_mib)) {
     KVGEN_CUDA_CHECK(cudaSetDevice(device_));
     int major = 0;
     KVGEN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
@@ -171,7 +173,7 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
     sm_count_ = mma_dev_.sm_count;
     splits_ = attention_splits(c_.n_heads, kv_, sm_count_);
     const MemoryPlan p = plan_memory(model, kv_, n_batch_, n_logits_,
-                                     attention_partials(c_.n_heads, c_.head_dim, splits_, n_batch_));
+                                     attention_partials(c_.n_heads, c_.head_dim, splits_, n_batch_), gemm_chunk_);
     KVGEN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     try {
         check_cublas(cublasCreate(&cublas_), "cublasCreate");
@@ -325,7 +327,7 @@ void CudaOps::proj_f16(const RowSplit& out, const DevWeight& w, int n, bool accu
         return;
     }
     KVGEN_ASSERT(out.end[0] == w.rows);  // one buffer
-    gemm_weight(cublas_, out.y[0], w, xh_, n, accumulate, wh_, stream_);
+    gemm_weight(cublas_, out.y[0], w, xh_, n, accumulate, wh_, stream_, gemm_chunk_);
 }
 
 void CudaOps::embed(float* x, int n) {
@@ -550,7 +552,8 @@ CudaMemoryPlan plan_memory(const Model& model, const Settings& s) {
     // note: the split count depends on the device; the most there can be keeps the plan an upper bound.
     const int splits = attention_max_splits(kv), n_batch = s.batch_size(kv.n_ctx);
     const MemoryPlan p = plan_memory(model, kv, n_batch, s.logits_rows(kv.n_ctx),
-                                     attention_partials(c.n_heads, c.head_dim, splits, n_batch));
+                                     attention_partials(c.n_heads, c.head_dim, splits, n_batch),
+                                     gemm_chunk_elems_of_mib(s.cuda_gemm_chunk_mib));
     return CudaMemoryPlan{p.weights, p.kv_cache, p.buffers};
 }
 

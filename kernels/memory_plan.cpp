@@ -23,7 +23,8 @@ std::vector<const WeightView*> device_weights(const Model& m) {
     return out;
 }
 
-MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int n_logits, int64_t partial_floats) {
+MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int n_logits, int64_t partial_floats,
+                       int64_t chunk_elems) {
     const Config& c = m.config;
     MemoryPlan p;
     size_t end = 0;
@@ -81,7 +82,9 @@ MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int n_lo
     p.cos = place(nb * half, 4);
     p.sin = place(nb * half, 4);
     int64_t wh = 0;  // the largest chunk of a layer matrix that the prefill GEMM decodes to f16 (gemm_weight)
-    auto scratch = [](const WeightView& w) { return gemm_scratch_elems(w.type, w.rows, w.cols); };
+    auto scratch = [chunk_elems](const WeightView& w) {
+        return gemm_scratch_elems(w.type, w.rows, w.cols, chunk_elems);
+    };
     if (n_batch > 1)
         for (const LayerWeights& L : m.weights.layers)
             for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})

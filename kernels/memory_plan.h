@@ -20,20 +20,25 @@ constexpr size_t kActBlockBytes = 80;  // sizeof(ActBlock), matvec_int.cuh
 constexpr int kIntBatchTokens = 16;    // kMvMaxTokens, matvec.cuh: the most tokens an integer product takes
 
 // The prefill GEMM of a quantized weight decodes it to f16 a chunk of rows at a time (gemm_weight, ops.cuh): at most
-// kGemmChunkElems weights (16 MiB of f16, a third of an H100/H200 L2 cache, so the chunk is read back from L2), in
-// whole steps of kGemmChunkRowStep rows (the GEMM's tiles), at least one step.
+// chunk_elems weights (by default kGemmChunkElems: 16 MiB of f16, a third of an H100/H200 L2 cache, so the chunk is
+// read back from L2; --cuda-gemm-chunk), in whole steps of kGemmChunkRowStep rows (the GEMM's tiles), at least one
+// step; chunk_elems <= 0: the whole matrix at once.
 constexpr int64_t kGemmChunkElems = int64_t(8) << 20;
 constexpr int64_t kGemmChunkRowStep = 256;
-inline int64_t gemm_chunk_rows(int64_t rows, int64_t cols) {
-    if (rows * cols <= kGemmChunkElems) return rows;
-    const int64_t fit = kGemmChunkElems / cols / kGemmChunkRowStep * kGemmChunkRowStep;
+// The chunk of --cuda-gemm-chunk MIB (0: the whole matrix, as chunk_elems 0).
+constexpr int64_t gemm_chunk_elems_of_mib(int mib) {
+    return int64_t(mib) << 19;
+}
+inline int64_t gemm_chunk_rows(int64_t rows, int64_t cols, int64_t chunk_elems = kGemmChunkElems) {
+    if (chunk_elems <= 0 || rows * cols <= chunk_elems) return rows;
+    const int64_t fit = chunk_elems / cols / kGemmChunkRowStep * kGemmChunkRowStep;
     const int64_t r = fit > kGemmChunkRowStep ? fit : kGemmChunkRowStep;
     return r < rows ? r : rows;
 }
 // Halves of scratch gemm_weight needs for a rows x cols weight of type t (none for F16, used in place).
-inline int64_t gemm_scratch_elems(GgmlType t, int64_t rows, int64_t cols) {
+inline int64_t gemm_scratch_elems(GgmlType t, int64_t rows, int64_t cols, int64_t chunk_elems = kGemmChunkElems) {
     if (t == GgmlType::F16) return 0;
-    return cols % 32 != 0 ? rows * cols : gemm_chunk_rows(rows, cols) * cols;
+    return cols % 32 != 0 ? rows * cols : gemm_chunk_rows(rows, cols, chunk_elems) * cols;
 }
 
 // With --cuda-gemm mma the product is one kernel (gemm_mma_body, prefill_gemm.cuh) whose block owns kQgRows rows and
@@ -144,7 +149,9 @@ struct MemoryPlan {
 std::vector<const WeightView*> device_weights(const Model& m);
 
 // partial_floats: what attention_decode needs for the split count in use (an upper bound when planning ahead);
-// n_logits: rows of logits kept (1, or n_batch for Settings::all_logits).
-MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int n_logits, int64_t partial_floats);
+// n_logits: rows of logits kept (1, or n_batch for Settings::all_logits); chunk_elems: the prefill GEMM's chunk
+// (gemm_chunk_rows).
+MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int n_logits, int64_t partial_floats,
+                       int64_t chunk_elems = kGemmChunkElems);
 
 }  // namespace kvgen::cuda

@@ -806,7 +806,7 @@ void dequantize_rows_f16(__half* out, const DevWeight& w, int64_t r0, int64_t n_
 }
 
 void gemm_weight(cublasHandle_t h, float* out, const DevWeight& w, const __half* x, int n, bool accumulate,
-                 __half* scratch, cudaStream_t s) {
+                 __half* scratch, cudaStream_t s, int64_t chunk_elems) {
     if (w.type == GgmlType::F16) {  // used in place
         gemm_f16_rows(h, out, w.rows, reinterpret_cast<const __half*>(w.data), x, w.rows, n, w.cols, accumulate);
         return;
@@ -817,7 +817,7 @@ void gemm_weight(cublasHandle_t h, float* out, const DevWeight& w, const __half*
         return;
     }
     // note: one stream orders each chunk's decode after the previous chunk's GEMM, which read the same scratch.
-    const int64_t step = gemm_chunk_rows(w.rows, w.cols);
+    const int64_t step = gemm_chunk_rows(w.rows, w.cols, chunk_elems);
     for (int64_t r0 = 0; r0 < w.rows; r0 += step) {
         const int64_t nr = std::min(step, w.rows - r0);
         dequantize_rows_f16(scratch, w, r0, nr, s);

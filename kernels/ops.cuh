@@ -125,10 +125,10 @@ void to_f16(__half* y, const float* x, int64_t count, cudaStream_t s);
 void dequantize_rows_f16(__half* out, const DevWeight& w, int64_t r0, int64_t n_rows, cudaStream_t s);
 // The prefill product of any weight: out[n][rows] = x[n][cols] . W^T (+= when accumulate) with x in f16. F16 weights
 // go to cuBLAS in place; the rest are decoded chunk by chunk (prefill_gemm.cuh) into scratch, which holds
-// gemm_scratch_elems(w.type, w.rows, w.cols) halves (memory_plan.h), and each chunk multiplied there. The cuBLAS
-// handle must be on stream s. Twin: the product of the f16-rounded operands in double.
+// gemm_scratch_elems(w.type, w.rows, w.cols, chunk_elems) halves (memory_plan.h), and each chunk multiplied there.
+// The cuBLAS handle must be on stream s. Twin: the product of the f16-rounded operands in double.
 void gemm_weight(cublasHandle_t h, float* out, const DevWeight& w, const __half* x, int n, bool accumulate,
-                 __half* scratch, cudaStream_t s);
+                 __half* scratch, cudaStream_t s, int64_t chunk_elems = kGemmChunkElems);
 void check_cublas(cublasStatus_t st, const char* what);
 // The same product in one kernel (gemm_mma_body, prefill_gemm.cuh: each weight tile decoded into shared memory and
 // multiplied there on the tensor cores, nothing written out; --cuda-gemm mma) for the weights gemm_mma_ok accepts

@@ -23,7 +23,9 @@
 #      dependent launch), for Q4_0 and Q8_0 tg128 with --cuda-matvec-rows 4 (SHAPE-T-rows4: 4 rows a block of the
 #      one-token products instead of 8; with --quick also the per-kernel table of the first of them),
 #      and for the quantized ones pp512 with --cuda-gemm mma (SHAPE-T-mmagemm: the prefill products in one kernel
-#      that decodes each weight tile into shared memory, against cuBLAS on decoded chunks) and pp16 and tg128 with
+#      that decodes each weight tile into shared memory, against cuBLAS on decoded chunks), pp512 with
+#      --cuda-gemm-chunk 64 and 0 (SHAPE-T-chunk64, -chunk0: cuBLAS on 64 MiB chunks of decoded rows and on whole
+#      matrices, against the default 16 MiB) and pp16 and tg128 with
 #      --cuda-kv-store kernel (SHAPE-T-storekernel: RoPE and the K/V store in their own launch, not in the Q|K|V
 #      products), and tg128 with --cuda-norm kernel (SHAPE-T-normkernel: each RMSNorm in its own launch, not folded
 #      into the residual product before it);
@@ -317,6 +319,12 @@ for shape in "${shapes[@]}"; do
             bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-gemm mma -p 512 -n 0 -d 0 -r 2 -o json \
                 >"$work/speed/$name-mmagemm.bench.json" 2>>"$out/log.txt" ||
                 log "$name: bench with --cuda-gemm mma failed"
+            for mib in 64 0; do  # cuBLAS on larger chunks of decoded rows (0: the whole matrix)
+                cp "$work/speed/$name.inspect.json" "$work/speed/$name-chunk$mib.inspect.json"
+                bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-gemm-chunk "$mib" -p 512 -n 0 -d 0 -r 2 \
+                    -o json >"$work/speed/$name-chunk$mib.bench.json" 2>>"$out/log.txt" ||
+                    log "$name: bench with --cuda-gemm-chunk $mib failed"
+            done
         fi
         if [[ $t != F16 ]]; then  # RoPE and the K/V store in a launch of their own, not the Q|K|V products' epilogue
             cp "$work/speed/$name.inspect.json" "$work/speed/$name-storekernel.inspect.json"

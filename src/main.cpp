@@ -360,6 +360,12 @@ int main(int argc, char** argv) {
                    "default) or mma (one kernel that decodes each weight tile into shared memory and multiplies it "
                    "there on the tensor cores, to compare)")
         ->check(CLI::IsMember({"cublas", "mma"}));
+    int cuda_gemm_chunk = 16;
+    app.add_option("--cuda-gemm-chunk", cuda_gemm_chunk,
+                   "CUDA, --cuda-gemm cublas: MiB of f16 a quantized weight is decoded into at a time (16, the "
+                   "default: a chunk the L2 cache holds; more rows a chunk fill more of the GPU per cuBLAS call), or "
+                   "0 for the whole matrix at once; the same operands, sums within f32 rounding")
+        ->check(CLI::Range(0, 4096));
     std::string math = "exact";
     app.add_option("--math", math,
                    "CPU products of quantized weights: exact (activations rounded to 16 bits, the default), fast "
@@ -553,6 +559,7 @@ int main(int argc, char** argv) {
         gen.run.cuda_qkv_store = cuda_kv_store == "product";
         gen.run.cuda_norm_fold = cuda_norm == "product";
         gen.run.cuda_mma_gemm = cuda_gemm == "mma";
+        gen.run.cuda_gemm_chunk_mib = cuda_gemm_chunk;
         kvgen::apply_llama_settings(llama, gen.run, app.count("--kv-type") > 0);
         if (!llama.n_gpu_layers.empty() && gen.run.device != "cpu" && gen.run.device != "auto")
             kvgen::resolve_device(gen.run.device, fmt::format("-ngl {}", llama.n_gpu_layers));

@@ -300,6 +300,14 @@ TEST_CASE("the prefill GEMM's chunks stay within the L2-sized scratch, in whole 
             CHECK(cuda::gemm_scratch_elems(GgmlType::Q4_K, rows, cols) == r * cols);
             CHECK(cuda::gemm_scratch_elems(GgmlType::F16, rows, cols) == 0);
         }
+    // --cuda-gemm-chunk: 64 MiB (32M weights) holds four times the rows; 0, the whole matrix
+    CHECK(cuda::gemm_chunk_elems_of_mib(16) == cuda::kGemmChunkElems);
+    const int64_t big = cuda::gemm_chunk_elems_of_mib(64);
+    CHECK(gemm_chunk_rows(4096, 4096, big) == 4096);
+    CHECK(gemm_chunk_rows(11008, 4096, big) == 8192);
+    CHECK(gemm_chunk_rows(4096, 11008, big) == 2816);  // 512 at 16 MiB
+    CHECK(gemm_chunk_rows(11008, 4096, 0) == 11008);
+    CHECK(cuda::gemm_scratch_elems(GgmlType::Q4_0, 11008, 4096, 0) == 11008 * 4096);
 }
 
 TEST_CASE("the CUDA memory plan counts weights, the f16 KV cache and buffers", "[cuda-host]") {

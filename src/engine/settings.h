@@ -45,6 +45,8 @@ struct Settings {
                                  // product before it, without a launch of its own (--cuda-norm)
     bool cuda_mma_gemm = false;  // CUDA: prefill products of quantized weights in one kernel, each weight tile decoded
                                  // into shared memory and multiplied there (--cuda-gemm mma), instead of cuBLAS
+    int cuda_gemm_chunk_mib = 16;  // CUDA: MiB of f16 a quantized weight's prefill product decodes at a time for
+                                   // cuBLAS (0: the whole matrix) (--cuda-gemm-chunk)
     bool progress = true;         // CUDA: weight upload progress on stderr
     bool all_logits = false;      // logits for every position of a batch, not only the last (perplexity)
     MathMode math = MathMode::Exact;  // --math

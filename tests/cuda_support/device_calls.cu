@@ -184,12 +184,13 @@ GemmMmaDevice mma_device(int sm_count, int stages) {
 }
 }  // namespace
 
-std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0,
-                        bool mma, int sm_count, bool split, int stages) {
+std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0, bool mma,
+                        int sm_count, bool split, int stages, int chunk_mib) {
     // The backend's prefill product: activations to f16, then gemm_weight (chunks of rows decoded into the scratch).
+    const int64_t chunk = gemm_chunk_elems_of_mib(chunk_mib);
     Dev<uint8_t> b(device_bytes(w));
     Dev<float> dx(x);
-    Dev<__half> xh(x.size()), wh(size_t(std::max<int64_t>(1, gemm_scratch_elems(w.type, w.rows, w.cols))));
+    Dev<__half> xh(x.size()), wh(size_t(std::max<int64_t>(1, gemm_scratch_elems(w.type, w.rows, w.cols, chunk))));
     to_f16(xh.p, dx.p, int64_t(x.size()), nullptr);
     Dev<float> y(size_t(n) * size_t(w.rows));
     if (y0) KVGEN_CUDA_CHECK(cudaMemcpy(y.p, y0->data(), y0->size() * 4, cudaMemcpyHostToDevice));
@@ -203,7 +204,7 @@ std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n,
                             split ? reinterpret_cast<float*>(wh.p) : nullptr,
                             int64_t(wh.n * sizeof(__half) / sizeof(float)), nullptr);
         else
-            gemm_weight(h, y.p, dw, xh.p, n, y0 != nullptr, wh.p, nullptr);
+            gemm_weight(h, y.p, dw, xh.p, n, y0 != nullptr, wh.p, nullptr, chunk);
         std::vector<float> out = y.get();
         cublasDestroy(h);
         return out;
