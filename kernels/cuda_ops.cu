@@ -118,6 +118,7 @@ private:
     bool att_quantized_ = false;  // the last attention() also wrote its output into xq_
     bool glu_quantized_ = false;  // the last norm_swiglu() also wrote its output into hq_
     bool norm_fold_;              // Settings::cuda_norm_fold
+    bool f16_block_;              // Settings::cuda_f16_block
     bool norm_folded_ = false;    // the last residual product also wrote the next norm's ActBlocks into xnq_
     bool flash_;       // Settings::cuda_flash_attention
     bool mma_gemm_;    // Settings::cuda_mma_gemm
@@ -162,6 +163,7 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
       wide_(s.cuda_matvec_rows == 8),
       qkv_store_(s.cuda_qkv_store),
       norm_fold_(s.cuda_norm_fold),
+      f16_block_(s.cuda_f16_block),
       flash_(s.cuda_flash_attention),
       mma_gemm_(s.cuda_mma_gemm),
       gemm_chunk_(gemm_chunk_elems_of_mib(s.cuda_gemm_chunk_mib)) {
@@ -306,7 +308,7 @@ void CudaOps::proj(float* out, const DevWeight& w, const float* in, int n, bool 
         return;
     }
     if (n == 1) {
-        matvec(out, w, in, accumulate, stream_);
+        matvec(out, w, in, accumulate, stream_, f16_block_, pdl_);
         return;
     }
     if (n <= kMvMaxTokens) {  // a short prompt: each weight read once for all its tokens
@@ -361,7 +363,7 @@ void CudaOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int 
         if (in_int)
             matvec_int(qkv, L.qkv, xin, n, false, pdl_, stream_, kv_stored_ ? &st : nullptr, wide_);
         else
-            matvec_split(qkv, L.qkv, xn_, stream_);
+            matvec_split(qkv, L.qkv, xn_, stream_, f16_block_, pdl_);
         return;
     }
     if (in_int) {  // Q, K and V of different types (a Q4_K_M file's Q6_K V)
@@ -473,7 +475,7 @@ void CudaOps::norm_swiglu(float* h, const float* x, int l, int n) {
         if (in_int)
             matvec_glu_int(h, glu_quantized_ ? hq_ : nullptr, hq_counters_, L.gate, L.up, xin, n, pdl_, stream_, wide_);
         else
-            matvec_glu(h, L.gate, L.up, xn_, stream_);
+            matvec_glu(h, L.gate, L.up, xn_, stream_, f16_block_, pdl_);
         return;
     }
     if (n <= kMvMaxTokens) {  // a short prompt's f32 products
@@ -521,7 +523,7 @@ void CudaOps::head(float* logits, const float* x, int n) {
         return;
     }
     rmsnorm(xn_, nullptr, x, w_.output_norm, 1, c_.n_embd, c_.rms_eps, pdl_, stream_);
-    matvec(logits, w_.output, xn_, false, stream_);
+    matvec(logits, w_.output, xn_, false, stream_, f16_block_, pdl_);
 }
 
 // One layer-and-head's rows [0, n) per row of a 2-D copy: n_ctx rows apart in the cache, n apart on the host. Rows

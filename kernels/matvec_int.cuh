@@ -517,6 +517,72 @@ KVGEN_HD void matvec_int_thread(const uint8_t* const (&w)[NM], int64_t row_bytes
     }
 }
 
+// --- F16 weights, one token, f32 activations -------------------------------------------------------------------
+// The integer products' block scheme for F16 rows (which keep exact f32 products with the f32 activations): a block
+// of mvi_warps(n_units) warps shares R rows of NM matrices (NM = 2: SwiGLU's gate and up), its threads striding over
+// their units of 32 weights, each unit's 64 bytes four 16-byte loads a row, all of a unit's rows' loads issued before
+// the first is used, the first unit's before pdl_wait; the unit's 32 activations are eight 16-byte loads (L1) shared
+// by the rows. A unit's products run in matvec_lane's order for a chunk (two interleaved chains of fused multiply-
+// adds, then acc += s0 + s1), and the block's shares are summed as the integer products' are (block_rows_sum).
+// Compiled for the host too (the CPU-only tests run it).
+constexpr int kMvF16Rows = 4;  // rows a block of one matrix; SwiGLU: 2 of each of gate and up
+
+struct F16Unit {
+    uint4 q[4];  // 32 halves
+};
+KVGEN_HD void load_f16_unit(const uint8_t* __restrict__ row, int u, F16Unit& w) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w.q[k] = ld16(row + 64 * u + 16 * k);
+}
+KVGEN_HD float f16_unit_dot(const F16Unit& w, const float (&xv)[32], float acc) {
+    uint32_t h[16];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) words_of(w.q[k], h + 4 * k);
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {  // word i: weight 2i in its low half, 2i + 1 in its high half
+        s0 = fmaf(half_bits(uint16_t(h[i] & 0xffffu)), xv[2 * i], s0);
+        s1 = fmaf(half_bits(uint16_t(h[i] >> 16)), xv[2 * i + 1], s1);
+    }
+    return acc + (s0 + s1);
+}
+
+template <int NM, int R>
+KVGEN_HD void matvec_f16_thread(const uint8_t* const (&w)[NM], int64_t row_bytes, int n_units, int64_t rows, int64_t r0,
+                                int t, int n_threads, const float* __restrict__ x, float (&acc)[NM][R][1]) {
+    // note: rows past the matrix read its last row again (never written), as the integer products do
+    const uint8_t* row[NM][R];
+#pragma unroll
+    for (int m = 0; m < NM; ++m)
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            row[m][r] = w[m] + (r0 + r < rows ? r0 + r : rows - 1) * row_bytes;
+            acc[m][r][0] = 0.0f;
+        }
+    int u = t;
+    F16Unit wu[NM][R];
+    if (u < n_units)
+#pragma unroll
+        for (int m = 0; m < NM; ++m)
+#pragma unroll
+            for (int r = 0; r < R; ++r) load_f16_unit(row[m][r], u, wu[m][r]);
+    pdl_wait();
+    while (u < n_units) {
+        float xv[32];
+        load_chunk(x + int64_t(u) * 32, xv);
+#pragma unroll
+        for (int m = 0; m < NM; ++m)
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[m][r][0] = f16_unit_dot(wu[m][r], xv, acc[m][r][0]);
+        u += n_threads;
+        if (u < n_units)
+#pragma unroll
+            for (int m = 0; m < NM; ++m)
+#pragma unroll
+                for (int r = 0; r < R; ++r) load_f16_unit(row[m][r], u, wu[m][r]);
+    }
+}
+
 // Calls f(TypeTag<T>{}) for the types with an integer product; false for the others.
 template <typename F>
 bool dispatch_int_type(GgmlType t, F&& f) {

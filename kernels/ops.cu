@@ -302,6 +302,34 @@ __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
     if (r < R && i < n && r0 + r < rows) y[int64_t(i) * rows + r0 + r] = o;
 }
 
+// grid = rows / R, block = 32 mvi_warps(n_units) threads: one token's product of F16 rows (matvec_f16_thread), R
+// rows of one matrix (y (+)= W x through RowSplit), or with up (NM = 2) R rows of each of gate and up, y = silu(gate x)
+// * (up x).
+template <int NM, int R>
+__global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
+    matvec_f16_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ up, int64_t row_bytes, int n_units,
+                      int64_t rows, const float* __restrict__ x, RowSplit y, int accumulate) {
+    if constexpr (NM == 2) pdl_trigger();  // the down projection may start loading its weights
+    __shared__ float part[NM][kMviMaxWarps][R];
+    const int64_t r0 = int64_t(blockIdx.x) * R;
+    float acc[NM][R][1];
+    const int r = int(threadIdx.x);
+    if constexpr (NM == 1) {
+        const uint8_t* const ws[1] = {w};
+        matvec_f16_thread<1, R>(ws, row_bytes, n_units, rows, r0, threadIdx.x, blockDim.x, x, acc);
+        const float v = block_rows_sum(acc[0], part[0]);
+        if (r < R && r0 + r < rows) {
+            float* out = y.at(r0 + r);
+            *out = accumulate ? *out + v : v;
+        }
+    } else {
+        const uint8_t* const ws[2] = {w, up};
+        matvec_f16_thread<2, R>(ws, row_bytes, n_units, rows, r0, threadIdx.x, blockDim.x, x, acc);
+        const float gs = block_rows_sum(acc[0], part[0]), us = block_rows_sum(acc[1], part[1]);
+        if (r < R && r0 + r < rows) y.y[0][r0 + r] = silu_mul(gs, us);
+    }
+}
+
 // gate and up rows r of a SwiGLU pair in one warp: y[r] = silu(gate[r] . x) * (up[r] . x).
 template <GgmlType T>
 __global__ void __launch_bounds__(kMvWarps* kWarp)
@@ -529,8 +557,20 @@ void get_rows(float* out, const DevWeight& emb, const int32_t* d_tokens, int n, 
 }
 
 namespace {
+// F16 rows of whole units through matvec_f16_kernel (up: SwiGLU's), launched after launch() below.
+bool f16_block_ok(const DevWeight& w) {
+    return w.type == GgmlType::F16 && w.cols % 32 == 0 && w.row_bytes < (int64_t(1) << 31);
+}
+void launch_f16(const RowSplit& y, const DevWeight& w, const DevWeight* up, const float* x, bool accumulate, bool pdl,
+                cudaStream_t s);
+
 // grid = rows / (kMvWarps * kMvRows), block = kMvWarps warps: each warp owns kMvRows rows (matvec.cuh).
-void launch_matvec(const RowSplit& y, const DevWeight& w, const float* x, bool accumulate, cudaStream_t s) {
+void launch_matvec(const RowSplit& y, const DevWeight& w, const float* x, bool accumulate, cudaStream_t s,
+                   bool f16_block, bool pdl) {
+    if (f16_block && f16_block_ok(w)) {
+        launch_f16(y, w, nullptr, x, accumulate, pdl, s);
+        return;
+    }
     if (w.cols % 32 != 0) {
         if (!is_float_type(w.type))
             throw Error(
@@ -551,12 +591,12 @@ void launch_matvec(const RowSplit& y, const DevWeight& w, const float* x, bool a
 }
 }  // namespace
 
-void matvec(float* y, const DevWeight& w, const float* x, bool accumulate, cudaStream_t s) {
-    launch_matvec(RowSplit::one(y, w.rows), w, x, accumulate, s);
+void matvec(float* y, const DevWeight& w, const float* x, bool accumulate, cudaStream_t s, bool f16_block, bool pdl) {
+    launch_matvec(RowSplit::one(y, w.rows), w, x, accumulate, s, f16_block, pdl);
 }
 
-void matvec_split(const RowSplit& y, const DevWeight& w, const float* x, cudaStream_t s) {
-    launch_matvec(y, w, x, false, s);
+void matvec_split(const RowSplit& y, const DevWeight& w, const float* x, cudaStream_t s, bool f16_block, bool pdl) {
+    launch_matvec(y, w, x, false, s, f16_block, pdl);
 }
 
 bool int_matvec_ok(const DevWeight& w) {
@@ -579,6 +619,20 @@ void launch(void (*kernel)(Params...), dim3 grid, unsigned block, bool pdl, cuda
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
     KVGEN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, Params(args)...));
+}
+void launch_f16(const RowSplit& y, const DevWeight& w, const DevWeight* up, const float* x, bool accumulate, bool pdl,
+                cudaStream_t s) {
+    const int n_units = int(w.cols / 32);
+    const unsigned threads = unsigned(32 * mvi_warps(n_units));
+    if (up) {
+        constexpr int R = kMvF16Rows / 2;
+        launch(matvec_f16_kernel<2, R>, grid_for(w.rows, R), threads, pdl, s, w.data, up->data, w.row_bytes, n_units,
+               w.rows, x, y, 0);
+    } else {
+        launch(matvec_f16_kernel<1, kMvF16Rows>, grid_for(w.rows, kMvF16Rows), threads, pdl, s, w.data,
+               static_cast<const uint8_t*>(nullptr), w.row_bytes, n_units, w.rows, x, y, accumulate ? 1 : 0);
+    }
+    KVGEN_CUDA_LAUNCHED("matvec_f16");
 }
 }  // namespace
 
@@ -662,8 +716,13 @@ bool glu_fusable(const DevWeight& gate, const DevWeight& up) {
            gate.cols % 32 == 0;
 }
 
-void matvec_glu(float* y, const DevWeight& gate, const DevWeight& up, const float* x, cudaStream_t s) {
+void matvec_glu(float* y, const DevWeight& gate, const DevWeight& up, const float* x, cudaStream_t s, bool f16_block,
+                bool pdl) {
     if (!glu_fusable(gate, up)) throw Error("CUDA: matvec_glu needs gate and up of one type and shape");
+    if (f16_block && f16_block_ok(gate)) {
+        launch_f16(RowSplit::one(y, gate.rows), gate, &up, x, false, pdl, s);
+        return;
+    }
     const bool ok = dispatch_type(gate.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
         matvec_glu_kernel<T><<<grid_for(gate.rows, kMvWarps * kMvRows), kMvWarps * kWarp, 0, s>>>(

@@ -20,7 +20,8 @@
 #      4096 with --cuda-attention warp (the CUDA-core prefill attention) beside the default tensor-core one
 #      (SHAPE-T-warpattn), and pp512 / tg128 at those depths with --kv-type q8_0 and q4_0 (SHAPE-T-kvq8_0, -kvq4_0);
 #      for every file, tg128 with --cuda-pdl off (SHAPE-T-nopdl: the decode products launched without programmatic
-#      dependent launch), for Q4_0 and Q8_0 tg128 with --cuda-matvec-rows 4 (SHAPE-T-rows4: 4 rows a block of the
+#      dependent launch), for F16 tg128 with --cuda-f16-matvec warp (SHAPE-F16-warpf16: a warp over 2 rows instead
+#      of a block of warps over 4), for Q4_0 and Q8_0 tg128 with --cuda-matvec-rows 4 (SHAPE-T-rows4: 4 rows a block of the
 #      one-token products instead of 8; with --quick also the per-kernel table of the first of them),
 #      and for the quantized ones pp512 with --cuda-gemm mma (SHAPE-T-mmagemm: the prefill products in one kernel
 #      that decodes each weight tile into shared memory, against cuBLAS on decoded chunks), pp512 with
@@ -309,6 +310,12 @@ for shape in "${shapes[@]}"; do
         cp "$work/speed/$name.inspect.json" "$work/speed/$name-nopdl.inspect.json"
         bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-pdl off -p 0 -n 128 -d 0 -r 2 -o json \
             >"$work/speed/$name-nopdl.bench.json" 2>>"$out/log.txt" || log "$name: bench with --cuda-pdl off failed"
+        if [[ $t == F16 ]]; then  # one token's F16 products by a warp over 2 rows (the default: blocks over 4)
+            cp "$work/speed/$name.inspect.json" "$work/speed/$name-warpf16.inspect.json"
+            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-f16-matvec warp -p 0 -n 128 -d 0 -r 2 -o json \
+                >"$work/speed/$name-warpf16.bench.json" 2>>"$out/log.txt" ||
+                log "$name: bench with --cuda-f16-matvec warp failed"
+        fi
         if [[ $t == Q4_0 || $t == Q8_0 ]]; then  # one token's products with 4 rows a block (the default: 8)
             cp "$work/speed/$name.inspect.json" "$work/speed/$name-rows4.inspect.json"
             bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-matvec-rows 4 -p 0 -n 128 -d 0 -r 2 -o json \

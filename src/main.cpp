@@ -353,6 +353,12 @@ int main(int argc, char** argv) {
                    "to the residual before it, the default) or kernel (a launch of its own, to compare; results "
                    "within a rounding step of the activations)")
         ->check(CLI::IsMember({"product", "kernel"}));
+    std::string cuda_f16_matvec = "block";
+    app.add_option("--cuda-f16-matvec", cuda_f16_matvec,
+                   "CUDA, one token of F16 weights: block (a block of warps over 4 rows, 16-byte loads, the default) "
+                   "or warp (a warp over 2 rows, the kernel of every other type's f32 product, to compare; sums within "
+                   "f32 rounding of each other)")
+        ->check(CLI::IsMember({"block", "warp"}));
     std::string cuda_gemm = "cublas";
     app.add_option("--cuda-gemm", cuda_gemm,
                    "CUDA prefill products (over 16 tokens) of quantized weights: cublas (the weight decoded to f16 a "
@@ -558,6 +564,7 @@ int main(int argc, char** argv) {
         gen.run.cuda_matvec_rows = cuda_matvec_rows;
         gen.run.cuda_qkv_store = cuda_kv_store == "product";
         gen.run.cuda_norm_fold = cuda_norm == "product";
+        gen.run.cuda_f16_block = cuda_f16_matvec == "block";
         gen.run.cuda_mma_gemm = cuda_gemm == "mma";
         gen.run.cuda_gemm_chunk_mib = cuda_gemm_chunk;
         kvgen::apply_llama_settings(llama, gen.run, app.count("--kv-type") > 0);

@@ -123,6 +123,9 @@ TEST_CASE("the bench backend column names the CUDA options that differ from the 
     CHECK(cuda_options_name(t) == "--cuda-matvec f32 --cuda-attention warp --cuda-kv-store kernel");
     t.cuda_norm_fold = false;
     CHECK(cuda_options_name(t) == "--cuda-matvec f32 --cuda-attention warp --cuda-kv-store kernel --cuda-norm kernel");
+    t.cuda_f16_block = false;
+    t.cuda_int_matvec = t.cuda_flash_attention = t.cuda_qkv_store = t.cuda_norm_fold = true;
+    CHECK(cuda_options_name(t) == "--cuda-f16-matvec warp");
 }
 
 TEST_CASE("llama.cpp's -ngl, -fa, -ctk/-ctv and -tb fold into kvgen's settings", "[cli]") {

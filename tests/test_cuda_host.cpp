@@ -636,6 +636,30 @@ TEST_CASE("the SwiGLU product quantizes its output for the down projection: the 
     }
 }
 
+TEST_CASE("F16 decode products by blocks of warps over 4 rows, run on the host, match the exact product",
+          "[cuda-host]") {
+    // 96 columns: one warp, most lanes idle; 4096: 4 warps, one unit a thread; 11008: 6 warps x 2 passes. 9 rows: the
+    // last block of 4 has rows past the matrix (gate and up: blocks of 2 of each).
+    const int64_t rows = 9;
+    for (const int64_t cols : {96, 4096, 11008}) {
+        INFO("cols " << cols);
+        const RandomRows w = random_rows(GgmlType::F16, rows, cols, 3), up = random_rows(GgmlType::F16, rows, cols, 4);
+        const std::vector<float> x = test::randn(size_t(cols), 5, 2.0f);
+        const std::vector<float> y = cuda::host::matvec_f16(w.bytes.data(), rows, cols, x);
+        const std::vector<float> g = cuda::host::matvec_f16(w.bytes.data(), rows, cols, x, up.bytes.data());
+        const std::vector<float> lanes = cuda::host::matvec(GgmlType::F16, w.bytes.data(), rows, cols, x);
+        for (int64_t r = 0; r < rows; ++r) {
+            INFO("row " << r);
+            const ExactRow e = exact_row(w.values, x, r, cols), eu = exact_row(up.values, x, r, cols);
+            CHECK(std::fabs(y[size_t(r)] - e.sum) <= 1e-6 * e.mag);
+            CHECK(std::fabs(y[size_t(r)] - lanes[size_t(r)]) <= 2e-6 * e.mag);  // the warp kernel's sums
+            const double want = e.sum / (1.0 + std::exp(-e.sum)) * eu.sum;
+            CHECK(std::fabs(g[size_t(r)] - want) <=
+                  1e-5 * (e.mag * std::fabs(eu.sum) + eu.mag * std::fabs(e.sum)) + 1e-7);
+        }
+    }
+}
+
 TEST_CASE("a residual product folds the next RMSNorm in: the blocks rmsnorm quantizes, within a rounding step",
           "[cuda-host]") {
     // 1280 rows: 40 groups of 32 (more than a warp's lanes, so the last block sums some groups' squares in turn),

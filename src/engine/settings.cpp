@@ -40,6 +40,8 @@ std::string cuda_options_name(const Settings& s) {
     if (s.cuda_qkv_store != d.cuda_qkv_store)
         add(s.cuda_qkv_store ? "--cuda-kv-store product" : "--cuda-kv-store kernel");
     if (s.cuda_norm_fold != d.cuda_norm_fold) add(s.cuda_norm_fold ? "--cuda-norm product" : "--cuda-norm kernel");
+    if (s.cuda_f16_block != d.cuda_f16_block)
+        add(s.cuda_f16_block ? "--cuda-f16-matvec block" : "--cuda-f16-matvec warp");
     if (s.cuda_mma_gemm != d.cuda_mma_gemm) add(s.cuda_mma_gemm ? "--cuda-gemm mma" : "--cuda-gemm cublas");
     if (s.cuda_gemm_chunk_mib != d.cuda_gemm_chunk_mib)
         add("--cuda-gemm-chunk " + std::to_string(s.cuda_gemm_chunk_mib));

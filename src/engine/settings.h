@@ -43,6 +43,8 @@ struct Settings {
                                  // themselves, without a launch of their own (--cuda-kv-store)
     bool cuda_norm_fold = true;  // CUDA, one token: each RMSNorm after the first folded into the integer residual
                                  // product before it, without a launch of its own (--cuda-norm)
+    bool cuda_f16_block = true;  // CUDA, one token: F16 products by blocks of warps over 4 rows (matvec_f16_kernel),
+                                 // not a warp per 2 rows (--cuda-f16-matvec)
     bool cuda_mma_gemm = false;  // CUDA: prefill products of quantized weights in one kernel, each weight tile decoded
                                  // into shared memory and multiplied there (--cuda-gemm mma), instead of cuBLAS
     int cuda_gemm_chunk_mib = 16;  // CUDA: MiB of f16 a quantized weight's prefill product decodes at a time for

@@ -201,6 +201,54 @@ int matvec_int_warps(int n_units) {
     return mvi_warps(n_units);
 }
 
+std::vector<float> matvec_f16(const uint8_t* bytes, int64_t rows, int64_t cols, const std::vector<float>& x,
+                              const uint8_t* up) {
+    if (cols % 32 != 0) throw Error("matvec_f16: rows of whole 32-weight units");
+    const int NM = up ? 2 : 1, R = up ? kMvF16Rows / 2 : kMvF16Rows;
+    std::vector<DeviceRows> dev;
+    dev.push_back(device_rows(GgmlType::F16, bytes, rows, cols));
+    if (up) dev.push_back(device_rows(GgmlType::F16, up, rows, cols));
+    const int n_units = int(cols / 32), warps = mvi_warps(n_units), threads = 32 * warps;
+    std::vector<std::vector<float>> y(size_t(NM), std::vector<float>(size_t(rows), NAN));
+    for (int64_t r0 = 0; r0 < rows; r0 += R) {
+        std::vector<float> acc(size_t(threads) * size_t(NM) * size_t(R));  // [thread][m][r]
+        for (int t = 0; t < threads; ++t) {
+            if (up) {  // matvec_f16_kernel<2, kMvF16Rows / 2>
+                constexpr int RG = kMvF16Rows / 2;
+                const uint8_t* const p[2] = {dev[0].p, dev[1].p};
+                float share[2][RG][1];
+                matvec_f16_thread<2, RG>(p, dev[0].row_bytes, n_units, rows, r0, t, threads, x.data(), share);
+                for (int m = 0; m < 2; ++m)
+                    for (int r = 0; r < RG; ++r) acc[(size_t(t) * 2 + size_t(m)) * RG + size_t(r)] = share[m][r][0];
+            } else {
+                const uint8_t* const p[1] = {dev[0].p};
+                float share[1][kMvF16Rows][1];
+                matvec_f16_thread<1, kMvF16Rows>(p, dev[0].row_bytes, n_units, rows, r0, t, threads, x.data(), share);
+                for (int r = 0; r < kMvF16Rows; ++r) acc[size_t(t) * kMvF16Rows + size_t(r)] = share[0][r][0];
+            }
+        }
+        for (int m = 0; m < NM; ++m)  // block_rows_sum's order: each warp's butterfly, then the warps in turn
+            for (int r = 0; r < R && r0 + r < rows; ++r) {
+                float sum = 0.0f;
+                for (int wp = 0; wp < warps; ++wp) {
+                    float v[32];
+                    for (int lane = 0; lane < 32; ++lane)
+                        v[lane] = acc[(size_t(32 * wp + lane) * size_t(NM) + size_t(m)) * size_t(R) + size_t(r)];
+                    const float ws = butterfly_sum(v);
+                    sum = wp == 0 ? ws : sum + ws;
+                }
+                y[size_t(m)][size_t(r0 + r)] = sum;
+            }
+    }
+    if (!up) return y[0];
+    std::vector<float> out(static_cast<size_t>(rows));
+    for (size_t r = 0; r < out.size(); ++r) {
+        const float gs = y[0][r], us = y[1][r];
+        out[r] = gs / (1.0f + std::exp(-gs)) * us;
+    }
+    return out;
+}
+
 std::vector<float> matvec_int(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                               const std::vector<float>& x, int n) {
     const uint8_t* const w[1] = {bytes};

@@ -43,8 +43,9 @@ struct HostWeight {
 
 std::vector<float> dequantize(const HostWeight& w, bool via_f16);
 std::vector<float> get_rows(const HostWeight& w, const std::vector<int32_t>& ids);
-// y = W x (accumulate: y0 + W x) through the decode kernel.
-std::vector<float> matvec(const HostWeight& w, const std::vector<float>& x, const std::vector<float>* y0);
+// y = W x (accumulate: y0 + W x) through the decode kernel (F16: the block kernel unless f16_block is false).
+std::vector<float> matvec(const HostWeight& w, const std::vector<float>& x, const std::vector<float>* y0,
+                          bool f16_block = true);
 // [n][rows] = x[n][cols] . W^T through the short-prompt kernel (n <= 16, each weight read once); accumulate onto y0
 // when given.
 std::vector<float> matvec_batch(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0);
@@ -54,8 +55,9 @@ std::vector<float> matvec_int(const HostWeight& w, const std::vector<float>& x, 
 // silu(gate x) * (up x) through the fused integer kernel; n tokens as matvec_int.
 std::vector<float> matvec_glu_int(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x,
                                   int n = 1);
-// silu(gate x) * (up x) through the fused decode kernel.
-std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x);
+// silu(gate x) * (up x) through the fused decode kernel (F16: the block kernel unless f16_block is false).
+std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x,
+                              bool f16_block = true);
 // [n][rows] = x[n][cols] . W^T through the prefill path (f16 decode + cuBLAS; mma: gemm_weight_mma where
 // gemm_mma_ok, as the backend's --cuda-gemm mma, its tiles chosen for a device of sm_count SMs, its columns split
 // among blocks where that leaves SMs idle unless split is false, two stages of shared memory where the device has
@@ -149,6 +151,10 @@ std::vector<HostActBlock> quantize_act_items(const std::vector<float>& x);
 // [n][cols], y [n][rows], in the launches the device makes (up to 8 tokens each).
 std::vector<float> matvec_int(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                               const std::vector<float>& x, int n = 1);
+// y = W x for F16 rows (the GGUF bytes; cols a multiple of 32) with matvec_f16_kernel's blocks (matvec_f16_thread,
+// kMvF16Rows rows a block) and block_rows_sum's order; with up, silu(W x) * (Up x), 2 rows of each a block.
+std::vector<float> matvec_f16(const uint8_t* bytes, int64_t rows, int64_t cols, const std::vector<float>& x,
+                              const uint8_t* up = nullptr);
 // The warps of matvec_int_kernel's block for rows of n_units units (mvi_warps).
 int matvec_int_warps(int n_units);
 // y = silu(gate x) * (up x) with matvec_glu_int_kernel's blocks (two rows of each matrix per block); n tokens as
