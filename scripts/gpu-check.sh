@@ -16,7 +16,9 @@
 #      Q4_K_M (with --quick: in every --types) over a 3-token prompt and 3 generated tokens: launches, GPU time, share
 #      of the step, GB read and GB/s of each kernel in one decode step and in the prefill, with its registers, block
 #      and grid size, waves per SM and achieved occupancy (scripts/lib/ncu_sum.py; without those where this ncu does
-#      not know them), the raw CSV as OUTDIR/ncu-SHAPE-TYPE.csv.gz; and for the first type of each shape, pp16 and pp512 at depths 0 and
+#      not know them), the raw CSV as OUTDIR/ncu-SHAPE-TYPE.csv.gz, and for the first quantized type profiled the
+#      first 200 kernels of a prefill of about 500 tokens (SHAPE-TYPE-prefill: time and bytes per kernel, nothing
+#      raw kept); and for the first type of each shape, pp16 and pp512 at depths 0 and
 #      4096 with --cuda-attention warp (the CUDA-core prefill attention) beside the default tensor-core one
 #      (SHAPE-T-warpattn), and pp512 / tg128 at those depths with --kv-type q8_0 and q4_0 (SHAPE-T-kvq8_0, -kvq4_0);
 #      for every file, tg128 with --cuda-pdl off (SHAPE-T-nopdl: the decode products launched without programmatic
@@ -283,8 +285,33 @@ profile_kernels() {
     log "$name profiled per kernel ($((SECONDS - start)) s, $( ((rc == 0)) && echo ok || echo "failed, exit $rc"))"
 }
 
+# The first ncu_prefill_kernels kernels (about two layers of a 7B shape) of a prefill of about 500 tokens: where a
+# long prompt's time goes (the quantized weights' decoding, cuBLAS's GEMMs, attention), which the 3-token profile
+# cannot show. Time and bytes alone (the launch metrics' extra passes would double its time).
+ncu_prefill_kernels=200
+profile_prefill() {
+    local f=$1 name=$2-prefill rc=0 start=$SECONDS
+    if [[ -z $ncu ]] || (($(left) < 90)); then skipped+=("per-kernel $name"); return; fi
+    [[ -f $work/pp-prompt.txt ]] || for _ in $(seq 40); do
+        printf '%s ' "The key-value cache keeps the keys and values of every position, so each new token"
+    done >"$work/pp-prompt.txt"
+    bounded "$ncu" --clock-control none --launch-count "$ncu_prefill_kernels" --metrics "$ncu_metrics" --csv \
+        --log-file "$work/ncu/$name.csv" "$kvgen" -m "$f" -f "$work/pp-prompt.txt" -n 1 -c 1024 --temp 0 \
+        --device "$dev" --no-perf >/dev/null 2>"$work/ncu/$name.err" || rc=$?
+    if ((rc == 0)); then
+        python3 scripts/lib/ncu_sum.py "$work/ncu/$name.csv" --prefill-only --json "$work/ncu/$name.json" \
+            >"$work/ncu/$name.md" 2>>"$work/ncu/$name.err" || rc=$?
+    fi
+    if ((rc != 0)); then
+        { echo "ncu failed (exit $rc):"; echo; echo '```'; tail -n 5 "$work/ncu/$name.err"; echo '```'; } \
+            >"$work/ncu/$name.md"
+        cat "$work/ncu/$name.err" >>"$out/log.txt"
+    fi
+    log "$name profiled per kernel ($((SECONDS - start)) s, $( ((rc == 0)) && echo ok || echo "failed, exit $rc"))"
+}
+
 mkdir -p "$work/speed" "$work/ncu"
-rows4_profiled=0
+rows4_profiled=0 prefill_profiled=0
 for shape in "${shapes[@]}"; do
     # seconds a shape's runs take at most (2026-11-30: a 7B type about 40 s, a 13B 60-100 s with its larger files)
     need=70
@@ -368,6 +395,10 @@ for shape in "${shapes[@]}"; do
             if ((quick && !rows4_profiled)) && [[ $t == Q4_0 || $t == Q8_0 ]]; then  # the first such type only
                 profile_kernels "$f" "$name-rows4" --cuda-matvec-rows 4
                 rows4_profiled=1
+            fi
+            if ((!prefill_profiled)) && [[ $t != F16 ]]; then  # the first quantized type profiled
+                profile_prefill "$f" "$name"
+                prefill_profiled=1
             fi
         fi
         if [[ $name == "$kv_name" ]] && ((!quick)); then mv "$f" "$work/kv-model.gguf"; else rm -f "$f"; fi

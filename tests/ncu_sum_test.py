@@ -90,4 +90,21 @@ with tempfile.TemporaryDirectory() as d:
         in out.stdout, out.stdout
     assert "`get_rows_kernel<Q4_K>` | 1 | 4.0 | 50.0% | 0.000 | 4 |  |  |  |  |  |" in out.stdout, out.stdout
     assert "unknown" not in out.stderr and "warning" not in out.stderr, out.stderr
-print("ncu_sum: names, a two-forward profile and its launch metrics summarised")
+
+# --prefill-only: a long prompt's first kernels (ncu --launch-count), every one the prefill's, even a forward's start
+# without a decode step after it
+with tempfile.TemporaryDirectory() as d:
+    path = os.path.join(d, "pp.csv")
+    with open(path, "w") as f:
+        f.write(HEADER)
+        for kid, (name, ns, nbytes) in enumerate(forward):
+            f.write(rows(kid, name, ns, nbytes))
+    out = subprocess.run([sys.executable, os.path.join(root, "scripts", "lib", "ncu_sum.py"), path, "--prefill-only",
+                          "--json", os.path.join(d, "pp.json")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("The first 3 kernels of a prefill"), out.stdout
+    assert "`matvec_int_kernel<Q4_K, 1>` | 1 | 1000.0 |" in out.stdout, out.stdout
+    with open(os.path.join(d, "pp.json")) as f:
+        res = json.load(f)
+    assert res["kernels"] == 3 and "decode" not in res, res
+print("ncu_sum: names, a two-forward profile, its launch metrics and a prefill alone summarised")

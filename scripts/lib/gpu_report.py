@@ -145,7 +145,9 @@ for r in rep["speed"]:
         L.append(f"| {r['model']} | {r['weight_bytes_per_token'] / 1e9:.2f} | {e['test']} | "
                  f"{e['tok_s']:.1f} ± {e['stddev']:.1f} | {bw} |")
 for name, md in per_kernel_md.items():
-    L += ["", f"## Per kernel (ncu): {name}, a 3-token prompt and 3 generated tokens", "", md]
+    what = ("the first kernels of a prefill of about 500 tokens" if name.endswith("-prefill")
+            else "a 3-token prompt and 3 generated tokens")
+    L += ["", f"## Per kernel (ncu): {name}, {what}", "", md]
 if kv_status == "ok" and os.path.exists(f"{out}/kv-results.md"):
     L += ["", f"## KV cache on the GPU ({kv_name} shape)", "", open(f"{out}/kv-results.md").read()]
 write("report.md", "\n".join(L) + "\n")

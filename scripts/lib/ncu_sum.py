@@ -4,12 +4,13 @@ over a short kvgen run: one decode step and the prefill, each as a table of kern
 step, DRAM bytes read and the bandwidth they imply. Where the CSV also has the launch metrics of LAUNCH (registers
 per thread, block and grid size, waves per SM, achieved occupancy), the tables show them too.
 
-usage: ncu_sum.py CSV[.gz] [--gen N] [--json FILE] [--top K]
+usage: ncu_sum.py CSV[.gz] [--gen N | --prefill-only] [--json FILE] [--top K]
 
 Forwards are told apart by their first kernel: kvgen's forward starts with the embedding lookup (get_rows*), one
 launch per forward. With --gen N (the tokens the run generated) the last N-1 forwards are decode steps and every
 kernel before them is the prefill; the table shows the last decode step. Without --gen, every forward after the
-first is a decode step. Prints Markdown; --json FILE also writes the numbers. Exit status 3 when fewer forwards were
+first is a decode step. With --prefill-only (a profile of a long prompt's first kernels, ncu --launch-count), every
+kernel is the prefill's and there is no decode table. Prints Markdown; --json FILE also writes the numbers. Exit status 3 when fewer forwards were
 profiled than --gen implies (kernels that ncu did not see, e.g. inside a CUDA graph it was told to skip).
 Standard library only: the GPU machine is not guaranteed numpy.
 """
@@ -205,12 +206,24 @@ def main():
     ap.add_argument("--gen", type=int, default=0, help="tokens the profiled run generated")
     ap.add_argument("--json", help="also write the numbers to this file")
     ap.add_argument("--top", type=int, default=20, help="kernels per table; the rest are summed in one row")
+    ap.add_argument("--prefill-only", action="store_true", help="every kernel is the prefill's (no decode step)")
     a = ap.parse_args()
     ks = read_kernels(a.csv)
     starts = [i for i, k in enumerate(ks) if k["name"].startswith("get_rows")]
     if not ks or not starts:
         print(f"ncu_sum: no kvgen forward in {a.csv} ({len(ks)} kernels profiled)", file=sys.stderr)
         return 2
+    if a.prefill_only:
+        res = {"csv": a.csv, "kernels": len(ks), "prefill": summarize(ks, a.top)}
+        p = res["prefill"]
+        lines = [f"The first {len(ks)} kernels of a prefill, each launched one at a time by ncu (the sums leave out "
+                 f"launch gaps): {p['time_us'] / 1e3:.3f} ms of GPU time, {p['gb_read']:.3f} GB read, "
+                 f"{p['gb_s']:.0f} GB/s on average.", ""] + table(p)
+        print("\n".join(lines))
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(res, f, indent=2)
+        return 0
     if starts[0] != 0:  # kernels before the first forward (none today): counted with the prefill
         starts[0] = 0
     fwd = [ks[b:e] for b, e in zip(starts, starts[1:] + [len(ks)])]
