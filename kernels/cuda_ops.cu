@@ -333,6 +333,9 @@ void CudaOps::proj_f16(const RowSplit& out, const DevWeight& w, int n, bool accu
 }
 
 void CudaOps::embed(float* x, int n) {
+    // A forward starts here: nothing is left folded or stored by a step that did not finish (a capture that failed
+    // halfway, after which run() launches the same step again without begin()).
+    kv_stored_ = norm_folded_ = false;
     get_rows(x, w_.embd, d_step_ + 2, n, stream_);
     // note: the step's RoPE tables are made here, once, for every layer's rope_store_kv; inside the recorded step,
     // since they depend on the position in device memory.
