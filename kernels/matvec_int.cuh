@@ -472,13 +472,11 @@ void int_launches(int n, F&& f) {
     }
 }
 
-// Token i's activations are the n_units ActBlocks at x + i * n_units, for i < n <= NT.
-template <GgmlType T, int NM, int R, int NT>
-KVGEN_HD void matvec_int_thread(const uint8_t* const (&w)[NM], int64_t row_bytes, int n_units, int64_t rows,
-                                int64_t r0, int t, int n_threads, const ActBlock* __restrict__ x, int n,
-                                float (&acc)[NM][R][NT]) {
-    // note: rows past the matrix read its last row again (never written), so no branch splits the loads.
-    const uint8_t* row[NM][R];
+// Rows r0 .. r0 + R - 1 of each of NM matrices, and their sums for NT tokens set to zero. Rows past the matrix read
+// its last row again (never written), so no branch splits the loads.
+template <int NM, int R, int NT>
+KVGEN_HD void block_rows(const uint8_t* const (&w)[NM], int64_t row_bytes, int64_t rows, int64_t r0,
+                         const uint8_t* (&row)[NM][R], float (&acc)[NM][R][NT]) {
 #pragma unroll
     for (int m = 0; m < NM; ++m)
 #pragma unroll
@@ -487,6 +485,14 @@ KVGEN_HD void matvec_int_thread(const uint8_t* const (&w)[NM], int64_t row_bytes
 #pragma unroll
             for (int i = 0; i < NT; ++i) acc[m][r][i] = 0.0f;
         }
+}
+
+// Token i's activations are the n_units ActBlocks at x + i * n_units, for i < n <= NT.
+template <GgmlType T, int NM, int R, int NT>
+KVGEN_HD void matvec_int_thread(const uint8_t* const (&w)[NM], int64_t row_bytes, int n_units, int64_t rows, int64_t r0,
+                                int t, int n_threads, const ActBlock* __restrict__ x, int n, float (&acc)[NM][R][NT]) {
+    const uint8_t* row[NM][R];
+    block_rows(w, row_bytes, rows, r0, row, acc);
     // The first unit's weights are loaded before pdl_wait: they depend on no kernel, so under programmatic launch
     // they stream in while the kernel that writes x still runs. Offsets inside a row are 32-bit.
     int u = t;
@@ -550,15 +556,8 @@ KVGEN_HD float f16_unit_dot(const F16Unit& w, const float (&xv)[32], float acc) 
 template <int NM, int R>
 KVGEN_HD void matvec_f16_thread(const uint8_t* const (&w)[NM], int64_t row_bytes, int n_units, int64_t rows, int64_t r0,
                                 int t, int n_threads, const float* __restrict__ x, float (&acc)[NM][R][1]) {
-    // note: rows past the matrix read its last row again (never written), as the integer products do
     const uint8_t* row[NM][R];
-#pragma unroll
-    for (int m = 0; m < NM; ++m)
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            row[m][r] = w[m] + (r0 + r < rows ? r0 + r : rows - 1) * row_bytes;
-            acc[m][r][0] = 0.0f;
-        }
+    block_rows(w, row_bytes, rows, r0, row, acc);
     int u = t;
     F16Unit wu[NM][R];
     if (u < n_units)

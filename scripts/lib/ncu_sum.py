@@ -200,6 +200,14 @@ def table(s):
     return out
 
 
+def emit(lines, res, json_path):
+    """Prints the Markdown lines, and writes res as JSON to json_path when given."""
+    print("\n".join(lines))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(res, f, indent=2)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("csv")
@@ -219,10 +227,7 @@ def main():
         lines = [f"The first {len(ks)} kernels of a prefill, each launched one at a time by ncu (the sums leave out "
                  f"launch gaps): {p['time_us'] / 1e3:.3f} ms of GPU time, {p['gb_read']:.3f} GB read, "
                  f"{p['gb_s']:.0f} GB/s on average.", ""] + table(p)
-        print("\n".join(lines))
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump(res, f, indent=2)
+        emit(lines, res, a.json)
         return 0
     if starts[0] != 0:  # kernels before the first forward (none today): counted with the prefill
         starts[0] = 0
@@ -247,10 +252,7 @@ def main():
              f"{d['gb_s']:.0f} GB/s on average.", ""] + table(d) + [
              "", f"Prefill: {p['time_us'] / 1e3:.3f} ms of GPU time, {p['gb_read']:.3f} GB read, "
              f"{p['gb_s']:.0f} GB/s on average.", ""] + table(p)
-    print("\n".join(lines))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=2)
+    emit(lines, res, a.json)
     return 0
 
 
