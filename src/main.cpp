@@ -211,6 +211,15 @@ void only_with(const CLI::App& app, const char* option, bool mode, const char* m
     if (!mode && app.count(option) > 0) throw kvgen::Error(fmt::format("{} only applies to {}", option, mode_name));
 }
 
+// A CUDA option of two spelled values (--NAME A|B, in `values`' order): *on becomes whether the one given is on_value.
+// The setting keeps its default when the option is not given.
+void add_cuda_choice(CLI::App& app, const std::string& name, bool* on, const std::vector<std::string>& values,
+                     const std::string& on_value, const std::string& help) {
+    app.add_option_function<std::string>(
+           name, [on, on_value](const std::string& v) { *on = v == on_value; }, help)
+        ->check(CLI::IsMember(values));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -320,52 +329,40 @@ int main(int argc, char** argv) {
     app.add_flag(
         "--no-cuda-graphs", [&gen](int64_t) { gen.run.cuda_graphs = false; },
         "CUDA: launch the decode step kernel by kernel instead of replaying a captured graph");
-    std::string cuda_matvec = "int16";
-    app.add_option("--cuda-matvec", cuda_matvec,
-                   "CUDA products of one token or a prompt of up to 16 for Q4_0, Q8_0, Q4_K, Q6_K: int16 (integer dot "
-                   "products on 16-bit activations, the default) or f32 (float activations, to compare)")
-        ->check(CLI::IsMember({"int16", "f32"}));
-    std::string cuda_attention = "mma";
-    app.add_option("--cuda-attention", cuda_attention,
-                   "CUDA prefill attention: mma (flash attention on the tensor cores for head_dim 64 and 128, the "
-                   "default) or warp (a warp per query on the CUDA cores, to compare; an f16 cache only)")
-        ->check(CLI::IsMember({"mma", "warp"}));
-    std::string cuda_pdl = "on";
-    app.add_option("--cuda-pdl", cuda_pdl,
-                   "CUDA, sm_90 and later with CUDA 12.3 or later: on (the default) lets each integer product start "
-                   "loading its weights while the kernel before it drains (programmatic dependent launch); off "
-                   "launches it after")
-        ->check(CLI::IsMember({"on", "off"}));
+    add_cuda_choice(app, "--cuda-matvec", &gen.run.cuda_int_matvec, {"int16", "f32"}, "int16",
+                    "CUDA products of one token or a prompt of up to 16 for Q4_0, Q8_0, Q4_K, Q6_K: int16 (integer dot "
+                    "products on 16-bit activations, the default) or f32 (float activations, to compare)");
+    add_cuda_choice(app, "--cuda-attention", &gen.run.cuda_flash_attention, {"mma", "warp"}, "mma",
+                    "CUDA prefill attention: mma (flash attention on the tensor cores for head_dim 64 and 128, the "
+                    "default) or warp (a warp per query on the CUDA cores, to compare; an f16 cache only)");
+    add_cuda_choice(app, "--cuda-pdl", &gen.run.cuda_pdl, {"on", "off"}, "on",
+                    "CUDA, sm_90 and later with CUDA 12.3 or later: on (the default) lets each integer product start "
+                    "loading its weights while the kernel before it drains (programmatic dependent launch); off "
+                    "launches it after");
     int cuda_matvec_rows = 8;
     app.add_option("--cuda-matvec-rows", cuda_matvec_rows,
                    "CUDA: rows of a matrix one block of one token's Q4_0 and Q8_0 integer products takes: 8 (the "
                    "default: twice the weight loads in flight a thread, half the blocks) or 4, to compare; the same "
                    "results")
         ->check(CLI::IsMember({4, 8}));
-    std::string cuda_kv_store = "product";
-    app.add_option("--cuda-kv-store", cuda_kv_store,
-                   "CUDA with an f16 KV cache: product (the integer Q|K|V products of up to 16 tokens rotate Q and K "
-                   "and store K and V themselves, the default) or kernel (a launch of its own after them, to compare)")
-        ->check(CLI::IsMember({"product", "kernel"}));
-    std::string cuda_norm = "product";
-    app.add_option("--cuda-norm", cuda_norm,
-                   "CUDA, one token: product (each RMSNorm after the first folded into the integer product that adds "
-                   "to the residual before it, the default) or kernel (a launch of its own, to compare; results "
-                   "within a rounding step of the activations)")
-        ->check(CLI::IsMember({"product", "kernel"}));
-    std::string cuda_f16_matvec = "block";
-    app.add_option("--cuda-f16-matvec", cuda_f16_matvec,
-                   "CUDA, one token of F16 weights: block (a block of warps over 4 rows, 16-byte loads, the default) "
-                   "or warp (a warp over 2 rows, the kernel of every other type's f32 product, to compare; sums within "
-                   "f32 rounding of each other)")
-        ->check(CLI::IsMember({"block", "warp"}));
-    std::string cuda_gemm = "cublas";
-    app.add_option("--cuda-gemm", cuda_gemm,
-                   "CUDA prefill products (over 16 tokens) of quantized weights: cublas (the weight decoded to f16 a "
-                   "chunk of rows at a time into a scratch the L2 cache holds, each chunk multiplied by cuBLAS, the "
-                   "default) or mma (one kernel that decodes each weight tile into shared memory and multiplies it "
-                   "there on the tensor cores, to compare)")
-        ->check(CLI::IsMember({"cublas", "mma"}));
+    add_cuda_choice(
+        app, "--cuda-kv-store", &gen.run.cuda_qkv_store, {"product", "kernel"}, "product",
+        "CUDA with an f16 KV cache: product (the integer Q|K|V products of up to 16 tokens rotate Q and K "
+        "and store K and V themselves, the default) or kernel (a launch of its own after them, to compare)");
+    add_cuda_choice(app, "--cuda-norm", &gen.run.cuda_norm_fold, {"product", "kernel"}, "product",
+                    "CUDA, one token: product (each RMSNorm after the first folded into the integer product that adds "
+                    "to the residual before it, the default) or kernel (a launch of its own, to compare; results "
+                    "within a rounding step of the activations)");
+    add_cuda_choice(
+        app, "--cuda-f16-matvec", &gen.run.cuda_f16_block, {"block", "warp"}, "block",
+        "CUDA, one token of F16 weights: block (a block of warps over 4 rows, 16-byte loads, the default) "
+        "or warp (a warp over 2 rows, the kernel of every other type's f32 product, to compare; sums within "
+        "f32 rounding of each other)");
+    add_cuda_choice(app, "--cuda-gemm", &gen.run.cuda_mma_gemm, {"cublas", "mma"}, "mma",
+                    "CUDA prefill products (over 16 tokens) of quantized weights: cublas (the weight decoded to f16 a "
+                    "chunk of rows at a time into a scratch the L2 cache holds, each chunk multiplied by cuBLAS, the "
+                    "default) or mma (one kernel that decodes each weight tile into shared memory and multiplies it "
+                    "there on the tensor cores, to compare)");
     int cuda_gemm_chunk = 16;
     app.add_option("--cuda-gemm-chunk", cuda_gemm_chunk,
                    "CUDA, --cuda-gemm cublas: MiB of f16 a quantized weight is decoded into at a time (16, the "
@@ -557,15 +554,8 @@ int main(int argc, char** argv) {
             bench_kv_types(kv_type, app.count("--kv-type") > 0, &llama, bench);
         if (!kv_types.empty()) kv_type = kvgen::kv_types_name(kv_types[0].first, kv_types[0].second);
         kvgen::kv_types_from_name(kv_type, "--kv-type", &gen.run.kv_type_k, &gen.run.kv_type_v);
-        gen.run.cuda_int_matvec = cuda_matvec == "int16";
         kvgen::math_mode_from_name(math, &gen.run.math);
-        gen.run.cuda_flash_attention = cuda_attention == "mma";
-        gen.run.cuda_pdl = cuda_pdl == "on";
         gen.run.cuda_matvec_rows = cuda_matvec_rows;
-        gen.run.cuda_qkv_store = cuda_kv_store == "product";
-        gen.run.cuda_norm_fold = cuda_norm == "product";
-        gen.run.cuda_f16_block = cuda_f16_matvec == "block";
-        gen.run.cuda_mma_gemm = cuda_gemm == "mma";
         gen.run.cuda_gemm_chunk_mib = cuda_gemm_chunk;
         kvgen::apply_llama_settings(llama, gen.run, app.count("--kv-type") > 0);
         if (!llama.n_gpu_layers.empty() && gen.run.device != "cpu" && gen.run.device != "auto")
