@@ -328,7 +328,10 @@ constexpr int kAttnDecodeShared = kAttnWarps* NQ*(32 * E + 2);
 // grid (n_heads / NQ, splits), kAttnThreads threads; partials [n_heads][splits][hd + 2] = (o unnormalized, m, l).
 // With counters ([n_heads / NQ] ints, zero between launches), the combine is folded in: each block counts itself
 // done on its head group's counter after a fence, and the group's last block combines the splits into out and sets
-// the counter back to zero; without, attention_combine_body runs as a kernel of its own. F16: an f16 cache (else any
+// the counter back to zero; and where one split is active (a cache of up to kAttnSplitPositions positions) its block
+// writes out itself, without the partials, the fence, the count and the combine's reads of them (four round trips
+// to L2 of the chain a head's block waits on; combine_head of one split is the same bits: its factor is e^0 = 1).
+// Without counters, attention_combine_body runs as a kernel of its own. F16: an f16 cache (else any
 // type kv says, E 2 or 4), so each kernel holds one loop and only its registers. k_offsets: the layer's key offsets
 // [n_kv_heads][hd] where K carries them (KvLayout::k_offsets), else null.
 #pragma nv_exec_check_disable
@@ -378,6 +381,7 @@ KVGEN_HD void attention_decode_body(const Ctx& ctx, const float* __restrict__ q,
         }
     }
     ctx.sync();
+    const bool direct = counters && active == 1;
     for (int idx = ctx.thread(); idx < NQ * hd; idx += kAttnThreads) {
         const int r = idx / hd, j = idx % hd;
         float mx = -INFINITY;
@@ -390,6 +394,12 @@ KVGEN_HD void attention_decode_body(const Ctx& ctx, const float* __restrict__ q,
                 sum += at(w, r, hd + 1) * f;
             }
         }
+        if (direct) {  // as combine_head: NQ * hd is whole warps with xq, so a warp holds one block of the output
+            const int64_t at_out = int64_t(h0 + r) * hd + j;
+            out[at_out] = acc / sum;
+            if (xq) quantize_act_warp(ctx, acc / sum, j % 32, xq[at_out / 32]);
+            continue;
+        }
         float* dst = partials + (int64_t(h0 + r) * splits + sp) * (hd + 2);
         dst[j] = acc;
         if (j == 0) {
@@ -397,7 +407,7 @@ KVGEN_HD void attention_decode_body(const Ctx& ctx, const float* __restrict__ q,
             dst[hd + 1] = sum;
         }
     }
-    if (!counters) return;
+    if (!counters || direct) return;
     ctx.sync();  // the block's partials are written, and sm is free
     int* last = reinterpret_cast<int*>(sm);
     if (ctx.thread() == 0) {

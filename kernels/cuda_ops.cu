@@ -112,7 +112,7 @@ private:
     bool graphs_;
     bool int_matvec_;  // Settings::cuda_int_matvec
     bool pdl_;         // Settings::cuda_pdl on a device that has it (sm_90 and later)
-    bool wide_;        // Settings::cuda_matvec_rows == 8 (the default): one token's Q4_0 / Q8_0 products, 8 rows
+    bool wide_;        // Settings::cuda_matvec_rows == 8 (the default): one token's Q4_0 / Q8_0 / Q4_K products, 8 rows
     bool qkv_store_;   // Settings::cuda_qkv_store
     bool kv_stored_ = false;      // the last norm_qkv() also rotated Q and K and stored K and V (QkvStore)
     bool att_quantized_ = false;  // the last attention() also wrote its output into xq_

@@ -174,25 +174,14 @@ KVGEN_HD void words_of(const uint4& v, uint32_t* w) {
     w[3] = v.w;
 }
 
-// The 6-bit scales and mins of Q4_K sub-blocks 2p and 2p + 1, from the 12 packed scale bytes held as three words:
-// sc[0..1] in bytes 0, 1 of the first result, mins in bytes 0, 1 of the second. Sub-blocks 0..3 keep theirs in the
-// low 6 bits of bytes 0..3 (scales) and 4..7 (mins); 4..7 have their low 4 bits in bytes 8..11 and their top 2 bits
-// in the top bits of bytes 0..7. Two 16-bit lanes at a time, without branches (the lanes of a warp hold different p).
-KVGEN_HD void k4_pair_scales(const uint32_t (&w)[3], int p, uint32_t* sc, uint32_t* mn) {
-    const int sh = 16 * (p & 1);
-    const uint32_t u0 = (w[0] >> sh) & 0xffffu, u1 = (w[1] >> sh) & 0xffffu, u2 = (w[2] >> sh) & 0xffffu;
-    const bool first = p < 2;
-    *sc = first ? (u0 & 0x3f3fu) : ((u2 & 0x0f0fu) | ((u0 & 0xc0c0u) >> 2));
-    *mn = first ? (u1 & 0x3f3fu) : (((u2 >> 4) & 0x0f0fu) | ((u1 & 0xc0c0u) >> 2));
-}
-
 // The integer decode product works in units of 32 weights of a row, unit u of n_units = cols / 32, each read by
 // a lane with 16-byte loads:
 //   Q4_0  block u: its 16 bytes of nibbles; activations: block u whole.
 //   Q8_0  block u: its 32 bytes; activations: block u whole.
 //   Q4_K  super-block u / 8, k = u % 8: the 16 bytes 16 k of qs, low nibbles values 16 (k % 2) .. + 15 of
-//         sub-block 2 (k / 2), high nibbles the same values of sub-block 2 (k / 2) + 1; the super-block's 16 header
-//         bytes (d, dmin, scales) one more 16-byte load, shared through L1 by its 8 units.
+//         sub-block 2 (k / 2), high nibbles the same values of sub-block 2 (k / 2) + 1; the pair's scale word
+//         (sc[2p], sc[2p + 1], m[2p], m[2p + 1] for p = k / 2) and the super-block's d and dmin, two 4-byte loads
+//         shared by 2 and 8 units.
 //   Q6_K  super-block u / 8, k = u % 8: half h = k / 4, g = k % 2, ql bytes 64 h + 32 ((k / 2) % 2) + 16 g (16),
 //         qh bytes 128 + 32 h + 16 g (16): values 16 g .. + 15 of quarter (k / 2) % 2 (low nibbles) and of the
 //         quarter two further (high nibbles).
@@ -267,27 +256,28 @@ KVGEN_HD float unit_dot(const UnitWeights<GgmlType::Q8_0>& w, int, const UnitAct
 
 template <>
 struct UnitWeights<GgmlType::Q4_K> {
-    uint4 head;  // the super-block's d, dmin and 12 scale bytes
-    uint4 q;     // 16 bytes of qs
+    uint4 q;      // 16 bytes of qs
+    uint32_t sm;  // the pair's scales and mins
+    uint32_t dd;  // the super-block's d and dmin
 };
-KVGEN_HD void load_unit(const uint8_t* __restrict__ row, int u, int, UnitWeights<GgmlType::Q4_K>& w) {
-    const uint8_t* b = row + (u / 8) * 144;
-    w.head = ld16(b);
-    w.q = ld16(b + 16 + 16 * (u % 8));
+KVGEN_HD void load_unit(const uint8_t* __restrict__ row, int u, int n_units, UnitWeights<GgmlType::Q4_K>& w) {
+    const int sb = u / 8, k = u % 8, n_super = n_units / 8;
+    w.q = ld16(row + 128 * sb + 16 * k);
+    w.sm = ld_u32(row + q4k_scales_at(n_super) + 16 * sb + 4 * (k / 2));
+    w.dd = ld_u32(row + q4k_d_at(n_super) + 4 * sb);
 }
-KVGEN_HD float unit_dot(const UnitWeights<GgmlType::Q4_K>& w, int u, const UnitActs& a, float acc) {
-    const uint32_t packed[3] = {w.head.y, w.head.z, w.head.w};
-    uint32_t v[4], lo[4], hi[4], sc, mn;
+KVGEN_HD float unit_dot(const UnitWeights<GgmlType::Q4_K>& w, int, const UnitActs& a, float acc) {
+    uint32_t v[4], lo[4], hi[4];
     words_of(w.q, v);
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
         lo[m] = v[m] & 0x0f0f0f0fu;
         hi[m] = (v[m] >> 4) & 0x0f0f0f0fu;
     }
-    k4_pair_scales(packed, (u % 8) / 2, &sc, &mn);
-    const float d = half_bits(uint16_t(w.head.x & 0xffffu)), dmin = half_bits(uint16_t(w.head.x >> 16));
-    const int dot0 = int(sc & 0xffu) * dot_words<4>(lo, a.xw), dot1 = int(sc >> 8) * dot_words<4>(hi, a.xw + 8);
-    const int min0 = int(mn & 0xffu) * a.s[0], min1 = int(mn >> 8) * a.s[1];
+    const float d = half_bits(uint16_t(w.dd & 0xffffu)), dmin = half_bits(uint16_t(w.dd >> 16));
+    const int dot0 = int(w.sm & 0xffu) * dot_words<4>(lo, a.xw);
+    const int dot1 = int((w.sm >> 8) & 0xffu) * dot_words<4>(hi, a.xw + 8);
+    const int min0 = int((w.sm >> 16) & 0xffu) * a.s[0], min1 = int(w.sm >> 24) * a.s[1];
     const float sd = fmaf(a.d[0], float(dot0), a.d[1] * float(dot1));
     const float sm = fmaf(a.d[0], float(min0), a.d[1] * float(min1));
     return acc + fmaf(d, sd, -(dmin * sm));
@@ -350,12 +340,12 @@ KVGEN_HD constexpr int mvi_rows(int nm, int nt) {
 constexpr int kMviRows = mvi_rows<GgmlType::Q4_0>(1, 1);     // one token: rows per block of one matrix (4, any type)
 constexpr int kMviGluRows = mvi_rows<GgmlType::Q4_0>(2, 1);  // one token: of each of gate and up (2)
 // By default (--cuda-matvec-rows 8), one token's products of the types whose threads then still fit in 128 registers
-// without spilling (sm_90: Q4_0 94, Q8_0 115; Q4_K and Q6_K would spill) take twice the rows a block: each thread has
+// without spilling (sm_90: Q4_0 94, Q8_0 115, Q4_K 100; Q6_K would spill) take twice the rows a block: each thread has
 // twice the 16-byte loads in flight, and the launch has half the blocks (H200, 7B tg128: Q4_0 +1.4%, Q8_0 +4.7%). A
 // row's sum is the same bits whatever the rows a block: its threads' shares and their reduction do not depend on them.
 constexpr int kMviWideRows = 2 * kMviRows;
 KVGEN_HD constexpr bool mvi_wide_type(GgmlType t) {
-    return t == GgmlType::Q4_0 || t == GgmlType::Q8_0;
+    return t == GgmlType::Q4_0 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K;
 }
 // Calls f(std::integral_constant<int, R>{}) with the rows a block of NM matrices of type T takes for NT tokens:
 // mvi_rows, or twice that for one token of a wide type when wide.

@@ -56,15 +56,16 @@ KVGEN_HD uint4 ld16(const uint8_t* p) {
 #endif
 }
 
-// Where a kernel reads or writes `bytes` (8 or 16) at p with one vector access: on the host a misaligned p throws, as
-// ld16 does, since the device would fault; nothing on the device.
+// Where a kernel reads or writes `bytes` (4, 8 or 16) at p with one vector access: on the host a misaligned p throws,
+// as ld16 does, since the device would fault; nothing on the device.
 KVGEN_HD void check_aligned(const void* p, unsigned bytes) {
 #if !defined(__CUDA_ARCH__)
     if (reinterpret_cast<uintptr_t>(p) % bytes != 0) throw std::logic_error("a vector access at a misaligned address");
 #endif
 }
 
-// One byte, and two at a 2-byte aligned address, through the read-only path on the device.
+// One byte, two at a 2-byte aligned address and four at a 4-byte aligned one, through the read-only path on the
+// device (on the host a misaligned 4-byte load throws, as ld16 does).
 KVGEN_HD uint8_t ld_u8(const uint8_t* p) {
 #if defined(__CUDA_ARCH__)
     return __ldg(p);
@@ -78,6 +79,16 @@ KVGEN_HD uint16_t ld_u16(const uint8_t* p) {
 #else
     uint16_t v;
     std::memcpy(&v, p, 2);
+    return v;
+#endif
+}
+KVGEN_HD uint32_t ld_u32(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+    return __ldg(reinterpret_cast<const unsigned int*>(p));
+#else
+    check_aligned(p, 4);
+    uint32_t v;
+    std::memcpy(&v, p, 4);
     return v;
 #endif
 }
@@ -254,18 +265,21 @@ struct Dq<GgmlType::Q3_K> {
     }
 };
 
-// Q4_K (144 bytes: d, dmin, scales[12], qs[128]). Chunk s: bytes 32 * (s / 2) of qs, low nibbles for even s.
+// Q4_K, planar: super-block b's qs[128] at 128 b, its scales and mins unpacked after all the row's quants (a word per
+// pair of sub-blocks: sc[2p], sc[2p + 1], m[2p], m[2p + 1]), its d and dmin after them. Chunk s of the super-block:
+// bytes 32 (s / 2) of qs, low nibbles for even s.
 template <>
 struct Dq<GgmlType::Q4_K> {
-    static constexpr int kWeights = 256, kBytes = 144, kChunks = 8;
-    KVGEN_HD static void chunk(const uint8_t* b, int s, float (&w)[32]) {
-        float sc, m;
-        k4_scale_min_dev(s, b + 4, &sc, &m);
-        const float dl = h2f(b) * sc, ml = h2f(b + 2) * m;
+    KVGEN_HD static void planar_chunk(const uint8_t* row, int64_t c, int64_t cpr, float (&w)[32]) {
+        const int64_t sb = c / 8, n_super = cpr / 8;
+        const int s = int(c % 8);
+        const uint8_t* sm = row + q4k_scales_at(n_super) + 16 * sb + 4 * (s / 2) + s % 2;
+        const uint8_t* dd = row + q4k_d_at(n_super) + 4 * sb;
+        const float dl = h2f(dd) * float(ld_u8(sm)), ml = h2f(dd + 2) * float(ld_u8(sm + 2));
         const int shift = 4 * (s % 2);
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
-            const uint4 v4 = ld16(b + 16 + 32 * (s / 2) + 16 * k);
+            const uint4 v4 = ld16(row + 128 * sb + 32 * (s / 2) + 16 * k);
             const uint32_t v[4] = {v4.x, v4.y, v4.z, v4.w};
 #pragma unroll
             for (int e = 0; e < 4; ++e)

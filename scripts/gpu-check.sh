@@ -23,8 +23,8 @@
 #      (SHAPE-T-warpattn), and pp512 / tg128 at those depths with --kv-type q8_0 and q4_0 (SHAPE-T-kvq8_0, -kvq4_0);
 #      for every file, tg128 with --cuda-pdl off (SHAPE-T-nopdl: the decode products launched without programmatic
 #      dependent launch), for F16 tg128 with --cuda-f16-matvec warp (SHAPE-F16-warpf16: a warp over 2 rows instead
-#      of a block of warps over 4), for Q4_0 and Q8_0 tg128 with --cuda-matvec-rows 4 (SHAPE-T-rows4: 4 rows a block of the
-#      one-token products instead of 8; with --quick also the per-kernel table of the first of them),
+#      of a block of warps over 4), for Q4_0, Q8_0 and Q4_K_M tg128 with --cuda-matvec-rows 4 (SHAPE-T-rows4: 4 rows a
+#      block of the one-token products instead of 8; with --quick also the per-kernel table of the first of them),
 #      and for the quantized ones pp512 with --cuda-gemm mma (SHAPE-T-mmagemm: the prefill products in one kernel
 #      that decodes each weight tile into shared memory, against cuBLAS on decoded chunks), pp512 with
 #      --cuda-gemm-chunk 64 and 0 (SHAPE-T-chunk64, -chunk0: cuBLAS on 64 MiB chunks of decoded rows and on whole
@@ -346,7 +346,7 @@ for shape in "${shapes[@]}"; do
                 >"$work/speed/$name-warpf16.bench.json" 2>>"$out/log.txt" ||
                 log "$name: bench with --cuda-f16-matvec warp failed"
         fi
-        if [[ $t == Q4_0 || $t == Q8_0 ]]; then  # one token's products with 4 rows a block (the default: 8)
+        if [[ $t == Q4_0 || $t == Q8_0 || $t == Q4_K_M ]]; then  # one token's products with 4 rows a block (default 8)
             cp "$work/speed/$name.inspect.json" "$work/speed/$name-rows4.inspect.json"
             bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-matvec-rows 4 -p 0 -n 128 -d 0 -r 2 -o json \
                 >"$work/speed/$name-rows4.bench.json" 2>>"$out/log.txt" || log "$name: bench with 4 rows failed"
@@ -395,7 +395,7 @@ for shape in "${shapes[@]}"; do
         # --quick profiles every type (its one shape); the full run the KV comparison's model alone
         if [[ -n $ncu || -n $ncu_csv ]] && { ((quick)) || [[ $name == "$kv_name" ]]; }; then
             profile_kernels "$f" "$name"
-            if ((quick && !rows4_profiled)) && [[ $t == Q4_0 || $t == Q8_0 ]]; then  # the first such type only
+            if ((quick && !rows4_profiled)) && [[ $t == Q4_0 || $t == Q8_0 || $t == Q4_K_M ]]; then  # the first only
                 profile_kernels "$f" "$name-rows4" --cuda-matvec-rows 4
                 rows4_profiled=1
             fi

@@ -341,7 +341,7 @@ int main(int argc, char** argv) {
                     "launches it after");
     int cuda_matvec_rows = 8;
     app.add_option("--cuda-matvec-rows", cuda_matvec_rows,
-                   "CUDA: rows of a matrix one block of one token's Q4_0 and Q8_0 integer products takes: 8 (the "
+                   "CUDA: rows of a matrix one block of one token's Q4_0, Q8_0 and Q4_K integer products takes: 8 (the "
                    "default: twice the weight loads in flight a thread, half the blocks) or 4, to compare; the same "
                    "results")
         ->check(CLI::IsMember({4, 8}));
