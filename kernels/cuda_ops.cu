@@ -123,6 +123,8 @@ private:
     bool flash_;       // Settings::cuda_flash_attention
     bool mma_gemm_;    // Settings::cuda_mma_gemm
     int64_t gemm_chunk_;  // Settings::cuda_gemm_chunk_mib in weights (gemm_chunk_rows; 0: whole matrices)
+    bool gemm_overlap_;   // Settings::cuda_gemm_overlap: gemm_weight decodes on overlap_.side
+    GemmOverlap overlap_;  // its stream and events (made in the constructor, freed by release)
     // The step begin() announced: its first position, and whether it writes the last of the first kKvOffsetPositions
     // rows of a K with offsets and so sets them (engine/kv_offset.h).
     int pos0_ = 0;
@@ -166,7 +168,8 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
       f16_block_(s.cuda_f16_block),
       flash_(s.cuda_flash_attention),
       mma_gemm_(s.cuda_mma_gemm),
-      gemm_chunk_(gemm_chunk_elems_of_mib(s.cuda_gemm_chunk_mib)) {
+      gemm_chunk_(gemm_chunk_elems_of_mib(s.cuda_gemm_chunk_mib)),
+      gemm_overlap_(s.cuda_gemm_overlap) {
     KVGEN_CUDA_CHECK(cudaSetDevice(device_));
     int major = 0;
     KVGEN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
@@ -174,10 +177,17 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
     mma_dev_ = gemm_mma_device(device_);
     sm_count_ = mma_dev_.sm_count;
     splits_ = attention_splits(c_.n_heads, kv_, sm_count_);
-    const MemoryPlan p = plan_memory(model, kv_, n_batch_, n_logits_,
-                                     attention_partials(c_.n_heads, c_.head_dim, splits_, n_batch_), gemm_chunk_);
+    const MemoryPlan p =
+        plan_memory(model, kv_, n_batch_, n_logits_, attention_partials(c_.n_heads, c_.head_dim, splits_, n_batch_),
+                    gemm_chunk_, gemm_overlap_);
     KVGEN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     try {
+        if (gemm_overlap_) {
+            KVGEN_CUDA_CHECK(cudaStreamCreateWithFlags(&overlap_.side, cudaStreamNonBlocking));
+            for (cudaEvent_t* e : {&overlap_.start, &overlap_.decoded[0], &overlap_.decoded[1], &overlap_.multiplied[0],
+                                   &overlap_.multiplied[1]})
+                KVGEN_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+        }
         check_cublas(cublasCreate(&cublas_), "cublasCreate");
         check_cublas(cublasSetStream(cublas_, stream_), "cublasSetStream");
         KVGEN_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&base_), p.total));
@@ -234,6 +244,13 @@ void CudaOps::release() {
     h_logits_ = nullptr;
     if (cublas_) cublasDestroy(cublas_);
     cublas_ = nullptr;
+    for (cudaEvent_t* e : {&overlap_.start, &overlap_.decoded[0], &overlap_.decoded[1], &overlap_.multiplied[0],
+                           &overlap_.multiplied[1]}) {
+        if (*e) cudaEventDestroy(*e);
+        *e = nullptr;
+    }
+    if (overlap_.side) cudaStreamDestroy(overlap_.side);
+    overlap_.side = nullptr;
     if (stream_) cudaStreamDestroy(stream_);
     stream_ = nullptr;
 }
@@ -329,7 +346,8 @@ void CudaOps::proj_f16(const RowSplit& out, const DevWeight& w, int n, bool accu
         return;
     }
     KVGEN_ASSERT(out.end[0] == w.rows);  // one buffer
-    gemm_weight(cublas_, out.y[0], w, xh_, n, accumulate, wh_, stream_, gemm_chunk_);
+    gemm_weight(cublas_, out.y[0], w, xh_, n, accumulate, wh_, stream_, gemm_chunk_,
+                gemm_overlap_ ? &overlap_ : nullptr);
 }
 
 void CudaOps::embed(float* x, int n) {
@@ -558,7 +576,7 @@ CudaMemoryPlan plan_memory(const Model& model, const Settings& s) {
     const int splits = attention_max_splits(kv), n_batch = s.batch_size(kv.n_ctx);
     const MemoryPlan p = plan_memory(model, kv, n_batch, s.logits_rows(kv.n_ctx),
                                      attention_partials(c.n_heads, c.head_dim, splits, n_batch),
-                                     gemm_chunk_elems_of_mib(s.cuda_gemm_chunk_mib));
+                                     gemm_chunk_elems_of_mib(s.cuda_gemm_chunk_mib), s.cuda_gemm_overlap);
     return CudaMemoryPlan{p.weights, p.kv_cache, p.buffers};
 }
 

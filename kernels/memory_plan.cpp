@@ -24,7 +24,7 @@ std::vector<const WeightView*> device_weights(const Model& m) {
 }
 
 MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int n_logits, int64_t partial_floats,
-                       int64_t chunk_elems) {
+                       int64_t chunk_elems, bool gemm_overlap) {
     const Config& c = m.config;
     MemoryPlan p;
     size_t end = 0;
@@ -82,8 +82,8 @@ MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int n_lo
     p.cos = place(nb * half, 4);
     p.sin = place(nb * half, 4);
     int64_t wh = 0;  // the largest chunk of a layer matrix that the prefill GEMM decodes to f16 (gemm_weight)
-    auto scratch = [chunk_elems](const WeightView& w) {
-        return gemm_scratch_elems(w.type, w.rows, w.cols, chunk_elems);
+    auto scratch = [chunk_elems, gemm_overlap](const WeightView& w) {
+        return gemm_scratch_elems(w.type, w.rows, w.cols, chunk_elems, gemm_overlap);
     };
     if (n_batch > 1)
         for (const LayerWeights& L : m.weights.layers)

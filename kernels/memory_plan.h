@@ -35,10 +35,15 @@ inline int64_t gemm_chunk_rows(int64_t rows, int64_t cols, int64_t chunk_elems =
     const int64_t r = fit > kGemmChunkRowStep ? fit : kGemmChunkRowStep;
     return r < rows ? r : rows;
 }
-// Halves of scratch gemm_weight needs for a rows x cols weight of type t (none for F16, used in place).
-inline int64_t gemm_scratch_elems(GgmlType t, int64_t rows, int64_t cols, int64_t chunk_elems = kGemmChunkElems) {
+// Halves of scratch gemm_weight needs for a rows x cols weight of type t (none for F16, used in place); with overlap
+// (--cuda-gemm-overlap), two chunks where the matrix takes more than one.
+inline int64_t gemm_scratch_elems(GgmlType t, int64_t rows, int64_t cols, int64_t chunk_elems = kGemmChunkElems,
+                                  bool overlap = false) {
     if (t == GgmlType::F16) return 0;
-    return cols % 32 != 0 ? rows * cols : gemm_chunk_rows(rows, cols, chunk_elems) * cols;
+    if (cols % 32 != 0) return rows * cols;
+    const int64_t step = gemm_chunk_rows(rows, cols, chunk_elems);
+    const int64_t two = 2 * step < rows ? 2 * step : rows;
+    return (overlap ? two : step) * cols;
 }
 
 // With --cuda-gemm mma the product is one kernel (gemm_mma_body, prefill_gemm.cuh) whose block owns kQgRows rows and
@@ -126,7 +131,7 @@ struct MemoryPlan {
     Region partials;   // flash-decoding partial results, attention_partials() floats
     Region cos, sin;   // [n_batch][rope_dim / 2]
     Region xh;         // f16 [n_batch][max(n_embd, n_heads head_dim, n_ff)]: prefill GEMM input (n_batch > 1)
-    Region wh;         // f16, the largest chunk gemm_weight decodes for the prefill GEMM, gemm_scratch_elems
+    Region wh;         // f16, the largest scratch gemm_weight decodes into for the prefill GEMM, gemm_scratch_elems
                        // (n_batch > 1; the output matrix counts when n_logits > 1)
     Region step;       // int [2 + n_batch]: pos0, n, the step's tokens
     Region xq;         // ActBlock [min(n_batch, kIntBatchTokens)][max(n_embd, n_heads head_dim, n_ff) / 32]: the
@@ -150,8 +155,8 @@ std::vector<const WeightView*> device_weights(const Model& m);
 
 // partial_floats: what attention_decode needs for the split count in use (an upper bound when planning ahead);
 // n_logits: rows of logits kept (1, or n_batch for Settings::all_logits); chunk_elems: the prefill GEMM's chunk
-// (gemm_chunk_rows).
+// (gemm_chunk_rows); gemm_overlap: scratch for two chunks (gemm_scratch_elems).
 MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int n_logits, int64_t partial_floats,
-                       int64_t chunk_elems = kGemmChunkElems);
+                       int64_t chunk_elems = kGemmChunkElems, bool gemm_overlap = false);
 
 }  // namespace kvgen::cuda

@@ -865,7 +865,7 @@ void dequantize_rows_f16(__half* out, const DevWeight& w, int64_t r0, int64_t n_
 }
 
 void gemm_weight(cublasHandle_t h, float* out, const DevWeight& w, const __half* x, int n, bool accumulate,
-                 __half* scratch, cudaStream_t s, int64_t chunk_elems) {
+                 __half* scratch, cudaStream_t s, int64_t chunk_elems, const GemmOverlap* overlap) {
     if (w.type == GgmlType::F16) {  // used in place
         gemm_f16_rows(h, out, w.rows, reinterpret_cast<const __half*>(w.data), x, w.rows, n, w.cols, accumulate);
         return;
@@ -875,12 +875,30 @@ void gemm_weight(cublasHandle_t h, float* out, const DevWeight& w, const __half*
         gemm_f16_rows(h, out, w.rows, scratch, x, w.rows, n, w.cols, accumulate);
         return;
     }
-    // note: one stream orders each chunk's decode after the previous chunk's GEMM, which read the same scratch.
     const int64_t step = gemm_chunk_rows(w.rows, w.cols, chunk_elems);
-    for (int64_t r0 = 0; r0 < w.rows; r0 += step) {
+    if (!overlap || step >= w.rows) {
+        // note: one stream orders each chunk's decode after the previous chunk's GEMM, which read the same scratch.
+        for (int64_t r0 = 0; r0 < w.rows; r0 += step) {
+            const int64_t nr = std::min(step, w.rows - r0);
+            dequantize_rows_f16(scratch, w, r0, nr, s);
+            gemm_f16_rows(h, out + r0, w.rows, scratch, x, nr, n, w.cols, accumulate);
+        }
+        return;
+    }
+    // The side stream starts after everything before on s (the last product's GEMMs read the same scratch); s waits
+    // for each chunk's decoding before its GEMM, so it has joined the side stream when the loop ends.
+    KVGEN_CUDA_CHECK(cudaEventRecord(overlap->start, s));
+    KVGEN_CUDA_CHECK(cudaStreamWaitEvent(overlap->side, overlap->start, 0));
+    for (int64_t k = 0, r0 = 0; r0 < w.rows; ++k, r0 += step) {
+        const int b = int(k % 2);
         const int64_t nr = std::min(step, w.rows - r0);
-        dequantize_rows_f16(scratch, w, r0, nr, s);
-        gemm_f16_rows(h, out + r0, w.rows, scratch, x, nr, n, w.cols, accumulate);
+        __half* buf = scratch + b * step * w.cols;
+        if (k >= 2) KVGEN_CUDA_CHECK(cudaStreamWaitEvent(overlap->side, overlap->multiplied[b], 0));
+        dequantize_rows_f16(buf, w, r0, nr, overlap->side);
+        KVGEN_CUDA_CHECK(cudaEventRecord(overlap->decoded[b], overlap->side));
+        KVGEN_CUDA_CHECK(cudaStreamWaitEvent(s, overlap->decoded[b], 0));
+        gemm_f16_rows(h, out + r0, w.rows, buf, x, nr, n, w.cols, accumulate);
+        KVGEN_CUDA_CHECK(cudaEventRecord(overlap->multiplied[b], s));
     }
 }
 

@@ -129,12 +129,25 @@ void to_f16(__half* y, const float* x, int64_t count, cudaStream_t s);
 // Rows [r0, r0 + n_rows) of w (cols a multiple of 32) decoded to f16, row-major, into out (16-byte aligned). Twin:
 // dequantize_row of those rows, rounded to f16.
 void dequantize_rows_f16(__half* out, const DevWeight& w, int64_t r0, int64_t n_rows, cudaStream_t s);
+// A second stream and its events for gemm_weight to decode a weight's next chunk of rows while cuBLAS multiplies the
+// one before (--cuda-gemm-overlap): the decoding kernel, bound by memory, runs beside a GEMM whose few tiles (a 16 MiB
+// chunk of 4096-column rows: 16 of 128 x 128 at 512 tokens) leave most SMs idle. Made and freed by its owner.
+struct GemmOverlap {
+    cudaStream_t side = nullptr;
+    cudaEvent_t start = nullptr;     // recorded on the main stream at entry: what came before, done first
+    cudaEvent_t decoded[2] = {};     // chunk buffer b written (side stream)
+    cudaEvent_t multiplied[2] = {};  // chunk buffer b read by its GEMM (main stream)
+};
 // The prefill product of any weight: out[n][rows] = x[n][cols] . W^T (+= when accumulate) with x in f16. F16 weights
 // go to cuBLAS in place; the rest are decoded chunk by chunk (prefill_gemm.cuh) into scratch, which holds
-// gemm_scratch_elems(w.type, w.rows, w.cols, chunk_elems) halves (memory_plan.h), and each chunk multiplied there.
-// The cuBLAS handle must be on stream s. Twin: the product of the f16-rounded operands in double.
+// gemm_scratch_elems(w.type, w.rows, w.cols, chunk_elems, overlap != null) halves (memory_plan.h), and each chunk
+// multiplied there: one after the other on stream s, or with overlap, chunk k + 1 decoded on its side stream into the
+// other half of scratch while chunk k is multiplied on s (chunk k + 2's decoding waits for chunk k's GEMM). The same
+// GEMMs of the same chunks either way, so the same bits. The cuBLAS handle must be on stream s. Twin: the product of
+// the f16-rounded operands in double.
 void gemm_weight(cublasHandle_t h, float* out, const DevWeight& w, const __half* x, int n, bool accumulate,
-                 __half* scratch, cudaStream_t s, int64_t chunk_elems = kGemmChunkElems);
+                 __half* scratch, cudaStream_t s, int64_t chunk_elems = kGemmChunkElems,
+                 const GemmOverlap* overlap = nullptr);
 void check_cublas(cublasStatus_t st, const char* what);
 // The same product in one kernel (gemm_mma_body, prefill_gemm.cuh: each weight tile decoded into shared memory and
 // multiplied there on the tensor cores, nothing written out; --cuda-gemm mma) for the weights gemm_mma_ok accepts

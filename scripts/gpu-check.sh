@@ -28,7 +28,8 @@
 #      and for the quantized ones pp512 with --cuda-gemm mma (SHAPE-T-mmagemm: the prefill products in one kernel
 #      that decodes each weight tile into shared memory, against cuBLAS on decoded chunks), pp512 with
 #      --cuda-gemm-chunk 64 and 0 (SHAPE-T-chunk64, -chunk0: cuBLAS on 64 MiB chunks of decoded rows and on whole
-#      matrices, against the default 16 MiB) and pp16 and tg128 with
+#      matrices, against the default 16 MiB), pp512 with --cuda-gemm-overlap off (SHAPE-T-nooverlap: each chunk
+#      decoded and multiplied in turn on one stream, not the next decoded on a second) and pp16 and tg128 with
 #      --cuda-kv-store kernel (SHAPE-T-storekernel: RoPE and the K/V store in their own launch, not in the Q|K|V
 #      products), and tg128 with --cuda-norm kernel (SHAPE-T-normkernel: each RMSNorm in its own launch, not folded
 #      into the residual product before it);
@@ -362,6 +363,10 @@ for shape in "${shapes[@]}"; do
                     -o json >"$work/speed/$name-chunk$mib.bench.json" 2>>"$out/log.txt" ||
                     log "$name: bench with --cuda-gemm-chunk $mib failed"
             done
+            cp "$work/speed/$name.inspect.json" "$work/speed/$name-nooverlap.inspect.json"
+            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-gemm-overlap off -p 512 -n 0 -d 0 -r 2 -o json \
+                >"$work/speed/$name-nooverlap.bench.json" 2>>"$out/log.txt" ||
+                log "$name: bench with --cuda-gemm-overlap off failed"
         fi
         if [[ $t != F16 ]]; then  # RoPE and the K/V store in a launch of their own, not the Q|K|V products' epilogue
             cp "$work/speed/$name.inspect.json" "$work/speed/$name-storekernel.inspect.json"

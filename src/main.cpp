@@ -369,6 +369,10 @@ int main(int argc, char** argv) {
                    "default: a chunk the L2 cache holds; more rows a chunk fill more of the GPU per cuBLAS call), or "
                    "0 for the whole matrix at once; the same operands, sums within f32 rounding")
         ->check(CLI::Range(0, 4096));
+    add_cuda_choice(app, "--cuda-gemm-overlap", &gen.run.cuda_gemm_overlap, {"on", "off"}, "on",
+                    "CUDA, --cuda-gemm cublas: on (the default) decodes a weight's next chunk on a second stream "
+                    "while cuBLAS multiplies the one before, into the other of two chunks of scratch; off decodes and "
+                    "multiplies in turn on one stream, to compare; the same results");
     std::string math = "exact";
     app.add_option("--math", math,
                    "CPU products of quantized weights: exact (activations rounded to 16 bits, the default), fast "

@@ -118,6 +118,9 @@ TEST_CASE("the bench backend column names the CUDA options that differ from the 
     s.cuda_gemm_chunk_mib = 0;
     CHECK(cuda_options_name(s) ==
           "--no-cuda-graphs --cuda-pdl off --cuda-matvec-rows 4 --cuda-gemm mma --cuda-gemm-chunk 0");
+    s = Settings{};
+    s.cuda_gemm_overlap = false;
+    CHECK(cuda_options_name(s) == "--cuda-gemm-overlap off");
     Settings t;
     t.cuda_int_matvec = t.cuda_flash_attention = t.cuda_qkv_store = false;
     CHECK(cuda_options_name(t) == "--cuda-matvec f32 --cuda-attention warp --cuda-kv-store kernel");

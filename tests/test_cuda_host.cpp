@@ -298,6 +298,9 @@ TEST_CASE("the prefill GEMM's chunks stay within the L2-sized scratch, in whole 
             CHECK((r == rows || r % cuda::kGemmChunkRowStep == 0));
             CHECK((r * cols <= cuda::kGemmChunkElems || r == cuda::kGemmChunkRowStep || r == rows));
             CHECK(cuda::gemm_scratch_elems(GgmlType::Q4_K, rows, cols) == r * cols);
+            // --cuda-gemm-overlap: two chunks' room where there are two or more
+            CHECK(cuda::gemm_scratch_elems(GgmlType::Q4_K, rows, cols, cuda::kGemmChunkElems, true) ==
+                  std::min(2 * r, rows) * cols);
             CHECK(cuda::gemm_scratch_elems(GgmlType::F16, rows, cols) == 0);
         }
     // --cuda-gemm-chunk: 64 MiB (32M weights) holds four times the rows; 0, the whole matrix
@@ -308,6 +311,9 @@ TEST_CASE("the prefill GEMM's chunks stay within the L2-sized scratch, in whole 
     CHECK(gemm_chunk_rows(4096, 11008, big) == 2816);  // 512 at 16 MiB
     CHECK(gemm_chunk_rows(11008, 4096, 0) == 11008);
     CHECK(cuda::gemm_scratch_elems(GgmlType::Q4_0, 11008, 4096, 0) == 11008 * 4096);
+    CHECK(cuda::gemm_scratch_elems(GgmlType::Q4_0, 11008, 4096, 0, true) == 11008 * 4096);  // one chunk: one buffer
+    CHECK(cuda::gemm_scratch_elems(GgmlType::Q4_0, 11008, 4096, cuda::kGemmChunkElems, true) == 2 * 2048 * 4096);
+    CHECK(cuda::gemm_scratch_elems(GgmlType::F16, 11008, 4096, cuda::kGemmChunkElems, true) == 0);
 }
 
 TEST_CASE("the CUDA memory plan counts weights, the f16 KV cache and buffers", "[cuda-host]") {

@@ -401,10 +401,19 @@ TEST_CASE("the prefill GEMM of a weight larger than one decoded chunk covers eve
                     want[size_t(i) * size_t(rows) + size_t(r)] = float(s);
                 }
             require_close(ct::gemm({t, rows, cols, &b}, x, n, nullptr), want, 1e-5 * mag * double(cols) / 32);
-            // --cuda-gemm-chunk: the whole matrix at once, and 2 MiB (256 rows a chunk, 9 chunks)
-            for (const int mib : {0, 2})
-                require_close(ct::gemm({t, rows, cols, &b}, x, n, nullptr, false, 132, true, 2, mib), want,
-                              1e-5 * mag * double(cols) / 32);
+            // --cuda-gemm-chunk: the whole matrix at once, and 2 MiB (256 rows a chunk, 9 chunks); at 16 and 2 MiB
+            // with the next chunk decoded on a second stream (--cuda-gemm-overlap), the same bits as in turn, also
+            // added onto earlier sums
+            const std::vector<float> y0 = randn(size_t(n) * size_t(rows), 33);
+            for (const int mib : {0, 2, 16}) {
+                const std::vector<float> in_turn =
+                    ct::gemm({t, rows, cols, &b}, x, n, nullptr, false, 132, true, 2, mib);
+                require_close(in_turn, want, 1e-5 * mag * double(cols) / 32);
+                if (mib == 0) continue;
+                CHECK(ct::gemm({t, rows, cols, &b}, x, n, nullptr, false, 132, true, 2, mib, true) == in_turn);
+                CHECK(ct::gemm({t, rows, cols, &b}, x, n, &y0, false, 132, true, 2, mib, true) ==
+                      ct::gemm({t, rows, cols, &b}, x, n, &y0, false, 132, true, 2, mib));
+            }
             // --cuda-gemm mma in 64-token tiles (an H200's 132 SMs want more blocks than 128-token tiles give; at 20
             // tokens 18 blocks, so the columns split 8 ways) and in 128-token tiles (one SM)
             for (const int sms : {132, 1})

@@ -187,31 +187,45 @@ GemmMmaDevice mma_device(int sm_count, int stages) {
 }  // namespace
 
 std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0, bool mma,
-                        int sm_count, bool split, int stages, int chunk_mib) {
+                        int sm_count, bool split, int stages, int chunk_mib, bool overlap) {
     // The backend's prefill product: activations to f16, then gemm_weight (chunks of rows decoded into the scratch).
     const int64_t chunk = gemm_chunk_elems_of_mib(chunk_mib);
     Dev<uint8_t> b(device_bytes(w));
     Dev<float> dx(x);
-    Dev<__half> xh(x.size()), wh(size_t(std::max<int64_t>(1, gemm_scratch_elems(w.type, w.rows, w.cols, chunk))));
+    const int64_t scratch = gemm_scratch_elems(w.type, w.rows, w.cols, chunk, overlap);
+    Dev<__half> xh(x.size()), wh(size_t(std::max<int64_t>(1, scratch)));
     to_f16(xh.p, dx.p, int64_t(x.size()), nullptr);
     Dev<float> y(size_t(n) * size_t(w.rows));
     if (y0) KVGEN_CUDA_CHECK(cudaMemcpy(y.p, y0->data(), y0->size() * 4, cudaMemcpyHostToDevice));
     else poison(y);
     cublasHandle_t h = nullptr;
     check_cublas(cublasCreate(&h), "cublasCreate");
+    GemmOverlap ov;
+    auto free_overlap = [&ov] {
+        for (cudaEvent_t e : {ov.start, ov.decoded[0], ov.decoded[1], ov.multiplied[0], ov.multiplied[1]})
+            if (e) cudaEventDestroy(e);
+        if (ov.side) cudaStreamDestroy(ov.side);
+    };
     try {
+        if (overlap) {
+            KVGEN_CUDA_CHECK(cudaStreamCreateWithFlags(&ov.side, cudaStreamNonBlocking));
+            for (cudaEvent_t* e : {&ov.start, &ov.decoded[0], &ov.decoded[1], &ov.multiplied[0], &ov.multiplied[1]})
+                KVGEN_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+        }
         const DevWeight dw = dev_weight(w, b);
         if (mma && gemm_mma_ok(dw))
             gemm_weight_mma(RowSplit::one(y.p, w.rows), dw, xh.p, n, y0 != nullptr, mma_device(sm_count, stages),
                             split ? reinterpret_cast<float*>(wh.p) : nullptr,
                             int64_t(wh.n * sizeof(__half) / sizeof(float)), nullptr);
         else
-            gemm_weight(h, y.p, dw, xh.p, n, y0 != nullptr, wh.p, nullptr, chunk);
+            gemm_weight(h, y.p, dw, xh.p, n, y0 != nullptr, wh.p, nullptr, chunk, overlap ? &ov : nullptr);
         std::vector<float> out = y.get();
         cublasDestroy(h);
+        free_overlap();
         return out;
     } catch (...) {
         cublasDestroy(h);
+        free_overlap();
         throw;
     }
 }

@@ -62,9 +62,10 @@ std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, cons
 // gemm_mma_ok, as the backend's --cuda-gemm mma, its tiles chosen for a device of sm_count SMs, its columns split
 // among blocks where that leaves SMs idle unless split is false, two stages of shared memory where the device has
 // room unless stages is 1); accumulate onto y0 when given. chunk_mib: the cuBLAS path's chunk (--cuda-gemm-chunk; 0:
-// the whole matrix).
+// the whole matrix); overlap: its chunks decoded on a second stream (--cuda-gemm-overlap).
 std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0,
-                        bool mma = false, int sm_count = 132, bool split = true, int stages = 2, int chunk_mib = 16);
+                        bool mma = false, int sm_count = 132, bool split = true, int stages = 2, int chunk_mib = 16,
+                        bool overlap = false);
 
 // The one-kernel product (gemm_weight_mma, x through to_f16) writing Q, K and V: rows [0, q_rows), the next k_rows
 // and the rest to three buffers, gathered back here into [n][rows].
