@@ -112,7 +112,8 @@ private:
     bool graphs_;
     bool int_matvec_;  // Settings::cuda_int_matvec
     bool pdl_;         // Settings::cuda_pdl on a device that has it (sm_90 and later)
-    bool wide_;        // Settings::cuda_matvec_rows == 8 (the default): one token's Q4_0 / Q8_0 / Q4_K products, 8 rows
+    MviShape mvi_;     // wide: Settings::cuda_matvec_rows == 8 (one token's Q4_0 / Q8_0 / Q4_K products, 8 rows a
+                       // block); pairs: Settings::cuda_matvec_unit == 64 (Q4_0 steps of two units)
     bool qkv_store_;   // Settings::cuda_qkv_store
     bool kv_stored_ = false;      // the last norm_qkv() also rotated Q and K and stored K and V (QkvStore)
     bool att_quantized_ = false;  // the last attention() also wrote its output into xq_
@@ -162,7 +163,7 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
       graphs_(s.cuda_graphs),
       int_matvec_(s.cuda_int_matvec),
       pdl_(false),
-      wide_(s.cuda_matvec_rows == 8),
+      mvi_{s.cuda_matvec_rows == 8, s.cuda_matvec_unit == 64},
       qkv_store_(s.cuda_qkv_store),
       norm_fold_(s.cuda_norm_fold),
       f16_block_(s.cuda_f16_block),
@@ -321,7 +322,7 @@ const ActBlock* CudaOps::quantized(const float* in, int64_t count) {
 void CudaOps::proj(float* out, const DevWeight& w, const float* in, int n, bool accumulate) {
     if (n <= kMvMaxTokens && use_int(w)) {  // one token, or a short prompt with each weight read once for 8 tokens
         matvec_int(RowSplit::one(out, w.rows), w, quantized(in, n * w.cols), n, accumulate, pdl_, stream_, nullptr,
-                   wide_);
+                   mvi_);
         return;
     }
     if (n == 1) {
@@ -382,16 +383,16 @@ void CudaOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int 
         const RowSplit qkv{{q, k, v}, {qd, qd + kvd}};
         const QkvStore st = store(qd, qd + kvd);
         if (in_int)
-            matvec_int(qkv, L.qkv, xin, n, false, pdl_, stream_, kv_stored_ ? &st : nullptr, wide_);
+            matvec_int(qkv, L.qkv, xin, n, false, pdl_, stream_, kv_stored_ ? &st : nullptr, mvi_);
         else
             matvec_split(qkv, L.qkv, xn_, stream_, f16_block_, pdl_);
         return;
     }
     if (in_int) {  // Q, K and V of different types (a Q4_K_M file's Q6_K V)
         const QkvStore sq = store(qd, qd), sk = store(0, kvd), sv = store(0, 0);
-        matvec_int(RowSplit::one(q, qd), L.wq, xin, n, false, pdl_, stream_, kv_stored_ ? &sq : nullptr, wide_);
-        matvec_int(RowSplit::one(k, kvd), L.wk, xin, n, false, pdl_, stream_, kv_stored_ ? &sk : nullptr, wide_);
-        matvec_int(RowSplit::one(v, L.wv.rows), L.wv, xin, n, false, pdl_, stream_, kv_stored_ ? &sv : nullptr, wide_);
+        matvec_int(RowSplit::one(q, qd), L.wq, xin, n, false, pdl_, stream_, kv_stored_ ? &sq : nullptr, mvi_);
+        matvec_int(RowSplit::one(k, kvd), L.wk, xin, n, false, pdl_, stream_, kv_stored_ ? &sk : nullptr, mvi_);
+        matvec_int(RowSplit::one(v, L.wv.rows), L.wv, xin, n, false, pdl_, stream_, kv_stored_ ? &sv : nullptr, mvi_);
         return;
     }
     if (n <= kMvMaxTokens) {  // a short prompt's f32 products
@@ -467,7 +468,7 @@ void CudaOps::out_proj_add(float* x, const float* att, int l, int n) {
 void CudaOps::residual_int(const DevWeight& w, const ActBlock* in, const float* norm_w, bool next_int) {
     norm_folded_ = norm_fold_ && next_int && xnq_ && w.rows == c_.n_embd;
     const NormStore ns{norm_w, xnq_, norm_sums_, norm_counters_, c_.rms_eps};
-    matvec_int(RowSplit::one(x_, w.rows), w, in, 1, true, pdl_, stream_, nullptr, wide_, norm_folded_ ? &ns : nullptr);
+    matvec_int(RowSplit::one(x_, w.rows), w, in, 1, true, pdl_, stream_, nullptr, mvi_, norm_folded_ ? &ns : nullptr);
 }
 
 const ActBlock* CudaOps::norm_int(const float* x, const float* w, int n) {
@@ -494,7 +495,7 @@ void CudaOps::norm_swiglu(float* h, const float* x, int l, int n) {
         rmsnorm(xn_, nullptr, x, L.ffn_norm, n, c_.n_embd, c_.rms_eps, pdl_, stream_);
     if (fused) {
         if (in_int)
-            matvec_glu_int(h, glu_quantized_ ? hq_ : nullptr, hq_counters_, L.gate, L.up, xin, n, pdl_, stream_, wide_);
+            matvec_glu_int(h, glu_quantized_ ? hq_ : nullptr, hq_counters_, L.gate, L.up, xin, n, pdl_, stream_, mvi_);
         else
             matvec_glu(h, L.gate, L.up, xn_, stream_, f16_block_, pdl_);
         return;
@@ -540,7 +541,7 @@ void CudaOps::head(float* logits, const float* x, int n) {
     }
     if (use_int(w_.output)) {
         const ActBlock* xin = norm_int(x, w_.output_norm, 1);
-        matvec_int(RowSplit::one(logits, w_.output.rows), w_.output, xin, 1, false, pdl_, stream_, nullptr, wide_);
+        matvec_int(RowSplit::one(logits, w_.output.rows), w_.output, xin, 1, false, pdl_, stream_, nullptr, mvi_);
         return;
     }
     rmsnorm(xn_, nullptr, x, w_.output_norm, 1, c_.n_embd, c_.rms_eps, pdl_, stream_);

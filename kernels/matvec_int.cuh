@@ -316,6 +316,51 @@ KVGEN_HD float unit_dot(const UnitWeights<GgmlType::Q6_K>& w, int u, const UnitA
     return fmaf(half_bits(w.d), fmaf(a.d[0], float(dot0), a.d[1] * float(dot1)), acc);
 }
 
+// Two consecutive units 2s and 2s + 1 of a Q4_0 row (a step of S = 2 units, --cuda-matvec-unit 64): a lane then has
+// 32 bytes of each row's quants in flight, as a Q8_0 unit does, and the two blocks' d in one 4-byte load. pair_dot
+// dots unit 2s + h as unit_dot does, the same bits. (Q4_K in pairs, 10 registers a row, spills at 8 rows a block on
+// sm_90, and at 4 rows holds fewer bytes in flight per SM than its steps of one unit at 8 rows.)
+KVGEN_HD constexpr bool mvi_pair_type(GgmlType t) {
+    return t == GgmlType::Q4_0;
+}
+template <GgmlType T>
+struct PairWeights;
+
+template <>
+struct PairWeights<GgmlType::Q4_0> {
+    uint4 q[2];
+    uint32_t d;  // block 2s's f16 d in the low half, 2s + 1's in the high half
+};
+// note: with n_units odd, the last step's second unit is past the row's blocks: its loads stay inside the row (the
+// scales' plane and the padding to 16 bytes follow the quants) and its dot is skipped.
+KVGEN_HD void load_pair(const uint8_t* __restrict__ row, int s, int n_units, PairWeights<GgmlType::Q4_0>& w) {
+    w.q[0] = ld16(row + 32 * s);
+    w.q[1] = ld16(row + 32 * s + 16);
+    w.d = ld_u32(row + 16 * n_units + 4 * s);
+}
+KVGEN_HD float pair_dot(const PairWeights<GgmlType::Q4_0>& w, int u, const UnitActs& a, float acc) {
+    const int h = u % 2;
+    return unit_dot(UnitWeights<GgmlType::Q4_0>{w.q[h], uint16_t(w.d >> (16 * h))}, u, a, acc);
+}
+
+// A thread's weights of one step of S units of a row (S = 1: UnitWeights, 2: PairWeights), its loads and its dots.
+template <GgmlType T, int S>
+using StepWeights = std::conditional_t<S == 2, PairWeights<T>, UnitWeights<T>>;
+template <GgmlType T, int S>
+KVGEN_HD void load_step(const uint8_t* __restrict__ row, int s, int n_units, StepWeights<T, S>& w) {
+    if constexpr (S == 2)
+        load_pair(row, s, n_units, w);
+    else
+        load_unit(row, s, n_units, w);
+}
+template <GgmlType T, int S>
+KVGEN_HD float step_dot(const StepWeights<T, S>& w, int u, const UnitActs& a, float acc) {
+    if constexpr (S == 2)
+        return pair_dot(w, u, a, acc);
+    else
+        return unit_dot(w, u, a, acc);
+}
+
 // A block of the integer products: mvi_warps(n_units) warps share R rows of NM matrices of one shape (NM = 2:
 // SwiGLU's gate and up) for NT tokens, striding over their units, so each unit's weights are loaded once for all the
 // tokens and each token's activations once for all the rows, and every lane has NM * R rows' 16-byte weight loads in
@@ -347,14 +392,39 @@ constexpr int kMviWideRows = 2 * kMviRows;
 KVGEN_HD constexpr bool mvi_wide_type(GgmlType t) {
     return t == GgmlType::Q4_0 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K;
 }
-// Calls f(std::integral_constant<int, R>{}) with the rows a block of NM matrices of type T takes for NT tokens:
-// mvi_rows, or twice that for one token of a wide type when wide.
+// How the integer products' blocks take their rows and units (Settings::cuda_matvec_rows, cuda_matvec_unit).
+struct MviShape {
+    bool wide = false;  // one token of a wide type: kMviWideRows rows a block (--cuda-matvec-rows 8)
+    bool pairs = true;  // Q4_0: a lane's step is two units (--cuda-matvec-unit 64), one token or several
+};
+// Rows a block of NM matrices of a pair type takes for NT tokens with steps of two units: a thread then holds twice
+// each row's weights, so 8 tokens take 2 rows (sm_90, Q4_0: 80 registers; one token with 8 rows 114, 4 tokens with 4
+// rows 112; no spills).
+template <GgmlType T>
+KVGEN_HD constexpr int mvi_pair_rows(int nm, int nt) {
+    const int rows = mvi_rows<T>(nm, nt), cap = nm == 1 ? 2 : 1;
+    return nt > 4 && rows > cap ? cap : rows;
+}
+// Calls f(std::integral_constant<int, R>{}, std::integral_constant<int, S>{}) with the rows R a block of NM matrices
+// of type T takes for NT tokens and the units S a lane's step takes: S = 2 for a pair type with shape.pairs (rows
+// mvi_pair_rows, or kMviWideRows / NM for one token when wide), else 1 (rows mvi_rows, or twice that for one token of
+// a wide type when wide).
 template <GgmlType T, int NM, int NT, typename F>
-void with_mvi_rows(bool wide, F&& f) {
-    if constexpr (NT == 1 && mvi_wide_type(T)) {
-        if (wide) return f(std::integral_constant<int, kMviWideRows / NM>{});
+void with_mvi_shape(MviShape shape, F&& f) {
+    using One = std::integral_constant<int, 1>;
+    if constexpr (mvi_pair_type(T)) {
+        if (shape.pairs) {
+            using Two = std::integral_constant<int, 2>;
+            if constexpr (NT == 1) {
+                if (shape.wide) return f(std::integral_constant<int, kMviWideRows / NM>{}, Two{});
+            }
+            return f(std::integral_constant<int, mvi_pair_rows<T>(NM, NT)>{}, Two{});
+        }
     }
-    f(std::integral_constant<int, mvi_rows<T>(NM, NT)>{});
+    if constexpr (NT == 1 && mvi_wide_type(T)) {
+        if (shape.wide) return f(std::integral_constant<int, kMviWideRows / NM>{}, One{});
+    }
+    f(std::integral_constant<int, mvi_rows<T>(NM, NT)>{}, One{});
 }
 
 // A block's R outputs v (held by lane 0 of its first warp) stored at y[r0 ..], and that thread counts the block done
@@ -437,6 +507,10 @@ KVGEN_HD void residual_norm_store(const Ctx& ctx, int lane, const float (&v)[R],
     for (int64_t k = lane; k < groups; k += 32) ns.xq[k].d = ctx.load_other(&ns.xq[k].d) * inv;
 }
 
+// The steps of a row of n_units units, S at a time.
+KVGEN_HD constexpr int mvi_steps(int n_units, int s) {
+    return (n_units + s - 1) / s;
+}
 KVGEN_HD int mvi_warps(int n_units) {
     if (n_units <= 32) return 1;
     const int max_threads = 32 * kMviMaxWarps;
@@ -477,39 +551,47 @@ KVGEN_HD void block_rows(const uint8_t* const (&w)[NM], int64_t row_bytes, int64
         }
 }
 
-// Token i's activations are the n_units ActBlocks at x + i * n_units, for i < n <= NT.
-template <GgmlType T, int NM, int R, int NT>
+// Token i's activations are the n_units ActBlocks at x + i * n_units, for i < n <= NT. The threads stride over steps
+// of S units (mvi_steps; S = 2 for Q4_0 with --cuda-matvec-unit 64), each step's units dotted in order.
+template <GgmlType T, int NM, int R, int NT, int S = 1>
 KVGEN_HD void matvec_int_thread(const uint8_t* const (&w)[NM], int64_t row_bytes, int n_units, int64_t rows, int64_t r0,
                                 int t, int n_threads, const ActBlock* __restrict__ x, int n, float (&acc)[NM][R][NT]) {
+    static_assert(S == 1 || (S == 2 && mvi_pair_type(T)), "steps of two units for Q4_0");
     const uint8_t* row[NM][R];
     block_rows(w, row_bytes, rows, r0, row, acc);
-    // The first unit's weights are loaded before pdl_wait: they depend on no kernel, so under programmatic launch
+    // The first step's weights are loaded before pdl_wait: they depend on no kernel, so under programmatic launch
     // they stream in while the kernel that writes x still runs. Offsets inside a row are 32-bit.
-    int u = t;
-    UnitWeights<T> wu[NM][R];
-    if (u < n_units)
+    const int n_steps = (n_units + S - 1) / S;
+    int s = t;
+    StepWeights<T, S> wu[NM][R];
+    if (s < n_steps)
 #pragma unroll
         for (int m = 0; m < NM; ++m)
 #pragma unroll
-            for (int r = 0; r < R; ++r) load_unit(row[m][r], u, n_units, wu[m][r]);
+            for (int r = 0; r < R; ++r) load_step<T, S>(row[m][r], s, n_units, wu[m][r]);
     pdl_wait();
-    while (u < n_units) {
+    while (s < n_steps) {
 #pragma unroll
-        for (int i = 0; i < NT; ++i) {
-            if (NT > 1 && i >= n) break;  // the same for the whole block
-            UnitActs a;
-            load_unit_acts<T>(x + int64_t(i) * n_units, u, a);
+        for (int h = 0; h < S; ++h) {
+            const int u = S * s + h;
+            if (S > 1 && u >= n_units) break;  // an odd row's last step
 #pragma unroll
-            for (int m = 0; m < NM; ++m)
+            for (int i = 0; i < NT; ++i) {
+                if (NT > 1 && i >= n) break;  // the same for the whole block
+                UnitActs a;
+                load_unit_acts<T>(x + int64_t(i) * n_units, u, a);
 #pragma unroll
-                for (int r = 0; r < R; ++r) acc[m][r][i] = unit_dot(wu[m][r], u, a, acc[m][r][i]);
+                for (int m = 0; m < NM; ++m)
+#pragma unroll
+                    for (int r = 0; r < R; ++r) acc[m][r][i] = step_dot<T, S>(wu[m][r], u, a, acc[m][r][i]);
+            }
         }
-        u += n_threads;
-        if (u < n_units)
+        s += n_threads;
+        if (s < n_steps)
 #pragma unroll
             for (int m = 0; m < NM; ++m)
 #pragma unroll
-                for (int r = 0; r < R; ++r) load_unit(row[m][r], u, n_units, wu[m][r]);
+                for (int r = 0; r < R; ++r) load_step<T, S>(row[m][r], s, n_units, wu[m][r]);
     }
 }
 

@@ -235,7 +235,7 @@ __device__ __forceinline__ float block_rows_sum(const float (&acc)[R][NT], float
 // With st.kc (accumulate 0), a Q|K|V product that rotates Q and K and stores K and V into an f16 cache itself
 // (qkv_store_row) instead of writing k and v. With ns.xq (one token, accumulate 1, one buffer, rows a multiple of
 // 32), a residual product with the next RMSNorm folded in (residual_norm_store).
-template <GgmlType T, int NT, int R>
+template <GgmlType T, int NT, int R, int S>
 __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
     matvec_int_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int n_units, int64_t rows,
                       const ActBlock* __restrict__ x, int n, RowSplit y, int i0, int accumulate, QkvStore st,
@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
     const int64_t r0 = int64_t(blockIdx.x) * R;
     const uint8_t* const ws[1] = {w};
     float acc[1][R][NT];
-    matvec_int_thread<T>(ws, row_bytes, n_units, rows, r0, threadIdx.x, blockDim.x, x, n, acc);
+    matvec_int_thread<T, 1, R, NT, S>(ws, row_bytes, n_units, rows, r0, threadIdx.x, blockDim.x, x, n, acc);
     const float v = block_rows_sum(acc[0], part);
     const int r = threadIdx.x / NT, i = threadIdx.x % NT;
     const bool valid = r < R && i < n && r0 + r < rows;  // threads t < R NT: row r0 + t / NT, token t % NT
@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
 // R of each: mvi_rows, or half kMviWideRows for one token (--cuda-matvec-rows 8). With yq (one token; rows a multiple
 // of 32; counters: rows / 32 ints, zero between launches), y is also written as ActBlocks by each 32-row group's last
 // block (glu_store_quantized).
-template <GgmlType T, int NT, int R>
+template <GgmlType T, int NT, int R, int S>
 __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
     matvec_glu_int_kernel(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int64_t row_bytes,
                           int n_units, int64_t rows, const ActBlock* __restrict__ x, int n, float* __restrict__ y,
@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
     const int64_t r0 = int64_t(blockIdx.x) * R;
     const uint8_t* const ws[2] = {gate, up};
     float acc[2][R][NT];
-    matvec_int_thread<T>(ws, row_bytes, n_units, rows, r0, threadIdx.x, blockDim.x, x, n, acc);
+    matvec_int_thread<T, 2, R, NT, S>(ws, row_bytes, n_units, rows, r0, threadIdx.x, blockDim.x, x, n, acc);
     const float gs = block_rows_sum(acc[0], part[0]), us = block_rows_sum(acc[1], part[1]);
     const float o = silu_mul(gs, us);  // threads t < R NT: row r0 + t / NT, token t % NT
     if constexpr (NT == 1) {
@@ -643,7 +643,7 @@ void quantize_act(ActBlock* out, const float* x, int64_t count, cudaStream_t s, 
 }
 
 void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n, bool accumulate, bool pdl,
-                cudaStream_t s, const QkvStore* store, bool wide, const NormStore* norm) {
+                cudaStream_t s, const QkvStore* store, MviShape shape, const NormStore* norm) {
     KVGEN_ASSERT(n >= 1 && n <= kMvMaxTokens);
     KVGEN_ASSERT(!store || (store->kc && store->vc && !accumulate && w.rows % 2 == 0 && store->kv.head_dim % 2 == 0));
     KVGEN_ASSERT(!norm || (norm->xq && norm->w && norm->sums && norm->counters && !store && n == 1 && accumulate &&
@@ -653,10 +653,11 @@ void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n,
         const int n_units = int(w.cols / 32);
         int_launches(n, [&](auto nt, int i0, int m) {
             constexpr int NT = decltype(nt)::value;
-            with_mvi_rows<T, 1, NT>(wide, [&](auto r) {
-                constexpr int R = decltype(r)::value;
-                launch(matvec_int_kernel<T, NT, R>, grid_for(w.rows, R), unsigned(32 * mvi_warps(n_units)), pdl, s,
-                       w.data, w.row_bytes, n_units, w.rows, x + int64_t(i0) * n_units, m, y, i0, accumulate ? 1 : 0,
+            with_mvi_shape<T, 1, NT>(shape, [&](auto r, auto step) {
+                constexpr int R = decltype(r)::value, S = decltype(step)::value;
+                const unsigned threads = unsigned(32 * mvi_warps(mvi_steps(n_units, S)));
+                launch(matvec_int_kernel<T, NT, R, S>, grid_for(w.rows, R), threads, pdl, s, w.data, w.row_bytes,
+                       n_units, w.rows, x + int64_t(i0) * n_units, m, y, i0, accumulate ? 1 : 0,
                        store ? *store : QkvStore{}, norm ? *norm : NormStore{});
             });
         });
@@ -666,7 +667,7 @@ void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n,
 }
 
 void matvec_glu_int(float* y, ActBlock* yq, int* counters, const DevWeight& gate, const DevWeight& up,
-                    const ActBlock* x, int n, bool pdl, cudaStream_t s, bool wide) {
+                    const ActBlock* x, int n, bool pdl, cudaStream_t s, MviShape shape) {
     KVGEN_ASSERT(n >= 1 && n <= kMvMaxTokens);
     KVGEN_ASSERT(!yq || (n == 1 && gate.rows % 32 == 0 && counters));
     const bool ok = glu_fusable(gate, up) && int_matvec_ok(gate) && dispatch_int_type(gate.type, [&](auto tag) {
@@ -674,11 +675,12 @@ void matvec_glu_int(float* y, ActBlock* yq, int* counters, const DevWeight& gate
         const int n_units = int(gate.cols / 32);
         int_launches(n, [&](auto nt, int i0, int m) {
             constexpr int NT = decltype(nt)::value;
-            with_mvi_rows<T, 2, NT>(wide, [&](auto r) {
-                constexpr int R = decltype(r)::value;
-                launch(matvec_glu_int_kernel<T, NT, R>, grid_for(gate.rows, R), unsigned(32 * mvi_warps(n_units)), pdl,
-                       s, gate.data, up.data, gate.row_bytes, n_units, gate.rows, x + int64_t(i0) * n_units, m,
-                       y + int64_t(i0) * gate.rows, yq, counters);
+            with_mvi_shape<T, 2, NT>(shape, [&](auto r, auto step) {
+                constexpr int R = decltype(r)::value, S = decltype(step)::value;
+                const unsigned threads = unsigned(32 * mvi_warps(mvi_steps(n_units, S)));
+                launch(matvec_glu_int_kernel<T, NT, R, S>, grid_for(gate.rows, R), threads, pdl, s, gate.data, up.data,
+                       gate.row_bytes, n_units, gate.rows, x + int64_t(i0) * n_units, m, y + int64_t(i0) * gate.rows,
+                       yq, counters);
             });
         });
     });

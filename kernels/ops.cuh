@@ -57,20 +57,21 @@ bool int_matvec_ok(const DevWeight& w);
 void quantize_act(ActBlock* out, const float* x, int64_t count, cudaStream_t s, bool pdl = false);
 // With store (an f16 cache; not accumulate), the product's rows are queries, keys and values as QkvStore says: Q
 // rotated into y, K rotated and K and V stored into the cache at the step's positions, as rope_store_kv would (the
-// same bits; k and v are not written). wide (one token of Q4_0 or Q8_0; --cuda-matvec-rows 8, the default):
-// kMviWideRows rows a block instead of kMviRows, the same bits. With norm (one token, accumulate, one buffer, rows a
-// multiple of 32: a residual product), the RMSNorm of the updated y with weight norm->w is also written into
-// norm->xq as the ActBlocks an integer product reads (residual_norm_store, matvec_int.cuh): within a rounding step of
-// the blocks rmsnorm's quantization makes of it; norm->counters: rows / 32 + 1 ints, zero before the first launch and
-// left at zero.
+// same bits; k and v are not written). shape (MviShape): wide (one token of Q4_0, Q8_0 or Q4_K; --cuda-matvec-rows 8,
+// the default) kMviWideRows rows a block instead of kMviRows, the same bits; pairs (Q4_0; --cuda-matvec-unit 64, the
+// default) steps of two units a lane, sums in another order than steps of one. With norm (one token,
+// accumulate, one buffer, rows a multiple of 32: a residual product), the RMSNorm of the updated y with weight norm->w
+// is also written into norm->xq as the ActBlocks an integer product reads (residual_norm_store, matvec_int.cuh): within
+// a rounding step of the blocks rmsnorm's quantization makes of it; norm->counters: rows / 32 + 1 ints, zero before the
+// first launch and left at zero.
 void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n, bool accumulate, bool pdl,
-                cudaStream_t s, const QkvStore* store = nullptr, bool wide = false, const NormStore* norm = nullptr);
+                cudaStream_t s, const QkvStore* store = nullptr, MviShape shape = {}, const NormStore* norm = nullptr);
 // y[i][r] = silu(gate[r] . x[i]) * (up[r] . x[i]) in integers (glu_fusable and int_matvec_ok), n <= kMvMaxTokens.
 // With yq (may be null; one token, gate.rows a multiple of 32), y is also written as gate.rows / 32 ActBlocks for
 // the down projection, the blocks quantize_act makes of it; counters: gate.rows / 32 ints, zero before the first
-// launch and left at zero. wide: as for matvec_int (twice the rows of each of gate and up a block).
+// launch and left at zero. shape: as for matvec_int (wide: twice the rows of each of gate and up a block).
 void matvec_glu_int(float* y, ActBlock* yq, int* counters, const DevWeight& gate, const DevWeight& up,
-                    const ActBlock* x, int n, bool pdl, cudaStream_t s, bool wide = false);
+                    const ActBlock* x, int n, bool pdl, cudaStream_t s, MviShape shape = {});
 
 // y[i][r] = W[r] . x[i] (+= when accumulate) for n tokens, 1 <= n <= kMvMaxTokens (16), in f32: each weight read
 // once for all of them (a short prompt's prefill, for weights without an integer product). Twin: a double-precision

@@ -24,7 +24,10 @@
 #      for every file, tg128 with --cuda-pdl off (SHAPE-T-nopdl: the decode products launched without programmatic
 #      dependent launch), for F16 tg128 with --cuda-f16-matvec warp (SHAPE-F16-warpf16: a warp over 2 rows instead
 #      of a block of warps over 4), for Q4_0, Q8_0 and Q4_K_M tg128 with --cuda-matvec-rows 4 (SHAPE-T-rows4: 4 rows a
-#      block of the one-token products instead of 8; with --quick also the per-kernel table of the first of them),
+#      block of the one-token products instead of 8; with --quick also the per-kernel table of the first of Q8_0 and
+#      Q4_K_M),
+#      for Q4_0 pp16 and tg128 with --cuda-matvec-unit 32 (SHAPE-Q4_0-unit32: a lane's step one block of a row, not
+#      two; with --quick also its per-kernel table),
 #      and for the quantized ones pp512 with --cuda-gemm mma (SHAPE-T-mmagemm: the prefill products in one kernel
 #      that decodes each weight tile into shared memory, against cuBLAS on decoded chunks), pp512 with
 #      --cuda-gemm-chunk 64 and 0 (SHAPE-T-chunk64, -chunk0: cuBLAS on 64 MiB chunks of decoded rows and on whole
@@ -352,6 +355,12 @@ for shape in "${shapes[@]}"; do
             bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-matvec-rows 4 -p 0 -n 128 -d 0 -r 2 -o json \
                 >"$work/speed/$name-rows4.bench.json" 2>>"$out/log.txt" || log "$name: bench with 4 rows failed"
         fi
+        if [[ $t == Q4_0 ]]; then  # a lane's step one Q4_0 block of a row (the default: two)
+            cp "$work/speed/$name.inspect.json" "$work/speed/$name-unit32.inspect.json"
+            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-matvec-unit 32 -p 16 -n 128 -d 0 -r 2 -o json \
+                >"$work/speed/$name-unit32.bench.json" 2>>"$out/log.txt" ||
+                log "$name: bench with 32-weight steps failed"
+        fi
         if [[ $t != F16 ]]; then  # the prefill products in one kernel, each weight tile decoded in shared memory
             cp "$work/speed/$name.inspect.json" "$work/speed/$name-mmagemm.inspect.json"
             bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-gemm mma -p 512 -n 0 -d 0 -r 2 -o json \
@@ -400,7 +409,11 @@ for shape in "${shapes[@]}"; do
         # --quick profiles every type (its one shape); the full run the KV comparison's model alone
         if [[ -n $ncu || -n $ncu_csv ]] && { ((quick)) || [[ $name == "$kv_name" ]]; }; then
             profile_kernels "$f" "$name"
-            if ((quick && !rows4_profiled)) && [[ $t == Q4_0 || $t == Q8_0 || $t == Q4_K_M ]]; then  # the first only
+            # one more profile a type at most (OUTDIR keeps 8 files): Q4_0's steps of one block, else the first of
+            # Q8_0 and Q4_K_M with 4 rows a block
+            if ((quick)) && [[ $t == Q4_0 ]]; then
+                profile_kernels "$f" "$name-unit32" --cuda-matvec-unit 32
+            elif ((quick && !rows4_profiled)) && [[ $t == Q8_0 || $t == Q4_K_M ]]; then
                 profile_kernels "$f" "$name-rows4" --cuda-matvec-rows 4
                 rows4_profiled=1
             fi

@@ -345,6 +345,12 @@ int main(int argc, char** argv) {
                    "default: twice the weight loads in flight a thread, half the blocks) or 4, to compare; the same "
                    "results")
         ->check(CLI::IsMember({4, 8}));
+    int cuda_matvec_unit = 64;
+    app.add_option("--cuda-matvec-unit", cuda_matvec_unit,
+                   "CUDA: weights of a row a lane of Q4_0 integer products takes a step: 64 (the default: 32 "
+                   "bytes of quants a row in flight, as Q8_0's 32 weights) or 32, to compare; sums in another order, "
+                   "within f32 rounding")
+        ->check(CLI::IsMember({32, 64}));
     add_cuda_choice(
         app, "--cuda-kv-store", &gen.run.cuda_qkv_store, {"product", "kernel"}, "product",
         "CUDA with an f16 KV cache: product (the integer Q|K|V products of up to 16 tokens rotate Q and K "
@@ -560,6 +566,7 @@ int main(int argc, char** argv) {
         kvgen::kv_types_from_name(kv_type, "--kv-type", &gen.run.kv_type_k, &gen.run.kv_type_v);
         kvgen::math_mode_from_name(math, &gen.run.math);
         gen.run.cuda_matvec_rows = cuda_matvec_rows;
+        gen.run.cuda_matvec_unit = cuda_matvec_unit;
         gen.run.cuda_gemm_chunk_mib = cuda_gemm_chunk;
         kvgen::apply_llama_settings(llama, gen.run, app.count("--kv-type") > 0);
         if (!llama.n_gpu_layers.empty() && gen.run.device != "cpu" && gen.run.device != "auto")

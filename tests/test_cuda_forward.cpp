@@ -294,6 +294,13 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
             norm_kernel_s.cuda_matvec_rows = 8;
             norm_kernel_s.cuda_norm_fold = false;
             std::unique_ptr<Backend> norm_kernel = cuda::make_backend(m, norm_kernel_s);
+            // Q4_0 products in steps of one unit (--cuda-matvec-unit 32) instead of two: the same integer dots summed
+            // in another order, the same logits within f32 rounding (an f16 cache, as above)
+            Settings units_s = narrow_rows;
+            units_s.cuda_matvec_rows = 8;
+            units_s.cuda_matvec_unit = 32;
+            std::unique_ptr<Backend> units = cuda::make_backend(m, units_s);
+            const float units_rel = 1e-3f;
             const bool norm_compared = kt == KvType::F16;
             const float norm_rel = 2e-3f;
             // 12 tokens: the integer products of a prompt in two launches (8 + 4), programmatic ones under PDL
@@ -307,6 +314,8 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
             REQUIRE(copy(store_launch->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
             REQUIRE(copy(narrow->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
             REQUIRE(copy(norm_kernel->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);  // no fold here
+            const std::vector<float> up = copy(units->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab);
+            if (norm_compared) check_logits(up, a, "--cuda-matvec-unit 32 vs 64, prompt", units_rel);
             for (int step = 0; step < 20; ++step) {
                 const int32_t id = argmax(a);
                 seq.push_back(id);
@@ -321,6 +330,8 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
                 REQUIRE(copy(narrow->forward(&id, 1, pos, Pass::Decode), n_vocab) == a);
                 const std::vector<float> nk = copy(norm_kernel->forward(&id, 1, pos, Pass::Decode), n_vocab);
                 if (norm_compared) check_logits(nk, a, "--cuda-norm product vs kernel", norm_rel);
+                const std::vector<float> un = copy(units->forward(&id, 1, pos, Pass::Decode), n_vocab);
+                if (norm_compared) check_logits(un, a, "--cuda-matvec-unit 32 vs 64", units_rel);
             }
             // The whole sequence again in one prefill (what --no-kv-cache does each step) against the last decode step
             // (with an f16 cache: a q4_0 one rounds the two ways' keys apart by its own steps).

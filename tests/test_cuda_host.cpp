@@ -501,6 +501,9 @@ TEST_CASE("the integer decode product, run on the host: the CPU's activation rou
             const std::vector<uint8_t>& b = w.bytes;
             const std::vector<float>& wf = w.values;
             const std::vector<float> y = cuda::host::matvec_int(t, b.data(), rows, n_cols, xc);
+            // Q4_0 takes two units a step by default (--cuda-matvec-unit 64; 96 columns: an odd unit left over), one
+            // with 32: the same integer dots, summed in another order.
+            const std::vector<float> y_units = cuda::host::matvec_int(t, b.data(), rows, n_cols, xc, 1, false);
             const int64_t row_bytes = int64_t(b.size()) / rows;
             for (int64_t r = 0; r < rows; ++r) {
                 double s = 0, sq = 0, mag = 0;
@@ -516,6 +519,8 @@ TEST_CASE("the integer decode product, run on the host: the CPU's activation rou
                 CHECK(std::fabs(y[size_t(r)] - s) <= 1e-4 * mag);
                 // On the activations as rounded, only float sums of exact integer dots remain.
                 CHECK(std::fabs(y[size_t(r)] - sq) <= 2e-6 * mag);
+                CHECK(std::fabs(y_units[size_t(r)] - sq) <= 2e-6 * mag);
+                if (t != GgmlType::Q4_0) CHECK(y_units[size_t(r)] == y[size_t(r)]);  // steps of one unit either way
                 if (cpu::act_format(t) == cpu::ActFormat::A32) {
                     // Q4_0 and Q8_0 meet the same integer activations as the CPU's reference dot: the same block
                     // sums, added in another order.
@@ -569,6 +574,16 @@ TEST_CASE("the integer products of a short prompt, run on the host: each token t
                     cuda::host::matvec_glu_int(t, gate.bytes.data(), up.bytes.data(), rows, cols, xn, n);
                 CHECK(y == std::vector<float>(alone.begin(), alone.begin() + n * rows));
                 CHECK(g == std::vector<float>(glu_alone.begin(), glu_alone.begin() + n * rows));
+                if (t != GgmlType::Q4_0) continue;
+                // Q4_0 in steps of one unit (--cuda-matvec-unit 32): each token its own product's bits too
+                std::vector<float> units_alone;
+                for (int i = 0; i < n; ++i) {
+                    const std::vector<float> xi(x.begin() + i * cols, x.begin() + (i + 1) * cols);
+                    const std::vector<float> yi =
+                        cuda::host::matvec_int(t, gate.bytes.data(), rows, cols, xi, 1, false);
+                    units_alone.insert(units_alone.end(), yi.begin(), yi.end());
+                }
+                CHECK(cuda::host::matvec_int(t, gate.bytes.data(), rows, cols, xn, n, false) == units_alone);
             }
         }
 }

@@ -37,6 +37,7 @@ std::string cuda_options_name(const Settings& s) {
         add(s.cuda_flash_attention ? "--cuda-attention mma" : "--cuda-attention warp");
     if (s.cuda_pdl != d.cuda_pdl) add(s.cuda_pdl ? "--cuda-pdl on" : "--cuda-pdl off");
     if (s.cuda_matvec_rows != d.cuda_matvec_rows) add("--cuda-matvec-rows " + std::to_string(s.cuda_matvec_rows));
+    if (s.cuda_matvec_unit != d.cuda_matvec_unit) add("--cuda-matvec-unit " + std::to_string(s.cuda_matvec_unit));
     if (s.cuda_qkv_store != d.cuda_qkv_store)
         add(s.cuda_qkv_store ? "--cuda-kv-store product" : "--cuda-kv-store kernel");
     if (s.cuda_norm_fold != d.cuda_norm_fold) add(s.cuda_norm_fold ? "--cuda-norm product" : "--cuda-norm kernel");

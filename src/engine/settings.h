@@ -39,6 +39,8 @@ struct Settings {
     bool cuda_pdl = true;  // CUDA (sm_90+): integer products start as the kernel before them drains (--cuda-pdl)
     int cuda_matvec_rows = 8;    // CUDA: rows a block of one token's Q4_0 / Q8_0 / Q4_K integer products (8 or 4;
                                  // the same bits) (--cuda-matvec-rows)
+    int cuda_matvec_unit = 64;   // CUDA: weights a lane takes a step in Q4_0 integer products (64: two units, or
+                                 // 32) (--cuda-matvec-unit)
     bool cuda_qkv_store = true;  // CUDA, an f16 cache: the integer Q|K|V products rotate Q and K and store K and V
                                  // themselves, without a launch of their own (--cuda-kv-store)
     bool cuda_norm_fold = true;  // CUDA, one token: each RMSNorm after the first folded into the integer residual

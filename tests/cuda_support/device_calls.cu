@@ -269,8 +269,8 @@ std::vector<float> matvec_int_residual_norm(const HostWeight& w, const std::vect
     poison(sums);
     quantize_act(xq.p, dx.p, int64_t(x.size()), nullptr);
     const NormStore ns{dw.p, yq.p, sums.p, counters.p, eps};
-    kvgen::cuda::matvec_int(RowSplit::one(y.p, w.rows), dev_weight(w, b), xq.p, 1, true, false, nullptr, nullptr, wide,
-                            &ns);
+    kvgen::cuda::matvec_int(RowSplit::one(y.p, w.rows), dev_weight(w, b), xq.p, 1, true, false, nullptr, nullptr,
+                            MviShape{wide, true}, &ns);
     std::vector<float> out = append_blocks(y.get(), yq.get());  // the rows, then the blocks, then the counters
     for (int c : counters.get()) out.push_back(float(c));
     return out;

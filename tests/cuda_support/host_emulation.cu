@@ -137,15 +137,15 @@ std::vector<HostActBlock> quantize_act_items(const std::vector<float>& x) {
 }
 
 namespace {
-// One launch of matvec_int_kernel or matvec_glu_int_kernel for n <= NT tokens: every block's threads' shares
-// (matvec_int_thread), then block_rows_sum's order; y[m][i * rows + row] for the NM matrices.
-template <GgmlType T, int NM, int NT>
+// One launch of matvec_int_kernel or matvec_glu_int_kernel for n <= NT tokens with R rows a block and steps of S
+// units: every block's threads' shares (matvec_int_thread), then block_rows_sum's order; y[m][i * rows + row] for the
+// NM matrices.
+template <GgmlType T, int NM, int NT, int R, int S>
 void matvec_int_launch(const std::vector<DeviceRows>& dev, int64_t rows, int64_t cols, const ActBlock* x, int n,
                        std::vector<std::vector<float>>& y) {
-    constexpr int R = mvi_rows<T>(NM, NT);
     const uint8_t* p[NM];
     for (int m = 0; m < NM; ++m) p[m] = dev[size_t(m)].p;
-    const int n_units = int(cols / 32), warps = mvi_warps(n_units), threads = 32 * warps;
+    const int n_units = int(cols / 32), warps = mvi_warps(mvi_steps(n_units, S)), threads = 32 * warps;
     for (int64_t r0 = 0; r0 < rows; r0 += R) {
         std::vector<float> acc(size_t(threads) * NM * R * NT);  // [thread][m][r][i]
         auto at = [&](int t, int m, int r, int i) -> float& {
@@ -153,7 +153,7 @@ void matvec_int_launch(const std::vector<DeviceRows>& dev, int64_t rows, int64_t
         };
         for (int t = 0; t < threads; ++t) {
             float share[NM][R][NT];
-            matvec_int_thread<T, NM, R, NT>(p, dev[0].row_bytes, n_units, rows, r0, t, threads, x, n, share);
+            matvec_int_thread<T, NM, R, NT, S>(p, dev[0].row_bytes, n_units, rows, r0, t, threads, x, n, share);
             for (int m = 0; m < NM; ++m)
                 for (int r = 0; r < R; ++r)
                     for (int i = 0; i < NT; ++i) at(t, m, r, i) = share[m][r][i];
@@ -173,10 +173,11 @@ void matvec_int_launch(const std::vector<DeviceRows>& dev, int64_t rows, int64_t
     }
 }
 
-// The integer product of NM matrices for n tokens x [n][cols], in the launches the device makes (int_launches).
+// The integer product of NM matrices for n tokens x [n][cols], in the launches the device makes (int_launches,
+// with_mvi_shape).
 template <int NM>
 std::vector<std::vector<float>> matvec_int_blocks(GgmlType type, const uint8_t* const (&bytes)[NM], int64_t rows,
-                                                  int64_t cols, const std::vector<float>& x, int n) {
+                                                  int64_t cols, const std::vector<float>& x, int n, MviShape shape) {
     std::vector<std::vector<float>> y(NM, std::vector<float>(size_t(n) * size_t(rows), NAN));
     const std::vector<ActBlock> a = act_blocks(x);
     std::vector<DeviceRows> dev;
@@ -186,7 +187,10 @@ std::vector<std::vector<float>> matvec_int_blocks(GgmlType type, const uint8_t* 
         int_launches(n, [&](auto nt, int i0, int m) {
             constexpr int NT = decltype(nt)::value;
             std::vector<std::vector<float>> part(NM, std::vector<float>(size_t(m) * size_t(rows), NAN));
-            matvec_int_launch<T, NM, NT>(dev, rows, cols, a.data() + int64_t(i0) * (cols / 32), m, part);
+            with_mvi_shape<T, NM, NT>(shape, [&](auto r, auto step) {
+                matvec_int_launch<T, NM, NT, decltype(r)::value, decltype(step)::value>(
+                    dev, rows, cols, a.data() + int64_t(i0) * (cols / 32), m, part);
+            });
             for (int k = 0; k < NM; ++k)
                 std::copy(part[size_t(k)].begin(), part[size_t(k)].end(),
                           y[size_t(k)].begin() + int64_t(i0) * rows);
@@ -250,15 +254,15 @@ std::vector<float> matvec_f16(const uint8_t* bytes, int64_t rows, int64_t cols, 
 }
 
 std::vector<float> matvec_int(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
-                              const std::vector<float>& x, int n) {
+                              const std::vector<float>& x, int n, bool pairs) {
     const uint8_t* const w[1] = {bytes};
-    return matvec_int_blocks<1>(type, w, rows, cols, x, n)[0];
+    return matvec_int_blocks<1>(type, w, rows, cols, x, n, MviShape{false, pairs})[0];
 }
 
 std::vector<float> matvec_glu_int(GgmlType type, const uint8_t* gate, const uint8_t* up, int64_t rows, int64_t cols,
-                                  const std::vector<float>& x, int n) {
+                                  const std::vector<float>& x, int n, bool pairs) {
     const uint8_t* const w[2] = {gate, up};
-    const std::vector<std::vector<float>> gu = matvec_int_blocks<2>(type, w, rows, cols, x, n);
+    const std::vector<std::vector<float>> gu = matvec_int_blocks<2>(type, w, rows, cols, x, n, MviShape{false, pairs});
     std::vector<float> y(gu[0].size());
     for (size_t r = 0; r < y.size(); ++r) {
         const float gs = gu[0][r], us = gu[1][r];
@@ -1106,7 +1110,7 @@ QkvStored matvec_int_qkv_store(GgmlType type, const uint8_t* bytes, int64_t rows
                                const std::vector<float>& x, int n, const Config& c, int pos0, int n_ctx, int64_t q_end,
                                int64_t k_end) {
     const uint8_t* const w[1] = {bytes};
-    const std::vector<float> y = matvec_int_blocks<1>(type, w, rows, cols, x, n)[0];  // the blocks' sums
+    const std::vector<float> y = matvec_int_blocks<1>(type, w, rows, cols, x, n, MviShape{})[0];  // the blocks' sums
     std::vector<float> cs, sn;
     host_rope_tables(n, pos0, c, {}, &cs, &sn);
     const KvLayout kv = KvLayout::of(c, n_ctx, KvType::F16);
@@ -1121,14 +1125,17 @@ QkvStored matvec_int_qkv_store(GgmlType type, const uint8_t* bytes, int64_t rows
     const bool ok = dispatch_int_type(type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
         int_launches(n, [&](auto nt, int i0, int m) {
-            constexpr int NT = decltype(nt)::value, R = mvi_rows<T>(1, NT);
-            for (int64_t r0 = 0; r0 < rows; r0 += R)
-                run_grid(1, 1, 32, 0, [&](const HostThread& t) {
-                    const int r = t.thread() / NT, i = t.thread() % NT;
-                    const bool valid = r < R && i < m && r0 + r < rows;
-                    const float v = valid ? y[size_t(i0 + i) * size_t(rows) + size_t(r0 + r)] : 0.0f;
-                    qkv_store_row(t, v, valid, r0 + r, i0 + i, NT, split, rows, st);
-                });
+            constexpr int NT = decltype(nt)::value;
+            with_mvi_shape<T, 1, NT>(MviShape{}, [&](auto rows_a_block, auto) {
+                constexpr int R = decltype(rows_a_block)::value;
+                for (int64_t r0 = 0; r0 < rows; r0 += R)
+                    run_grid(1, 1, 32, 0, [&](const HostThread& t) {
+                        const int r = t.thread() / NT, i = t.thread() % NT;
+                        const bool valid = r < R && i < m && r0 + r < rows;
+                        const float v = valid ? y[size_t(i0 + i) * size_t(rows) + size_t(r0 + r)] : 0.0f;
+                        qkv_store_row(t, v, valid, r0 + r, i0 + i, NT, split, rows, st);
+                    });
+            });
         });
     });
     if (!ok) throw Error(fmt::format("no integer product for {}", ggml_type_name(type)));

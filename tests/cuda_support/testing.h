@@ -149,9 +149,10 @@ std::vector<HostActBlock> quantize_act(const std::vector<float>& x);
 // The same blocks by quantize_act_item, one after another: the inputs the host's integer products take.
 std::vector<HostActBlock> quantize_act_items(const std::vector<float>& x);
 // y = W x in integers with matvec_int_kernel's blocks and their sums (Q4_0, Q8_0, Q4_K, Q6_K); for n tokens x
-// [n][cols], y [n][rows], in the launches the device makes (up to 8 tokens each).
+// [n][cols], y [n][rows], in the launches the device makes (up to 8 tokens each); pairs: Q4_0 in steps of
+// two units (MviShape, --cuda-matvec-unit 64), else one.
 std::vector<float> matvec_int(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
-                              const std::vector<float>& x, int n = 1);
+                              const std::vector<float>& x, int n = 1, bool pairs = true);
 // y = W x for F16 rows (the GGUF bytes; cols a multiple of 32) with matvec_f16_kernel's blocks (matvec_f16_thread,
 // kMvF16Rows rows a block) and block_rows_sum's order; with up, silu(W x) * (Up x), 2 rows of each a block.
 std::vector<float> matvec_f16(const uint8_t* bytes, int64_t rows, int64_t cols, const std::vector<float>& x,
@@ -161,7 +162,7 @@ int matvec_int_warps(int n_units);
 // y = silu(gate x) * (up x) with matvec_glu_int_kernel's blocks (two rows of each matrix per block); n tokens as
 // matvec_int.
 std::vector<float> matvec_glu_int(GgmlType type, const uint8_t* gate, const uint8_t* up, int64_t rows, int64_t cols,
-                                  const std::vector<float>& x, int n = 1);
+                                  const std::vector<float>& x, int n = 1, bool pairs = true);
 // The same with its output also quantized by the product (glu_store_quantized, the blocks in launch order): y, and
 // *yq its ActBlocks; rows a multiple of 32.
 std::vector<float> matvec_glu_int_quantized(GgmlType type, const uint8_t* gate, const uint8_t* up, int64_t rows,
