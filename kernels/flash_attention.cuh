@@ -103,10 +103,16 @@ KVGEN_HD uint4 kv_load8_f16(KvType t, const uint8_t* row, int d, const float* ad
 // unnormalized partial results, which a second kernel combines (combine_head, the decode attention's). The split
 // count: blocks for at most kFaBlocksPerSm per SM (one wave), at least kFaMinSplitTiles tiles a split, at most
 // kFaMaxSplits, and at most kFaSplitBlocks blocks in all (the partials buffer's bound, flash_partials).
+// A long prompt over a cache at least as deep as itself has blocks of nearly equal work, and where they are more
+// than a wave the last wave runs part-empty: LLaMA-2-13B's 40 heads at 512 tokens are 320 blocks for the 264 places of
+// 132 SMs, two waves for 1.21 waves' work (on an H200, pp512 at depth 4096 spent 1.6 times 7B's attention time a
+// head and layer, where 7B's 256 blocks are one wave). There the split count is the fewest whose waves per split
+// come within kFaWaveSlack of the best the bounds allow (13B at 512 tokens: 4 splits, 1280 blocks in 5 waves).
 constexpr int kFaBlocksPerSm = 2;  // at 225-227 registers (head_dim 128, sm_90) two blocks of 128 threads fit an SM
 constexpr int kFaMinSplitTiles = 4;
 constexpr int kFaMaxSplits = 16;
-constexpr int kFaSplitBlocks = 512;
+constexpr int kFaSplitBlocks = 2048;
+constexpr float kFaWaveSlack = 1.05f;
 
 // Blocks of a launch before splitting: (n_heads / NQ) x ceil(n / (kFaRows / NQ)).
 KVGEN_HD int flash_blocks(int n_heads, int nq, int n) {
@@ -116,12 +122,21 @@ KVGEN_HD int flash_blocks(int n_heads, int nq, int n) {
 // Splits of the cache positions for n queries at positions pos0 .. pos0 + n - 1 on a device of sm_count SMs.
 KVGEN_HD int flash_splits(int n_heads, int n_rep, int n, int pos0, int sm_count) {
     const int blocks = flash_blocks(n_heads, flash_heads_per_block(n_rep), n);
-    const int tiles = (pos0 + n + kFaTile - 1) / kFaTile;
-    int s = kFaBlocksPerSm * sm_count / blocks;  // one wave: at most kFaBlocksPerSm blocks per SM
-    if (s > tiles / kFaMinSplitTiles) s = tiles / kFaMinSplitTiles;
-    if (s > kFaMaxSplits) s = kFaMaxSplits;
-    if (s > kFaSplitBlocks / blocks) s = kFaSplitBlocks / blocks;
-    return s < 1 ? 1 : s;
+    const int tiles = (pos0 + n + kFaTile - 1) / kFaTile, slots = kFaBlocksPerSm * sm_count;
+    int cap = tiles / kFaMinSplitTiles;
+    if (cap > kFaMaxSplits) cap = kFaMaxSplits;
+    if (cap > kFaSplitBlocks / blocks) cap = kFaSplitBlocks / blocks;
+    if (cap <= 1) return 1;
+    if (blocks > slots && pos0 >= n) {  // more than a wave of nearly equal blocks: whole waves
+        auto waves_per_split = [&](int s) { return float((int64_t(blocks) * s + slots - 1) / slots) / float(s); };
+        float best = waves_per_split(1);
+        for (int s = 2; s <= cap; ++s) best = fminf(best, waves_per_split(s));
+        int s = 1;
+        while (waves_per_split(s) > kFaWaveSlack * best) ++s;
+        return s;
+    }
+    const int s = slots / blocks;  // one wave: at most kFaBlocksPerSm blocks per SM
+    return s < 1 ? 1 : s < cap ? s : cap;
 }
 // Floats of partial results a split launch writes at most for a batch of n_batch tokens: [n][n_heads][splits][hd + 2]
 // with splits x blocks <= kFaSplitBlocks, so at most kFaSplitBlocks x kFaRows rows in all.

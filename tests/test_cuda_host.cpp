@@ -862,15 +862,27 @@ TEST_CASE("a short prompt over a deep cache splits its positions among enough bl
     CHECK(ch::attention_prefill_splits(32, kv7, 20, 1300, 132) == 5);  // 21 tiles: at least 4 a split
     // 512 queries: 256 blocks already fill the GPU
     CHECK(ch::attention_prefill_splits(32, kv7, 512, 4096, 132) == 1);
+    // LLaMA-2-13B's 40 heads: 320 blocks for 264 places would leave the second wave mostly empty; at depth 4096 4
+    // splits (5 waves for 4.85 waves' work; 3 would take 4 for 3.64, 2 three for 2.42), at 1024 and 512 (16 tiles,
+    // at most 4 splits) the same; none where the prompt's own positions make the blocks' work unequal (depth 0 and
+    // 100), nor at depth 4096 on a GPU with room for all 320
+    const Config c13 = test::attention_config(40, 40, 128);
+    const KvLayout kv13 = KvLayout::of(c13, 8192, KvType::F16, KvType::F16);
+    CHECK(ch::attention_prefill_splits(40, kv13, 512, 4096, 132) == 4);
+    CHECK(ch::attention_prefill_splits(40, kv13, 512, 1024, 132) == 4);
+    CHECK(ch::attention_prefill_splits(40, kv13, 512, 512, 132) == 4);
+    CHECK(ch::attention_prefill_splits(40, kv13, 512, 0, 132) == 1);
+    CHECK(ch::attention_prefill_splits(40, kv13, 512, 100, 132) == 1);
+    CHECK(ch::attention_prefill_splits(40, kv13, 512, 4096, 160) == 1);
     // 4 query heads a block (n_rep 4: 8 KV heads), 3 queries: 8 blocks; at most 16 splits
     const Config cg = test::attention_config(32, 8, 128);
     CHECK(ch::attention_prefill_splits(32, KvLayout::of(cg, 8192, KvType::F16, KvType::F16), 3, 4096, 132) == 16);
     // head_dim 32: no flash attention, no split
     const Config c32 = test::attention_config(8, 8, 32);
     CHECK(ch::attention_prefill_splits(8, KvLayout::of(c32, 8192, KvType::F16, KvType::F16), 3, 4096, 132) == 1);
-    // The memory plan's partials hold the largest split launch: at most 512 blocks of 64 rows, or the batch's rows
+    // The memory plan's partials hold the largest split launch: at most 2048 blocks of 64 rows, or the batch's rows
     // times 16 splits; and decode's.
-    CHECK(ch::attention_partials(32, 128, 17, 512) == int64_t(512) * 64 * 130);
+    CHECK(ch::attention_partials(32, 128, 17, 512) == int64_t(2048) * 64 * 130);
     CHECK(ch::attention_partials(32, 128, 17, 4) == int64_t(4) * 32 * 16 * 130);
     CHECK(ch::attention_partials(32, 128, 17, 1) == int64_t(32) * 17 * 130);
     CHECK(ch::attention_partials(8, 32, 5, 512) == int64_t(8) * 5 * 34);
