@@ -219,6 +219,11 @@ void add_cuda_choice(CLI::App& app, const std::string& name, bool* on, const std
            name, [on, on_value](const std::string& v) { *on = v == on_value; }, help)
         ->check(CLI::IsMember(values));
 }
+// A CUDA option that takes one of a few numbers, straight into its setting (which keeps its default when not given).
+void add_cuda_number(CLI::App& app, const std::string& name, int* value, const std::vector<int>& values,
+                     const std::string& help) {
+    app.add_option(name, *value, help)->check(CLI::IsMember(values));
+}
 
 }  // namespace
 
@@ -339,18 +344,15 @@ int main(int argc, char** argv) {
                     "CUDA, sm_90 and later with CUDA 12.3 or later: on (the default) lets each integer product start "
                     "loading its weights while the kernel before it drains (programmatic dependent launch); off "
                     "launches it after");
-    int cuda_matvec_rows = 8;
-    app.add_option("--cuda-matvec-rows", cuda_matvec_rows,
-                   "CUDA: rows of a matrix one block of one token's Q4_0, Q8_0 and Q4_K integer products takes: 8 (the "
-                   "default: twice the weight loads in flight a thread, half the blocks) or 4, to compare; the same "
-                   "results")
-        ->check(CLI::IsMember({4, 8}));
-    int cuda_matvec_unit = 64;
-    app.add_option("--cuda-matvec-unit", cuda_matvec_unit,
-                   "CUDA: weights of a row a lane of Q4_0 integer products takes a step: 64 (the default: 32 "
-                   "bytes of quants a row in flight, as Q8_0's 32 weights) or 32, to compare; sums in another order, "
-                   "within f32 rounding")
-        ->check(CLI::IsMember({32, 64}));
+    add_cuda_number(
+        app, "--cuda-matvec-rows", &gen.run.cuda_matvec_rows, {4, 8},
+        "CUDA: rows of a matrix one block of one token's Q4_0, Q8_0 and Q4_K integer products takes: 8 (the "
+        "default: twice the weight loads in flight a thread, half the blocks) or 4, to compare; the same "
+        "results");
+    add_cuda_number(app, "--cuda-matvec-unit", &gen.run.cuda_matvec_unit, {32, 64},
+                    "CUDA: weights of a row a lane of Q4_0 integer products takes a step: 64 (the default: 32 bytes of "
+                    "quants a row in flight, as Q8_0's 32 weights) or 32, to compare; sums in another order, within "
+                    "f32 rounding");
     add_cuda_choice(
         app, "--cuda-kv-store", &gen.run.cuda_qkv_store, {"product", "kernel"}, "product",
         "CUDA with an f16 KV cache: product (the integer Q|K|V products of up to 16 tokens rotate Q and K "
@@ -565,8 +567,6 @@ int main(int argc, char** argv) {
         if (!kv_types.empty()) kv_type = kvgen::kv_types_name(kv_types[0].first, kv_types[0].second);
         kvgen::kv_types_from_name(kv_type, "--kv-type", &gen.run.kv_type_k, &gen.run.kv_type_v);
         kvgen::math_mode_from_name(math, &gen.run.math);
-        gen.run.cuda_matvec_rows = cuda_matvec_rows;
-        gen.run.cuda_matvec_unit = cuda_matvec_unit;
         gen.run.cuda_gemm_chunk_mib = cuda_gemm_chunk;
         kvgen::apply_llama_settings(llama, gen.run, app.count("--kv-type") > 0);
         if (!llama.n_gpu_layers.empty() && gen.run.device != "cpu" && gen.run.device != "auto")
