@@ -385,9 +385,10 @@ KVGEN_HD constexpr int mvi_rows(int nm, int nt) {
 constexpr int kMviRows = mvi_rows<GgmlType::Q4_0>(1, 1);     // one token: rows per block of one matrix (4, any type)
 constexpr int kMviGluRows = mvi_rows<GgmlType::Q4_0>(2, 1);  // one token: of each of gate and up (2)
 // By default (--cuda-matvec-rows 8), one token's products of the types whose threads then still fit in 128 registers
-// without spilling (sm_90: Q4_0 94, Q8_0 115, Q4_K 100; Q6_K would spill) take twice the rows a block: each thread has
-// twice the 16-byte loads in flight, and the launch has half the blocks (H200, 7B tg128: Q4_0 +1.4%, Q8_0 +4.7%). A
-// row's sum is the same bits whatever the rows a block: its threads' shares and their reduction do not depend on them.
+// without spilling (sm_90: Q4_0 94, 114 in steps of two units; Q8_0 115; Q4_K 100; Q6_K would spill) take twice the
+// rows a block: each thread has twice the 16-byte loads in flight, and the launch has half the blocks (H200, 7B tg128:
+// Q4_0 +1.4%, Q8_0 +4.7%). A row's sum is the same bits whatever the rows a block: its threads' shares and their
+// reduction do not depend on them.
 constexpr int kMviWideRows = 2 * kMviRows;
 KVGEN_HD constexpr bool mvi_wide_type(GgmlType t) {
     return t == GgmlType::Q4_0 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K;
