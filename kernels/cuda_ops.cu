@@ -183,12 +183,7 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
                     gemm_chunk_, gemm_overlap_);
     KVGEN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     try {
-        if (gemm_overlap_) {
-            KVGEN_CUDA_CHECK(cudaStreamCreateWithFlags(&overlap_.side, cudaStreamNonBlocking));
-            for (cudaEvent_t* e : {&overlap_.start, &overlap_.decoded[0], &overlap_.decoded[1], &overlap_.multiplied[0],
-                                   &overlap_.multiplied[1]})
-                KVGEN_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
-        }
+        if (gemm_overlap_) make_gemm_overlap(overlap_);
         check_cublas(cublasCreate(&cublas_), "cublasCreate");
         check_cublas(cublasSetStream(cublas_, stream_), "cublasSetStream");
         KVGEN_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&base_), p.total));
@@ -245,13 +240,7 @@ void CudaOps::release() {
     h_logits_ = nullptr;
     if (cublas_) cublasDestroy(cublas_);
     cublas_ = nullptr;
-    for (cudaEvent_t* e : {&overlap_.start, &overlap_.decoded[0], &overlap_.decoded[1], &overlap_.multiplied[0],
-                           &overlap_.multiplied[1]}) {
-        if (*e) cudaEventDestroy(*e);
-        *e = nullptr;
-    }
-    if (overlap_.side) cudaStreamDestroy(overlap_.side);
-    overlap_.side = nullptr;
+    release_gemm_overlap(overlap_);
     if (stream_) cudaStreamDestroy(stream_);
     stream_ = nullptr;
 }

@@ -1,6 +1,7 @@
 #include "ops.cuh"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <mutex>
 #include <vector>
@@ -864,6 +865,26 @@ void dequantize_rows_f16(__half* out, const DevWeight& w, int64_t r0, int64_t n_
     });
     if (!ok) throw Error(fmt::format("CUDA: no device decoder for {}", ggml_type_name(w.type)));
     KVGEN_CUDA_LAUNCHED("dequantize_rows");
+}
+
+namespace {
+std::array<cudaEvent_t*, 5> overlap_events(GemmOverlap& o) {
+    return {&o.start, &o.decoded[0], &o.decoded[1], &o.multiplied[0], &o.multiplied[1]};
+}
+}  // namespace
+
+void make_gemm_overlap(GemmOverlap& o) {
+    KVGEN_CUDA_CHECK(cudaStreamCreateWithFlags(&o.side, cudaStreamNonBlocking));
+    for (cudaEvent_t* e : overlap_events(o)) KVGEN_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+}
+
+void release_gemm_overlap(GemmOverlap& o) {
+    for (cudaEvent_t* e : overlap_events(o)) {
+        if (*e) cudaEventDestroy(*e);
+        *e = nullptr;
+    }
+    if (o.side) cudaStreamDestroy(o.side);
+    o.side = nullptr;
 }
 
 void gemm_weight(cublasHandle_t h, float* out, const DevWeight& w, const __half* x, int n, bool accumulate,

@@ -139,6 +139,10 @@ struct GemmOverlap {
     cudaEvent_t decoded[2] = {};     // chunk buffer b written (side stream)
     cudaEvent_t multiplied[2] = {};  // chunk buffer b read by its GEMM (main stream)
 };
+// Makes o's stream and events (throws on failure; what was made is left for release_gemm_overlap).
+void make_gemm_overlap(GemmOverlap& o);
+// Frees what o holds, made or partly made, and leaves it empty.
+void release_gemm_overlap(GemmOverlap& o);
 // The prefill product of any weight: out[n][rows] = x[n][cols] . W^T (+= when accumulate) with x in f16. F16 weights
 // go to cuBLAS in place; the rest are decoded chunk by chunk (prefill_gemm.cuh) into scratch, which holds
 // gemm_scratch_elems(w.type, w.rows, w.cols, chunk_elems, overlap != null) halves (memory_plan.h), and each chunk

@@ -201,17 +201,8 @@ std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n,
     cublasHandle_t h = nullptr;
     check_cublas(cublasCreate(&h), "cublasCreate");
     GemmOverlap ov;
-    auto free_overlap = [&ov] {
-        for (cudaEvent_t e : {ov.start, ov.decoded[0], ov.decoded[1], ov.multiplied[0], ov.multiplied[1]})
-            if (e) cudaEventDestroy(e);
-        if (ov.side) cudaStreamDestroy(ov.side);
-    };
     try {
-        if (overlap) {
-            KVGEN_CUDA_CHECK(cudaStreamCreateWithFlags(&ov.side, cudaStreamNonBlocking));
-            for (cudaEvent_t* e : {&ov.start, &ov.decoded[0], &ov.decoded[1], &ov.multiplied[0], &ov.multiplied[1]})
-                KVGEN_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
-        }
+        if (overlap) make_gemm_overlap(ov);
         const DevWeight dw = dev_weight(w, b);
         if (mma && gemm_mma_ok(dw))
             gemm_weight_mma(RowSplit::one(y.p, w.rows), dw, xh.p, n, y0 != nullptr, mma_device(sm_count, stages),
@@ -221,11 +212,11 @@ std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n,
             gemm_weight(h, y.p, dw, xh.p, n, y0 != nullptr, wh.p, nullptr, chunk, overlap ? &ov : nullptr);
         std::vector<float> out = y.get();
         cublasDestroy(h);
-        free_overlap();
+        release_gemm_overlap(ov);
         return out;
     } catch (...) {
         cublasDestroy(h);
-        free_overlap();
+        release_gemm_overlap(ov);
         throw;
     }
 }
