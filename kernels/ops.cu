@@ -241,7 +241,11 @@ __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
     matvec_int_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int n_units, int64_t rows,
                       const ActBlock* __restrict__ x, int n, RowSplit y, int i0, int accumulate, QkvStore st,
                       NormStore ns) {
-    if constexpr (NT > 1) pdl_trigger();  // a prompt's next launch over the same weight may start loading them
+    // The kernel after it may start loading its weights while this one's last blocks run: the next product (the
+    // SwiGLU product after the output projection, the next layer's Q|K|V after the down projection, a prompt's next
+    // launch over the same weight) or decode attention after Q|K|V. It waits for this grid to finish before it reads
+    // what this one writes; this grid's blocks are all resident when it starts, so they never wait for room.
+    pdl_trigger();
     __shared__ float part[kMviMaxWarps][R * NT];
     const int64_t r0 = int64_t(blockIdx.x) * R;
     const uint8_t* const ws[1] = {w};
@@ -310,7 +314,7 @@ template <int NM, int R>
 __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
     matvec_f16_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ up, int64_t row_bytes, int n_units,
                       int64_t rows, const float* __restrict__ x, RowSplit y, int accumulate) {
-    if constexpr (NM == 2) pdl_trigger();  // the down projection may start loading its weights
+    pdl_trigger();  // the next product (the down projection after gate and up) may start loading its weights
     __shared__ float part[NM][kMviMaxWarps][R];
     const int64_t r0 = int64_t(blockIdx.x) * R;
     float acc[NM][R][1];
