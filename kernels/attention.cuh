@@ -109,6 +109,37 @@ struct DeviceThread {
         asm volatile("cp.async.wait_all;" ::: "memory");
 #endif
     }
+    // The thread's copy16_async copies since the last commit become a group (cp.async.commit_group) ...
+    __device__ __forceinline__ void commit_async() const {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+        asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+    }
+    // ... and wait_async_group<N> waits for all of its groups but the N committed last (cp.async.wait_group N).
+    template <int N>
+    __device__ __forceinline__ void wait_async_group() const {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+        asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+    }
+    // ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: four 8 x 8 matrices of 16-bit values from shared memory, lane
+    // 8 m + i giving the address of row i of matrix m (16 bytes, 16-byte aligned); r[m] is lane 4 i + j's word j of
+    // row i of matrix m (values 2 j, 2 j + 1), or with trans its values at rows 2 j and 2 j + 1 of column i: a B
+    // fragment of mma.m16n8k16 (flash_attention.cuh) from a [k][n] tile. Every lane of the warp takes part.
+    template <bool Trans>
+    __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __half* p) const {
+        const unsigned a = unsigned(__cvta_generic_to_shared(p));
+        if constexpr (Trans)
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                         : "r"(a)
+                         : "memory");
+        else
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                         : "r"(a)
+                         : "memory");
+    }
 };
 #endif
 

@@ -122,6 +122,7 @@ private:
     bool f16_block_;              // Settings::cuda_f16_block
     bool norm_folded_ = false;    // the last residual product also wrote the next norm's ActBlocks into xnq_
     bool flash_;       // Settings::cuda_flash_attention
+    bool flash_async_;  // Settings::cuda_flash_pipeline, where the device has the shared memory (flash_async_fits)
     bool mma_gemm_;    // Settings::cuda_mma_gemm
     int64_t gemm_chunk_;  // Settings::cuda_gemm_chunk_mib in weights (gemm_chunk_rows; 0: whole matrices)
     bool gemm_overlap_;   // Settings::cuda_gemm_overlap: gemm_weight decodes on overlap_.side
@@ -168,6 +169,7 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
       norm_fold_(s.cuda_norm_fold),
       f16_block_(s.cuda_f16_block),
       flash_(s.cuda_flash_attention),
+      flash_async_(false),
       mma_gemm_(s.cuda_mma_gemm),
       gemm_chunk_(gemm_chunk_elems_of_mib(s.cuda_gemm_chunk_mib)),
       gemm_overlap_(s.cuda_gemm_overlap) {
@@ -176,6 +178,7 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
     KVGEN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
     pdl_ = s.cuda_pdl && major >= 9 && CUDART_VERSION >= 12030;  // (graphs take PDL edges from 12.3)
     mma_dev_ = gemm_mma_device(device_);
+    flash_async_ = s.cuda_flash_pipeline && flash_async_fits(c_.head_dim, mma_dev_);
     sm_count_ = mma_dev_.sm_count;
     splits_ = attention_splits(c_.n_heads, kv_, sm_count_);
     const MemoryPlan p =
@@ -435,7 +438,8 @@ void CudaOps::attention(float* out, const float* q, int l, int n) {
                          layer_offsets(l), d_step_, c_.n_heads, kv_, splits_, stream_, pdl_);
     else  // a short prompt over a deep cache: its positions split among more blocks
         attention_prefill(out, q, layer_k(l), layer_v(l), layer_offsets(l), d_step_, n, c_.n_heads, kv_, flash_,
-                          attention_prefill_splits(c_.n_heads, kv_, n, pos0_, sm_count_), partials_, stream_);
+                          flash_async_, attention_prefill_splits(c_.n_heads, kv_, n, pos0_, sm_count_), partials_,
+                          stream_);
     if (kv_type_quantized(kv_.v_type)) kv_rotate_rows(out, rows, c_.head_dim, stream_, pdl_);
 }
 

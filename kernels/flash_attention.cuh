@@ -42,9 +42,12 @@ constexpr int kFaVStride = kFaTile + 8;  // halves per transposed V row (36 word
 template <int HD>
 constexpr int kFaKStride = HD + 8;  // halves per K row in shared memory (HD / 2 + 4 words: no bank conflicts)
 // Floats of shared memory a block needs: the K tile [kFaTile][HD + 8] and the transposed V tile [HD][kFaTile + 8], and
-// with LO both again for the low parts (head_dim 128: 35,840 bytes, with LO 71,680).
-template <int HD, bool LO = false>
-constexpr int kFaShared = (LO ? 2 : 1) * (kFaTile * kFaKStride<HD> + HD * kFaVStride) / 2;
+// with LO both again for the low parts (head_dim 128: 35,840 bytes, with LO 71,680). ASYNC (an f16 cache, copied
+// tile by tile, see flash_prefill_body): two stages of the K tile and the V tile as it is, [kFaTile][HD + 8] each
+// (head_dim 128: 69,632 bytes; 64: 36,864).
+template <int HD, bool LO = false, bool ASYNC = false>
+constexpr int kFaShared = ASYNC ? 2 * kFaTile* kFaKStride<HD>
+                                : (LO ? 2 : 1) * (kFaTile * kFaKStride<HD> + HD * kFaVStride) / 2;
 
 // head_dim values the tensor-core kernel is built for (the rest use attention_prefill_body).
 KVGEN_HD bool flash_head_dim(int hd) {
@@ -145,6 +148,31 @@ KVGEN_HD int64_t flash_partials(int n_batch, int n_heads, int head_dim) {
     return (rows < cap ? rows : cap) * (head_dim + 2);
 }
 
+// ASYNC (flash_prefill_body): the tile of an f16 cache's KV head from position t1 (its rows kg, vg, krb and vrb
+// bytes apart) into a stage of shared memory, K at kd [kFaTile][KS] and V after it, as they are: a 16-byte copy
+// (ctx.copy16_async) for each 8 values of a row, consecutive threads along a row (a warp copies 512 contiguous bytes);
+// rows past block_last as zeros (plain stores, published by the same barrier as the copies, so that masked weights
+// multiply zeros). The copies are committed as one group.
+#pragma nv_exec_check_disable
+template <int HD, class Ctx>
+KVGEN_HD void flash_copy_tile(const Ctx& ctx, __half* kd, const uint8_t* kg, const uint8_t* vg, int64_t krb,
+                              int64_t vrb, int t1, int block_last) {
+    constexpr int KS = kFaKStride<HD>;
+    __half* const vd = kd + kFaTile * KS;
+    for (int u = ctx.thread(); u < kFaTile * HD / 8; u += kFaThreads) {
+        const int p = u / (HD / 8), d = 8 * (u % (HD / 8));
+        check_aligned(kd + p * KS + d, 16);
+        if (t1 + p <= block_last) {
+            ctx.copy16_async(kd + p * KS + d, kg + int64_t(t1 + p) * krb + 2 * d);
+            ctx.copy16_async(vd + p * KS + d, vg + int64_t(t1 + p) * vrb + 2 * d);
+        } else {
+            *reinterpret_cast<uint4*>(kd + p * KS + d) = make_uint4(0, 0, 0, 0);
+            *reinterpret_cast<uint4*>(vd + p * KS + d) = make_uint4(0, 0, 0, 0);
+        }
+    }
+    ctx.commit_async();
+}
+
 // grid (n_heads / NQ, ceil(n / (kFaRows / NQ)) x splits), kFaThreads threads, kFaShared<HD, LO> floats of shared
 // memory. LO: K and V as f16 high and low parts (for a cache with a quantized half; see the top of this file).
 // Queries i at positions *d_pos0 + i, each over cache positions 0 ..= its own; q, out [n][n_heads][HD]; scale =
@@ -154,8 +182,16 @@ KVGEN_HD int64_t flash_partials(int n_batch, int n_heads, int head_dim) {
 // splits > 1: block_y = query block x splits + split; the split takes its share of the tiles its query block reads
 // and writes each row's partial result to partials [n][n_heads][splits][HD + 2] (o unnormalized, m, l; m in natural
 // log units, as combine_head reads it) instead of out; a split with no tile writes m = -inf, l = 0.
+//
+// ASYNC (an f16 cache: not with LO; --cuda-flash-pipeline on): the tiles go from the cache to shared memory by
+// ctx.copy16_async (cp.async: no registers, no transposing stores), V as it is ([position][d]), in two stages: while
+// the warps multiply tile t, tile t + 1's copies are on their way into the other stage, and one barrier a tile (not
+// two) both publishes a tile and frees the stage it is then copied over. The B fragments come by
+// ctx.ldmatrix_x4 (ldmatrix: four 8 x 8 matrices a lane's instruction; V's with .trans, which makes the transposed
+// tile's fragments of it), one instruction for what took four 32-bit loads. The same fragments into the same mma
+// products in the same order: the same bits as without.
 #pragma nv_exec_check_disable
-template <int HD, int NQ, bool LO, class Ctx>
+template <int HD, int NQ, bool LO, class Ctx, bool ASYNC = false>
 KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, const uint8_t* __restrict__ kc,
                                  const uint8_t* __restrict__ vc, const float* __restrict__ k_offsets,
                                  const int* __restrict__ d_pos0, int n, int n_heads, int n_rep, const KvLayout& kv,
@@ -167,10 +203,13 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
     constexpr int NT = kFaTile / 8;   // n-tiles of S
     constexpr int BQ = kFaRows / NQ;  // queries per block
     constexpr float kLog2e = 1.4426950408889634f;
+    static_assert(!(ASYNC && LO), "tiles copied as they are: an f16 cache");
+    static_assert(!ASYNC || (DK % 2 == 0 && DN % 2 == 0), "ldmatrix_x4: fragments two at a time");
     __half* ks = reinterpret_cast<__half*>(ctx.shared());
     __half* vts = ks + kFaTile * KS;
     __half* kls = vts + HD * VS;  // with LO: the low parts' tiles, laid out as the high parts'
     __half* vtls = kls + kFaTile * KS;
+    constexpr int kStage = 2 * kFaTile * KS;  // ASYNC: halves of a stage, K [kFaTile][KS] then V [kFaTile][KS]
 
     const int tid = ctx.thread(), warp = tid / 32, lane = tid % 32, gid = lane >> 2, tig = lane & 3;
     const int h0 = ctx.block_x() * NQ, g = h0 / n_rep;
@@ -226,52 +265,82 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
     const uint8_t* kg = kc + kv.row_index(0, g, 0) * krb;
     const uint8_t* vg = vc + kv.row_index(0, g, 0) * vrb;
     const float* koff = k_offsets ? k_offsets + int64_t(g) * HD : nullptr;
-    for (int t0 = t_begin; t0 < t_end; t0 += kFaTile) {
-        // The tile: K as [position][d], V transposed to [d][position] (B fragments of both are then one 32-bit load);
-        // positions past block_last as zeros, so that masked weights multiply zeros. A warp's 32 lanes take 16
-        // consecutive positions of 16 dimensions (two lanes a row's 32-byte sector): each transposed V store then
-        // fills 8 consecutive words in two rows of the tile, a 2-way bank conflict (lanes taking a row's dimensions,
-        // as for K, would hit one bank 8- or 16-way), and each 8 lanes' K stores, HD / 2 + 4 words apart, cover
-        // the 32 banks.
-        for (int u = tid; u < kFaTile * HD / 8; u += kFaThreads) {
-            constexpr int PG = kFaTile / 16;  // groups of 16 positions
-            const int c = u / 32, p = 16 * (c % PG) + u % 16, d = 8 * (2 * (c / PG) + u % 32 / 16);
-            uint4 k4 = make_uint4(0, 0, 0, 0), v4 = k4, kl4 = k4, vl4 = k4;
-            if (t0 + p <= block_last) {
-                k4 = kv_load8_f16(kv.k_type, kg + int64_t(t0 + p) * krb, d,
-                                  koff && t0 + p >= kKvOffsetPositions ? koff + d : nullptr, LO ? &kl4 : nullptr);
-                v4 = kv_load8_f16(kv.v_type, vg + int64_t(t0 + p) * vrb, d, nullptr, LO ? &vl4 : nullptr);
-            }
-            check_aligned(ks + p * KS + d, 16);
-            *reinterpret_cast<uint4*>(ks + p * KS + d) = k4;
-            __half vh[8];
-            memcpy(vh, &v4, sizeof(vh));
+    if constexpr (ASYNC) {
+        if (t_begin < t_end) flash_copy_tile<HD>(ctx, ks, kg, vg, krb, vrb, t_begin, block_last);
+    }
+    for (int t0 = t_begin, st = 0; t0 < t_end; t0 += kFaTile, st ^= 1) {
+        if constexpr (ASYNC) {
+            // Tile t0's copies (the one group outstanding) waited for, then one barrier: every thread's copies of it
+            // are in stage st for all, and every warp has left the other stage (its products of the tile before),
+            // into which tile t0 + kFaTile is copied while the warps multiply this one.
+            ctx.template wait_async_group<0>();
+            ctx.sync();
+            if (t0 + kFaTile < t_end)
+                flash_copy_tile<HD>(ctx, ks + (st ^ 1) * kStage, kg, vg, krb, vrb, t0 + kFaTile, block_last);
+        } else {
+            // The tile: K as [position][d], V transposed to [d][position] (B fragments of both are then one 32-bit
+            // load); positions past block_last as zeros, so that masked weights multiply zeros. A warp's 32 lanes take
+            // 16 consecutive positions of 16 dimensions (two lanes a row's 32-byte sector): each transposed V store
+            // then fills 8 consecutive words in two rows of the tile, a 2-way bank conflict (lanes taking a row's
+            // dimensions, as for K, would hit one bank 8- or 16-way), and each 8 lanes' K stores, HD / 2 + 4 words
+            // apart, cover the 32 banks.
+            for (int u = tid; u < kFaTile * HD / 8; u += kFaThreads) {
+                constexpr int PG = kFaTile / 16;  // groups of 16 positions
+                const int c = u / 32, p = 16 * (c % PG) + u % 16, d = 8 * (2 * (c / PG) + u % 32 / 16);
+                uint4 k4 = make_uint4(0, 0, 0, 0), v4 = k4, kl4 = k4, vl4 = k4;
+                if (t0 + p <= block_last) {
+                    k4 = kv_load8_f16(kv.k_type, kg + int64_t(t0 + p) * krb, d,
+                                      koff && t0 + p >= kKvOffsetPositions ? koff + d : nullptr, LO ? &kl4 : nullptr);
+                    v4 = kv_load8_f16(kv.v_type, vg + int64_t(t0 + p) * vrb, d, nullptr, LO ? &vl4 : nullptr);
+                }
+                check_aligned(ks + p * KS + d, 16);
+                *reinterpret_cast<uint4*>(ks + p * KS + d) = k4;
+                __half vh[8];
+                memcpy(vh, &v4, sizeof(vh));
 #pragma unroll
-            for (int e = 0; e < 8; ++e) vts[(d + e) * VS + p] = vh[e];
-            if constexpr (LO) {
-                *reinterpret_cast<uint4*>(kls + p * KS + d) = kl4;
-                memcpy(vh, &vl4, sizeof(vh));
+                for (int e = 0; e < 8; ++e) vts[(d + e) * VS + p] = vh[e];
+                if constexpr (LO) {
+                    *reinterpret_cast<uint4*>(kls + p * KS + d) = kl4;
+                    memcpy(vh, &vl4, sizeof(vh));
 #pragma unroll
-                for (int e = 0; e < 8; ++e) vtls[(d + e) * VS + p] = vh[e];
+                    for (int e = 0; e < 8; ++e) vtls[(d + e) * VS + p] = vh[e];
+                }
             }
+            ctx.sync();
         }
-        ctx.sync();
         if (t0 <= warp_last) {  // the same for the whole warp
+            [[maybe_unused]] const __half* const kst = ks + st * kStage;  // ASYNC: this tile's stage
+            [[maybe_unused]] const __half* const vst = kst + kFaTile * KS;
             float s[NT][4];
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
+                if constexpr (ASYNC) {
+                    // k-steps kk and kk + 1 of n-tile j: matrices of positions 8 j .. 8 j + 7 and dimensions 16 kk,
+                    // 16 kk + 8, 16 kk + 16, 16 kk + 24; lane 8 m + i gives row i of matrix m.
 #pragma unroll
-                for (int kk = 0; kk < DK; ++kk) {
-                    const __half* kp = ks + (8 * j + gid) * KS + 16 * kk + 2 * tig;
-                    const uint32_t b[2] = {load_u32(kp), load_u32(kp + 8)};
-                    ctx.mma(s[j], qh[kk], b);
-                    ctx.mma(s[j], ql[kk], b);
-                    if constexpr (LO) {
-                        const __half* klp = kls + (8 * j + gid) * KS + 16 * kk + 2 * tig;
-                        const uint32_t bl[2] = {load_u32(klp), load_u32(klp + 8)};
-                        ctx.mma(s[j], qh[kk], bl);
+                    for (int kk = 0; kk < DK; kk += 2) {
+                        uint32_t r[4];
+                        ctx.template ldmatrix_x4<false>(r, kst + (8 * j + (lane & 7)) * KS + 16 * kk + 8 * (lane >> 3));
+                        const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                        ctx.mma(s[j], qh[kk], b0);
+                        ctx.mma(s[j], ql[kk], b0);
+                        ctx.mma(s[j], qh[kk + 1], b1);
+                        ctx.mma(s[j], ql[kk + 1], b1);
+                    }
+                } else {
+#pragma unroll
+                    for (int kk = 0; kk < DK; ++kk) {
+                        const __half* kp = ks + (8 * j + gid) * KS + 16 * kk + 2 * tig;
+                        const uint32_t b[2] = {load_u32(kp), load_u32(kp + 8)};
+                        ctx.mma(s[j], qh[kk], b);
+                        ctx.mma(s[j], ql[kk], b);
+                        if constexpr (LO) {
+                            const __half* klp = kls + (8 * j + gid) * KS + 16 * kk + 2 * tig;
+                            const uint32_t bl[2] = {load_u32(klp), load_u32(klp + 8)};
+                            ctx.mma(s[j], qh[kk], bl);
+                        }
                     }
                 }
             }
@@ -312,20 +381,34 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
                 const uint32_t a[4] = {pack_halves(s[2 * kk][0], s[2 * kk][1]), pack_halves(s[2 * kk][2], s[2 * kk][3]),
                                        pack_halves(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                                        pack_halves(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+                if constexpr (ASYNC) {
+                    // n-tiles nt and nt + 1: matrices of positions 16 kk .. + 7 and 16 kk + 8 .. + 15 at dimensions
+                    // 8 nt and 8 nt + 8, transposed (B is V's [position][d] tile read down its columns).
 #pragma unroll
-                for (int nt = 0; nt < DN; ++nt) {
-                    const __half* vp = vts + (8 * nt + gid) * VS + 16 * kk + 2 * tig;
-                    const uint32_t b[2] = {load_u32(vp), load_u32(vp + 8)};
-                    ctx.mma(o[nt], a, b);
-                    if constexpr (LO) {
-                        const __half* vlp = vtls + (8 * nt + gid) * VS + 16 * kk + 2 * tig;
-                        const uint32_t bl[2] = {load_u32(vlp), load_u32(vlp + 8)};
-                        ctx.mma(o[nt], a, bl);
+                    for (int nt = 0; nt < DN; nt += 2) {
+                        uint32_t r[4];
+                        ctx.template ldmatrix_x4<true>(
+                            r, vst + (16 * kk + 8 * ((lane >> 3) & 1) + (lane & 7)) * KS + 8 * nt + 8 * (lane >> 4));
+                        const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+                        ctx.mma(o[nt], a, b0);
+                        ctx.mma(o[nt + 1], a, b1);
+                    }
+                } else {
+#pragma unroll
+                    for (int nt = 0; nt < DN; ++nt) {
+                        const __half* vp = vts + (8 * nt + gid) * VS + 16 * kk + 2 * tig;
+                        const uint32_t b[2] = {load_u32(vp), load_u32(vp + 8)};
+                        ctx.mma(o[nt], a, b);
+                        if constexpr (LO) {
+                            const __half* vlp = vtls + (8 * nt + gid) * VS + 16 * kk + 2 * tig;
+                            const uint32_t bl[2] = {load_u32(vlp), load_u32(vlp + 8)};
+                            ctx.mma(o[nt], a, bl);
+                        }
                     }
                 }
             }
         }
-        ctx.sync();  // the tile is read before the next one overwrites it
+        if constexpr (!ASYNC) ctx.sync();  // the tile is read before the next one overwrites it
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {

@@ -502,18 +502,18 @@ __global__ void __launch_bounds__(kAttnThreads)
     attention_prefill_body<NQ, E>(DeviceThread{nullptr}, q, kc, vc, d_pos0, n, n_heads, n_rep, kv, scale, out);
 }
 
-// LO (a cache with a quantized half): kFaShared<HD, true> floats of dynamic shared memory (over 48 KiB for head_dim
-// 128); else the static kFaShared<HD>.
-template <int HD, int NQ, bool LO>
+// LO (a cache with a quantized half) or ASYNC (an f16 cache copied in two stages): kFaShared<HD, LO, ASYNC> floats of
+// dynamic shared memory (over 48 KiB for head_dim 128); else the static kFaShared<HD>.
+template <int HD, int NQ, bool LO, bool ASYNC = false>
 __global__ void __launch_bounds__(kFaThreads)
     flash_prefill_kernel(const float* __restrict__ q, const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc,
                          const float* __restrict__ k_offsets, const int* __restrict__ d_pos0, int n, int n_heads,
                          int n_rep, KvLayout kv, float scale, float* __restrict__ out, int splits,
                          float* __restrict__ partials) {
-    if constexpr (LO) {
+    if constexpr (LO || ASYNC) {
         extern __shared__ __align__(16) float flash_lo_shared[];
-        flash_prefill_body<HD, NQ, true>(DeviceThread{flash_lo_shared}, q, kc, vc, k_offsets, d_pos0, n, n_heads,
-                                         n_rep, kv, scale, out, splits, partials);
+        flash_prefill_body<HD, NQ, LO, DeviceThread, ASYNC>(DeviceThread{flash_lo_shared}, q, kc, vc, k_offsets, d_pos0,
+                                                            n, n_heads, n_rep, kv, scale, out, splits, partials);
     } else {
         __shared__ __align__(16) float sm[kFaShared<HD>];
         flash_prefill_body<HD, NQ, false>(DeviceThread{sm}, q, kc, vc, k_offsets, d_pos0, n, n_heads, n_rep, kv,
@@ -1089,9 +1089,15 @@ void attention_decode(float* out, ActBlock* xq, float* partials, int* counters, 
 static_assert((kMaxBatch + kAttnWarps - 1) / kAttnWarps <= 65535, "the warp prefill grid's rows");
 static_assert((kMaxBatch + kFaRows / 8 - 1) / (kFaRows / 8) <= 65535, "the flash prefill grid's rows");
 
+bool flash_async_fits(int head_dim, const GemmMmaDevice& d) {
+    const int64_t floats = head_dim == 64 ? kFaShared<64, false, true> : kFaShared<128, false, true>;
+    const int64_t bytes = int64_t(sizeof(float)) * floats;
+    return bytes <= d.shared_per_block && kFaBlocksPerSm * (bytes + kSharedReservePerBlock) <= d.shared_per_sm;
+}
+
 void attention_prefill(float* out, const float* q, const uint8_t* k_cache, const uint8_t* v_cache,
                        const float* k_offsets, const int* d_pos0, int n, int n_heads, const KvLayout& kv,
-                       bool tensor_cores, int splits, float* partials, cudaStream_t s) {
+                       bool tensor_cores, bool flash_async, int splits, float* partials, cudaStream_t s) {
     KVGEN_ASSERT(kv_cache_supported(kv));
     KVGEN_ASSERT((k_offsets != nullptr) == kv.k_offsets());
     const int n_rep = n_heads / kv.n_kv_heads;
@@ -1101,9 +1107,11 @@ void attention_prefill(float* out, const float* q, const uint8_t* k_cache, const
             constexpr int HD = decltype(hd)::value, NQ = decltype(nq)::value;
             KVGEN_ASSERT(splits >= 1 && (splits == 1 || partials));
             const dim3 grid(unsigned(n_heads / NQ), unsigned((n + kFaRows / NQ - 1) / (kFaRows / NQ) * splits));
-            if (kv.quantized()) {
-                const auto kernel = flash_prefill_kernel<HD, NQ, true>;
-                const size_t bytes = sizeof(float) * size_t(kFaShared<HD, true>);
+            if (kv.quantized() || flash_async) {
+                const auto kernel =
+                    kv.quantized() ? flash_prefill_kernel<HD, NQ, true> : flash_prefill_kernel<HD, NQ, false, true>;
+                const size_t bytes =
+                    sizeof(float) * size_t(kv.quantized() ? kFaShared<HD, true> : kFaShared<HD, false, true>);
                 set_up_shared(reinterpret_cast<const void*>(kernel), bytes, nullptr, kFaBlocksPerSm);
                 kernel<<<grid, kFaThreads, bytes, s>>>(q, k_cache, v_cache, k_offsets, d_pos0, n, n_heads, n_rep, kv,
                                                        scale, out, splits, partials);

@@ -20,7 +20,8 @@
 #      first 200 kernels of a prefill of about 500 tokens (SHAPE-TYPE-prefill: time and bytes per kernel, nothing
 #      raw kept); and for the first type of each shape, pp16 and pp512 at depths 0 and
 #      4096 with --cuda-attention warp (the CUDA-core prefill attention) beside the default tensor-core one
-#      (SHAPE-T-warpattn), and pp512 / tg128 at those depths with --kv-type q8_0 and q4_0 (SHAPE-T-kvq8_0, -kvq4_0);
+#      (SHAPE-T-warpattn), pp512 at those depths with --cuda-flash-pipeline off (SHAPE-T-flashsync: flash attention's
+#      cache tiles loaded through registers, not copied in two stages), and pp512 / tg128 at those depths with --kv-type q8_0 and q4_0 (SHAPE-T-kvq8_0, -kvq4_0);
 #      for every file, tg128 with --cuda-pdl off (SHAPE-T-nopdl: the decode products launched without programmatic
 #      dependent launch), for F16 tg128 with --cuda-f16-matvec warp (SHAPE-F16-warpf16: a warp over 2 rows instead
 #      of a block of warps over 4), for Q4_0, Q8_0 and Q4_K_M tg128 with --cuda-matvec-rows 4 (SHAPE-T-rows4: 4 rows a
@@ -394,6 +395,11 @@ for shape in "${shapes[@]}"; do
             bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-attention warp -p 16,512 -n 0 \
                 -d "0,$attn_depth" -r 2 -o json >"$work/speed/$name-warpattn.bench.json" 2>>"$out/log.txt" ||
                 log "$name: bench with --cuda-attention warp failed"
+            # flash attention's tiles loaded through registers, not copied in two stages by cp.async
+            cp "$work/speed/$name.inspect.json" "$work/speed/$name-flashsync.inspect.json"
+            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-flash-pipeline off -p 512 -n 0 \
+                -d "0,$attn_depth" -r 2 -o json >"$work/speed/$name-flashsync.bench.json" 2>>"$out/log.txt" ||
+                log "$name: bench with --cuda-flash-pipeline off failed"
             for kvt in q8_0 q4_0; do  # a quantized KV cache: decode and prefill at depth
                 cp "$work/speed/$name.inspect.json" "$work/speed/$name-kv$kvt.inspect.json"
                 bounded "$kvgen" -m "$f" --bench --device "$dev" --kv-type "$kvt" -p 512 -n 128 \

@@ -918,6 +918,11 @@ TEST_CASE("flash attention on the tensor cores, its mma fragments run on the hos
                 INFO("heads " << s.n_heads << "/" << s.n_kv << " hd " << s.hd << " pos0 " << pos0 << " n " << n
                               << " splits " << splits);
                 const std::vector<float> got = cuda::host::attention(c, q, k, v, pos0, n, n_ctx, splits, false, true);
+                // the tiles copied in two stages and read by ldmatrix (the default) or loaded through registers and
+                // transposed (--cuda-flash-pipeline off): the same fragments into the same products, the same bits
+                const std::vector<float> sync = cuda::host::attention(c, q, k, v, pos0, n, n_ctx, splits, false, true,
+                                                                      KvType::F16, KvType::F16, nullptr, false);
+                REQUIRE(std::memcmp(sync.data(), got.data(), got.size() * sizeof(float)) == 0);
                 // P is rounded to f16 for P V (2^-12 relative per weight); the scores keep f32 precision (Q in two
                 // parts)
                 double err = 0, ref = 0;

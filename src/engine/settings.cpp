@@ -35,6 +35,8 @@ std::string cuda_options_name(const Settings& s) {
     if (s.cuda_int_matvec != d.cuda_int_matvec) add(s.cuda_int_matvec ? "--cuda-matvec int16" : "--cuda-matvec f32");
     if (s.cuda_flash_attention != d.cuda_flash_attention)
         add(s.cuda_flash_attention ? "--cuda-attention mma" : "--cuda-attention warp");
+    if (s.cuda_flash_pipeline != d.cuda_flash_pipeline)
+        add(s.cuda_flash_pipeline ? "--cuda-flash-pipeline on" : "--cuda-flash-pipeline off");
     if (s.cuda_pdl != d.cuda_pdl) add(s.cuda_pdl ? "--cuda-pdl on" : "--cuda-pdl off");
     if (s.cuda_matvec_rows != d.cuda_matvec_rows) add("--cuda-matvec-rows " + std::to_string(s.cuda_matvec_rows));
     if (s.cuda_matvec_unit != d.cuda_matvec_unit) add("--cuda-matvec-unit " + std::to_string(s.cuda_matvec_unit));

@@ -504,7 +504,7 @@ void kv_write(KvBytes& cache, const void* k, const void* v, int n) {
 
 std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
                              const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold,
-                             bool tensor_cores, KvType kt, KvType vt) {
+                             bool tensor_cores, KvType kt, KvType vt, bool flash_async) {
     const KvLayout kv = KvLayout::of(c, n_ctx, kt, vt);
     // the positions before the queries' as one step, theirs as the next
     KvBytes cache(kv);
@@ -548,7 +548,8 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
     const size_t n_partials = sp > 1 ? size_t(n) * size_t(c.n_heads) * size_t(sp) * size_t(c.head_dim + 2) : 0;
     Dev<float> partials(n_partials + 64);
     poison(partials);
-    attention_prefill(out.p, dq.p, kc.p, vc.p, koff, pos.p, n, c.n_heads, kv, tensor_cores, sp, partials.p, nullptr);
+    attention_prefill(out.p, dq.p, kc.p, vc.p, koff, pos.p, n, c.n_heads, kv, tensor_cores, flash_async, sp, partials.p,
+                      nullptr);
     const std::vector<float> tail = partials.get();
     for (size_t i = n_partials; i < tail.size(); ++i)
         if (!std::isnan(tail[i])) throw Error("attention_prefill: a write past its partials");

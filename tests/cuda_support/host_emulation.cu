@@ -364,8 +364,14 @@ class FiberBlock {
     enum Wait { kNone, kWarp, kBlock };
 
     FiberBlock(int threads, size_t shared_floats, int bx, int by)
-        : bx_(bx), by_(by), smem_(shared_floats), exch_(size_t(threads)), frags_(size_t(threads)),
-          copies_(size_t(threads)), fibers_(size_t(threads)) {}
+        : bx_(bx),
+          by_(by),
+          smem_(shared_floats),
+          exch_(size_t(threads)),
+          frags_(size_t(threads)),
+          copies_(size_t(threads)),
+          rows_(size_t(threads)),
+          fibers_(size_t(threads)) {}
     ~FiberBlock() {
         for (Fiber& f : fibers_) StackPool::give(std::move(f.stack));
     }
@@ -437,11 +443,44 @@ class FiberBlock {
             throw Error(fmt::format("host emulation: thread {} copies 16 bytes between unaligned addresses", current_));
         if (d < sm || d + 16 > sm + smem_.size() * sizeof(float))
             throw Error(fmt::format("host emulation: thread {} copies 16 bytes outside shared memory", current_));
-        copies_[size_t(current_)].push_back({dst, src});
+        copies_[size_t(current_)].push(dst, src);
     }
     void wait_async() {
-        for (const auto& [dst, src] : copies_[size_t(current_)]) std::memcpy(dst, src, 16);
-        copies_[size_t(current_)].clear();
+        Copies& c = copies_[size_t(current_)];
+        c.commit();
+        c.land(0);
+    }
+    // cp.async.commit_group and cp.async.wait_group n: the copies since the last commit make a group, and a wait
+    // lands every group of the thread's but the n committed last.
+    void commit_async() { copies_[size_t(current_)].commit(); }
+    void wait_async_group(int n) { copies_[size_t(current_)].land(n); }
+
+    // ldmatrix.sync.aligned.m8n8.x4 (trans: .trans) .shared.b16: lane 8 m + i posts the address of row i of matrix m,
+    // and each lane takes its four words (DeviceThread::ldmatrix_x4 says which) from the rows the others posted.
+    void ldmatrix_x4(uint32_t (&r)[4], const void* p, bool trans) {
+        const int lane = current_ % 32, base = current_ - lane;
+        const auto a = reinterpret_cast<uintptr_t>(p), sm = reinterpret_cast<uintptr_t>(smem_.data());
+        if (a % 16 != 0)
+            throw Error(fmt::format("host emulation: ldmatrix row of thread {} not 16-byte aligned", current_));
+        if (a < sm || a + 16 > sm + smem_.size() * sizeof(float))
+            throw Error(fmt::format("host emulation: ldmatrix row of thread {} outside shared memory", current_));
+        rows_[size_t(current_)] = p;
+        wait(kWarp);
+        for (int i = base; i < base + 32; ++i)
+            if (size_t(i) >= fibers_.size() || fibers_[size_t(i)].done)
+                throw Error(fmt::format("host emulation: ldmatrix with thread {} of the warp gone", i));
+        auto value = [&](int m, int row, int col) {  // 16-bit value col of row `row` of matrix m
+            uint16_t v;
+            std::memcpy(&v, static_cast<const uint8_t*>(rows_[size_t(base + 8 * m + row)]) + 2 * col, sizeof(v));
+            return uint32_t(v);
+        };
+        const int i = lane / 4, j = lane % 4;
+        uint32_t out[4];
+        for (int m = 0; m < 4; ++m)
+            out[m] = trans ? value(m, 2 * j, i) | value(m, 2 * j + 1, i) << 16
+                           : value(m, i, 2 * j) | value(m, i, 2 * j + 1) << 16;
+        wait(kWarp);  // every lane has read the rows before any posts new ones
+        std::copy(out, out + 4, r);
     }
 
     void wait(Wait kind) {
@@ -553,7 +592,7 @@ class FiberBlock {
         StackSwitch().after(&b->main_bottom_, &b->main_size_);  // the first switch into this fiber
         try {
             (*b->body_)(i);
-            if (!b->copies_[size_t(i)].empty())
+            if (b->copies_[size_t(i)].outstanding())
                 throw Error(fmt::format("host emulation: thread {} ended with copies it never waited for", i));
         } catch (...) {
             if (!b->error_) b->error_ = std::current_exception();
@@ -605,7 +644,29 @@ class FiberBlock {
     Shared smem_;
     std::vector<float> exch_;
     std::vector<std::array<uint32_t, 6>> frags_;  // mma: each lane's A and B registers
-    std::vector<std::vector<std::pair<void*, const void*>>> copies_;  // each thread's outstanding copy_async
+    // A thread's copy_async copies not yet landed: those since its last commit, and its committed groups, oldest first.
+    struct Copies {
+        std::vector<std::pair<void*, const void*>> open;
+        std::vector<std::vector<std::pair<void*, const void*>>> groups;
+        void push(void* dst, const void* src) { open.emplace_back(dst, src); }
+        void commit() {
+            groups.push_back(std::move(open));
+            open.clear();
+        }
+        void land(int keep) {
+            while (int(groups.size()) > keep) {
+                for (const auto& [dst, src] : groups.front()) std::memcpy(dst, src, 16);
+                groups.erase(groups.begin());
+            }
+        }
+        bool outstanding() const {
+            bool any = !open.empty();
+            for (const auto& g : groups) any = any || !g.empty();
+            return any;
+        }
+    };
+    std::vector<Copies> copies_;     // each thread's
+    std::vector<const void*> rows_;  // ldmatrix: each lane's row address
     std::vector<Fiber> fibers_;
     ucontext_t main_{};
     const void* main_bottom_ = nullptr;  // the stack run() runs on, for AddressSanitizer (StackSwitch)
@@ -640,6 +701,15 @@ struct HostThread {
     float* shared() const { return b->shared(); }
     void copy16_async(void* dst, const void* src) const { b->copy_async(dst, src); }
     void wait_async() const { b->wait_async(); }
+    void commit_async() const { b->commit_async(); }
+    template <int N>
+    void wait_async_group() const {
+        b->wait_async_group(N);
+    }
+    template <bool Trans>
+    void ldmatrix_x4(uint32_t (&r)[4], const __half* p) const {
+        b->ldmatrix_x4(r, p, Trans);
+    }
 };
 
 template <typename Body>
@@ -927,7 +997,7 @@ int attention_max_splits(const KvLayout& kv) {
 
 std::vector<float> attention(const Config& c, const std::vector<float>& q_in, const std::vector<float>& k,
                              const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold,
-                             bool tensor_cores, KvType kt, KvType vt, std::vector<HostActBlock>* xq) {
+                             bool tensor_cores, KvType kt, KvType vt, std::vector<HostActBlock>* xq, bool flash_async) {
     const int hd = c.head_dim, n_rep = c.n_heads / c.n_kv_heads;
     // One layer's cache as store_kv writes it (no RoPE here): the positions before the queries' as one step, theirs
     // as the next.
@@ -955,17 +1025,20 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q_in, co
             const int sp = splits > 1 ? splits : 1, gy = (n + kFaRows / NQ - 1) / (kFaRows / NQ) * sp;
             std::vector<float> partials(sp > 1 ? size_t(n) * size_t(c.n_heads) * size_t(sp) * size_t(hd + 2) : 0,
                                         NAN);
-            const auto grid = [&](auto lo) {
-                constexpr bool LO = decltype(lo)::value;
-                run_grid(c.n_heads / NQ, gy, kFaThreads, size_t(kFaShared<HD, LO>), [&](const HostThread& t) {
-                    flash_prefill_body<HD, NQ, LO>(t, q.data(), kc, vc, koff, &pos0, n, c.n_heads, n_rep, kv, scale,
-                                                   out.data(), sp, partials.data());
+            const auto grid = [&](auto lo, auto async) {
+                constexpr bool LO = decltype(lo)::value, ASYNC = decltype(async)::value;
+                run_grid(c.n_heads / NQ, gy, kFaThreads, size_t(kFaShared<HD, LO, ASYNC>), [&](const HostThread& t) {
+                    flash_prefill_body<HD, NQ, LO, HostThread, ASYNC>(t, q.data(), kc, vc, koff, &pos0, n, c.n_heads,
+                                                                      n_rep, kv, scale, out.data(), sp,
+                                                                      partials.data());
                 });
             };
             if (kv.quantized())  // as attention_prefill launches it
-                grid(std::true_type{});
+                grid(std::true_type{}, std::false_type{});
+            else if (flash_async)
+                grid(std::false_type{}, std::true_type{});
             else
-                grid(std::false_type{});
+                grid(std::false_type{}, std::false_type{});
             if (sp > 1)
                 run_grid(n * c.n_heads, 1, 128, 0, [&](const HostThread& t) {
                     combine_head(t, 128, partials.data(), sp, sp, hd, t.block_x(), out.data(), nullptr);
