@@ -374,11 +374,12 @@ constexpr int kMviMaxWarps = 8;
 // Tokens a launch takes at most (a prompt of up to kMvMaxTokens goes in launches of this many).
 constexpr int kMviMaxTokens = 8;
 // Rows per block of each of NM matrices for NT tokens. One token: 4 of one matrix, 2 of each of gate and up. Several
-// tokens: fewer where a thread's rows' weights and sums would not fit in 128 registers (ptxas sm_90, no spills):
-// Q4_K keeps 2 rows' worth of unpacked quants, Q6_K 16 sums.
+// tokens: fewer where a thread's rows' weights and sums would not fit in 128 registers (ptxas sm_90, no spills): at
+// most 32 sums, Q6_K 16, and Q4_K 2 rows of one matrix for 8 tokens (4 rows spill 144 bytes there; for 4 tokens, 4 rows
+// of one matrix or 2 of each of gate and up take 128 registers, no spills, since Q4_K's planar layout).
 template <GgmlType T>
 KVGEN_HD constexpr int mvi_rows(int nm, int nt) {
-    const int rows = (nt > 1 && T == GgmlType::Q4_K ? 2 : 4) / nm;
+    const int rows = (nt > 4 && T == GgmlType::Q4_K ? 2 : 4) / nm;
     const int fit = (nt > 1 && T == GgmlType::Q6_K ? 16 : 32) / (nm * nt);
     return fit < 1 ? 1 : fit < rows ? fit : rows;
 }
