@@ -1090,9 +1090,9 @@ static_assert((kMaxBatch + kAttnWarps - 1) / kAttnWarps <= 65535, "the warp pref
 static_assert((kMaxBatch + kFaRows / 8 - 1) / (kFaRows / 8) <= 65535, "the flash prefill grid's rows");
 
 bool flash_async_fits(int head_dim, const GemmMmaDevice& d) {
-    const int64_t floats = head_dim == 64 ? kFaShared<64, false, true> : kFaShared<128, false, true>;
-    const int64_t bytes = int64_t(sizeof(float)) * floats;
-    return bytes <= d.shared_per_block && kFaBlocksPerSm * (bytes + kSharedReservePerBlock) <= d.shared_per_sm;
+    const int64_t bytes = int64_t(sizeof(float)) * kFaShared<128, false, true>;
+    return head_dim == 128 && bytes <= d.shared_per_block &&
+           kFaBlocksPerSm * (bytes + kSharedReservePerBlock) <= d.shared_per_sm;
 }
 
 void attention_prefill(float* out, const float* q, const uint8_t* k_cache, const uint8_t* v_cache,

@@ -340,11 +340,12 @@ int main(int argc, char** argv) {
     add_cuda_choice(app, "--cuda-attention", &gen.run.cuda_flash_attention, {"mma", "warp"}, "mma",
                     "CUDA prefill attention: mma (flash attention on the tensor cores for head_dim 64 and 128, the "
                     "default) or warp (a warp per query on the CUDA cores, to compare; an f16 cache only)");
-    add_cuda_choice(app, "--cuda-flash-pipeline", &gen.run.cuda_flash_pipeline, {"on", "off"}, "on",
-                    "CUDA prefill flash attention over an f16 cache: on (the default) copies each tile of the cache "
-                    "into shared memory by cp.async while the tile before is multiplied, and reads its fragments by "
-                    "ldmatrix; off loads each tile through registers and then multiplies it, to compare; the same "
-                    "results");
+    add_cuda_choice(
+        app, "--cuda-flash-pipeline", &gen.run.cuda_flash_pipeline, {"on", "off"}, "on",
+        "CUDA prefill flash attention over an f16 cache, head_dim 128: on (the default) copies each tile of the cache "
+        "into shared memory by cp.async while the tile before is multiplied, and reads its fragments by "
+        "ldmatrix; off loads each tile through registers and then multiplies it, to compare; the same "
+        "results");
     add_cuda_choice(app, "--cuda-pdl", &gen.run.cuda_pdl, {"on", "off"}, "on",
                     "CUDA, sm_90 and later with CUDA 12.3 or later: on (the default) lets each integer product start "
                     "loading its weights while the kernel before it drains (programmatic dependent launch); off "
