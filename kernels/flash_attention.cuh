@@ -237,6 +237,15 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
         limit[r] = pos0 + (qi[r] < n ? qi[r] : n - 1);
     }
 
+    // KV head g's rows, one row's bytes apart, in the cache's types
+    const int64_t krb = kv.k_row_bytes(), vrb = kv.v_row_bytes();
+    const uint8_t* kg = kc + kv.row_index(0, g, 0) * krb;
+    const uint8_t* vg = vc + kv.row_index(0, g, 0) * vrb;
+    const float* koff = k_offsets ? k_offsets + int64_t(g) * HD : nullptr;
+    if constexpr (ASYNC) {  // the first tile's copies on their way while Q is loaded
+        if (t_begin < t_end) flash_copy_tile<HD>(ctx, ks, kg, vg, krb, vrb, t_begin, block_last);
+    }
+
     // Q as A fragments, high and low f16 parts, scaled so that exp2 of a score is its softmax weight.
     const float qs = scale * kLog2e;
     uint32_t qh[DK][4], ql[DK][4];
@@ -260,14 +269,6 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
 #pragma unroll
         for (int e = 0; e < 4; ++e) o[nt][e] = 0.0f;
 
-    // KV head g's rows, one row's bytes apart, in the cache's types
-    const int64_t krb = kv.k_row_bytes(), vrb = kv.v_row_bytes();
-    const uint8_t* kg = kc + kv.row_index(0, g, 0) * krb;
-    const uint8_t* vg = vc + kv.row_index(0, g, 0) * vrb;
-    const float* koff = k_offsets ? k_offsets + int64_t(g) * HD : nullptr;
-    if constexpr (ASYNC) {
-        if (t_begin < t_end) flash_copy_tile<HD>(ctx, ks, kg, vg, krb, vrb, t_begin, block_last);
-    }
     for (int t0 = t_begin, st = 0; t0 < t_end; t0 += kFaTile, st ^= 1) {
         if constexpr (ASYNC) {
             // Tile t0's copies (the one group outstanding) waited for, then one barrier: every thread's copies of it

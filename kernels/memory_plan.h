@@ -74,6 +74,20 @@ inline bool gemm_mma_blocks_fit(int64_t bytes, const GemmMmaDevice& d) {
     return kQgBlocksPerSm * (bytes + kSharedReservePerBlock) <= d.shared_per_sm;
 }
 
+// Prefill flash attention's two stages of tiles (--cuda-flash-pipeline, flash_attention.cuh's ASYNC): the bytes of
+// shared memory a block takes for head_dim 128 (kFaShared<128, false, true> floats: two stages of a K and a V tile of
+// 64 rows of 136 halves), and the blocks an SM should hold (kFaBlocksPerSm).
+constexpr int64_t kFlashAsyncBytes = 2 * 2 * 64 * (128 + 8) * 2;
+constexpr int kFlashAsyncBlocksPerSm = 2;
+// Whether flash attention takes its two stages of tiles for head_dim on device d: head_dim 128, where the register
+// path's 225-234 registers a thread hold two blocks an SM as the two-stage kernel's 250-252 do, when two blocks of its
+// 68 KiB fit an SM (sm_80, sm_90; not sm_86/89's 100 KiB, nor sm_75's 64). Not head_dim 64 (sm_90: 174 registers
+// against 128-140, two blocks an SM instead of three or four; capped by launch bounds, it spills), until measured.
+inline bool flash_async_fits(int head_dim, const GemmMmaDevice& d) {
+    return head_dim == 128 && kFlashAsyncBytes <= d.shared_per_block &&
+           kFlashAsyncBlocksPerSm * (kFlashAsyncBytes + kSharedReservePerBlock) <= d.shared_per_sm;
+}
+
 // Tokens per block for n tokens and `rows` rows on device d: 128, which decodes each weight tile once for twice as
 // many tokens, unless n fits in 64, or 128-token tiles leave the GPU short of one full wave of blocks (LLaMA-2-7B's
 // output and down projections at 512 tokens: 32 x 4 blocks for 264 places on an H200), where 64-token tiles give

@@ -1089,11 +1089,9 @@ void attention_decode(float* out, ActBlock* xq, float* partials, int* counters, 
 static_assert((kMaxBatch + kAttnWarps - 1) / kAttnWarps <= 65535, "the warp prefill grid's rows");
 static_assert((kMaxBatch + kFaRows / 8 - 1) / (kFaRows / 8) <= 65535, "the flash prefill grid's rows");
 
-bool flash_async_fits(int head_dim, const GemmMmaDevice& d) {
-    const int64_t bytes = int64_t(sizeof(float)) * kFaShared<128, false, true>;
-    return head_dim == 128 && bytes <= d.shared_per_block &&
-           kFaBlocksPerSm * (bytes + kSharedReservePerBlock) <= d.shared_per_sm;
-}
+static_assert(kFlashAsyncBytes == int64_t(sizeof(float)) * kFaShared<128, false, true> &&
+                  kFlashAsyncBlocksPerSm == kFaBlocksPerSm,
+              "the memory plan's facts of the two-stage flash kernel");
 
 void attention_prefill(float* out, const float* q, const uint8_t* k_cache, const uint8_t* v_cache,
                        const float* k_offsets, const int* d_pos0, int n, int n_heads, const KvLayout& kv,
@@ -1107,11 +1105,15 @@ void attention_prefill(float* out, const float* q, const uint8_t* k_cache, const
             constexpr int HD = decltype(hd)::value, NQ = decltype(nq)::value;
             KVGEN_ASSERT(splits >= 1 && (splits == 1 || partials));
             const dim3 grid(unsigned(n_heads / NQ), unsigned((n + kFaRows / NQ - 1) / (kFaRows / NQ) * splits));
-            if (kv.quantized() || flash_async) {
-                const auto kernel =
-                    kv.quantized() ? flash_prefill_kernel<HD, NQ, true> : flash_prefill_kernel<HD, NQ, false, true>;
+            // note: the two-stage kernel is built for head_dim 128 alone (flash_async_fits, memory_plan.h)
+            constexpr bool kAsyncBuilt = HD == 128;
+            const bool async = kAsyncBuilt && flash_async && !kv.quantized();
+            if (kv.quantized() || async) {
+                KVGEN_ASSERT(!async || (kv.k_type == KvType::F16 && kv.v_type == KvType::F16 && !k_offsets));
+                const auto kernel = kv.quantized() ? flash_prefill_kernel<HD, NQ, true>
+                                                   : flash_prefill_kernel<HD, NQ, false, kAsyncBuilt>;
                 const size_t bytes =
-                    sizeof(float) * size_t(kv.quantized() ? kFaShared<HD, true> : kFaShared<HD, false, true>);
+                    sizeof(float) * size_t(kv.quantized() ? kFaShared<HD, true> : kFaShared<HD, false, kAsyncBuilt>);
                 set_up_shared(reinterpret_cast<const void*>(kernel), bytes, nullptr, kFaBlocksPerSm);
                 kernel<<<grid, kFaThreads, bytes, s>>>(q, k_cache, v_cache, k_offsets, d_pos0, n, n_heads, n_rep, kv,
                                                        scale, out, splits, partials);

@@ -205,18 +205,12 @@ int attention_counters(int n_heads, const KvLayout& kv);
 void attention_decode(float* out, ActBlock* xq, float* partials, int* counters, const float* q, const uint8_t* k_cache,
                       const uint8_t* v_cache, const float* k_offsets, const int* d_pos0, int n_heads,
                       const KvLayout& kv, int splits, cudaStream_t s, bool pdl = false);
-// Whether flash attention takes its two stages of tiles (--cuda-flash-pipeline on) for head_dim on device d: head_dim
-// 128, where the register path's 225-234 registers a thread hold two blocks an SM as the two-stage kernel's 250-252
-// do, when two blocks of its shared memory (kFaShared<128, false, true>: 68 KiB) fit an SM (sm_80, sm_90; not
-// sm_86/89's 100 KiB). Not head_dim 64 (sm_90: 174 registers against 128-140, two blocks an SM instead of three or
-// four; capped by launch bounds, it spills), until measured.
-bool flash_async_fits(int head_dim, const GemmMmaDevice& d);
-
 // n queries at positions *d_pos0 + i, each over cache positions 0 ..= its own (causal). With tensor_cores, head_dim
 // 64 and 128 run flash attention on the tensor cores (flash_attention.cuh); other head_dims, or without, a warp per
 // query on the CUDA cores (attention_prefill_body, an f16 cache only: a quantized one always takes flash attention).
-// flash_async (Settings::cuda_flash_pipeline, where flash_async_fits): over an f16 cache, flash attention copies its
-// tiles by cp.async in two stages and reads their fragments by ldmatrix (the same bits).
+// flash_async (Settings::cuda_flash_pipeline, where flash_async_fits, memory_plan.h): over an f16 cache with head_dim
+// 128, flash attention copies its tiles by cp.async in two stages and reads their fragments by ldmatrix (the same
+// bits); elsewhere it is ignored.
 // splits > 1 (flash attention only; attention_prefill_splits): the positions are split among that many blocks per
 // query block, their partial results (attention_partials floats at most) combined by a second kernel.
 // Twin: cpu::attention.

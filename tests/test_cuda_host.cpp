@@ -280,6 +280,17 @@ TEST_CASE("the one-kernel prefill GEMM takes 64-token tiles for short prompts an
     CHECK(gemm_mma_stages(64, ada) == 1);   // two of 54 KiB do not fit in 100
     CHECK(gemm_mma_stages(64, turing) == 1);
     CHECK(gemm_mma_stages(128, cuda::GemmMmaDevice{132, 0, 0}) == 1);
+    // prefill flash attention's two stages of tiles (--cuda-flash-pipeline): head_dim 128 where two blocks of 68 KiB
+    // fit an SM
+    using cuda::flash_async_fits;
+    CHECK(cuda::kFlashAsyncBytes == 69632);
+    CHECK(flash_async_fits(128, h200));
+    CHECK(flash_async_fits(128, a100));
+    CHECK_FALSE(flash_async_fits(128, ada));     // one block an SM
+    CHECK_FALSE(flash_async_fits(128, turing));  // over what a block may ask for
+    CHECK_FALSE(flash_async_fits(64, h200));     // the register path's occupancy is higher there
+    CHECK_FALSE(flash_async_fits(96, h200));     // no flash kernel
+    CHECK_FALSE(flash_async_fits(128, cuda::GemmMmaDevice{132, 0, 0}));
 }
 
 TEST_CASE("the prefill GEMM's chunks stay within the L2-sized scratch, in whole tile steps", "[cuda-host]") {

@@ -548,7 +548,11 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
     const size_t n_partials = sp > 1 ? size_t(n) * size_t(c.n_heads) * size_t(sp) * size_t(c.head_dim + 2) : 0;
     Dev<float> partials(n_partials + 64);
     poison(partials);
-    attention_prefill(out.p, dq.p, kc.p, vc.p, koff, pos.p, n, c.n_heads, kv, tensor_cores, flash_async, sp, partials.p,
+    // the two stages where the backend takes them (flash_async_fits: not where two blocks' shared memory does not fit)
+    int device = 0;
+    KVGEN_CUDA_CHECK(cudaGetDevice(&device));
+    const bool async = flash_async && flash_async_fits(c.head_dim, gemm_mma_device(device));
+    attention_prefill(out.p, dq.p, kc.p, vc.p, koff, pos.p, n, c.n_heads, kv, tensor_cores, async, sp, partials.p,
                       nullptr);
     const std::vector<float> tail = partials.get();
     for (size_t i = n_partials; i < tail.size(); ++i)

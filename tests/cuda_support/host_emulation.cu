@@ -437,12 +437,18 @@ class FiberBlock {
     // cp.async: the thread's copies land when it waits for them, not before, so that a kernel that reads its shared
     // memory without waiting reads what was there (and a thread that ends with copies outstanding is an error).
     // Both ends 16-byte aligned and the destination inside the block's shared memory, as cp.async needs.
+    // Blocks with bx + by odd land each copy at once instead: the two ends of when the device may land it, so that a
+    // kernel that copies over what another warp has yet to read shows too.
     void copy_async(void* dst, const void* src) {
         const auto d = reinterpret_cast<uintptr_t>(dst), sm = reinterpret_cast<uintptr_t>(smem_.data());
         if (d % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0)
             throw Error(fmt::format("host emulation: thread {} copies 16 bytes between unaligned addresses", current_));
         if (d < sm || d + 16 > sm + smem_.size() * sizeof(float))
             throw Error(fmt::format("host emulation: thread {} copies 16 bytes outside shared memory", current_));
+        if ((bx_ + by_) % 2 == 1) {
+            std::memcpy(dst, src, 16);
+            return;
+        }
         copies_[size_t(current_)].push(dst, src);
     }
     void wait_async() {
