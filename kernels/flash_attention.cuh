@@ -46,8 +46,8 @@ constexpr int kFaKStride = HD + 8;  // halves per K row in shared memory (HD / 2
 // tile by tile, see flash_prefill_body): two stages of the K tile and the V tile as it is, [kFaTile][HD + 8] each
 // (head_dim 128: 69,632 bytes; 64: 36,864).
 template <int HD, bool LO = false, bool ASYNC = false>
-constexpr int kFaShared = ASYNC ? 2 * kFaTile* kFaKStride<HD>
-                                : (LO ? 2 : 1) * (kFaTile * kFaKStride<HD> + HD * kFaVStride) / 2;
+constexpr int kFaShared =
+    ASYNC ? 2 * (kFaTile * kFaKStride<HD>) : (LO ? 2 : 1) * (kFaTile * kFaKStride<HD> + HD * kFaVStride) / 2;
 
 // head_dim values the tensor-core kernel is built for (the rest use attention_prefill_body).
 KVGEN_HD bool flash_head_dim(int hd) {
