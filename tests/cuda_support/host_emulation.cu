@@ -472,9 +472,7 @@ class FiberBlock {
             throw Error(fmt::format("host emulation: ldmatrix row of thread {} outside shared memory", current_));
         rows_[size_t(current_)] = p;
         wait(kWarp);
-        for (int i = base; i < base + 32; ++i)
-            if (size_t(i) >= fibers_.size() || fibers_[size_t(i)].done)
-                throw Error(fmt::format("host emulation: ldmatrix with thread {} of the warp gone", i));
+        require_whole_warp(base, "ldmatrix");
         auto value = [&](int m, int row, int col) {  // 16-bit value col of row `row` of matrix m
             uint16_t v;
             std::memcpy(&v, static_cast<const uint8_t*>(rows_[size_t(base + 8 * m + row)]) + 2 * col, sizeof(v));
@@ -519,10 +517,7 @@ class FiberBlock {
         const int lane = current_ % 32, base = current_ - lane, gid = lane >> 2, tig = lane & 3;
         frags_[size_t(current_)] = {a[0], a[1], a[2], a[3], b[0], b[1]};
         wait(kWarp);
-        // note: mma.sync.aligned needs every lane of the warp; one that returned early leaves the device undefined
-        for (int i = base; i < base + 32; ++i)
-            if (size_t(i) >= fibers_.size() || fibers_[size_t(i)].done)
-                throw Error(fmt::format("host emulation: mma.sync with thread {} of the warp gone", i));
+        require_whole_warp(base, "mma.sync");
         auto half_of = [](uint32_t reg, int k) {
             const uint16_t bits = uint16_t(k & 1 ? reg >> 16 : reg & 0xffffu);
             __half h;
@@ -577,6 +572,13 @@ class FiberBlock {
     }
 
   private:
+    // A .sync.aligned warp instruction (mma.sync, ldmatrix) needs every lane of the warp at it; one that returned early
+    // leaves the device undefined.
+    void require_whole_warp(int base, const char* what) const {
+        for (int i = base; i < base + 32; ++i)
+            if (size_t(i) >= fibers_.size() || fibers_[size_t(i)].done)
+                throw Error(fmt::format("host emulation: {} with thread {} of the warp gone", what, i));
+    }
     // The lane a shuffle reads: one that has returned holds no value on the device (undefined there), so the tests
     // fail instead of reading what it left here.
     size_t source(int i) const {
