@@ -103,13 +103,22 @@ struct DeviceThread {
         *static_cast<uint4*>(dst) = *static_cast<const uint4*>(src);
 #endif
     }
-    // Waits for the thread's copy16_async copies.
+    // 4 bytes the same way (both 4-byte aligned; cp.async.ca: kept in L1 too, as 4-byte copies must).
+    __device__ __forceinline__ void copy4_async(void* dst, const void* src) const {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(unsigned(__cvta_generic_to_shared(dst))), "l"(src)
+                     : "memory");
+#else
+        *static_cast<uint32_t*>(dst) = *static_cast<const uint32_t*>(src);
+#endif
+    }
+    // Waits for the thread's copy16_async and copy4_async copies.
     __device__ __forceinline__ void wait_async() const {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
         asm volatile("cp.async.wait_all;" ::: "memory");
 #endif
     }
-    // The thread's copy16_async copies since the last commit become a group (cp.async.commit_group) ...
+    // The thread's copies since the last commit become a group (cp.async.commit_group) ...
     __device__ __forceinline__ void commit_async() const {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
         asm volatile("cp.async.commit_group;" ::: "memory");

@@ -113,7 +113,8 @@ private:
     bool int_matvec_;  // Settings::cuda_int_matvec
     bool pdl_;         // Settings::cuda_pdl on a device that has it (sm_90 and later)
     MviShape mvi_;     // wide: Settings::cuda_matvec_rows == 8 (one token's Q4_0 / Q8_0 / Q4_K products, 8 rows a
-                       // block); pairs: Settings::cuda_matvec_unit == 64 (Q4_0 steps of two units)
+                       // block); pairs: Settings::cuda_matvec_unit == 64 (Q4_0 steps of two units); stages:
+                       // Settings::cuda_matvec_stages on a device with cp.async (sm_80 and later), else 0
     bool qkv_store_;   // Settings::cuda_qkv_store
     bool kv_stored_ = false;      // the last norm_qkv() also rotated Q and K and stored K and V (QkvStore)
     bool att_quantized_ = false;  // the last attention() also wrote its output into xq_
@@ -164,7 +165,7 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
       graphs_(s.cuda_graphs),
       int_matvec_(s.cuda_int_matvec),
       pdl_(false),
-      mvi_{s.cuda_matvec_rows == 8, s.cuda_matvec_unit == 64},
+      mvi_{s.cuda_matvec_rows == 8, s.cuda_matvec_unit == 64, 0},
       qkv_store_(s.cuda_qkv_store),
       norm_fold_(s.cuda_norm_fold),
       f16_block_(s.cuda_f16_block),
@@ -177,6 +178,7 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
     int major = 0;
     KVGEN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
     pdl_ = s.cuda_pdl && major >= 9 && CUDART_VERSION >= 12030;  // (graphs take PDL edges from 12.3)
+    mvi_.stages = major >= 8 && ring_stages_ok(s.cuda_matvec_stages) ? s.cuda_matvec_stages : 0;
     mma_dev_ = gemm_mma_device(device_);
     flash_async_ = s.cuda_flash_pipeline && flash_async_fits(c_.head_dim, mma_dev_);
     sm_count_ = mma_dev_.sm_count;

@@ -398,6 +398,8 @@ KVGEN_HD constexpr bool mvi_wide_type(GgmlType t) {
 struct MviShape {
     bool wide = false;  // one token of a wide type: kMviWideRows rows a block (--cuda-matvec-rows 8)
     bool pairs = true;  // Q4_0: a lane's step is two units (--cuda-matvec-unit 64), one token or several
+    int stages = 0;     // 2-4: through a ring of shared memory (matvec_int_ring; --cuda-matvec-stages), rows a group
+                        // as without wide; 0: matvec_int_thread
 };
 // Rows a block of NM matrices of a pair type takes for NT tokens with steps of two units: a thread then holds twice
 // each row's weights, so 8 tokens take 2 rows (sm_90, Q4_0: 80 registers; one token with 8 rows 114, 4 tokens with 4
@@ -427,6 +429,16 @@ void with_mvi_shape(MviShape shape, F&& f) {
         if (shape.wide) return f(std::integral_constant<int, kMviWideRows / NM>{}, One{});
     }
     f(std::integral_constant<int, mvi_rows<T>(NM, NT)>{}, One{});
+}
+// The same for a ring launch (MviShape::stages): with_mvi_shape's choice without wide, whose wider blocks would only
+// make a ring's slots take more shared memory (a ring's bytes in flight do not need registers).
+template <GgmlType T, int NM, int NT, typename F>
+void with_ring_shape(MviShape shape, F&& f) {
+    if constexpr (mvi_pair_type(T)) {
+        if (shape.pairs)
+            return f(std::integral_constant<int, mvi_pair_rows<T>(NM, NT)>{}, std::integral_constant<int, 2>{});
+    }
+    f(std::integral_constant<int, mvi_rows<T>(NM, NT)>{}, std::integral_constant<int, 1>{});
 }
 
 // A block's R outputs v (held by lane 0 of its first warp) stored at y[r0 ..], and that thread counts the block done
@@ -553,6 +565,28 @@ KVGEN_HD void block_rows(const uint8_t* const (&w)[NM], int64_t row_bytes, int64
         }
 }
 
+// Step s's units (S of them; the second of an odd row's last step skipped) dotted with each of n <= NT tokens'
+// activations (token i's: the n_units ActBlocks at x + i * n_units) for every row, added to acc in order.
+template <GgmlType T, int NM, int R, int NT, int S>
+KVGEN_HD void step_dots(const StepWeights<T, S> (&wu)[NM][R], int s, int n_units, const ActBlock* __restrict__ x, int n,
+                        float (&acc)[NM][R][NT]) {
+#pragma unroll
+    for (int h = 0; h < S; ++h) {
+        const int u = S * s + h;
+        if (S > 1 && u >= n_units) break;  // an odd row's last step
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+            if (NT > 1 && i >= n) break;  // the same for the whole block
+            UnitActs a;
+            load_unit_acts<T>(x + int64_t(i) * n_units, u, a);
+#pragma unroll
+            for (int m = 0; m < NM; ++m)
+#pragma unroll
+                for (int r = 0; r < R; ++r) acc[m][r][i] = step_dot<T, S>(wu[m][r], u, a, acc[m][r][i]);
+        }
+    }
+}
+
 // Token i's activations are the n_units ActBlocks at x + i * n_units, for i < n <= NT. The threads stride over steps
 // of S units (mvi_steps; S = 2 for Q4_0 with --cuda-matvec-unit 64), each step's units dotted in order.
 template <GgmlType T, int NM, int R, int NT, int S = 1>
@@ -573,27 +607,230 @@ KVGEN_HD void matvec_int_thread(const uint8_t* const (&w)[NM], int64_t row_bytes
             for (int r = 0; r < R; ++r) load_step<T, S>(row[m][r], s, n_units, wu[m][r]);
     pdl_wait();
     while (s < n_steps) {
-#pragma unroll
-        for (int h = 0; h < S; ++h) {
-            const int u = S * s + h;
-            if (S > 1 && u >= n_units) break;  // an odd row's last step
-#pragma unroll
-            for (int i = 0; i < NT; ++i) {
-                if (NT > 1 && i >= n) break;  // the same for the whole block
-                UnitActs a;
-                load_unit_acts<T>(x + int64_t(i) * n_units, u, a);
-#pragma unroll
-                for (int m = 0; m < NM; ++m)
-#pragma unroll
-                    for (int r = 0; r < R; ++r) acc[m][r][i] = step_dot<T, S>(wu[m][r], u, a, acc[m][r][i]);
-            }
-        }
+        step_dots<T, NM, R, NT, S>(wu, s, n_units, x, n, acc);
         s += n_threads;
         if (s < n_steps)
 #pragma unroll
             for (int m = 0; m < NM; ++m)
 #pragma unroll
                 for (int r = 0; r < R; ++r) load_step<T, S>(row[m][r], s, n_units, wu[m][r]);
+    }
+}
+
+// --- decode products through a ring of shared memory (--cuda-matvec-stages) -----------------------------------
+// matvec_int_thread loads a step's weights into registers and uses them at once, so a thread has one step's bytes in
+// flight, and a block of one step a thread (LLaMA-2's 4096- and 5120-column rows: 128 and 160 units for as many
+// threads) loads once, waits, multiplies and ends: each SM streams only while new blocks replace those that end. The
+// ring takes the weights through shared memory instead: a grid of as many blocks as the SMs hold, each taking its
+// groups of R rows (block, block + grid, ...) one after another, and each thread copying its items (a step of a
+// group) into its own slots of `stages` stages by cp.async, stages - 1 items ahead of the one it multiplies, across
+// the groups' ends. A thread reads no slot of another thread's, so it waits for its own copies only
+// (cp.async.wait_group), no barrier; the bytes in flight are (stages - 1) items of the thread's, held by no register.
+// Each group's sums take block_rows_sum's barrier, while the copies of the items after it stream on.
+
+// A step's weights of one row as the ring holds them: n16 16-byte pieces and n4 4-byte words, copied from the row
+// (sources: where each starts, 16- and 4-byte aligned) and made into the step's registers (make), the same values
+// load_step gives. A 2-byte d or scale comes in the aligned word that holds it (the word of a row's last odd block
+// reaches into the row's padding to 16 bytes).
+template <GgmlType T, int S>
+struct RingStep;
+template <>
+struct RingStep<GgmlType::Q4_0, 1> {
+    static constexpr int n16 = 1, n4 = 1;
+    KVGEN_HD static void sources(const uint8_t* row, int u, int n_units, const uint8_t* (&p16)[n16],
+                                 const uint8_t* (&p4)[n4]) {
+        p16[0] = row + 16 * u;
+        p4[0] = row + 16 * n_units + 4 * (u / 2);
+    }
+    KVGEN_HD static UnitWeights<GgmlType::Q4_0> make(const uint4 (&v)[n16], const uint32_t (&w)[n4], int u) {
+        return UnitWeights<GgmlType::Q4_0>{v[0], uint16_t(w[0] >> (16 * (u % 2)))};
+    }
+};
+template <>
+struct RingStep<GgmlType::Q4_0, 2> {
+    static constexpr int n16 = 2, n4 = 1;
+    KVGEN_HD static void sources(const uint8_t* row, int s, int n_units, const uint8_t* (&p16)[n16],
+                                 const uint8_t* (&p4)[n4]) {
+        p16[0] = row + 32 * s;
+        p16[1] = row + 32 * s + 16;
+        p4[0] = row + 16 * n_units + 4 * s;
+    }
+    KVGEN_HD static PairWeights<GgmlType::Q4_0> make(const uint4 (&v)[n16], const uint32_t (&w)[n4], int) {
+        return PairWeights<GgmlType::Q4_0>{{v[0], v[1]}, w[0]};
+    }
+};
+template <>
+struct RingStep<GgmlType::Q8_0, 1> {
+    static constexpr int n16 = 2, n4 = 1;
+    KVGEN_HD static void sources(const uint8_t* row, int u, int n_units, const uint8_t* (&p16)[n16],
+                                 const uint8_t* (&p4)[n4]) {
+        p16[0] = row + 32 * u;
+        p16[1] = row + 32 * u + 16;
+        p4[0] = row + 32 * n_units + 4 * (u / 2);
+    }
+    KVGEN_HD static UnitWeights<GgmlType::Q8_0> make(const uint4 (&v)[n16], const uint32_t (&w)[n4], int u) {
+        return UnitWeights<GgmlType::Q8_0>{{v[0], v[1]}, uint16_t(w[0] >> (16 * (u % 2)))};
+    }
+};
+template <>
+struct RingStep<GgmlType::Q4_K, 1> {
+    static constexpr int n16 = 1, n4 = 2;
+    KVGEN_HD static void sources(const uint8_t* row, int u, int n_units, const uint8_t* (&p16)[n16],
+                                 const uint8_t* (&p4)[n4]) {
+        const int sb = u / 8, k = u % 8, n_super = n_units / 8;
+        p16[0] = row + 128 * sb + 16 * k;
+        p4[0] = row + q4k_scales_at(n_super) + 16 * sb + 4 * (k / 2);
+        p4[1] = row + q4k_d_at(n_super) + 4 * sb;
+    }
+    KVGEN_HD static UnitWeights<GgmlType::Q4_K> make(const uint4 (&v)[n16], const uint32_t (&w)[n4], int) {
+        return UnitWeights<GgmlType::Q4_K>{v[0], w[0], w[1]};
+    }
+};
+template <>
+struct RingStep<GgmlType::Q6_K, 1> {
+    static constexpr int n16 = 2, n4 = 3;
+    // the words of the scales hold sc0 at byte 2 qa + g and sc1 at the same byte of the next word
+    KVGEN_HD static void sources(const uint8_t* row, int u, int n_units, const uint8_t* (&p16)[n16],
+                                 const uint8_t* (&p4)[n4]) {
+        const int sb = u / 8, n_super = n_units / 8;
+        const int k = u % 8, h = k / 4, qa = (k / 2) % 2, g = k % 2;
+        const uint8_t* b = row + 192 * sb;
+        p16[0] = b + 64 * h + 32 * qa + 16 * g;
+        p16[1] = b + 128 + 32 * h + 16 * g;
+        p4[0] = row + 192 * n_super + 16 * sb + 8 * h;
+        p4[1] = p4[0] + 4;
+        p4[2] = row + 208 * n_super + 4 * (sb / 2);
+    }
+    KVGEN_HD static UnitWeights<GgmlType::Q6_K> make(const uint4 (&v)[n16], const uint32_t (&w)[n4], int u) {
+        const int k = u % 8, byte = 2 * ((k / 2) % 2) + k % 2;
+        return UnitWeights<GgmlType::Q6_K>{v[0], v[1], int(int8_t(uint8_t(w[0] >> (8 * byte)))),
+                                           int(int8_t(uint8_t(w[1] >> (8 * byte)))),
+                                           uint16_t(w[2] >> (16 * ((u / 8) % 2)))};
+    }
+};
+
+template <GgmlType T, int S>
+KVGEN_HD RingLayout ring_layout(int threads, int slots, int stages) {
+    return RingLayout{threads, slots, RingStep<T, S>::n16, RingStep<T, S>::n4, stages};
+}
+// Reads of a thread's own ring slots (plain loads: shared memory on the device, where __ldg would fault).
+KVGEN_HD uint4 ring_ld16(const uint8_t* p) {
+    check_aligned(p, 16);
+    return *reinterpret_cast<const uint4*>(p);
+}
+KVGEN_HD uint32_t ring_ld4(const uint8_t* p) {
+    check_aligned(p, 4);
+    return *reinterpret_cast<const uint32_t*>(p);
+}
+
+// Waits for every group of the thread's copies but the stages - 1 committed last.
+#pragma nv_exec_check_disable
+template <class Ctx>
+KVGEN_HD void ring_wait(const Ctx& ctx, int stages) {
+    if (stages == 2)
+        ctx.template wait_async_group<1>();
+    else if (stages == 3)
+        ctx.template wait_async_group<2>();
+    else
+        ctx.template wait_async_group<3>();
+}
+
+// Where a thread's next copies come from and go: the items it has issued, the group and step of the next one, and
+// the stage it goes into.
+struct RingCursor {
+    int64_t issued = 0, group = 0;
+    int step = 0, stage = 0;
+};
+// A thread's next item (c.issued, of `items`: step c.step of its group c.group, as matvec_int_ring orders them)
+// copied into stage c.stage of its slots, and a group of copies committed (an empty one past the last item).
+#pragma nv_exec_check_disable
+template <GgmlType T, int NM, int R, int S, class Ctx>
+KVGEN_HD void ring_issue(const Ctx& ctx, uint8_t* ring, const RingLayout& L, const uint8_t* const (&w)[NM],
+                         int64_t row_bytes, int n_units, int64_t rows, int64_t block, int64_t grid, int t,
+                         int n_threads, int per, int64_t items, RingCursor& c) {
+    using RS = RingStep<T, S>;
+    if (c.issued < items) {
+        const int64_t r0 = (block + c.group * grid) * R;
+        const int s = t + c.step * n_threads;
+#pragma unroll
+        for (int m = 0; m < NM; ++m)
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const uint8_t* row = w[m] + (r0 + r < rows ? r0 + r : rows - 1) * row_bytes;
+                const uint8_t* p16[RS::n16];
+                const uint8_t* p4[RS::n4];
+                RS::sources(row, s, n_units, p16, p4);
+#pragma unroll
+                for (int k = 0; k < RS::n16; ++k) ctx.copy16_async(ring + L.at16(c.stage, m * R + r, k, t), p16[k]);
+#pragma unroll
+                for (int j = 0; j < RS::n4; ++j) ctx.copy4_async(ring + L.at4(c.stage, m * R + r, j, t), p4[j]);
+            }
+        if (++c.step == per) {
+            c.step = 0;
+            ++c.group;
+        }
+    }
+    ++c.issued;
+    c.stage = c.stage + 1 == L.stages ? 0 : c.stage + 1;
+    ctx.commit_async();
+}
+
+// Thread t of `block` (of `grid`) of a ring launch of n_threads threads: groups of R rows block, block + grid, ...
+// (group g: rows R g ..), each thread's steps of S units t, t + n_threads, ... in each group as matvec_int_thread
+// takes them, so each group's sums are the same bits as a block of the register path. The thread's items (its steps
+// of its groups, in order) are copied into stage (item % stages) of its ring slots, stages - 1 ahead: the first ones
+// before pdl_wait; then for each item, the copies of the item stages - 1 later are issued into the stage the item
+// before it used (its values already in registers), a group committed (empty past the last item, so that the count
+// of groups stays what ring_wait expects), the item's own group waited for, its slots read and its units dotted. At
+// each group's end done(r0, gi, acc) with the group's first row, its index among the block's groups and the thread's
+// sums (every thread calls it for every group of its block, with zeros where it has no step).
+#pragma nv_exec_check_disable
+template <GgmlType T, int NM, int R, int NT, int S, class Ctx, class Done>
+KVGEN_HD void matvec_int_ring(const Ctx& ctx, uint8_t* ring, int stages, const uint8_t* const (&w)[NM],
+                              int64_t row_bytes, int n_units, int64_t rows, int64_t block, int64_t grid, int t,
+                              int n_threads, const ActBlock* __restrict__ x, int n, Done&& done) {
+    using RS = RingStep<T, S>;
+    const RingLayout L = ring_layout<T, S>(n_threads, NM * R, stages);
+    const int n_steps = mvi_steps(n_units, S);
+    const int per = t < n_steps ? (n_steps - 1 - t) / n_threads + 1 : 0;  // the thread's steps of a group
+    const int64_t n_groups = (rows + R - 1) / R;
+    const int64_t groups = block < n_groups ? (n_groups - 1 - block) / grid + 1 : 0;
+    const int64_t items = int64_t(per) * groups;
+    RingCursor c;
+    for (int k = 0; k + 1 < stages; ++k)
+        ring_issue<T, NM, R, S>(ctx, ring, L, w, row_bytes, n_units, rows, block, grid, t, n_threads, per, items, c);
+    pdl_wait();
+    int stage = 0;
+    for (int64_t gi = 0; gi < groups; ++gi) {
+        float acc[NM][R][NT];
+#pragma unroll
+        for (int m = 0; m < NM; ++m)
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int i = 0; i < NT; ++i) acc[m][r][i] = 0.0f;
+        for (int j = 0; j < per; ++j) {
+            ring_issue<T, NM, R, S>(ctx, ring, L, w, row_bytes, n_units, rows, block, grid, t, n_threads, per, items,
+                                    c);
+            ring_wait(ctx, stages);
+            const int s = t + j * n_threads;
+            StepWeights<T, S> wu[NM][R];
+#pragma unroll
+            for (int m = 0; m < NM; ++m)
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    uint4 v[RS::n16];
+                    uint32_t v4[RS::n4];
+#pragma unroll
+                    for (int k = 0; k < RS::n16; ++k) v[k] = ring_ld16(ring + L.at16(stage, m * R + r, k, t));
+#pragma unroll
+                    for (int k = 0; k < RS::n4; ++k) v4[k] = ring_ld4(ring + L.at4(stage, m * R + r, k, t));
+                    wu[m][r] = RS::make(v, v4, s);
+                }
+            stage = stage + 1 == stages ? 0 : stage + 1;
+            step_dots<T, NM, R, NT, S>(wu, s, n_units, x, n, acc);
+        }
+        done((block + gi * grid) * R, int(gi), acc);
     }
 }
 

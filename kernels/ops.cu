@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "attention.cuh"
@@ -229,29 +230,31 @@ __device__ __forceinline__ float block_rows_sum(const float (&acc)[R][NT], float
     return v;
 }
 
-// grid = rows / R, block = 32 mvi_warps(n_units) threads: the block's threads stride over the units of its R rows
-// (matvec_int_thread) for n <= NT tokens, x the tokens' ActBlocks one after another. At most 128 registers (two
-// blocks of up to 256 threads per SM), so that every row's loads are issued before the first is used. R: mvi_rows,
-// or kMviWideRows for one token (--cuda-matvec-rows 8).
-// With st.kc (accumulate 0), a Q|K|V product that rotates Q and K and stores K and V into an f16 cache itself
-// (qkv_store_row) instead of writing k and v. With ns.xq (one token, accumulate 1, one buffer, rows a multiple of
-// 32), a residual product with the next RMSNorm folded in (residual_norm_store).
-template <GgmlType T, int NT, int R, int S>
-__global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
-    matvec_int_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int n_units, int64_t rows,
-                      const ActBlock* __restrict__ x, int n, RowSplit y, int i0, int accumulate, QkvStore st,
-                      NormStore ns) {
-    // The kernel after it may start loading its weights while this one's last blocks run: the next product (the
-    // SwiGLU product after the output projection, the next layer's Q|K|V after the down projection, a prompt's next
-    // launch over the same weight) or decode attention after Q|K|V. It waits for this grid to finish before it reads
-    // what this one writes; this grid's blocks are all resident when it starts, so they never wait for room.
-    pdl_trigger();
-    __shared__ float part[kMviMaxWarps][R * NT];
-    const int64_t r0 = int64_t(blockIdx.x) * R;
-    const uint8_t* const ws[1] = {w};
-    float acc[1][R][NT];
-    matvec_int_thread<T, 1, R, NT, S>(ws, row_bytes, n_units, rows, r0, threadIdx.x, blockDim.x, x, n, acc);
-    const float v = block_rows_sum(acc[0], part);
+// A block's sums of an integer product of NM matrices for n <= NT tokens: with RING, its groups of R rows one after
+// another through a ring of `stages` stages in dynamic shared memory (matvec_int_ring); without, its one group
+// (blockIdx.x) through registers (matvec_int_thread). done(r0, gi, acc) at each group's end, in every thread.
+template <GgmlType T, int NM, int R, int NT, int S, bool RING, class Done>
+__device__ __forceinline__ void int_block(const uint8_t* const (&ws)[NM], int64_t row_bytes, int n_units, int64_t rows,
+                                          const ActBlock* __restrict__ x, int n, int stages, Done&& done) {
+    if constexpr (RING) {
+        extern __shared__ uint4 ring[];
+        matvec_int_ring<T, NM, R, NT, S>(DeviceThread{nullptr}, reinterpret_cast<uint8_t*>(ring), stages, ws, row_bytes,
+                                         n_units, rows, blockIdx.x, gridDim.x, threadIdx.x, blockDim.x, x, n, done);
+    } else {
+        float acc[NM][R][NT];
+        matvec_int_thread<T, NM, R, NT, S>(ws, row_bytes, n_units, rows, int64_t(blockIdx.x) * R, threadIdx.x,
+                                           blockDim.x, x, n, acc);
+        done(int64_t(blockIdx.x) * R, 0, acc);
+    }
+}
+
+// What a block of matvec_int_kernel does with the sum v of row r0 + t / NT for token t % NT in thread t < R NT
+// (block_rows_sum) of its group of R rows from r0: stores it (accumulate: adds it), or with st.kc rotates and stores
+// Q, K and V (qkv_store_row), or with ns.xq adds it to the residual and makes the next norm's blocks
+// (residual_norm_store).
+template <int NT, int R>
+__device__ __forceinline__ void int_store(float v, int64_t r0, int64_t rows, int n, const RowSplit& y, int i0,
+                                          int accumulate, const QkvStore& st, const NormStore& ns) {
     const int r = threadIdx.x / NT, i = threadIdx.x % NT;
     const bool valid = r < R && i < n && r0 + r < rows;  // threads t < R NT: row r0 + t / NT, token t % NT
     if (st.kc) {
@@ -276,23 +279,39 @@ __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
     }
 }
 
-// grid = rows / R: gate and up rows of a SwiGLU pair in one block, y[i][r] = silu(gate[r] . x[i]) * (up[r] . x[i]).
-// R of each: mvi_rows, or half kMviWideRows for one token (--cuda-matvec-rows 8). With yq (one token; rows a multiple
-// of 32; counters: rows / 32 ints, zero between launches), y is also written as ActBlocks by each 32-row group's last
-// block (glu_store_quantized).
-template <GgmlType T, int NT, int R, int S>
+// Without RING: grid = rows / R, block = 32 mvi_warps(n_units) threads: the block's threads stride over the units of
+// its R rows (matvec_int_thread) for n <= NT tokens, x the tokens' ActBlocks one after another. At most 128 registers
+// (two blocks of up to 256 threads per SM), so that every row's loads are issued before the first is used. R:
+// mvi_rows, or kMviWideRows for one token (--cuda-matvec-rows 8). With RING: as many blocks as the SMs hold, each
+// taking its groups of R rows through a ring of `stages` stages in dynamic shared memory (matvec_int_ring), and
+// storing each group's sums as it ends.
+// With st.kc (accumulate 0), a Q|K|V product that rotates Q and K and stores K and V into an f16 cache itself
+// (qkv_store_row) instead of writing k and v. With ns.xq (one token, accumulate 1, one buffer, rows a multiple of
+// 32), a residual product with the next RMSNorm folded in (residual_norm_store).
+template <GgmlType T, int NT, int R, int S, bool RING>
 __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
-    matvec_glu_int_kernel(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int64_t row_bytes,
-                          int n_units, int64_t rows, const ActBlock* __restrict__ x, int n, float* __restrict__ y,
-                          ActBlock* __restrict__ yq, int* __restrict__ counters) {
-    pdl_trigger();  // the down projection, which reads y or yq, may start loading its weights
-    __shared__ float part[2][kMviMaxWarps][R * NT];
-    const int64_t r0 = int64_t(blockIdx.x) * R;
-    const uint8_t* const ws[2] = {gate, up};
-    float acc[2][R][NT];
-    matvec_int_thread<T, 2, R, NT, S>(ws, row_bytes, n_units, rows, r0, threadIdx.x, blockDim.x, x, n, acc);
-    const float gs = block_rows_sum(acc[0], part[0]), us = block_rows_sum(acc[1], part[1]);
-    const float o = silu_mul(gs, us);  // threads t < R NT: row r0 + t / NT, token t % NT
+    matvec_int_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int n_units, int64_t rows,
+                      const ActBlock* __restrict__ x, int n, RowSplit y, int i0, int accumulate, QkvStore st,
+                      NormStore ns, int stages) {
+    // The kernel after it may start loading its weights while this one's last blocks run: the next product (the
+    // SwiGLU product after the output projection, the next layer's Q|K|V after the down projection, a prompt's next
+    // launch over the same weight) or decode attention after Q|K|V. It waits for this grid to finish before it reads
+    // what this one writes; this grid's blocks are all resident when it starts, so they never wait for room.
+    pdl_trigger();
+    __shared__ float part[RING ? 2 : 1][kMviMaxWarps][R * NT];  // a ring's groups take turns (one barrier a group)
+    const uint8_t* const ws[1] = {w};
+    const auto done = [&](int64_t r0, int gi, const float(&acc)[1][R][NT]) {
+        const float v = block_rows_sum(acc[0], part[gi % 2 * RING]);
+        int_store<NT, R>(v, r0, rows, n, y, i0, accumulate, st, ns);
+    };
+    int_block<T, 1, R, NT, S, RING>(ws, row_bytes, n_units, rows, x, n, stages, done);
+}
+
+// A block of matvec_glu_int_kernel's output o of row r0 + t / NT for token t % NT in thread t < R NT: stored, or
+// with yq (one token) also quantized by each 32-row group's last block (glu_store_quantized).
+template <int NT, int R>
+__device__ __forceinline__ void glu_store(float o, int64_t r0, int64_t rows, int n, float* __restrict__ y,
+                                          ActBlock* __restrict__ yq, int* __restrict__ counters) {
     if constexpr (NT == 1) {
         if (yq) {
             if (threadIdx.x >= kWarp) return;
@@ -305,6 +324,27 @@ __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
     }
     const int r = threadIdx.x / NT, i = threadIdx.x % NT;
     if (r < R && i < n && r0 + r < rows) y[int64_t(i) * rows + r0 + r] = o;
+}
+
+// Without RING: grid = rows / R: gate and up rows of a SwiGLU pair in one block, y[i][r] = silu(gate[r] . x[i]) *
+// (up[r] . x[i]). R of each: mvi_rows, or half kMviWideRows for one token (--cuda-matvec-rows 8). With RING, the
+// groups of R rows of each through a ring (matvec_int_kernel says how). With yq (one token; rows a multiple of 32;
+// counters: rows / 32 ints, zero between launches), y is also written as ActBlocks by each 32-row group's last block
+// (glu_store_quantized).
+template <GgmlType T, int NT, int R, int S, bool RING>
+__global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
+    matvec_glu_int_kernel(const uint8_t* __restrict__ gate, const uint8_t* __restrict__ up, int64_t row_bytes,
+                          int n_units, int64_t rows, const ActBlock* __restrict__ x, int n, float* __restrict__ y,
+                          ActBlock* __restrict__ yq, int* __restrict__ counters, int stages) {
+    pdl_trigger();  // the down projection, which reads y or yq, may start loading its weights
+    __shared__ float part[RING ? 2 : 1][2][kMviMaxWarps][R * NT];
+    const uint8_t* const ws[2] = {gate, up};
+    const auto done = [&](int64_t r0, int gi, const float(&acc)[2][R][NT]) {
+        const int b = gi % 2 * RING;
+        const float gs = block_rows_sum(acc[0], part[b][0]), us = block_rows_sum(acc[1], part[b][1]);
+        glu_store<NT, R>(silu_mul(gs, us), r0, rows, n, y, yq, counters);
+    };
+    int_block<T, 2, R, NT, S, RING>(ws, row_bytes, n_units, rows, x, n, stages, done);
 }
 
 // grid = rows / R, block = 32 mvi_warps(n_units) threads: one token's product of F16 rows (matvec_f16_thread), R
@@ -612,11 +652,12 @@ namespace {
 // A kernel launch, with programmatic dependent launch when pdl (sm_90: the kernel may start before the one before it
 // in the stream ends, and waits in pdl_wait; captured into graphs as a programmatic edge).
 template <typename... Params, typename... Args>
-void launch(void (*kernel)(Params...), dim3 grid, unsigned block, bool pdl, cudaStream_t s, Args... args) {
+void launch_shared(void (*kernel)(Params...), dim3 grid, unsigned block, size_t shared, bool pdl, cudaStream_t s,
+                   Args... args) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = grid;
     cfg.blockDim = dim3(block);
-    cfg.dynamicSmemBytes = 0;
+    cfg.dynamicSmemBytes = shared;
     cfg.stream = s;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -624,6 +665,55 @@ void launch(void (*kernel)(Params...), dim3 grid, unsigned block, bool pdl, cuda
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
     KVGEN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, Params(args)...));
+}
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), dim3 grid, unsigned block, bool pdl, cudaStream_t s, Args... args) {
+    launch_shared(kernel, grid, block, 0, pdl, s, args...);
+}
+
+// The blocks of a ring launch (matvec_int_ring) of `kernel` with blocks of `threads` threads and `bytes` of dynamic
+// shared memory: as many as the device's SMs hold at once (its registers, shared memory and threads, asked of the
+// runtime once per kernel, size and device), at most `groups`; 0 where not one block fits (the caller then takes
+// the register path). The first time for a kernel and device, its blocks may take all the shared memory a block may
+// have (less its static part), and it asks for the largest share of each SM's L1 as shared memory (what is left, 28 KiB
+// on an H200, holds a token's activations: 10 KiB for 4096 columns): the same attributes for every size it is launched
+// with, so that the blocks each size's answer counted fit at once.
+int64_t ring_grid(const void* kernel, unsigned threads, size_t bytes, int64_t groups) {
+    struct Known {
+        const void* kernel;
+        int device;
+        unsigned threads;
+        size_t bytes;
+        int64_t blocks;
+    };
+    static std::mutex mutex;
+    static std::vector<Known> known;
+    static std::vector<std::pair<const void*, int>> set_up;  // the kernels and devices whose attributes are set
+    int device = 0;
+    KVGEN_CUDA_CHECK(cudaGetDevice(&device));
+    const std::lock_guard<std::mutex> lock(mutex);
+    for (const Known& k : known)
+        if (k.kernel == kernel && k.device == device && k.threads == threads && k.bytes == bytes)
+            return std::min(k.blocks, groups);
+    const GemmMmaDevice d = gemm_mma_device(device);
+    cudaFuncAttributes a{};
+    KVGEN_CUDA_CHECK(cudaFuncGetAttributes(&a, kernel));
+    const int64_t dynamic_max = d.shared_per_block - int64_t(a.sharedSizeBytes);  // what its static part leaves
+    int64_t blocks = 0;
+    if (int64_t(bytes) <= dynamic_max) {
+        if (std::find(set_up.begin(), set_up.end(), std::make_pair(kernel, device)) == set_up.end()) {
+            KVGEN_CUDA_CHECK(
+                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dynamic_max)));
+            KVGEN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                  int(cudaSharedmemCarveoutMaxShared)));
+            set_up.emplace_back(kernel, device);
+        }
+        int per_sm = 0;
+        KVGEN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, int(threads), bytes));
+        blocks = int64_t(per_sm) * d.sm_count;
+    }
+    known.push_back({kernel, device, threads, bytes, blocks});
+    return std::min(blocks, groups);
 }
 void launch_f16(const RowSplit& y, const DevWeight& w, const DevWeight* up, const float* x, bool accumulate, bool pdl,
                 cudaStream_t s) {
@@ -658,13 +748,30 @@ void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n,
         const int n_units = int(w.cols / 32);
         int_launches(n, [&](auto nt, int i0, int m) {
             constexpr int NT = decltype(nt)::value;
-            with_mvi_shape<T, 1, NT>(shape, [&](auto r, auto step) {
-                constexpr int R = decltype(r)::value, S = decltype(step)::value;
-                const unsigned threads = unsigned(32 * mvi_warps(mvi_steps(n_units, S)));
-                launch(matvec_int_kernel<T, NT, R, S>, grid_for(w.rows, R), threads, pdl, s, w.data, w.row_bytes,
-                       n_units, w.rows, x + int64_t(i0) * n_units, m, y, i0, accumulate ? 1 : 0,
-                       store ? *store : QkvStore{}, norm ? *norm : NormStore{});
-            });
+            const QkvStore st = store ? *store : QkvStore{};
+            const NormStore ns = norm ? *norm : NormStore{};
+            const ActBlock* xi = x + int64_t(i0) * n_units;
+            bool ringed = false;
+            if (shape.stages > 0)
+                with_ring_shape<T, 1, NT>(shape, [&](auto r, auto step) {
+                    constexpr int R = decltype(r)::value, S = decltype(step)::value;
+                    const unsigned threads = unsigned(32 * mvi_warps(mvi_steps(n_units, S)));
+                    const auto kernel = matvec_int_kernel<T, NT, R, S, true>;
+                    const size_t bytes = size_t(ring_layout<T, S>(int(threads), R, shape.stages).bytes());
+                    const int64_t grid =
+                        ring_grid(reinterpret_cast<const void*>(kernel), threads, bytes, (w.rows + R - 1) / R);
+                    if (grid == 0) return;
+                    launch_shared(kernel, dim3(unsigned(grid)), threads, bytes, pdl, s, w.data, w.row_bytes, n_units,
+                                  w.rows, xi, m, y, i0, accumulate ? 1 : 0, st, ns, shape.stages);
+                    ringed = true;
+                });
+            if (!ringed)
+                with_mvi_shape<T, 1, NT>(shape, [&](auto r, auto step) {
+                    constexpr int R = decltype(r)::value, S = decltype(step)::value;
+                    const unsigned threads = unsigned(32 * mvi_warps(mvi_steps(n_units, S)));
+                    launch(matvec_int_kernel<T, NT, R, S, false>, grid_for(w.rows, R), threads, pdl, s, w.data,
+                           w.row_bytes, n_units, w.rows, xi, m, y, i0, accumulate ? 1 : 0, st, ns, 0);
+                });
         });
     });
     if (!ok) throw Error(fmt::format("CUDA: no integer product for {}", ggml_type_name(w.type)));
@@ -680,13 +787,29 @@ void matvec_glu_int(float* y, ActBlock* yq, int* counters, const DevWeight& gate
         const int n_units = int(gate.cols / 32);
         int_launches(n, [&](auto nt, int i0, int m) {
             constexpr int NT = decltype(nt)::value;
-            with_mvi_shape<T, 2, NT>(shape, [&](auto r, auto step) {
-                constexpr int R = decltype(r)::value, S = decltype(step)::value;
-                const unsigned threads = unsigned(32 * mvi_warps(mvi_steps(n_units, S)));
-                launch(matvec_glu_int_kernel<T, NT, R, S>, grid_for(gate.rows, R), threads, pdl, s, gate.data, up.data,
-                       gate.row_bytes, n_units, gate.rows, x + int64_t(i0) * n_units, m, y + int64_t(i0) * gate.rows,
-                       yq, counters);
-            });
+            const ActBlock* xi = x + int64_t(i0) * n_units;
+            float* yi = y + int64_t(i0) * gate.rows;
+            bool ringed = false;
+            if (shape.stages > 0)
+                with_ring_shape<T, 2, NT>(shape, [&](auto r, auto step) {
+                    constexpr int R = decltype(r)::value, S = decltype(step)::value;
+                    const unsigned threads = unsigned(32 * mvi_warps(mvi_steps(n_units, S)));
+                    const auto kernel = matvec_glu_int_kernel<T, NT, R, S, true>;
+                    const size_t bytes = size_t(ring_layout<T, S>(int(threads), 2 * R, shape.stages).bytes());
+                    const int64_t grid =
+                        ring_grid(reinterpret_cast<const void*>(kernel), threads, bytes, (gate.rows + R - 1) / R);
+                    if (grid == 0) return;
+                    launch_shared(kernel, dim3(unsigned(grid)), threads, bytes, pdl, s, gate.data, up.data,
+                                  gate.row_bytes, n_units, gate.rows, xi, m, yi, yq, counters, shape.stages);
+                    ringed = true;
+                });
+            if (!ringed)
+                with_mvi_shape<T, 2, NT>(shape, [&](auto r, auto step) {
+                    constexpr int R = decltype(r)::value, S = decltype(step)::value;
+                    const unsigned threads = unsigned(32 * mvi_warps(mvi_steps(n_units, S)));
+                    launch(matvec_glu_int_kernel<T, NT, R, S, false>, grid_for(gate.rows, R), threads, pdl, s,
+                           gate.data, up.data, gate.row_bytes, n_units, gate.rows, xi, m, yi, yq, counters, 0);
+                });
         });
     });
     if (!ok) throw Error(fmt::format("CUDA: no fused integer SwiGLU for {}", ggml_type_name(gate.type)));

@@ -115,4 +115,26 @@ inline void to_device_rows(GgmlType t, const uint8_t* src, int64_t rows, int64_t
     }
 }
 
+// Where the integer decode products' rings (matvec_int_ring, matvec_int.cuh) lie in a block's shared memory: each
+// thread's slots of a step of weights of `slots` rows (slot m R + r for row r of matrix m) in each stage, n16 16-byte
+// pieces and n4 4-byte words a slot (RingStep). Every 16-byte piece first, [stage][slot][piece][thread], then every
+// 4-byte word, [stage][slot][word][thread]: a warp's 32 threads read one piece of theirs from 512 (or 128)
+// consecutive bytes, no bank conflict.
+struct RingLayout {
+    int threads, slots, n16, n4, stages;
+    KVGEN_HD int64_t bytes16() const { return int64_t(stages) * slots * n16 * threads * 16; }
+    KVGEN_HD int64_t bytes() const { return bytes16() + int64_t(stages) * slots * n4 * threads * 4; }
+    // (a ring is at most the 227 KiB a block may have: 32-bit offsets)
+    KVGEN_HD int at16(int st, int slot, int k, int t) const {
+        return (((st * slots + slot) * n16 + k) * threads + t) * 16;
+    }
+    KVGEN_HD int at4(int st, int slot, int j, int t) const {
+        return int(bytes16()) + (((st * slots + slot) * n4 + j) * threads + t) * 4;
+    }
+};
+// Stages a ring may have (--cuda-matvec-stages; 0 is the register path).
+KVGEN_HD constexpr bool ring_stages_ok(int stages) {
+    return stages >= 2 && stages <= 4;
+}
+
 }  // namespace kvgen::cuda

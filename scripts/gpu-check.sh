@@ -24,9 +24,12 @@
 #      cache tiles loaded through registers, not copied in two stages), and pp512 / tg128 at those depths with --kv-type q8_0 and q4_0 (SHAPE-T-kvq8_0, -kvq4_0);
 #      for every file, tg128 with --cuda-pdl off (SHAPE-T-nopdl: the decode products launched without programmatic
 #      dependent launch), for F16 tg128 with --cuda-f16-matvec warp (SHAPE-F16-warpf16: a warp over 2 rows instead
-#      of a block of warps over 4), for Q4_0, Q8_0 and Q4_K_M tg128 with --cuda-matvec-rows 4 (SHAPE-T-rows4: 4 rows a
-#      block of the one-token products instead of 8; with --quick also the per-kernel table of the first of Q8_0 and
-#      Q4_K_M),
+#      of a block of warps over 4), for Q4_0, Q8_0 and Q4_K_M pp16 and tg128 with --cuda-matvec-stages 0 (SHAPE-T-ring0:
+#      the integer products' weights through registers, a block a row group, not through rings of shared memory in
+#      blocks that stay; with --quick also the per-kernel table of the first of Q8_0 and Q4_K_M), tg128 with
+#      --cuda-matvec-stages 0 --cuda-matvec-rows 4 (SHAPE-T-rows4: that path with 4 rows a block of the one-token
+#      products instead of 8), and for the first type tg128 with --cuda-matvec-stages 2 and 4 (SHAPE-T-ring2, -ring4:
+#      rings of 2 and 4 stages instead of 3),
 #      for Q4_0 pp16 and tg128 with --cuda-matvec-unit 32 (SHAPE-Q4_0-unit32: a lane's step one block of a row, not
 #      two; with --quick also its per-kernel table),
 #      and for the quantized ones pp512 with --cuda-gemm mma (SHAPE-T-mmagemm: the prefill products in one kernel
@@ -318,7 +321,7 @@ profile_prefill() {
 }
 
 mkdir -p "$work/speed" "$work/ncu"
-rows4_profiled=0 prefill_profiled=0
+ring0_profiled=0 prefill_profiled=0
 for shape in "${shapes[@]}"; do
     # seconds a shape's runs take at most (2026-11-30: a 7B type about 40 s, a 13B 60-100 s with its larger files;
     # since then up to three more short benches a type)
@@ -351,10 +354,24 @@ for shape in "${shapes[@]}"; do
                 >"$work/speed/$name-warpf16.bench.json" 2>>"$out/log.txt" ||
                 log "$name: bench with --cuda-f16-matvec warp failed"
         fi
-        if [[ $t == Q4_0 || $t == Q8_0 || $t == Q4_K_M ]]; then  # one token's products with 4 rows a block (default 8)
+        if [[ $t == Q4_0 || $t == Q8_0 || $t == Q4_K_M ]]; then
+            # the integer products' weights through registers, a block a row group (the default: rings of 3 stages)
+            cp "$work/speed/$name.inspect.json" "$work/speed/$name-ring0.inspect.json"
+            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-matvec-stages 0 -p 16 -n 128 -d 0 -r 2 -o json \
+                >"$work/speed/$name-ring0.bench.json" 2>>"$out/log.txt" || log "$name: bench without rings failed"
+            # and so with 4 rows a block of one token's products (8 there by default)
             cp "$work/speed/$name.inspect.json" "$work/speed/$name-rows4.inspect.json"
-            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-matvec-rows 4 -p 0 -n 128 -d 0 -r 2 -o json \
-                >"$work/speed/$name-rows4.bench.json" 2>>"$out/log.txt" || log "$name: bench with 4 rows failed"
+            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-matvec-stages 0 --cuda-matvec-rows 4 -p 0 -n 128 \
+                -d 0 -r 2 -o json >"$work/speed/$name-rows4.bench.json" 2>>"$out/log.txt" ||
+                log "$name: bench with 4 rows failed"
+            if [[ $t == "${speed_types[0]}" ]]; then  # rings of 2 and 4 stages
+                for st in 2 4; do
+                    cp "$work/speed/$name.inspect.json" "$work/speed/$name-ring$st.inspect.json"
+                    bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-matvec-stages "$st" -p 0 -n 128 -d 0 \
+                        -r 2 -o json >"$work/speed/$name-ring$st.bench.json" 2>>"$out/log.txt" ||
+                        log "$name: bench with $st stages failed"
+                done
+            fi
         fi
         if [[ $t == Q4_0 ]]; then  # a lane's step one Q4_0 block of a row (the default: two)
             cp "$work/speed/$name.inspect.json" "$work/speed/$name-unit32.inspect.json"
@@ -416,12 +433,12 @@ for shape in "${shapes[@]}"; do
         if [[ -n $ncu || -n $ncu_csv ]] && { ((quick)) || [[ $name == "$kv_name" ]]; }; then
             profile_kernels "$f" "$name"
             # one more profile a type at most (OUTDIR keeps 8 files): Q4_0's steps of one block, else the first of
-            # Q8_0 and Q4_K_M with 4 rows a block
+            # Q8_0 and Q4_K_M without rings
             if ((quick)) && [[ $t == Q4_0 ]]; then
                 profile_kernels "$f" "$name-unit32" --cuda-matvec-unit 32
-            elif ((quick && !rows4_profiled)) && [[ $t == Q8_0 || $t == Q4_K_M ]]; then
-                profile_kernels "$f" "$name-rows4" --cuda-matvec-rows 4
-                rows4_profiled=1
+            elif ((quick && !ring0_profiled)) && [[ $t == Q8_0 || $t == Q4_K_M ]]; then
+                profile_kernels "$f" "$name-ring0" --cuda-matvec-stages 0
+                ring0_profiled=1
             fi
             if ((!prefill_profiled)) && [[ $t != F16 ]]; then  # the first quantized type profiled
                 profile_prefill "$f" "$name"

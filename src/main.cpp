@@ -352,13 +352,18 @@ int main(int argc, char** argv) {
                     "launches it after");
     add_cuda_number(
         app, "--cuda-matvec-rows", &gen.run.cuda_matvec_rows, {4, 8},
-        "CUDA: rows of a matrix one block of one token's Q4_0, Q8_0 and Q4_K integer products takes: 8 (the "
-        "default: twice the weight loads in flight a thread, half the blocks) or 4, to compare; the same "
-        "results");
+        "CUDA, with --cuda-matvec-stages 0: rows of a matrix one block of one token's Q4_0, Q8_0 and Q4_K integer "
+        "products takes: 8 (the default: twice the weight loads in flight a thread, half the blocks) or 4, to "
+        "compare; the same results");
     add_cuda_number(app, "--cuda-matvec-unit", &gen.run.cuda_matvec_unit, {32, 64},
                     "CUDA: weights of a row a lane of Q4_0 integer products takes a step: 64 (the default: 32 bytes of "
                     "quants a row in flight, as Q8_0's 32 weights) or 32, to compare; sums in another order, within "
                     "f32 rounding");
+    add_cuda_number(app, "--cuda-matvec-stages", &gen.run.cuda_matvec_stages, {0, 2, 3, 4},
+                    "CUDA, sm_80 and later: stages of shared memory the integer products copy their weights into by "
+                    "cp.async ahead of use, in blocks that each take many row groups: 3 (the default), 2 or 4; 0 "
+                    "loads them through registers, a block a row group (--cuda-matvec-rows), to compare; the same "
+                    "results");
     add_cuda_choice(
         app, "--cuda-kv-store", &gen.run.cuda_qkv_store, {"product", "kernel"}, "product",
         "CUDA with an f16 KV cache: product (the integer Q|K|V products of up to 16 tokens rotate Q and K "

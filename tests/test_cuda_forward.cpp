@@ -281,23 +281,31 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
             go.cuda_pdl = false;
             go.cuda_qkv_store = false;
             std::unique_ptr<Backend> store_launch = cuda::make_backend(m, go);
-            // 4 rows a block of the one-token integer products instead of 8 (the defaults otherwise): the same bits
+            // 4 rows a block of the one-token integer products instead of 8 (the defaults otherwise, but through
+            // registers: a ring's groups always have 4): the same bits
             Settings narrow_rows = go;
             narrow_rows.cuda_pdl = narrow_rows.cuda_qkv_store = true;
             narrow_rows.cuda_matvec_rows = 4;
+            narrow_rows.cuda_matvec_stages = 0;
             std::unique_ptr<Backend> narrow = cuda::make_backend(m, narrow_rows);
+            // The integer products' weights through registers, a block a row group (--cuda-matvec-stages 0), instead
+            // of a ring of shared memory in blocks that stay (sm_80 and later; elsewhere the same launches): the same
+            // sums in the same order, the same bits
+            Settings registers_s = narrow_rows;
+            registers_s.cuda_matvec_rows = 8;
+            std::unique_ptr<Backend> registers = cuda::make_backend(m, registers_s);
             // Each RMSNorm in a launch of its own (--cuda-norm kernel) instead of folded into the residual product
             // before it: not the same bits (the norm's factor meets the activation blocks' scales after their
             // rounding, not before), the same logits within a small part of the largest (an f16 cache; a 4-bit one
             // rounds some cached values a whole step apart)
-            Settings norm_kernel_s = narrow_rows;
-            norm_kernel_s.cuda_matvec_rows = 8;
+            Settings norm_kernel_s = registers_s;
+            norm_kernel_s.cuda_matvec_stages = Settings{}.cuda_matvec_stages;
             norm_kernel_s.cuda_norm_fold = false;
             std::unique_ptr<Backend> norm_kernel = cuda::make_backend(m, norm_kernel_s);
             // Q4_0 products in steps of one unit (--cuda-matvec-unit 32) instead of two: the same integer dots summed
             // in another order, the same logits within f32 rounding (an f16 cache, as above)
-            Settings units_s = narrow_rows;
-            units_s.cuda_matvec_rows = 8;
+            Settings units_s = norm_kernel_s;
+            units_s.cuda_norm_fold = true;
             units_s.cuda_matvec_unit = 32;
             std::unique_ptr<Backend> units = cuda::make_backend(m, units_s);
             const float units_rel = 1e-3f;
@@ -313,6 +321,7 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
             REQUIRE(copy(pdl_graph->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
             REQUIRE(copy(store_launch->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
             REQUIRE(copy(narrow->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
+            REQUIRE(copy(registers->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
             REQUIRE(copy(norm_kernel->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);  // no fold here
             const std::vector<float> up = copy(units->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab);
             if (norm_compared) check_logits(up, a, "--cuda-matvec-unit 32 vs 64, prompt", units_rel);
@@ -328,6 +337,7 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
                 REQUIRE(copy(pdl_graph->forward(&id, 1, pos, Pass::Decode), n_vocab) == a);
                 REQUIRE(copy(store_launch->forward(&id, 1, pos, Pass::Decode), n_vocab) == a);
                 REQUIRE(copy(narrow->forward(&id, 1, pos, Pass::Decode), n_vocab) == a);
+                REQUIRE(copy(registers->forward(&id, 1, pos, Pass::Decode), n_vocab) == a);
                 const std::vector<float> nk = copy(norm_kernel->forward(&id, 1, pos, Pass::Decode), n_vocab);
                 if (norm_compared) check_logits(nk, a, "--cuda-norm product vs kernel", norm_rel);
                 const std::vector<float> un = copy(units->forward(&id, 1, pos, Pass::Decode), n_vocab);

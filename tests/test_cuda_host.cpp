@@ -599,6 +599,68 @@ TEST_CASE("the integer products of a short prompt, run on the host: each token t
         }
 }
 
+TEST_CASE("the integer products through rings of shared memory, run on the host: the register path's bits",
+          "[cuda-host]") {
+    // --cuda-matvec-stages 2-4 against 0: a few blocks that take several row groups each (37 rows: 10 groups of 4, 19
+    // of 2 of each of gate and up, over 3 blocks; the last group with rows past the matrix), each thread's items
+    // copied ahead across the groups' ends, the copies landing at the waits or at once (every other block); one
+    // token and prompts of 5 and 13 (launches of 4 and 8); blocks of 1, 3, 4 and 6 warps, threads with no step of a
+    // group (2816 columns: 88 units for 96 threads), with one, and with two (11008 columns: 344 units for 192 threads;
+    // Q4_0's pairs at 20480 columns: 320 steps for 160), an odd unit left over (96 columns).
+    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
+        for (const int64_t cols : {96, 768, 2816, 4096, 11008, 20480}) {
+            GgmlType t;
+            REQUIRE(ggml_type_from_name(name, &t));
+            if (cols % ggml_type_info(t)->block_size != 0) continue;
+            const int64_t rows = 37;
+            const RandomRows gate = random_rows(t, rows, cols, 31), up = random_rows(t, rows, cols, 32);
+            for (const int n : {1, 5, 13})
+                for (const bool pairs : {true, false}) {
+                    if (!pairs && t != GgmlType::Q4_0) continue;
+                    if (cols > 4096 && n == 13) continue;  // (time)
+                    const std::vector<float> x = test::randn(size_t(n * cols), 33 + n, 2.0f);
+                    const std::vector<float> y = cuda::host::matvec_int(t, gate.bytes.data(), rows, cols, x, n, pairs);
+                    const std::vector<float> g =
+                        cuda::host::matvec_glu_int(t, gate.bytes.data(), up.bytes.data(), rows, cols, x, n, pairs);
+                    for (const int stages : {2, 3, 4}) {
+                        INFO(name << " cols " << cols << " tokens " << n << " pairs " << pairs << " stages " << stages);
+                        CHECK(cuda::host::matvec_int(t, gate.bytes.data(), rows, cols, x, n, pairs, stages) == y);
+                        CHECK(cuda::host::matvec_glu_int(t, gate.bytes.data(), up.bytes.data(), rows, cols, x, n, pairs,
+                                                         stages) == g);
+                    }
+                }
+        }
+}
+
+TEST_CASE("a ring's pieces: each thread's slots apart from every other's, inside the ring, aligned", "[cuda-host]") {
+    // Every (stage, slot, piece, thread) of the rings the launches take (one token's 4 rows, SwiGLU's 2 + 2, 8
+    // tokens' 2 rows; 32-256 threads; 2-4 stages) at its own offset, 16-byte pieces at multiples of 16 and words of 4,
+    // all of them inside bytes(), which they fill.
+    for (const int threads : {32, 96, 160, 256})
+        for (const int slots : {2, 4})
+            for (const int stages : {2, 3, 4})
+                for (const int n16 : {1, 2})
+                    for (const int n4 : {1, 2, 3}) {
+                        const cuda::RingLayout L{threads, slots, n16, n4, stages};
+                        std::vector<int> used(size_t(L.bytes()), 0);
+                        bool ok = true;
+                        const auto take = [&](int64_t at, int bytes) {
+                            ok = ok && at >= 0 && at + bytes <= L.bytes() && at % bytes == 0;
+                            for (int b = 0; ok && b < bytes; ++b) ok = used[size_t(at + b)]++ == 0;
+                        };
+                        for (int st = 0; st < stages; ++st)
+                            for (int q = 0; q < slots; ++q)
+                                for (int t = 0; t < threads; ++t) {
+                                    for (int k = 0; k < n16; ++k) take(L.at16(st, q, k, t), 16);
+                                    for (int j = 0; j < n4; ++j) take(L.at4(st, q, j, t), 4);
+                                }
+                        INFO("threads " << threads << " slots " << slots << " stages " << stages << " pieces " << n16
+                                        << " + " << n4);
+                        CHECK(ok);
+                        CHECK(std::count(used.begin(), used.end(), 1) == L.bytes());
+                    }
+}
+
 TEST_CASE("the Q|K|V product's epilogue rotates Q and K and stores K and V: the bits of rope_store_kv's launch",
           "[cuda-host]") {
     // One product over Q|K|V, and Q, K and V as three products (a Q4_K_M file's Q6_K V); one token and prompts in one

@@ -335,6 +335,37 @@ TEST_CASE("the integer SwiGLU product quantizes its output for the down projecti
     }
 }
 
+TEST_CASE("the integer products through rings of shared memory: the register path's bits, many row groups a block",
+          "[cuda][kernels]") {
+    // 8192 rows: 2048 groups of 4 (4096 of 2 of each of gate and up), several a block of a grid of as many blocks as
+    // the SMs hold; 4096 columns (4 warps, a step a thread) and 11008 (6 warps x 2 passes: two steps for most
+    // threads); one token, with the SwiGLU product's quantized output (its counters) and the folded norm (its
+    // counters, the last group's scaling), and 5 tokens. On a device without cp.async (sm_75) the copies are loads
+    // and stores: the same bits still.
+    const int64_t rows = 8192;
+    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
+        for (const int64_t cols : {4096, 11008}) {
+            GgmlType t;
+            if (!whole_blocks(name, cols, &t)) continue;
+            const std::vector<uint8_t> b = random_weights(t, rows, cols, 81), b_up = random_weights(t, rows, cols, 82);
+            const ct::HostWeight w{t, rows, cols, &b}, wu{t, rows, cols, &b_up};
+            for (const int n : {1, 5}) {
+                const std::vector<float> x = randn(size_t(n * cols), 83 + n);
+                const std::vector<float> y = ct::matvec_int(w, x, n), g = ct::matvec_glu_int(w, wu, x, n);
+                for (const int stages : {2, 3, 4}) {
+                    INFO(name << " cols " << cols << " tokens " << n << " stages " << stages);
+                    CHECK(ct::matvec_int(w, x, n, stages) == y);
+                    CHECK(ct::matvec_glu_int(w, wu, x, n, stages) == g);  // (one token: and its quantized output)
+                }
+            }
+            const std::vector<float> x = randn(size_t(cols), 85), residual = randn(size_t(rows), 86),
+                                     norm_w = randn(size_t(rows), 87);
+            const std::vector<float> folded = ct::matvec_int_residual_norm(w, x, residual, norm_w, 1e-5f, false);
+            INFO(name << " cols " << cols << ", the norm folded in");
+            CHECK(ct::matvec_int_residual_norm(w, x, residual, norm_w, 1e-5f, false, 3) == folded);
+        }
+}
+
 TEST_CASE("a residual product folds the next RMSNorm in: the host emulation's bits, counters left at zero",
           "[cuda][kernels]") {
     // 4096 rows (128 groups of 32) and 5120 (160): a 7B and a 13B residual; 4 and 8 rows a block. The host emulation

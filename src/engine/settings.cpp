@@ -40,6 +40,8 @@ std::string cuda_options_name(const Settings& s) {
     if (s.cuda_pdl != d.cuda_pdl) add(s.cuda_pdl ? "--cuda-pdl on" : "--cuda-pdl off");
     if (s.cuda_matvec_rows != d.cuda_matvec_rows) add("--cuda-matvec-rows " + std::to_string(s.cuda_matvec_rows));
     if (s.cuda_matvec_unit != d.cuda_matvec_unit) add("--cuda-matvec-unit " + std::to_string(s.cuda_matvec_unit));
+    if (s.cuda_matvec_stages != d.cuda_matvec_stages)
+        add("--cuda-matvec-stages " + std::to_string(s.cuda_matvec_stages));
     if (s.cuda_qkv_store != d.cuda_qkv_store)
         add(s.cuda_qkv_store ? "--cuda-kv-store product" : "--cuda-kv-store kernel");
     if (s.cuda_norm_fold != d.cuda_norm_fold) add(s.cuda_norm_fold ? "--cuda-norm product" : "--cuda-norm kernel");

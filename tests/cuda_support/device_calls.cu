@@ -118,24 +118,27 @@ std::vector<float> matvec_batch(const HostWeight& w, const std::vector<float>& x
     return y.get();
 }
 
-std::vector<float> matvec_int(const HostWeight& w, const std::vector<float>& x, int n) {
+std::vector<float> matvec_int(const HostWeight& w, const std::vector<float>& x, int n, int stages) {
     Dev<uint8_t> b(device_bytes(w));
     Dev<float> dx(x), y(size_t(n) * size_t(w.rows));
     Dev<ActBlock> xq(x.size() / 32);
     poison(y);
     quantize_act(xq.p, dx.p, int64_t(x.size()), nullptr);
-    kvgen::cuda::matvec_int(RowSplit::one(y.p, w.rows), dev_weight(w, b), xq.p, n, false, false, nullptr);
+    kvgen::cuda::matvec_int(RowSplit::one(y.p, w.rows), dev_weight(w, b), xq.p, n, false, false, nullptr, nullptr,
+                            MviShape{false, true, stages});
     return y.get();
 }
 
-std::vector<float> matvec_glu_int(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x, int n) {
+std::vector<float> matvec_glu_int(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x, int n,
+                                  int stages) {
+    const MviShape shape{false, true, stages};
     Dev<uint8_t> g(device_bytes(gate)), u(device_bytes(up));
     Dev<float> dx(x), y(size_t(n) * size_t(gate.rows));
     Dev<ActBlock> xq(x.size() / 32);
     poison(y);
     quantize_act(xq.p, dx.p, int64_t(x.size()), nullptr);
-    kvgen::cuda::matvec_glu_int(y.p, nullptr, nullptr, dev_weight(gate, g), dev_weight(up, u), xq.p, n, false,
-                                nullptr);
+    kvgen::cuda::matvec_glu_int(y.p, nullptr, nullptr, dev_weight(gate, g), dev_weight(up, u), xq.p, n, false, nullptr,
+                                shape);
     const std::vector<float> result = y.get();
     if (n == 1 && gate.rows % 32 == 0) {
         // The output also quantized by the product (for the down projection), twice with the same counters: the same
@@ -145,8 +148,8 @@ std::vector<float> matvec_glu_int(const HostWeight& gate, const HostWeight& up, 
         for (int launch = 0; launch < 2; ++launch) {
             poison(y);
             poison(yq);
-            kvgen::cuda::matvec_glu_int(y.p, yq.p, counters.p, dev_weight(gate, g), dev_weight(up, u), xq.p, 1,
-                                        false, nullptr);
+            kvgen::cuda::matvec_glu_int(y.p, yq.p, counters.p, dev_weight(gate, g), dev_weight(up, u), xq.p, 1, false,
+                                        nullptr, shape);
             if (y.get() != result) throw Error("matvec_glu_int: another output when it also quantizes it");
             for (int cnt : counters.get())
                 if (cnt != 0) throw Error("matvec_glu_int: a row group's counter was not reset");
@@ -252,7 +255,7 @@ std::vector<float> rmsnorm_quantized(const std::vector<float>& x, const std::vec
 
 std::vector<float> matvec_int_residual_norm(const HostWeight& w, const std::vector<float>& x,
                                             const std::vector<float>& residual, const std::vector<float>& norm_w,
-                                            float eps, bool wide) {
+                                            float eps, bool wide, int stages) {
     Dev<uint8_t> b(device_bytes(w));
     Dev<float> dx(x), y(residual), dw(norm_w), sums(size_t(w.rows / 32));
     Dev<ActBlock> xq(x.size() / 32), yq(size_t(w.rows / 32));
@@ -261,7 +264,7 @@ std::vector<float> matvec_int_residual_norm(const HostWeight& w, const std::vect
     quantize_act(xq.p, dx.p, int64_t(x.size()), nullptr);
     const NormStore ns{dw.p, yq.p, sums.p, counters.p, eps};
     kvgen::cuda::matvec_int(RowSplit::one(y.p, w.rows), dev_weight(w, b), xq.p, 1, true, false, nullptr, nullptr,
-                            MviShape{wide, true}, &ns);
+                            MviShape{wide, true, stages}, &ns);
     std::vector<float> out = append_blocks(y.get(), yq.get());  // the rows, then the blocks, then the counters
     for (int c : counters.get()) out.push_back(float(c));
     return out;

@@ -33,6 +33,34 @@
 namespace kvgen::cuda::host {
 
 namespace {
+// One thread's cp.async copies: those since its last commit, then its committed groups in order, each landing (the
+// bytes moved) when a wait leaves fewer groups outstanding than it, not before.
+struct AsyncCopies {
+    struct Copy {
+        void* dst;
+        const void* src;
+        size_t bytes;
+    };
+    std::vector<Copy> open;
+    std::vector<std::vector<Copy>> groups;
+    void push(void* dst, const void* src, size_t bytes) { open.push_back({dst, src, bytes}); }
+    void commit() {
+        groups.push_back(std::move(open));
+        open.clear();
+    }
+    void land(int keep) {
+        while (int(groups.size()) > keep) {
+            for (const Copy& c : groups.front()) std::memcpy(c.dst, c.src, c.bytes);
+            groups.erase(groups.begin());
+        }
+    }
+    bool outstanding() const {
+        bool any = !open.empty();
+        for (const auto& g : groups) any = any || !g.empty();
+        return any;
+    }
+};
+
 // The __shfl_xor_sync butterfly of the device: every lane ends with the sum, in the device's order.
 float butterfly_sum(float (&v)[32]) {
     for (int o = 16; o > 0; o >>= 1) {
@@ -137,39 +165,120 @@ std::vector<HostActBlock> quantize_act_items(const std::vector<float>& x) {
 }
 
 namespace {
+// The sums of a block's R rows of NM matrices from r0 for n tokens, from its threads' shares acc[thread][m][r][i], in
+// block_rows_sum's order (each warp's butterfly, then the warps in turn), into y[m][i * rows + row].
+template <int NM, int NT, int R>
+void block_sums(const float* acc, int threads, int64_t r0, int64_t rows, int n, std::vector<std::vector<float>>& y) {
+    const int warps = threads / 32;
+    for (int m = 0; m < NM; ++m)
+        for (int r = 0; r < R && r0 + r < rows; ++r)
+            for (int i = 0; i < n; ++i) {
+                float sum = 0.0f;
+                for (int wp = 0; wp < warps; ++wp) {
+                    float v[32];
+                    for (int lane = 0; lane < 32; ++lane)
+                        v[lane] = acc[((size_t(32 * wp + lane) * NM + size_t(m)) * R + size_t(r)) * NT + size_t(i)];
+                    const float ws = butterfly_sum(v);
+                    sum = wp == 0 ? ws : sum + ws;
+                }
+                y[size_t(m)][size_t(i) * size_t(rows) + size_t(r0 + r)] = sum;
+            }
+}
+
 // One launch of matvec_int_kernel or matvec_glu_int_kernel for n <= NT tokens with R rows a block and steps of S
-// units: every block's threads' shares (matvec_int_thread), then block_rows_sum's order; y[m][i * rows + row] for the
-// NM matrices.
+// units: every block's threads' shares (matvec_int_thread), then block_sums; y[m][i * rows + row] for the NM
+// matrices.
 template <GgmlType T, int NM, int NT, int R, int S>
 void matvec_int_launch(const std::vector<DeviceRows>& dev, int64_t rows, int64_t cols, const ActBlock* x, int n,
                        std::vector<std::vector<float>>& y) {
     const uint8_t* p[NM];
     for (int m = 0; m < NM; ++m) p[m] = dev[size_t(m)].p;
-    const int n_units = int(cols / 32), warps = mvi_warps(mvi_steps(n_units, S)), threads = 32 * warps;
+    const int n_units = int(cols / 32), threads = 32 * mvi_warps(mvi_steps(n_units, S));
+    std::vector<float> acc(size_t(threads) * NM * R * NT);  // [thread][m][r][i]
     for (int64_t r0 = 0; r0 < rows; r0 += R) {
-        std::vector<float> acc(size_t(threads) * NM * R * NT);  // [thread][m][r][i]
-        auto at = [&](int t, int m, int r, int i) -> float& {
-            return acc[((size_t(t) * NM + size_t(m)) * R + size_t(r)) * NT + size_t(i)];
-        };
         for (int t = 0; t < threads; ++t) {
             float share[NM][R][NT];
             matvec_int_thread<T, NM, R, NT, S>(p, dev[0].row_bytes, n_units, rows, r0, t, threads, x, n, share);
-            for (int m = 0; m < NM; ++m)
-                for (int r = 0; r < R; ++r)
-                    for (int i = 0; i < NT; ++i) at(t, m, r, i) = share[m][r][i];
+            std::memcpy(&acc[size_t(t) * NM * R * NT], share, sizeof(share));
         }
-        for (int m = 0; m < NM; ++m)
-            for (int r = 0; r < R && r0 + r < rows; ++r)
-                for (int i = 0; i < n; ++i) {
-                    float sum = 0.0f;
-                    for (int wp = 0; wp < warps; ++wp) {
-                        float v[32];
-                        for (int lane = 0; lane < 32; ++lane) v[lane] = at(32 * wp + lane, m, r, i);
-                        const float ws = butterfly_sum(v);
-                        sum = wp == 0 ? ws : sum + ws;
-                    }
-                    y[size_t(m)][size_t(i) * size_t(rows) + size_t(r0 + r)] = sum;
-                }
+        block_sums<NM, NT, R>(acc.data(), threads, r0, rows, n, y);
+    }
+}
+
+// A thread of a ring launch (matvec_int_ring) on the host: its copies go into its block's ring [lo, hi) (both ends
+// aligned to the copy's size, as cp.async needs, the whole copy inside the ring) and land when it waits for them,
+// or at once where eager (every other block): the two ends of when the device may land them, so that a thread that
+// reads a slot before its copy has landed, or copies over a slot it has yet to read, shows.
+struct RingThread {
+    AsyncCopies* c;
+    const uint8_t* lo;
+    const uint8_t* hi;
+    bool eager;
+    const std::vector<DeviceRows>* weights;  // a copy's source lies inside one of them
+    void copy(void* dst, const void* src, size_t bytes) const {
+        const auto* d = static_cast<const uint8_t*>(dst);
+        const auto* s = static_cast<const uint8_t*>(src);
+        if (reinterpret_cast<uintptr_t>(dst) % bytes != 0 || reinterpret_cast<uintptr_t>(src) % bytes != 0)
+            throw Error(fmt::format("host emulation: a ring copy of {} bytes between unaligned addresses", bytes));
+        if (d < lo || d + bytes > hi) throw Error("host emulation: a ring copy outside the block's ring");
+        bool inside = false;
+        for (const DeviceRows& w : *weights) {
+            const auto* w0 = reinterpret_cast<const uint8_t*>(w.mem.data());
+            inside = inside || (s >= w0 && s + bytes <= w0 + w.mem.size() * sizeof(uint4));
+        }
+        if (!inside) throw Error("host emulation: a ring copy from outside the weights");
+        if (eager)
+            std::memcpy(dst, src, bytes);
+        else
+            c->push(dst, src, bytes);
+    }
+    void copy16_async(void* dst, const void* src) const { copy(dst, src, 16); }
+    void copy4_async(void* dst, const void* src) const { copy(dst, src, 4); }
+    void commit_async() const { c->commit(); }
+    template <int N>
+    void wait_async_group() const {
+        c->land(N);
+    }
+};
+
+// The host's ring launches take this many blocks (the device's: as many as its SMs hold), so that blocks take
+// several groups each, and both kinds of RingThread run.
+constexpr int kHostRingBlocks = 3;
+
+// The same launch through rings of `stages` stages (matvec_int_ring) in kHostRingBlocks blocks, each ring filled with
+// a pattern first (a slot read before its copy lands reads that), each thread's groups' shares kept until the block
+// ends, then block_sums for each of its groups.
+template <GgmlType T, int NM, int NT, int R, int S>
+void matvec_int_ring_launch(const std::vector<DeviceRows>& dev, int64_t rows, int64_t cols, const ActBlock* x, int n,
+                            int stages, std::vector<std::vector<float>>& y) {
+    const uint8_t* p[NM];
+    for (int m = 0; m < NM; ++m) p[m] = dev[size_t(m)].p;
+    const int n_units = int(cols / 32), threads = 32 * mvi_warps(mvi_steps(n_units, S));
+    const RingLayout L = ring_layout<T, S>(threads, NM * R, stages);
+    const int64_t n_groups = (rows + R - 1) / R, grid = kHostRingBlocks;
+    const size_t share = size_t(NM) * R * NT;
+    for (int64_t b = 0; b < grid; ++b) {
+        std::vector<uint4> ring(size_t(L.bytes() / 16));
+        std::memset(ring.data(), 0xa5, ring.size() * sizeof(uint4));
+        auto* lo = reinterpret_cast<uint8_t*>(ring.data());
+        const int64_t groups = b < n_groups ? (n_groups - 1 - b) / grid + 1 : 0;
+        std::vector<float> acc(size_t(groups) * size_t(threads) * share);  // [group][thread][m][r][i]
+        for (int t = 0; t < threads; ++t) {
+            AsyncCopies c;
+            const RingThread ctx{&c, lo, lo + L.bytes(), b % 2 == 1, &dev};
+            int64_t seen = 0;
+            matvec_int_ring<T, NM, R, NT, S>(ctx, lo, stages, p, dev[0].row_bytes, n_units, rows, b, grid, t, threads,
+                                             x, n, [&](int64_t r0, int gi, const float(&a)[NM][R][NT]) {
+                                                 if (gi != seen++ || r0 != (b + gi * grid) * R)
+                                                     throw Error("host emulation: a ring's groups out of order");
+                                                 std::memcpy(&acc[(size_t(gi) * size_t(threads) + size_t(t)) * share],
+                                                             a, sizeof(a));
+                                             });
+            if (seen != groups) throw Error("host emulation: a ring thread missed a group");
+            if (c.outstanding()) throw Error("host emulation: a ring thread ended with copies outstanding");
+        }
+        for (int64_t gi = 0; gi < groups; ++gi)
+            block_sums<NM, NT, R>(&acc[size_t(gi) * size_t(threads) * share], threads, (b + gi * grid) * R, rows, n, y);
     }
 }
 
@@ -187,10 +296,17 @@ std::vector<std::vector<float>> matvec_int_blocks(GgmlType type, const uint8_t* 
         int_launches(n, [&](auto nt, int i0, int m) {
             constexpr int NT = decltype(nt)::value;
             std::vector<std::vector<float>> part(NM, std::vector<float>(size_t(m) * size_t(rows), NAN));
-            with_mvi_shape<T, NM, NT>(shape, [&](auto r, auto step) {
-                matvec_int_launch<T, NM, NT, decltype(r)::value, decltype(step)::value>(
-                    dev, rows, cols, a.data() + int64_t(i0) * (cols / 32), m, part);
-            });
+            const ActBlock* xi = a.data() + int64_t(i0) * (cols / 32);
+            if (shape.stages > 0)
+                with_ring_shape<T, NM, NT>(shape, [&](auto r, auto step) {
+                    matvec_int_ring_launch<T, NM, NT, decltype(r)::value, decltype(step)::value>(dev, rows, cols, xi, m,
+                                                                                                 shape.stages, part);
+                });
+            else
+                with_mvi_shape<T, NM, NT>(shape, [&](auto r, auto step) {
+                    matvec_int_launch<T, NM, NT, decltype(r)::value, decltype(step)::value>(dev, rows, cols, xi, m,
+                                                                                            part);
+                });
             for (int k = 0; k < NM; ++k)
                 std::copy(part[size_t(k)].begin(), part[size_t(k)].end(),
                           y[size_t(k)].begin() + int64_t(i0) * rows);
@@ -254,15 +370,16 @@ std::vector<float> matvec_f16(const uint8_t* bytes, int64_t rows, int64_t cols, 
 }
 
 std::vector<float> matvec_int(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
-                              const std::vector<float>& x, int n, bool pairs) {
+                              const std::vector<float>& x, int n, bool pairs, int stages) {
     const uint8_t* const w[1] = {bytes};
-    return matvec_int_blocks<1>(type, w, rows, cols, x, n, MviShape{false, pairs})[0];
+    return matvec_int_blocks<1>(type, w, rows, cols, x, n, MviShape{false, pairs, stages})[0];
 }
 
 std::vector<float> matvec_glu_int(GgmlType type, const uint8_t* gate, const uint8_t* up, int64_t rows, int64_t cols,
-                                  const std::vector<float>& x, int n, bool pairs) {
+                                  const std::vector<float>& x, int n, bool pairs, int stages) {
     const uint8_t* const w[2] = {gate, up};
-    const std::vector<std::vector<float>> gu = matvec_int_blocks<2>(type, w, rows, cols, x, n, MviShape{false, pairs});
+    const std::vector<std::vector<float>> gu =
+        matvec_int_blocks<2>(type, w, rows, cols, x, n, MviShape{false, pairs, stages});
     std::vector<float> y(gu[0].size());
     for (size_t r = 0; r < y.size(); ++r) {
         const float gs = gu[0][r], us = gu[1][r];
@@ -449,10 +566,10 @@ class FiberBlock {
             std::memcpy(dst, src, 16);
             return;
         }
-        copies_[size_t(current_)].push(dst, src);
+        copies_[size_t(current_)].push(dst, src, 16);
     }
     void wait_async() {
-        Copies& c = copies_[size_t(current_)];
+        AsyncCopies& c = copies_[size_t(current_)];
         c.commit();
         c.land(0);
     }
@@ -653,27 +770,7 @@ class FiberBlock {
     std::vector<float> exch_;
     std::vector<std::array<uint32_t, 6>> frags_;  // mma: each lane's A and B registers
     // A thread's copy_async copies not yet landed: those since its last commit, and its committed groups, oldest first.
-    struct Copies {
-        std::vector<std::pair<void*, const void*>> open;
-        std::vector<std::vector<std::pair<void*, const void*>>> groups;
-        void push(void* dst, const void* src) { open.emplace_back(dst, src); }
-        void commit() {
-            groups.push_back(std::move(open));
-            open.clear();
-        }
-        void land(int keep) {
-            while (int(groups.size()) > keep) {
-                for (const auto& [dst, src] : groups.front()) std::memcpy(dst, src, 16);
-                groups.erase(groups.begin());
-            }
-        }
-        bool outstanding() const {
-            bool any = !open.empty();
-            for (const auto& g : groups) any = any || !g.empty();
-            return any;
-        }
-    };
-    std::vector<Copies> copies_;     // each thread's
+    std::vector<AsyncCopies> copies_;  // each thread's
     std::vector<const void*> rows_;  // ldmatrix: each lane's row address
     std::vector<Fiber> fibers_;
     ucontext_t main_{};

@@ -50,11 +50,12 @@ std::vector<float> matvec(const HostWeight& w, const std::vector<float>& x, cons
 // when given.
 std::vector<float> matvec_batch(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0);
 // y = W x in integers: x quantized by quantize_act, then matvec_int (Q4_0, Q8_0, Q4_K, Q6_K); n tokens x [n][cols]
-// give y [n][rows].
-std::vector<float> matvec_int(const HostWeight& w, const std::vector<float>& x, int n = 1);
-// silu(gate x) * (up x) through the fused integer kernel; n tokens as matvec_int.
-std::vector<float> matvec_glu_int(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x,
-                                  int n = 1);
+// give y [n][rows]. stages: MviShape::stages (2-4: rings of shared memory, where the device has cp.async; 0: the
+// register path).
+std::vector<float> matvec_int(const HostWeight& w, const std::vector<float>& x, int n = 1, int stages = 0);
+// silu(gate x) * (up x) through the fused integer kernel; n tokens and stages as matvec_int.
+std::vector<float> matvec_glu_int(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x, int n = 1,
+                                  int stages = 0);
 // silu(gate x) * (up x) through the fused decode kernel (F16: the block kernel unless f16_block is false).
 std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x,
                               bool f16_block = true);
@@ -86,7 +87,7 @@ std::vector<float> rmsnorm_quantized(const std::vector<float>& x, const std::vec
 // counters as left after the launch.
 std::vector<float> matvec_int_residual_norm(const HostWeight& w, const std::vector<float>& x,
                                             const std::vector<float>& residual, const std::vector<float>& norm_w,
-                                            float eps, bool wide);
+                                            float eps, bool wide, int stages = 0);
 // The ActBlocks quantize_act makes of x (a multiple of 32 values), 36 floats each as above.
 std::vector<float> quantize_act(const std::vector<float>& x);
 // A step's Q, K and V products in integers (one matrix Q|K|V, or three) over an f16 cache of n_ctx positions with c's
@@ -152,9 +153,10 @@ std::vector<HostActBlock> quantize_act(const std::vector<float>& x);
 std::vector<HostActBlock> quantize_act_items(const std::vector<float>& x);
 // y = W x in integers with matvec_int_kernel's blocks and their sums (Q4_0, Q8_0, Q4_K, Q6_K); for n tokens x
 // [n][cols], y [n][rows], in the launches the device makes (up to 8 tokens each); pairs: Q4_0 in steps of
-// two units (MviShape, --cuda-matvec-unit 64), else one.
+// two units (MviShape, --cuda-matvec-unit 64), else one; stages 2-4: the weights through rings of that many stages
+// (matvec_int_ring, --cuda-matvec-stages) in a few blocks that take several row groups each, 0: through registers.
 std::vector<float> matvec_int(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
-                              const std::vector<float>& x, int n = 1, bool pairs = true);
+                              const std::vector<float>& x, int n = 1, bool pairs = true, int stages = 0);
 // y = W x for F16 rows (the GGUF bytes; cols a multiple of 32) with matvec_f16_kernel's blocks (matvec_f16_thread,
 // kMvF16Rows rows a block) and block_rows_sum's order; with up, silu(W x) * (Up x), 2 rows of each a block.
 std::vector<float> matvec_f16(const uint8_t* bytes, int64_t rows, int64_t cols, const std::vector<float>& x,
@@ -164,7 +166,7 @@ int matvec_int_warps(int n_units);
 // y = silu(gate x) * (up x) with matvec_glu_int_kernel's blocks (two rows of each matrix per block); n tokens as
 // matvec_int.
 std::vector<float> matvec_glu_int(GgmlType type, const uint8_t* gate, const uint8_t* up, int64_t rows, int64_t cols,
-                                  const std::vector<float>& x, int n = 1, bool pairs = true);
+                                  const std::vector<float>& x, int n = 1, bool pairs = true, int stages = 0);
 // The same with its output also quantized by the product (glu_store_quantized, the blocks in launch order): y, and
 // *yq its ActBlocks; rows a multiple of 32.
 std::vector<float> matvec_glu_int_quantized(GgmlType type, const uint8_t* gate, const uint8_t* up, int64_t rows,
