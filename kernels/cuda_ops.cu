@@ -320,7 +320,7 @@ void CudaOps::proj(float* out, const DevWeight& w, const float* in, int n, bool 
         return;
     }
     if (n == 1) {
-        matvec(out, w, in, accumulate, stream_, f16_block_, pdl_);
+        matvec(out, w, in, accumulate, stream_, f16_block_, pdl_, mvi_.stages);
         return;
     }
     if (n <= kMvMaxTokens) {  // a short prompt: each weight read once for all its tokens
@@ -379,7 +379,7 @@ void CudaOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int 
         if (in_int)
             matvec_int(qkv, L.qkv, xin, n, false, pdl_, stream_, kv_stored_ ? &st : nullptr, mvi_);
         else
-            matvec_split(qkv, L.qkv, xn_, stream_, f16_block_, pdl_);
+            matvec_split(qkv, L.qkv, xn_, stream_, f16_block_, pdl_, mvi_.stages);
         return;
     }
     if (in_int) {  // Q, K and V of different types (a Q4_K_M file's Q6_K V)
@@ -492,7 +492,7 @@ void CudaOps::norm_swiglu(float* h, const float* x, int l, int n) {
         if (in_int)
             matvec_glu_int(h, glu_quantized_ ? hq_ : nullptr, hq_counters_, L.gate, L.up, xin, n, pdl_, stream_, mvi_);
         else
-            matvec_glu(h, L.gate, L.up, xn_, stream_, f16_block_, pdl_);
+            matvec_glu(h, L.gate, L.up, xn_, stream_, f16_block_, pdl_, mvi_.stages);
         return;
     }
     if (n <= kMvMaxTokens) {  // a short prompt's f32 products
@@ -540,7 +540,7 @@ void CudaOps::head(float* logits, const float* x, int n) {
         return;
     }
     rmsnorm(xn_, nullptr, x, w_.output_norm, 1, c_.n_embd, c_.rms_eps, pdl_, stream_);
-    matvec(logits, w_.output, xn_, false, stream_, f16_block_, pdl_);
+    matvec(logits, w_.output, xn_, false, stream_, f16_block_, pdl_, mvi_.stages);
 }
 
 // One layer-and-head's rows [0, n) per row of a 2-D copy: n_ctx rows apart in the cache, n apart on the host. Rows

@@ -398,7 +398,7 @@ KVGEN_HD constexpr bool mvi_wide_type(GgmlType t) {
 struct MviShape {
     bool wide = false;  // one token of a wide type: kMviWideRows rows a block (--cuda-matvec-rows 8)
     bool pairs = true;  // Q4_0: a lane's step is two units (--cuda-matvec-unit 64), one token or several
-    int stages = 0;     // 2-4: through a ring of shared memory (matvec_int_ring; --cuda-matvec-stages), rows a group
+    int stages = 0;     // 2-4: through a ring of shared memory (matvec_ring; --cuda-matvec-stages), rows a group
                         // as without wide; 0: matvec_int_thread
 };
 // Rows a block of NM matrices of a pair type takes for NT tokens with steps of two units: a thread then holds twice
@@ -709,9 +709,34 @@ struct RingStep<GgmlType::Q6_K, 1> {
     }
 };
 
+// A ring's steps as matvec_ring takes them, for the integer products: RingStep's pieces, StepWeights' registers,
+// steps of S units, and step_dots' sums. (F16Ring, below, is the F16 products'.) Each such policy P has steps (units
+// a step), n16 and n4 (its pieces; n4 may be 0), Weights, sources and make (RingStep's), thread (the register path's
+// thread, matvec_int_thread's arguments) and dots (a step's sums, step_dots' arguments).
 template <GgmlType T, int S>
+struct IntRing : RingStep<T, S> {
+    static constexpr int steps = S;
+    using Weights = StepWeights<T, S>;
+    using Act = ActBlock;
+    template <int NM, int R, int NT>
+    KVGEN_HD static void dots(const Weights (&wu)[NM][R], int s, int n_units, const ActBlock* __restrict__ x, int n,
+                              float (&acc)[NM][R][NT]) {
+        step_dots<T, NM, R, NT, S>(wu, s, n_units, x, n, acc);
+    }
+    template <int NM, int R, int NT>
+    KVGEN_HD static void thread(const uint8_t* const (&w)[NM], int64_t row_bytes, int n_units, int64_t rows, int64_t r0,
+                                int t, int n_threads, const ActBlock* __restrict__ x, int n, float (&acc)[NM][R][NT]) {
+        matvec_int_thread<T, NM, R, NT, S>(w, row_bytes, n_units, rows, r0, t, n_threads, x, n, acc);
+    }
+};
+// The 4-byte words a policy's slot holds, at least one (an array's size).
+template <class P>
+KVGEN_HD constexpr int ring_words() {
+    return P::n4 > 0 ? P::n4 : 1;
+}
+template <class P>
 KVGEN_HD RingLayout ring_layout(int threads, int slots, int stages) {
-    return RingLayout{threads, slots, RingStep<T, S>::n16, RingStep<T, S>::n4, stages};
+    return RingLayout{threads, slots, P::n16, P::n4, stages};
 }
 // Reads of a thread's own ring slots (plain loads: shared memory on the device, where __ldg would fault).
 KVGEN_HD uint4 ring_ld16(const uint8_t* p) {
@@ -741,14 +766,13 @@ struct RingCursor {
     int64_t issued = 0, group = 0;
     int step = 0, stage = 0;
 };
-// A thread's next item (c.issued, of `items`: step c.step of its group c.group, as matvec_int_ring orders them)
+// A thread's next item (c.issued, of `items`: step c.step of its group c.group, as matvec_ring orders them)
 // copied into stage c.stage of its slots, and a group of copies committed (an empty one past the last item).
 #pragma nv_exec_check_disable
-template <GgmlType T, int NM, int R, int S, class Ctx>
+template <class P, int NM, int R, class Ctx>
 KVGEN_HD void ring_issue(const Ctx& ctx, uint8_t* ring, const RingLayout& L, const uint8_t* const (&w)[NM],
                          int64_t row_bytes, int n_units, int64_t rows, int64_t block, int64_t grid, int t,
                          int n_threads, int per, int64_t items, RingCursor& c) {
-    using RS = RingStep<T, S>;
     if (c.issued < items) {
         const int64_t r0 = (block + c.group * grid) * R;
         const int s = t + c.step * n_threads;
@@ -757,13 +781,13 @@ KVGEN_HD void ring_issue(const Ctx& ctx, uint8_t* ring, const RingLayout& L, con
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 const uint8_t* row = w[m] + (r0 + r < rows ? r0 + r : rows - 1) * row_bytes;
-                const uint8_t* p16[RS::n16];
-                const uint8_t* p4[RS::n4];
-                RS::sources(row, s, n_units, p16, p4);
+                const uint8_t* p16[P::n16];
+                const uint8_t* p4[ring_words<P>()];
+                P::sources(row, s, n_units, p16, p4);
 #pragma unroll
-                for (int k = 0; k < RS::n16; ++k) ctx.copy16_async(ring + L.at16(c.stage, m * R + r, k, t), p16[k]);
+                for (int k = 0; k < P::n16; ++k) ctx.copy16_async(ring + L.at16(c.stage, m * R + r, k, t), p16[k]);
 #pragma unroll
-                for (int j = 0; j < RS::n4; ++j) ctx.copy4_async(ring + L.at4(c.stage, m * R + r, j, t), p4[j]);
+                for (int j = 0; j < P::n4; ++j) ctx.copy4_async(ring + L.at4(c.stage, m * R + r, j, t), p4[j]);
             }
         if (++c.step == per) {
             c.step = 0;
@@ -784,21 +808,21 @@ KVGEN_HD void ring_issue(const Ctx& ctx, uint8_t* ring, const RingLayout& L, con
 // of groups stays what ring_wait expects), the item's own group waited for, its slots read and its units dotted. At
 // each group's end done(r0, gi, acc) with the group's first row, its index among the block's groups and the thread's
 // sums (every thread calls it for every group of its block, with zeros where it has no step).
+// P: the steps' policy (IntRing, F16Ring), x its activations (ActBlocks, or the F16 products' floats).
 #pragma nv_exec_check_disable
-template <GgmlType T, int NM, int R, int NT, int S, class Ctx, class Done>
-KVGEN_HD void matvec_int_ring(const Ctx& ctx, uint8_t* ring, int stages, const uint8_t* const (&w)[NM],
-                              int64_t row_bytes, int n_units, int64_t rows, int64_t block, int64_t grid, int t,
-                              int n_threads, const ActBlock* __restrict__ x, int n, Done&& done) {
-    using RS = RingStep<T, S>;
-    const RingLayout L = ring_layout<T, S>(n_threads, NM * R, stages);
-    const int n_steps = mvi_steps(n_units, S);
+template <class P, int NM, int R, int NT, class Ctx, class Done>
+KVGEN_HD void matvec_ring(const Ctx& ctx, uint8_t* ring, int stages, const uint8_t* const (&w)[NM], int64_t row_bytes,
+                          int n_units, int64_t rows, int64_t block, int64_t grid, int t, int n_threads,
+                          const typename P::Act* __restrict__ x, int n, Done&& done) {
+    const RingLayout L = ring_layout<P>(n_threads, NM * R, stages);
+    const int n_steps = mvi_steps(n_units, P::steps);
     const int per = t < n_steps ? (n_steps - 1 - t) / n_threads + 1 : 0;  // the thread's steps of a group
     const int64_t n_groups = (rows + R - 1) / R;
     const int64_t groups = block < n_groups ? (n_groups - 1 - block) / grid + 1 : 0;
     const int64_t items = int64_t(per) * groups;
     RingCursor c;
     for (int k = 0; k + 1 < stages; ++k)
-        ring_issue<T, NM, R, S>(ctx, ring, L, w, row_bytes, n_units, rows, block, grid, t, n_threads, per, items, c);
+        ring_issue<P, NM, R>(ctx, ring, L, w, row_bytes, n_units, rows, block, grid, t, n_threads, per, items, c);
     pdl_wait();
     int stage = 0;
     for (int64_t gi = 0; gi < groups; ++gi) {
@@ -810,25 +834,24 @@ KVGEN_HD void matvec_int_ring(const Ctx& ctx, uint8_t* ring, int stages, const u
 #pragma unroll
                 for (int i = 0; i < NT; ++i) acc[m][r][i] = 0.0f;
         for (int j = 0; j < per; ++j) {
-            ring_issue<T, NM, R, S>(ctx, ring, L, w, row_bytes, n_units, rows, block, grid, t, n_threads, per, items,
-                                    c);
+            ring_issue<P, NM, R>(ctx, ring, L, w, row_bytes, n_units, rows, block, grid, t, n_threads, per, items, c);
             ring_wait(ctx, stages);
             const int s = t + j * n_threads;
-            StepWeights<T, S> wu[NM][R];
+            typename P::Weights wu[NM][R];
 #pragma unroll
             for (int m = 0; m < NM; ++m)
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
-                    uint4 v[RS::n16];
-                    uint32_t v4[RS::n4];
+                    uint4 v[P::n16];
+                    uint32_t v4[ring_words<P>()] = {};
 #pragma unroll
-                    for (int k = 0; k < RS::n16; ++k) v[k] = ring_ld16(ring + L.at16(stage, m * R + r, k, t));
+                    for (int k = 0; k < P::n16; ++k) v[k] = ring_ld16(ring + L.at16(stage, m * R + r, k, t));
 #pragma unroll
-                    for (int k = 0; k < RS::n4; ++k) v4[k] = ring_ld4(ring + L.at4(stage, m * R + r, k, t));
-                    wu[m][r] = RS::make(v, v4, s);
+                    for (int k = 0; k < P::n4; ++k) v4[k] = ring_ld4(ring + L.at4(stage, m * R + r, k, t));
+                    wu[m][r] = P::make(v, v4, s);
                 }
             stage = stage + 1 == stages ? 0 : stage + 1;
-            step_dots<T, NM, R, NT, S>(wu, s, n_units, x, n, acc);
+            P::template dots<NM, R, NT>(wu, s, n_units, x, n, acc);
         }
         done((block + gi * grid) * R, int(gi), acc);
     }
@@ -864,6 +887,17 @@ KVGEN_HD float f16_unit_dot(const F16Unit& w, const float (&xv)[32], float acc) 
     return acc + (s0 + s1);
 }
 
+// Unit u's 32 activations (eight 16-byte loads) dotted with each row's unit, added to acc.
+template <int NM, int R>
+KVGEN_HD void f16_unit_dots(const F16Unit (&wu)[NM][R], int u, const float* __restrict__ x, float (&acc)[NM][R][1]) {
+    float xv[32];
+    load_chunk(x + int64_t(u) * 32, xv);
+#pragma unroll
+    for (int m = 0; m < NM; ++m)
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[m][r][0] = f16_unit_dot(wu[m][r], xv, acc[m][r][0]);
+}
+
 template <int NM, int R>
 KVGEN_HD void matvec_f16_thread(const uint8_t* const (&w)[NM], int64_t row_bytes, int n_units, int64_t rows, int64_t r0,
                                 int t, int n_threads, const float* __restrict__ x, float (&acc)[NM][R][1]) {
@@ -878,12 +912,7 @@ KVGEN_HD void matvec_f16_thread(const uint8_t* const (&w)[NM], int64_t row_bytes
             for (int r = 0; r < R; ++r) load_f16_unit(row[m][r], u, wu[m][r]);
     pdl_wait();
     while (u < n_units) {
-        float xv[32];
-        load_chunk(x + int64_t(u) * 32, xv);
-#pragma unroll
-        for (int m = 0; m < NM; ++m)
-#pragma unroll
-            for (int r = 0; r < R; ++r) acc[m][r][0] = f16_unit_dot(wu[m][r], xv, acc[m][r][0]);
+        f16_unit_dots(wu, u, x, acc);
         u += n_threads;
         if (u < n_units)
 #pragma unroll
@@ -892,6 +921,32 @@ KVGEN_HD void matvec_f16_thread(const uint8_t* const (&w)[NM], int64_t row_bytes
                 for (int r = 0; r < R; ++r) load_f16_unit(row[m][r], u, wu[m][r]);
     }
 }
+
+// The F16 products' steps through a ring (matvec_ring, --cuda-matvec-stages): a unit's 64 bytes of a row in four
+// 16-byte pieces, its 32 activations loaded and dotted as matvec_f16_thread does, one token: the same bits.
+struct F16Ring {
+    static constexpr int steps = 1, n16 = 4, n4 = 0;
+    using Weights = F16Unit;
+    using Act = float;
+    KVGEN_HD static void sources(const uint8_t* row, int u, int, const uint8_t* (&p16)[n16], const uint8_t* (&)[1]) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) p16[k] = row + 64 * u + 16 * k;
+    }
+    KVGEN_HD static F16Unit make(const uint4 (&v)[n16], const uint32_t (&)[1], int) {
+        return F16Unit{{v[0], v[1], v[2], v[3]}};
+    }
+    template <int NM, int R, int NT>
+    KVGEN_HD static void dots(const F16Unit (&wu)[NM][R], int u, int, const float* __restrict__ x, int,
+                              float (&acc)[NM][R][NT]) {
+        static_assert(NT == 1, "F16 rings take one token");
+        f16_unit_dots(wu, u, x, acc);
+    }
+    template <int NM, int R, int NT>
+    KVGEN_HD static void thread(const uint8_t* const (&w)[NM], int64_t row_bytes, int n_units, int64_t rows, int64_t r0,
+                                int t, int n_threads, const float* __restrict__ x, int, float (&acc)[NM][R][NT]) {
+        matvec_f16_thread<NM, R>(w, row_bytes, n_units, rows, r0, t, n_threads, x, acc);
+    }
+};
 
 // Calls f(TypeTag<T>{}) for the types with an integer product; false for the others.
 template <typename F>

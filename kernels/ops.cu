@@ -230,20 +230,22 @@ __device__ __forceinline__ float block_rows_sum(const float (&acc)[R][NT], float
     return v;
 }
 
-// A block's sums of an integer product of NM matrices for n <= NT tokens: with RING, its groups of R rows one after
-// another through a ring of `stages` stages in dynamic shared memory (matvec_int_ring); without, its one group
-// (blockIdx.x) through registers (matvec_int_thread). done(r0, gi, acc) at each group's end, in every thread.
-template <GgmlType T, int NM, int R, int NT, int S, bool RING, class Done>
-__device__ __forceinline__ void int_block(const uint8_t* const (&ws)[NM], int64_t row_bytes, int n_units, int64_t rows,
-                                          const ActBlock* __restrict__ x, int n, int stages, Done&& done) {
+// A block's sums of a product of NM matrices for n <= NT tokens, its steps as policy P takes them (IntRing,
+// F16Ring): with RING, its groups of R rows one after another through a ring of `stages` stages in dynamic shared
+// memory (matvec_ring); without, its one group (blockIdx.x) through registers (P::thread). done(r0, gi, acc) at each
+// group's end, in every thread.
+template <class P, int NM, int R, int NT, bool RING, class Done>
+__device__ __forceinline__ void product_block(const uint8_t* const (&ws)[NM], int64_t row_bytes, int n_units,
+                                              int64_t rows, const typename P::Act* __restrict__ x, int n, int stages,
+                                              Done&& done) {
     if constexpr (RING) {
         extern __shared__ uint4 ring[];
-        matvec_int_ring<T, NM, R, NT, S>(DeviceThread{nullptr}, reinterpret_cast<uint8_t*>(ring), stages, ws, row_bytes,
-                                         n_units, rows, blockIdx.x, gridDim.x, threadIdx.x, blockDim.x, x, n, done);
+        matvec_ring<P, NM, R, NT>(DeviceThread{nullptr}, reinterpret_cast<uint8_t*>(ring), stages, ws, row_bytes,
+                                  n_units, rows, blockIdx.x, gridDim.x, threadIdx.x, blockDim.x, x, n, done);
     } else {
         float acc[NM][R][NT];
-        matvec_int_thread<T, NM, R, NT, S>(ws, row_bytes, n_units, rows, int64_t(blockIdx.x) * R, threadIdx.x,
-                                           blockDim.x, x, n, acc);
+        P::template thread<NM, R, NT>(ws, row_bytes, n_units, rows, int64_t(blockIdx.x) * R, threadIdx.x, blockDim.x, x,
+                                      n, acc);
         done(int64_t(blockIdx.x) * R, 0, acc);
     }
 }
@@ -304,7 +306,7 @@ __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
         const float v = block_rows_sum(acc[0], part[gi % 2 * RING]);
         int_store<NT, R>(v, r0, rows, n, y, i0, accumulate, st, ns);
     };
-    int_block<T, 1, R, NT, S, RING>(ws, row_bytes, n_units, rows, x, n, stages, done);
+    product_block<IntRing<T, S>, 1, R, NT, RING>(ws, row_bytes, n_units, rows, x, n, stages, done);
 }
 
 // A block of matvec_glu_int_kernel's output o of row r0 + t / NT for token t % NT in thread t < R NT: stored, or
@@ -344,34 +346,38 @@ __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
         const float gs = block_rows_sum(acc[0], part[b][0]), us = block_rows_sum(acc[1], part[b][1]);
         glu_store<NT, R>(silu_mul(gs, us), r0, rows, n, y, yq, counters);
     };
-    int_block<T, 2, R, NT, S, RING>(ws, row_bytes, n_units, rows, x, n, stages, done);
+    product_block<IntRing<T, S>, 2, R, NT, RING>(ws, row_bytes, n_units, rows, x, n, stages, done);
 }
 
-// grid = rows / R, block = 32 mvi_warps(n_units) threads: one token's product of F16 rows (matvec_f16_thread), R
-// rows of one matrix (y (+)= W x through RowSplit), or with up (NM = 2) R rows of each of gate and up, y = silu(gate x)
-// * (up x).
-template <int NM, int R>
+// Without RING: grid = rows / R, block = 32 mvi_warps(n_units) threads: one token's product of F16 rows
+// (matvec_f16_thread), R rows of one matrix (y (+)= W x through RowSplit), or with up (NM = 2) R rows of each of gate
+// and up, y = silu(gate x) * (up x). With RING, as many blocks as the SMs hold, each taking its groups of R rows
+// through a ring (F16Ring; matvec_int_kernel says how).
+template <int NM, int R, bool RING>
 __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
     matvec_f16_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ up, int64_t row_bytes, int n_units,
-                      int64_t rows, const float* __restrict__ x, RowSplit y, int accumulate) {
+                      int64_t rows, const float* __restrict__ x, RowSplit y, int accumulate, int stages) {
     pdl_trigger();  // the next product (the down projection after gate and up) may start loading its weights
-    __shared__ float part[NM][kMviMaxWarps][R];
-    const int64_t r0 = int64_t(blockIdx.x) * R;
-    float acc[NM][R][1];
-    const int r = int(threadIdx.x);
+    __shared__ float part[RING ? 2 : 1][NM][kMviMaxWarps][R];
+    const auto done = [&](int64_t r0, int gi, const float(&acc)[NM][R][1]) {
+        const int b = gi % 2 * RING, r = int(threadIdx.x);
+        if constexpr (NM == 1) {
+            const float v = block_rows_sum(acc[0], part[b][0]);
+            if (r < R && r0 + r < rows) {
+                float* out = y.at(r0 + r);
+                *out = accumulate ? *out + v : v;
+            }
+        } else {
+            const float gs = block_rows_sum(acc[0], part[b][0]), us = block_rows_sum(acc[1], part[b][1]);
+            if (r < R && r0 + r < rows) y.y[0][r0 + r] = silu_mul(gs, us);
+        }
+    };
     if constexpr (NM == 1) {
         const uint8_t* const ws[1] = {w};
-        matvec_f16_thread<1, R>(ws, row_bytes, n_units, rows, r0, threadIdx.x, blockDim.x, x, acc);
-        const float v = block_rows_sum(acc[0], part[0]);
-        if (r < R && r0 + r < rows) {
-            float* out = y.at(r0 + r);
-            *out = accumulate ? *out + v : v;
-        }
+        product_block<F16Ring, 1, R, 1, RING>(ws, row_bytes, n_units, rows, x, 1, stages, done);
     } else {
         const uint8_t* const ws[2] = {w, up};
-        matvec_f16_thread<2, R>(ws, row_bytes, n_units, rows, r0, threadIdx.x, blockDim.x, x, acc);
-        const float gs = block_rows_sum(acc[0], part[0]), us = block_rows_sum(acc[1], part[1]);
-        if (r < R && r0 + r < rows) y.y[0][r0 + r] = silu_mul(gs, us);
+        product_block<F16Ring, 2, R, 1, RING>(ws, row_bytes, n_units, rows, x, 1, stages, done);
     }
 }
 
@@ -606,14 +612,15 @@ namespace {
 bool f16_block_ok(const DevWeight& w) {
     return w.type == GgmlType::F16 && w.cols % 32 == 0 && w.row_bytes < (int64_t(1) << 31);
 }
+// stages: MviShape::stages (0: the register path).
 void launch_f16(const RowSplit& y, const DevWeight& w, const DevWeight* up, const float* x, bool accumulate, bool pdl,
-                cudaStream_t s);
+                cudaStream_t s, int stages);
 
 // grid = rows / (kMvWarps * kMvRows), block = kMvWarps warps: each warp owns kMvRows rows (matvec.cuh).
 void launch_matvec(const RowSplit& y, const DevWeight& w, const float* x, bool accumulate, cudaStream_t s,
-                   bool f16_block, bool pdl) {
+                   bool f16_block, bool pdl, int stages) {
     if (f16_block && f16_block_ok(w)) {
-        launch_f16(y, w, nullptr, x, accumulate, pdl, s);
+        launch_f16(y, w, nullptr, x, accumulate, pdl, s, stages);
         return;
     }
     if (w.cols % 32 != 0) {
@@ -636,12 +643,14 @@ void launch_matvec(const RowSplit& y, const DevWeight& w, const float* x, bool a
 }
 }  // namespace
 
-void matvec(float* y, const DevWeight& w, const float* x, bool accumulate, cudaStream_t s, bool f16_block, bool pdl) {
-    launch_matvec(RowSplit::one(y, w.rows), w, x, accumulate, s, f16_block, pdl);
+void matvec(float* y, const DevWeight& w, const float* x, bool accumulate, cudaStream_t s, bool f16_block, bool pdl,
+            int stages) {
+    launch_matvec(RowSplit::one(y, w.rows), w, x, accumulate, s, f16_block, pdl, stages);
 }
 
-void matvec_split(const RowSplit& y, const DevWeight& w, const float* x, cudaStream_t s, bool f16_block, bool pdl) {
-    launch_matvec(y, w, x, false, s, f16_block, pdl);
+void matvec_split(const RowSplit& y, const DevWeight& w, const float* x, cudaStream_t s, bool f16_block, bool pdl,
+                  int stages) {
+    launch_matvec(y, w, x, false, s, f16_block, pdl, stages);
 }
 
 bool int_matvec_ok(const DevWeight& w) {
@@ -716,17 +725,30 @@ int64_t ring_grid(const void* kernel, unsigned threads, size_t bytes, int64_t gr
     return std::min(blocks, groups);
 }
 void launch_f16(const RowSplit& y, const DevWeight& w, const DevWeight* up, const float* x, bool accumulate, bool pdl,
-                cudaStream_t s) {
+                cudaStream_t s, int stages) {
     const int n_units = int(w.cols / 32);
     const unsigned threads = unsigned(32 * mvi_warps(n_units));
-    if (up) {
-        constexpr int R = kMvF16Rows / 2;
-        launch(matvec_f16_kernel<2, R>, grid_for(w.rows, R), threads, pdl, s, w.data, up->data, w.row_bytes, n_units,
-               w.rows, x, y, 0);
-    } else {
-        launch(matvec_f16_kernel<1, kMvF16Rows>, grid_for(w.rows, kMvF16Rows), threads, pdl, s, w.data,
-               static_cast<const uint8_t*>(nullptr), w.row_bytes, n_units, w.rows, x, y, accumulate ? 1 : 0);
-    }
+    const uint8_t* u = up ? up->data : nullptr;
+    const int acc = up || !accumulate ? 0 : 1;
+    const auto go = [&](auto nm) {
+        constexpr int NM = decltype(nm)::value, R = kMvF16Rows / NM;
+        if (stages > 0) {
+            const auto kernel = matvec_f16_kernel<NM, R, true>;
+            const size_t bytes = size_t(ring_layout<F16Ring>(int(threads), NM * R, stages).bytes());
+            const int64_t grid = ring_grid(reinterpret_cast<const void*>(kernel), threads, bytes, (w.rows + R - 1) / R);
+            if (grid > 0) {
+                launch_shared(kernel, dim3(unsigned(grid)), threads, bytes, pdl, s, w.data, u, w.row_bytes, n_units,
+                              w.rows, x, y, acc, stages);
+                return;
+            }
+        }
+        launch(matvec_f16_kernel<NM, R, false>, grid_for(w.rows, R), threads, pdl, s, w.data, u, w.row_bytes, n_units,
+               w.rows, x, y, acc, 0);
+    };
+    if (up)
+        go(std::integral_constant<int, 2>{});
+    else
+        go(std::integral_constant<int, 1>{});
     KVGEN_CUDA_LAUNCHED("matvec_f16");
 }
 }  // namespace
@@ -757,7 +779,7 @@ void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n,
                     constexpr int R = decltype(r)::value, S = decltype(step)::value;
                     const unsigned threads = unsigned(32 * mvi_warps(mvi_steps(n_units, S)));
                     const auto kernel = matvec_int_kernel<T, NT, R, S, true>;
-                    const size_t bytes = size_t(ring_layout<T, S>(int(threads), R, shape.stages).bytes());
+                    const size_t bytes = size_t(ring_layout<IntRing<T, S>>(int(threads), R, shape.stages).bytes());
                     const int64_t grid =
                         ring_grid(reinterpret_cast<const void*>(kernel), threads, bytes, (w.rows + R - 1) / R);
                     if (grid == 0) return;
@@ -795,7 +817,7 @@ void matvec_glu_int(float* y, ActBlock* yq, int* counters, const DevWeight& gate
                     constexpr int R = decltype(r)::value, S = decltype(step)::value;
                     const unsigned threads = unsigned(32 * mvi_warps(mvi_steps(n_units, S)));
                     const auto kernel = matvec_glu_int_kernel<T, NT, R, S, true>;
-                    const size_t bytes = size_t(ring_layout<T, S>(int(threads), 2 * R, shape.stages).bytes());
+                    const size_t bytes = size_t(ring_layout<IntRing<T, S>>(int(threads), 2 * R, shape.stages).bytes());
                     const int64_t grid =
                         ring_grid(reinterpret_cast<const void*>(kernel), threads, bytes, (gate.rows + R - 1) / R);
                     if (grid == 0) return;
@@ -847,10 +869,10 @@ bool glu_fusable(const DevWeight& gate, const DevWeight& up) {
 }
 
 void matvec_glu(float* y, const DevWeight& gate, const DevWeight& up, const float* x, cudaStream_t s, bool f16_block,
-                bool pdl) {
+                bool pdl, int stages) {
     if (!glu_fusable(gate, up)) throw Error("CUDA: matvec_glu needs gate and up of one type and shape");
     if (f16_block && f16_block_ok(gate)) {
-        launch_f16(RowSplit::one(y, gate.rows), gate, &up, x, false, pdl, s);
+        launch_f16(RowSplit::one(y, gate.rows), gate, &up, x, false, pdl, s, stages);
         return;
     }
     const bool ok = dispatch_type(gate.type, [&](auto tag) {

@@ -38,13 +38,14 @@ void get_rows(float* out, const DevWeight& emb, const int32_t* d_tokens, int n, 
 // blocks directly. Twin: a double-precision dot of the dequantized row (the CPU matmul up to its rounding). F16 rows
 // of whole 32-weight units take matvec_f16_kernel (matvec_f16_thread, matvec_int.cuh: a block of warps per 4 rows,
 // 16-byte loads) unless f16_block is false (--cuda-f16-matvec warp: the warp kernel of every type); pdl: launched as
-// a programmatic dependent launch (that kernel; sm_90).
+// a programmatic dependent launch (that kernel; sm_90); stages 2-4: that kernel's weights through rings of shared
+// memory (F16Ring; MviShape::stages, --cuda-matvec-stages), 0 through registers.
 void matvec(float* y, const DevWeight& w, const float* x, bool accumulate, cudaStream_t s, bool f16_block = true,
-            bool pdl = false);
+            bool pdl = false, int stages = 0);
 // The same product with its rows spread over up to three buffers (RowSplit, matvec.cuh): Q|K|V uploaded as one
 // matrix fill q, k and v in one launch. Twin: three matvec calls.
 void matvec_split(const RowSplit& y, const DevWeight& w, const float* x, cudaStream_t s, bool f16_block = true,
-                  bool pdl = false);
+                  bool pdl = false, int stages = 0);
 
 // Products in integers (matvec_int.cuh) for the types int_matvec_ok accepts, one token's or a short prompt's (n <=
 // kMvMaxTokens): x is first quantized to 16-bit activation blocks (count values, a multiple of 32, into count / 32
@@ -82,7 +83,7 @@ void matvec_batch(float* y, const DevWeight& w, const float* x, int n, bool accu
 // type and shape: glu_fusable). Twin: the two double-precision products and cpu::swiglu.
 bool glu_fusable(const DevWeight& gate, const DevWeight& up);
 void matvec_glu(float* y, const DevWeight& gate, const DevWeight& up, const float* x, cudaStream_t s,
-                bool f16_block = true, bool pdl = false);
+                bool f16_block = true, bool pdl = false, int stages = 0);
 
 // out = rmsnorm(x) * w for n rows of dim; with xq (may be null; dim a multiple of 32), each row also as dim / 32
 // ActBlocks, quantized in the same kernel. pdl: a programmatic dependent launch (as matvec_int), which fetches w

@@ -24,9 +24,10 @@
 #      cache tiles loaded through registers, not copied in two stages), and pp512 / tg128 at those depths with --kv-type q8_0 and q4_0 (SHAPE-T-kvq8_0, -kvq4_0);
 #      for every file, tg128 with --cuda-pdl off (SHAPE-T-nopdl: the decode products launched without programmatic
 #      dependent launch), for F16 tg128 with --cuda-f16-matvec warp (SHAPE-F16-warpf16: a warp over 2 rows instead
-#      of a block of warps over 4), for Q4_0, Q8_0 and Q4_K_M pp16 and tg128 with --cuda-matvec-stages 0 (SHAPE-T-ring0:
-#      the integer products' weights through registers, a block a row group, not through rings of shared memory in
-#      blocks that stay; with --quick also the per-kernel table of the first of Q8_0 and Q4_K_M), tg128 with
+#      of a block of warps over 4) and tg128 with --cuda-matvec-stages 0 (SHAPE-F16-ring0, as below), for Q4_0, Q8_0
+#      and Q4_K_M pp16 and tg128 with --cuda-matvec-stages 0 (SHAPE-T-ring0: the products' weights through registers,
+#      a block a row group, not through rings of shared memory in blocks that stay; with --quick also the per-kernel
+#      table of the first of Q8_0 and Q4_K_M), tg128 with
 #      --cuda-matvec-stages 0 --cuda-matvec-rows 4 (SHAPE-T-rows4: that path with 4 rows a block of the one-token
 #      products instead of 8), and for the first type tg128 with --cuda-matvec-stages 2 and 4 (SHAPE-T-ring2, -ring4:
 #      rings of 2 and 4 stages instead of 3),
@@ -353,6 +354,11 @@ for shape in "${shapes[@]}"; do
             bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-f16-matvec warp -p 0 -n 128 -d 0 -r 2 -o json \
                 >"$work/speed/$name-warpf16.bench.json" 2>>"$out/log.txt" ||
                 log "$name: bench with --cuda-f16-matvec warp failed"
+        fi
+        if [[ $t == F16 ]]; then  # its one-token products' weights through registers (the default: rings)
+            cp "$work/speed/$name.inspect.json" "$work/speed/$name-ring0.inspect.json"
+            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-matvec-stages 0 -p 0 -n 128 -d 0 -r 2 -o json \
+                >"$work/speed/$name-ring0.bench.json" 2>>"$out/log.txt" || log "$name: bench without rings failed"
         fi
         if [[ $t == Q4_0 || $t == Q8_0 || $t == Q4_K_M ]]; then
             # the integer products' weights through registers, a block a row group (the default: rings of 3 stages)

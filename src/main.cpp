@@ -360,8 +360,9 @@ int main(int argc, char** argv) {
                     "quants a row in flight, as Q8_0's 32 weights) or 32, to compare; sums in another order, within "
                     "f32 rounding");
     add_cuda_number(app, "--cuda-matvec-stages", &gen.run.cuda_matvec_stages, {0, 2, 3, 4},
-                    "CUDA, sm_80 and later: stages of shared memory the integer products copy their weights into by "
-                    "cp.async ahead of use, in blocks that each take many row groups: 3 (the default), 2 or 4; 0 "
+                    "CUDA, sm_80 and later: stages of shared memory the integer and F16 decode products copy their "
+                    "weights into by cp.async ahead of use, in blocks that each take many row groups: 3 (the default), "
+                    "2 or 4; 0 "
                     "loads them through registers, a block a row group (--cuda-matvec-rows), to compare; the same "
                     "results");
     add_cuda_choice(

@@ -751,6 +751,18 @@ TEST_CASE("F16 decode products by blocks of warps over 4 rows, run on the host, 
             CHECK(std::fabs(g[size_t(r)] - want) <=
                   1e-5 * (e.mag * std::fabs(eu.sum) + eu.mag * std::fabs(e.sum)) + 1e-7);
         }
+        // Through rings of shared memory (--cuda-matvec-stages), 37 rows (10 groups of 4, 19 of 2 + 2, over 3
+        // blocks): the register path's bits.
+        const int64_t more = 37;
+        const RandomRows w37 = random_rows(GgmlType::F16, more, cols, 6),
+                         u37 = random_rows(GgmlType::F16, more, cols, 7);
+        const std::vector<float> y37 = cuda::host::matvec_f16(w37.bytes.data(), more, cols, x);
+        const std::vector<float> g37 = cuda::host::matvec_f16(w37.bytes.data(), more, cols, x, u37.bytes.data());
+        for (const int stages : {2, 3, 4}) {
+            INFO("stages " << stages);
+            CHECK(cuda::host::matvec_f16(w37.bytes.data(), more, cols, x, nullptr, stages) == y37);
+            CHECK(cuda::host::matvec_f16(w37.bytes.data(), more, cols, x, u37.bytes.data(), stages) == g37);
+        }
     }
 }
 

@@ -283,6 +283,13 @@ TEST_CASE("F16 decode products by blocks of warps: the host emulation's bits, th
         const std::vector<float> g = ct::matvec_glu(w, wu, x);
         CHECK(g == ct::swiglu(y, ct::matvec(wu, x, nullptr)));
         require_close(g, ct::matvec_glu(w, wu, x, false), 1e-5 * max_abs(g));
+        // through rings of shared memory (--cuda-matvec-stages; 1025 groups of 4 rows, several a block): the bits
+        for (const int stages : {2, 3, 4}) {
+            INFO("stages " << stages);
+            CHECK(ct::matvec(w, x, nullptr, true, stages) == y);
+            CHECK(ct::matvec(w, x, &y0, true, stages) == acc);
+            CHECK(ct::matvec_glu(w, wu, x, true, stages) == g);
+        }
     }
 }
 

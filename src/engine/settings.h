@@ -43,9 +43,9 @@ struct Settings {
                                  // products (8 or 4; the same bits) (--cuda-matvec-rows)
     int cuda_matvec_unit = 64;   // CUDA: weights a lane takes a step in Q4_0 integer products (64: two units, or
                                  // 32) (--cuda-matvec-unit)
-    int cuda_matvec_stages = 3;  // CUDA (sm_80+): integer products' weights through a ring of this many stages of
-                                 // shared memory in blocks that stay (2-4), or 0: through registers, a block a row
-                                 // group (--cuda-matvec-stages; the same bits)
+    int cuda_matvec_stages = 3;  // CUDA (sm_80+): integer and F16 products' weights through a ring of this many
+                                 // stages of shared memory in blocks that stay (2-4), or 0: through registers, a
+                                 // block a row group (--cuda-matvec-stages; the same bits)
     bool cuda_qkv_store = true;  // CUDA, an f16 cache: the integer Q|K|V products rotate Q and K and store K and V
                                  // themselves, without a launch of their own (--cuda-kv-store)
     bool cuda_norm_fold = true;  // CUDA, one token: each RMSNorm after the first folded into the integer residual

@@ -94,7 +94,7 @@ std::vector<float> get_rows(const HostWeight& w, const std::vector<int32_t>& ids
 }
 
 std::vector<float> matvec(const HostWeight& w, const std::vector<float>& x, const std::vector<float>* y0,
-                          bool f16_block) {
+                          bool f16_block, int stages) {
     Dev<uint8_t> b(device_bytes(w));
     Dev<float> dx(x);
     Dev<float> y(size_t(w.rows));
@@ -102,7 +102,7 @@ std::vector<float> matvec(const HostWeight& w, const std::vector<float>& x, cons
         KVGEN_CUDA_CHECK(cudaMemcpy(y.p, y0->data(), y0->size() * 4, cudaMemcpyHostToDevice));
     else
         poison(y);
-    kvgen::cuda::matvec(y.p, dev_weight(w, b), dx.p, y0 != nullptr, nullptr, f16_block);
+    kvgen::cuda::matvec(y.p, dev_weight(w, b), dx.p, y0 != nullptr, nullptr, f16_block, false, stages);
     return y.get();
 }
 
@@ -163,12 +163,12 @@ std::vector<float> matvec_glu_int(const HostWeight& gate, const HostWeight& up, 
     return result;
 }
 
-std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x,
-                              bool f16_block) {
+std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x, bool f16_block,
+                              int stages) {
     Dev<uint8_t> g(device_bytes(gate)), u(device_bytes(up));
     Dev<float> dx(x), y(size_t(gate.rows));
     poison(y);
-    kvgen::cuda::matvec_glu(y.p, dev_weight(gate, g), dev_weight(up, u), dx.p, nullptr, f16_block);
+    kvgen::cuda::matvec_glu(y.p, dev_weight(gate, g), dev_weight(up, u), dx.p, nullptr, f16_block, false, stages);
     return y.get();
 }
 

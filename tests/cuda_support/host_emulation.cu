@@ -245,16 +245,16 @@ struct RingThread {
 // several groups each, and both kinds of RingThread run.
 constexpr int kHostRingBlocks = 3;
 
-// The same launch through rings of `stages` stages (matvec_int_ring) in kHostRingBlocks blocks, each ring filled with
-// a pattern first (a slot read before its copy lands reads that), each thread's groups' shares kept until the block
-// ends, then block_sums for each of its groups.
-template <GgmlType T, int NM, int NT, int R, int S>
-void matvec_int_ring_launch(const std::vector<DeviceRows>& dev, int64_t rows, int64_t cols, const ActBlock* x, int n,
-                            int stages, std::vector<std::vector<float>>& y) {
+// A launch through rings of `stages` stages (matvec_ring, steps as policy P takes them) in kHostRingBlocks blocks,
+// each ring filled with a pattern first (a slot read before its copy lands reads that), each thread's groups' shares
+// kept until the block ends, then block_sums for each of its groups.
+template <class P, int NM, int NT, int R>
+void ring_launch(const std::vector<DeviceRows>& dev, int64_t rows, int64_t cols, const typename P::Act* x, int n,
+                 int stages, std::vector<std::vector<float>>& y) {
     const uint8_t* p[NM];
     for (int m = 0; m < NM; ++m) p[m] = dev[size_t(m)].p;
-    const int n_units = int(cols / 32), threads = 32 * mvi_warps(mvi_steps(n_units, S));
-    const RingLayout L = ring_layout<T, S>(threads, NM * R, stages);
+    const int n_units = int(cols / 32), threads = 32 * mvi_warps(mvi_steps(n_units, P::steps));
+    const RingLayout L = ring_layout<P>(threads, NM * R, stages);
     const int64_t n_groups = (rows + R - 1) / R, grid = kHostRingBlocks;
     const size_t share = size_t(NM) * R * NT;
     for (int64_t b = 0; b < grid; ++b) {
@@ -267,13 +267,13 @@ void matvec_int_ring_launch(const std::vector<DeviceRows>& dev, int64_t rows, in
             AsyncCopies c;
             const RingThread ctx{&c, lo, lo + L.bytes(), b % 2 == 1, &dev};
             int64_t seen = 0;
-            matvec_int_ring<T, NM, R, NT, S>(ctx, lo, stages, p, dev[0].row_bytes, n_units, rows, b, grid, t, threads,
-                                             x, n, [&](int64_t r0, int gi, const float(&a)[NM][R][NT]) {
-                                                 if (gi != seen++ || r0 != (b + gi * grid) * R)
-                                                     throw Error("host emulation: a ring's groups out of order");
-                                                 std::memcpy(&acc[(size_t(gi) * size_t(threads) + size_t(t)) * share],
-                                                             a, sizeof(a));
-                                             });
+            matvec_ring<P, NM, R, NT>(ctx, lo, stages, p, dev[0].row_bytes, n_units, rows, b, grid, t, threads, x, n,
+                                      [&](int64_t r0, int gi, const float(&a)[NM][R][NT]) {
+                                          if (gi != seen++ || r0 != (b + gi * grid) * R)
+                                              throw Error("host emulation: a ring's groups out of order");
+                                          std::memcpy(&acc[(size_t(gi) * size_t(threads) + size_t(t)) * share], a,
+                                                      sizeof(a));
+                                      });
             if (seen != groups) throw Error("host emulation: a ring thread missed a group");
             if (c.outstanding()) throw Error("host emulation: a ring thread ended with copies outstanding");
         }
@@ -299,8 +299,8 @@ std::vector<std::vector<float>> matvec_int_blocks(GgmlType type, const uint8_t* 
             const ActBlock* xi = a.data() + int64_t(i0) * (cols / 32);
             if (shape.stages > 0)
                 with_ring_shape<T, NM, NT>(shape, [&](auto r, auto step) {
-                    matvec_int_ring_launch<T, NM, NT, decltype(r)::value, decltype(step)::value>(dev, rows, cols, xi, m,
-                                                                                                 shape.stages, part);
+                    ring_launch<IntRing<T, decltype(step)::value>, NM, NT, decltype(r)::value>(dev, rows, cols, xi, m,
+                                                                                               shape.stages, part);
                 });
             else
                 with_mvi_shape<T, NM, NT>(shape, [&](auto r, auto step) {
@@ -322,44 +322,32 @@ int matvec_int_warps(int n_units) {
 }
 
 std::vector<float> matvec_f16(const uint8_t* bytes, int64_t rows, int64_t cols, const std::vector<float>& x,
-                              const uint8_t* up) {
+                              const uint8_t* up, int stages) {
     if (cols % 32 != 0) throw Error("matvec_f16: rows of whole 32-weight units");
-    const int NM = up ? 2 : 1, R = up ? kMvF16Rows / 2 : kMvF16Rows;
     std::vector<DeviceRows> dev;
     dev.push_back(device_rows(GgmlType::F16, bytes, rows, cols));
     if (up) dev.push_back(device_rows(GgmlType::F16, up, rows, cols));
-    const int n_units = int(cols / 32), warps = mvi_warps(n_units), threads = 32 * warps;
-    std::vector<std::vector<float>> y(size_t(NM), std::vector<float>(size_t(rows), NAN));
-    for (int64_t r0 = 0; r0 < rows; r0 += R) {
-        std::vector<float> acc(size_t(threads) * size_t(NM) * size_t(R));  // [thread][m][r]
-        for (int t = 0; t < threads; ++t) {
-            if (up) {  // matvec_f16_kernel<2, kMvF16Rows / 2>
-                constexpr int RG = kMvF16Rows / 2;
-                const uint8_t* const p[2] = {dev[0].p, dev[1].p};
-                float share[2][RG][1];
-                matvec_f16_thread<2, RG>(p, dev[0].row_bytes, n_units, rows, r0, t, threads, x.data(), share);
-                for (int m = 0; m < 2; ++m)
-                    for (int r = 0; r < RG; ++r) acc[(size_t(t) * 2 + size_t(m)) * RG + size_t(r)] = share[m][r][0];
-            } else {
-                const uint8_t* const p[1] = {dev[0].p};
-                float share[1][kMvF16Rows][1];
-                matvec_f16_thread<1, kMvF16Rows>(p, dev[0].row_bytes, n_units, rows, r0, t, threads, x.data(), share);
-                for (int r = 0; r < kMvF16Rows; ++r) acc[size_t(t) * kMvF16Rows + size_t(r)] = share[0][r][0];
+    const int n_units = int(cols / 32), threads = 32 * mvi_warps(n_units);
+    std::vector<std::vector<float>> y(dev.size(), std::vector<float>(size_t(rows), NAN));
+    const auto go = [&](auto nm) {  // matvec_f16_kernel<NM, kMvF16Rows / NM>
+        constexpr int NM = decltype(nm)::value, R = kMvF16Rows / NM;
+        if (stages > 0) return ring_launch<F16Ring, NM, 1, R>(dev, rows, cols, x.data(), 1, stages, y);
+        const uint8_t* p[NM];
+        for (int m = 0; m < NM; ++m) p[m] = dev[size_t(m)].p;
+        std::vector<float> acc(size_t(threads) * NM * R);  // [thread][m][r]
+        for (int64_t r0 = 0; r0 < rows; r0 += R) {
+            for (int t = 0; t < threads; ++t) {
+                float share[NM][R][1];
+                matvec_f16_thread<NM, R>(p, dev[0].row_bytes, n_units, rows, r0, t, threads, x.data(), share);
+                std::memcpy(&acc[size_t(t) * NM * R], share, sizeof(share));
             }
+            block_sums<NM, 1, R>(acc.data(), threads, r0, rows, 1, y);
         }
-        for (int m = 0; m < NM; ++m)  // block_rows_sum's order: each warp's butterfly, then the warps in turn
-            for (int r = 0; r < R && r0 + r < rows; ++r) {
-                float sum = 0.0f;
-                for (int wp = 0; wp < warps; ++wp) {
-                    float v[32];
-                    for (int lane = 0; lane < 32; ++lane)
-                        v[lane] = acc[(size_t(32 * wp + lane) * size_t(NM) + size_t(m)) * size_t(R) + size_t(r)];
-                    const float ws = butterfly_sum(v);
-                    sum = wp == 0 ? ws : sum + ws;
-                }
-                y[size_t(m)][size_t(r0 + r)] = sum;
-            }
-    }
+    };
+    if (up)
+        go(std::integral_constant<int, 2>{});
+    else
+        go(std::integral_constant<int, 1>{});
     if (!up) return y[0];
     std::vector<float> out(static_cast<size_t>(rows));
     for (size_t r = 0; r < out.size(); ++r) {

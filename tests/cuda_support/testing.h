@@ -43,9 +43,10 @@ struct HostWeight {
 
 std::vector<float> dequantize(const HostWeight& w, bool via_f16);
 std::vector<float> get_rows(const HostWeight& w, const std::vector<int32_t>& ids);
-// y = W x (accumulate: y0 + W x) through the decode kernel (F16: the block kernel unless f16_block is false).
+// y = W x (accumulate: y0 + W x) through the decode kernel (F16: the block kernel unless f16_block is false, its
+// weights through rings of `stages` stages where 2-4, MviShape::stages).
 std::vector<float> matvec(const HostWeight& w, const std::vector<float>& x, const std::vector<float>* y0,
-                          bool f16_block = true);
+                          bool f16_block = true, int stages = 0);
 // [n][rows] = x[n][cols] . W^T through the short-prompt kernel (n <= 16, each weight read once); accumulate onto y0
 // when given.
 std::vector<float> matvec_batch(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0);
@@ -58,7 +59,7 @@ std::vector<float> matvec_glu_int(const HostWeight& gate, const HostWeight& up, 
                                   int stages = 0);
 // silu(gate x) * (up x) through the fused decode kernel (F16: the block kernel unless f16_block is false).
 std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x,
-                              bool f16_block = true);
+                              bool f16_block = true, int stages = 0);
 // [n][rows] = x[n][cols] . W^T through the prefill path (f16 decode + cuBLAS; mma: gemm_weight_mma where
 // gemm_mma_ok, as the backend's --cuda-gemm mma, its tiles chosen for a device of sm_count SMs, its columns split
 // among blocks where that leaves SMs idle unless split is false, two stages of shared memory where the device has
@@ -154,13 +155,14 @@ std::vector<HostActBlock> quantize_act_items(const std::vector<float>& x);
 // y = W x in integers with matvec_int_kernel's blocks and their sums (Q4_0, Q8_0, Q4_K, Q6_K); for n tokens x
 // [n][cols], y [n][rows], in the launches the device makes (up to 8 tokens each); pairs: Q4_0 in steps of
 // two units (MviShape, --cuda-matvec-unit 64), else one; stages 2-4: the weights through rings of that many stages
-// (matvec_int_ring, --cuda-matvec-stages) in a few blocks that take several row groups each, 0: through registers.
+// (matvec_ring, --cuda-matvec-stages) in a few blocks that take several row groups each, 0: through registers.
 std::vector<float> matvec_int(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                               const std::vector<float>& x, int n = 1, bool pairs = true, int stages = 0);
 // y = W x for F16 rows (the GGUF bytes; cols a multiple of 32) with matvec_f16_kernel's blocks (matvec_f16_thread,
-// kMvF16Rows rows a block) and block_rows_sum's order; with up, silu(W x) * (Up x), 2 rows of each a block.
+// kMvF16Rows rows a block) and block_rows_sum's order; with up, silu(W x) * (Up x), 2 rows of each a block; stages
+// as matvec_int's (F16Ring).
 std::vector<float> matvec_f16(const uint8_t* bytes, int64_t rows, int64_t cols, const std::vector<float>& x,
-                              const uint8_t* up = nullptr);
+                              const uint8_t* up = nullptr, int stages = 0);
 // The warps of matvec_int_kernel's block for rows of n_units units (mvi_warps).
 int matvec_int_warps(int n_units);
 // y = silu(gate x) * (up x) with matvec_glu_int_kernel's blocks (two rows of each matrix per block); n tokens as
