@@ -285,7 +285,7 @@ __device__ __forceinline__ void int_store(float v, int64_t r0, int64_t rows, int
 // its R rows (matvec_int_thread) for n <= NT tokens, x the tokens' ActBlocks one after another. At most 128 registers
 // (two blocks of up to 256 threads per SM), so that every row's loads are issued before the first is used. R:
 // mvi_rows, or kMviWideRows for one token (--cuda-matvec-rows 8). With RING: as many blocks as the SMs hold, each
-// taking its groups of R rows through a ring of `stages` stages in dynamic shared memory (matvec_int_ring), and
+// taking its groups of R rows through a ring of `stages` stages in dynamic shared memory (matvec_ring), and
 // storing each group's sums as it ends.
 // With st.kc (accumulate 0), a Q|K|V product that rotates Q and K and stores K and V into an f16 cache itself
 // (qkv_store_row) instead of writing k and v. With ns.xq (one token, accumulate 1, one buffer, rows a multiple of
@@ -680,7 +680,7 @@ void launch(void (*kernel)(Params...), dim3 grid, unsigned block, bool pdl, cuda
     launch_shared(kernel, grid, block, 0, pdl, s, args...);
 }
 
-// The blocks of a ring launch (matvec_int_ring) of `kernel` with blocks of `threads` threads and `bytes` of dynamic
+// The blocks of a ring launch (matvec_ring) of `kernel` with blocks of `threads` threads and `bytes` of dynamic
 // shared memory: as many as the device's SMs hold at once (its registers, shared memory and threads, asked of the
 // runtime once per kernel, size and device), at most `groups`; 0 where not one block fits (the caller then takes
 // the register path). The first time for a kernel and device, its blocks may take all the shared memory a block may
@@ -726,6 +726,7 @@ int64_t ring_grid(const void* kernel, unsigned threads, size_t bytes, int64_t gr
 }
 void launch_f16(const RowSplit& y, const DevWeight& w, const DevWeight* up, const float* x, bool accumulate, bool pdl,
                 cudaStream_t s, int stages) {
+    KVGEN_ASSERT(stages == 0 || ring_stages_ok(stages));  // (ring_wait knows 2-4)
     const int n_units = int(w.cols / 32);
     const unsigned threads = unsigned(32 * mvi_warps(n_units));
     const uint8_t* u = up ? up->data : nullptr;
@@ -761,7 +762,7 @@ void quantize_act(ActBlock* out, const float* x, int64_t count, cudaStream_t s, 
 
 void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n, bool accumulate, bool pdl,
                 cudaStream_t s, const QkvStore* store, MviShape shape, const NormStore* norm) {
-    KVGEN_ASSERT(n >= 1 && n <= kMvMaxTokens);
+    KVGEN_ASSERT(n >= 1 && n <= kMvMaxTokens && (shape.stages == 0 || ring_stages_ok(shape.stages)));
     KVGEN_ASSERT(!store || (store->kc && store->vc && !accumulate && w.rows % 2 == 0 && store->kv.head_dim % 2 == 0));
     KVGEN_ASSERT(!norm || (norm->xq && norm->w && norm->sums && norm->counters && !store && n == 1 && accumulate &&
                            w.rows % 32 == 0 && y.end[0] == w.rows));
@@ -802,7 +803,7 @@ void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n,
 
 void matvec_glu_int(float* y, ActBlock* yq, int* counters, const DevWeight& gate, const DevWeight& up,
                     const ActBlock* x, int n, bool pdl, cudaStream_t s, MviShape shape) {
-    KVGEN_ASSERT(n >= 1 && n <= kMvMaxTokens);
+    KVGEN_ASSERT(n >= 1 && n <= kMvMaxTokens && (shape.stages == 0 || ring_stages_ok(shape.stages)));
     KVGEN_ASSERT(!yq || (n == 1 && gate.rows % 32 == 0 && counters));
     const bool ok = glu_fusable(gate, up) && int_matvec_ok(gate) && dispatch_int_type(gate.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;

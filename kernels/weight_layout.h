@@ -115,10 +115,10 @@ inline void to_device_rows(GgmlType t, const uint8_t* src, int64_t rows, int64_t
     }
 }
 
-// Where the integer decode products' rings (matvec_int_ring, matvec_int.cuh) lie in a block's shared memory: each
-// thread's slots of a step of weights of `slots` rows (slot m R + r for row r of matrix m) in each stage, n16 16-byte
-// pieces and n4 4-byte words a slot (RingStep). Every 16-byte piece first, [stage][slot][piece][thread], then every
-// 4-byte word, [stage][slot][word][thread]: a warp's 32 threads read one piece of theirs from 512 (or 128)
+// Where the decode products' rings (matvec_ring, matvec_int.cuh) lie in a block's shared memory: each thread's slots
+// of a step of weights of `slots` rows (slot m R + r for row r of matrix m) in each stage, n16 16-byte pieces and n4
+// 4-byte words a slot (the step policy's: IntRing, F16Ring). Every 16-byte piece first, [stage][slot][piece][thread],
+// then every 4-byte word, [stage][slot][word][thread]: a warp's 32 threads read one piece of theirs from 512 (or 128)
 // consecutive bytes, no bank conflict.
 struct RingLayout {
     int threads, slots, n16, n4, stages;

@@ -205,7 +205,7 @@ void matvec_int_launch(const std::vector<DeviceRows>& dev, int64_t rows, int64_t
     }
 }
 
-// A thread of a ring launch (matvec_int_ring) on the host: its copies go into its block's ring [lo, hi) (both ends
+// A thread of a ring launch (matvec_ring) on the host: its copies go into its block's ring [lo, hi) (both ends
 // aligned to the copy's size, as cp.async needs, the whole copy inside the ring) and land when it waits for them,
 // or at once where eager (every other block): the two ends of when the device may land them, so that a thread that
 // reads a slot before its copy has landed, or copies over a slot it has yet to read, shows.
@@ -251,6 +251,7 @@ constexpr int kHostRingBlocks = 3;
 template <class P, int NM, int NT, int R>
 void ring_launch(const std::vector<DeviceRows>& dev, int64_t rows, int64_t cols, const typename P::Act* x, int n,
                  int stages, std::vector<std::vector<float>>& y) {
+    if (!ring_stages_ok(stages)) throw Error(fmt::format("host emulation: a ring of {} stages", stages));
     const uint8_t* p[NM];
     for (int m = 0; m < NM; ++m) p[m] = dev[size_t(m)].p;
     const int n_units = int(cols / 32), threads = 32 * mvi_warps(mvi_steps(n_units, P::steps));
