@@ -293,25 +293,42 @@ KVGEN_HD void store_kv_row_warp(const Ctx& ctx, int64_t g, const float* __restri
 }
 
 // Item g of n_layers x n_kv_heads (g = l n_kv_heads + h; one layer: kc and k_offsets at that layer's first row and
-// offsets): the key offset of that head from its first kKvOffsetPositions rows in the quantized K cache kc, into
-// k_offsets [g][head_dim]. Twin: kv_offset_of_rows, bit for bit: each value is the decoded rows' d * q (exact in f32)
-// summed in position order, then kv_offset_from_sum.
-KVGEN_HD void kv_offset_item(int64_t g, const uint8_t* __restrict__ kc, const KvLayout& kv,
+// offsets), by the 32 lanes of a warp: the key offset of that head from its first kKvOffsetPositions rows in the
+// quantized K cache kc, into k_offsets [g][32 E]. Twin: kv_offset_of_rows, bit for bit: lane t holds values t + 32 e
+// (a row's 32 E bytes of quants a load of the warp, coalesced), each the decoded rows' d * q (exact in f32) summed in
+// position order; then kv_offset_from_sum's steps in registers: the mean (an exact 1/16), H x / w
+// (kv_hadamard_warp), the dimensions below dim0 zeroed, H x again.
+#pragma nv_exec_check_disable
+template <int E, class Ctx>
+KVGEN_HD void kv_offset_warp(const Ctx& ctx, int64_t g, const uint8_t* __restrict__ kc, const KvLayout& kv,
                              float* __restrict__ k_offsets) {
-    const int hd = kv.head_dim;
+    constexpr int hd = 32 * E, w = hd & -hd;  // w: kv_rotation_width
+    static_assert(w == hd, "one rotation piece a row: kv_offset_from_sum's kv_rotate_scaled(s, hd, hd)");
+    const int lane = ctx.thread() % 32;
     const int64_t rb = kv.k_row_bytes();
     const uint8_t* rows = kc + g * kv.n_ctx * rb;  // row_index(0, g, 0): layers follow each other
-    float* s = k_offsets + g * hd;
-    for (int j = 0; j < hd; ++j) {
-        float sum = 0.0f;
-        for (int p = 0; p < kKvOffsetPositions; ++p) {
-            float x[1];
-            kv_load<1>(kv.k_type, rows + p * rb, j, x);
-            sum = kv_add(sum, x[0]);
+    float x[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) x[e] = 0.0f;
+#pragma unroll
+    for (int p = 0; p < kKvOffsetPositions; ++p)
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            float value[1];
+            kv_load<1>(kv.k_type, rows + p * rb, lane + 32 * e, value);
+            x[e] = kv_add(x[e], value[0]);
         }
-        s[j] = sum;
-    }
-    kv_offset_from_sum(s, hd, kv.k_offset_dim0 < hd ? kv.k_offset_dim0 : hd);
+#pragma unroll
+    for (int e = 0; e < E; ++e) x[e] = kv_mul(x[e], 1.0f / float(kKvOffsetPositions));  // not fused into the adds
+    kv_hadamard_warp<E>(ctx, lane, x);
+    const float inv_w = 1.0f / float(w);
+    const int dim0 = kv.k_offset_dim0 < hd ? kv.k_offset_dim0 : hd;
+#pragma unroll
+    for (int e = 0; e < E; ++e) x[e] = lane + 32 * e < dim0 ? 0.0f : kv_mul(x[e], inv_w);
+    kv_hadamard_warp<E>(ctx, lane, x);
+    float* s = k_offsets + g * hd;
+#pragma unroll
+    for (int e = 0; e < E; ++e) s[lane + 32 * e] = x[e];
 }
 
 }  // namespace kvgen::cuda

@@ -472,10 +472,12 @@ __global__ void __launch_bounds__(kKvRowWarps* kWarp)
                              vc);
 }
 
-__global__ void kv_offsets_kernel(const uint8_t* __restrict__ kc, int64_t heads, KvLayout kv,
-                                  float* __restrict__ k_offsets) {
-    const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (g < heads) kv_offset_item(g, kc, kv, k_offsets);
+// A warp per layer and KV head (kv_offset_warp), kKvRowWarps a block; E = head_dim / 32.
+template <int E>
+__global__ void __launch_bounds__(kKvRowWarps* kWarp)
+    kv_offsets_kernel(const uint8_t* __restrict__ kc, int64_t heads, KvLayout kv, float* __restrict__ k_offsets) {
+    const int64_t g = int64_t(blockIdx.x) * kKvRowWarps + threadIdx.x / kWarp;
+    if (g < heads) kv_offset_warp<E>(DeviceThread{nullptr}, g, kc, kv, k_offsets);  // the same for the whole warp
 }
 
 // A warp per row (kv_rotate_row_warp), kKvRowWarps rows a block; E = head_dim / 32.
@@ -962,7 +964,11 @@ void rope_store_kv(float* q, uint8_t* k_cache, uint8_t* v_cache, const float* k,
 void kv_offsets(float* k_offsets, const uint8_t* k_cache, int n_layers, const KvLayout& kv, cudaStream_t s) {
     KVGEN_ASSERT(kv.k_offsets());
     const int64_t heads = int64_t(n_layers) * kv.n_kv_heads;
-    kv_offsets_kernel<<<grid_for(heads, 64), 64, 0, s>>>(k_cache, heads, kv, k_offsets);
+    const bool ok = dispatch_kv_rows(kv.head_dim, [&](auto e) {
+        kv_offsets_kernel<decltype(e)::value>
+            <<<grid_for(heads, kKvRowWarps), kKvRowWarps * kWarp, 0, s>>>(k_cache, heads, kv, k_offsets);
+    });
+    KVGEN_ASSERT(ok);  // only a quantized cache's head_dims come here
     KVGEN_CUDA_LAUNCHED("kv_offsets");
 }
 

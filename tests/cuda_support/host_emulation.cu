@@ -964,13 +964,17 @@ void host_store_rows(int64_t rows, const float* k, const float* v, const float* 
     if (!ok) throw Error(fmt::format("store_kv_rows: no kernel for head_dim {}", kv.head_dim));
 }
 
-// kv_offsets_kernel: items [0, heads) of kv_offset_item from layer l on.
+// kv_offsets_kernel: items [0, heads) from layer l on, a warp each (kv_offset_warp).
 void host_kv_offsets(KvBytes& cache, int l, int n_layers) {
     const KvLayout& kv = cache.kv;
     if (!kv.k_offsets()) throw Error("kv_offsets: K carries no key offsets");
     const uint8_t* kc = cache.k.data() + kv.row_index(l, 0, 0) * kv.k_row_bytes();
     float* off = cache.k_offsets.data() + int64_t(l) * kv.n_kv_heads * kv.head_dim;
-    for (int64_t g = 0; g < int64_t(n_layers) * kv.n_kv_heads; ++g) kv_offset_item(g, kc, kv, off);
+    const bool ok = dispatch_kv_rows(kv.head_dim, [&](auto e) {
+        run_grid(n_layers * kv.n_kv_heads, 1, 32, 0,
+                 [&](const HostThread& t) { kv_offset_warp<decltype(e)::value>(t, t.block_x(), kc, kv, off); });
+    });
+    if (!ok) throw Error(fmt::format("kv_offsets: no kernel for head_dim {}", kv.head_dim));
 }
 }  // namespace
 

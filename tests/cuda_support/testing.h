@@ -246,7 +246,7 @@ void barrier_deadlock();
 using testing::KvBytes;
 // Rows of head_dim (64 or 128) values each turned as kv_rotate_rows_kernel turns them, a warp a row.
 std::vector<float> rotate_rows(const std::vector<float>& x, int head_dim);
-// store_step and kv_write with the kernels' items run on the host (store_kv_item, store_kv_row_warp, kv_offset_item).
+// store_step and kv_write with the kernels' items run on the host (store_kv_item, store_kv_row_warp, kv_offset_warp).
 void store_step(KvBytes& cache, int l, const float* k, const float* v, int pos0, int n);
 void kv_write(KvBytes& cache, const void* k, const void* v, int n);
 
