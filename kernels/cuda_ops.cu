@@ -430,26 +430,27 @@ void CudaOps::attention(float* out, const float* q, int l, int n) {
     // gives the output in it, and it turns back. q is not read after attention.
     const int64_t rows = int64_t(n) * c_.n_heads;
     if (kv_type_quantized(kv_.k_type)) kv_rotate_rows(const_cast<float*>(q), rows, c_.head_dim, stream_, pdl_);
-    // One token's output is also quantized where it is made, for the output projection's integer product (not
-    // through a quantized V: its output turns back after attention).
+    // One token's output is also quantized where it is made, for the output projection's integer product: by
+    // attention, or through a quantized V by the rotation that turns it back.
     const DevWeight& wo = w_.layers[size_t(l)].wo;
     KVGEN_ASSERT(wo.cols == int64_t(c_.n_heads) * c_.head_dim);  // out_proj_add reads all of out's blocks
-    att_quantized_ = n == 1 && !kv_type_quantized(kv_.v_type) && c_.head_dim % 32 == 0 && use_int(wo);
+    att_quantized_ = n == 1 && c_.head_dim % 32 == 0 && use_int(wo);
+    const bool turns_back = kv_type_quantized(kv_.v_type);
     if (n == 1)
-        attention_decode(out, att_quantized_ ? xq_ : nullptr, partials_, counters_, q, layer_k(l), layer_v(l),
-                         layer_offsets(l), d_step_, c_.n_heads, kv_, splits_, stream_, pdl_);
+        attention_decode(out, att_quantized_ && !turns_back ? xq_ : nullptr, partials_, counters_, q, layer_k(l),
+                         layer_v(l), layer_offsets(l), d_step_, c_.n_heads, kv_, splits_, stream_, pdl_);
     else  // a short prompt over a deep cache: its positions split among more blocks
         attention_prefill(out, q, layer_k(l), layer_v(l), layer_offsets(l), d_step_, n, c_.n_heads, kv_, flash_,
                           flash_async_, attention_prefill_splits(c_.n_heads, kv_, n, pos0_, sm_count_), partials_,
                           stream_);
-    if (kv_type_quantized(kv_.v_type)) kv_rotate_rows(out, rows, c_.head_dim, stream_, pdl_);
+    if (turns_back) kv_rotate_rows(out, rows, c_.head_dim, stream_, pdl_, att_quantized_ ? xq_ : nullptr);
 }
 
 void CudaOps::out_proj_add(float* x, const float* att, int l, int n) {
     const LayerDev& L = w_.layers[size_t(l)];
     const DevWeight& wo = L.wo;
     KVGEN_ASSERT(x == x_);
-    if (att_quantized_) {  // xq_: att as quantized by attention_decode
+    if (att_quantized_) {  // xq_: att as quantized by attention_decode, or by the rotation after a quantized V
         residual_int(wo, xq_, L.ffn_norm, glu_in_int(L, 1));
         return;
     }

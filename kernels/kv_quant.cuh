@@ -166,10 +166,12 @@ KVGEN_HD void kv_hadamard_warp(const Ctx& ctx, int lane, float (&x)[E]) {
 }
 
 // A row of 32 E values at p <- H x / w per piece (kv_rotate_scaled, bit for bit), by the 32 lanes of a warp: a query
-// turned to a quantized K's basis, an attention output back from a quantized V's.
+// turned to a quantized K's basis, an attention output back from a quantized V's. xq (null: none): the row's E
+// activation blocks, quantized as they are stored (quantize_act_warp, quantize_act's bits): one token's attention
+// output for the output projection's integer product, without a launch of quantize_act.
 #pragma nv_exec_check_disable
 template <int E, class Ctx>
-KVGEN_HD void kv_rotate_row_warp(const Ctx& ctx, float* __restrict__ p) {
+KVGEN_HD void kv_rotate_row_warp(const Ctx& ctx, float* __restrict__ p, ActBlock* __restrict__ xq = nullptr) {
     constexpr int hd = 32 * E, w = hd & -hd;
     const int lane = ctx.thread() % 32;
     float x[E];
@@ -178,7 +180,11 @@ KVGEN_HD void kv_rotate_row_warp(const Ctx& ctx, float* __restrict__ p) {
     kv_hadamard_warp<E>(ctx, lane, x);
     const float inv_w = 1.0f / float(w);
 #pragma unroll
-    for (int e = 0; e < E; ++e) p[lane + 32 * e] = x[e] * inv_w;
+    for (int e = 0; e < E; ++e) {
+        const float y = x[e] * inv_w;
+        p[lane + 32 * e] = y;
+        if (xq) quantize_act_warp(ctx, y, lane, xq[e]);  // lane t holds value t of block e
+    }
 }
 
 // kv_q4_0_levels of one block held by a warp, lane j holding value j (x): the same value of largest magnitude (the

@@ -480,13 +480,15 @@ __global__ void __launch_bounds__(kKvRowWarps* kWarp)
     if (g < heads) kv_offset_warp<E>(DeviceThread{nullptr}, g, kc, kv, k_offsets);  // the same for the whole warp
 }
 
-// A warp per row (kv_rotate_row_warp), kKvRowWarps rows a block; E = head_dim / 32.
+// A warp per row (kv_rotate_row_warp), kKvRowWarps rows a block; E = head_dim / 32. xq: null, or each row's E blocks.
 template <int E>
-__global__ void __launch_bounds__(kKvRowWarps* kWarp) kv_rotate_rows_kernel(float* __restrict__ x, int64_t rows) {
-    pdl_trigger();  // the kernel after it (attention, or the output's quantization) may be set up
+__global__ void __launch_bounds__(kKvRowWarps* kWarp)
+    kv_rotate_rows_kernel(float* __restrict__ x, int64_t rows, ActBlock* __restrict__ xq) {
+    pdl_trigger();  // the kernel after it (attention, or the output projection) may be set up
     pdl_wait();     // launched programmatically: x is read once the kernel that writes it has finished
     const int64_t r = int64_t(blockIdx.x) * kKvRowWarps + threadIdx.x / kWarp;
-    if (r < rows) kv_rotate_row_warp<E>(DeviceThread{nullptr}, x + r * 32 * E);  // the same for the whole warp
+    if (r < rows)  // the same for the whole warp
+        kv_rotate_row_warp<E>(DeviceThread{nullptr}, x + r * 32 * E, xq ? xq + r * E : nullptr);
 }
 
 __global__ void swiglu_kernel(float* __restrict__ g, const float* __restrict__ u, int64_t count) {
@@ -972,11 +974,11 @@ void kv_offsets(float* k_offsets, const uint8_t* k_cache, int n_layers, const Kv
     KVGEN_CUDA_LAUNCHED("kv_offsets");
 }
 
-void kv_rotate_rows(float* x, int64_t rows, int head_dim, cudaStream_t s, bool pdl) {
+void kv_rotate_rows(float* x, int64_t rows, int head_dim, cudaStream_t s, bool pdl, ActBlock* xq) {
     if (rows == 0) return;
     const bool ok = dispatch_kv_rows(head_dim, [&](auto e) {
         launch(kv_rotate_rows_kernel<decltype(e)::value>, grid_for(rows, kKvRowWarps), kKvRowWarps * kWarp, pdl, s, x,
-               rows);
+               rows, xq);
     });
     KVGEN_ASSERT(ok);  // only a quantized cache's head_dims come here
     KVGEN_CUDA_LAUNCHED("kv_rotate_rows");

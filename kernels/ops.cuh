@@ -121,8 +121,9 @@ void rope_store_kv(float* q, uint8_t* k_cache, uint8_t* v_cache, const float* k,
 void kv_offsets(float* k_offsets, const uint8_t* k_cache, int n_layers, const KvLayout& kv, cudaStream_t s);
 // rows rows of head_dim values <- H x / w per piece (kv_rotate_scaled): a query before attention over a quantized K,
 // an attention output after a quantized V. Twin: kv_rotate_scaled. pdl: a programmatic dependent launch (sm_90),
-// which reads x only once the kernel before it has finished.
-void kv_rotate_rows(float* x, int64_t rows, int head_dim, cudaStream_t s, bool pdl = false);
+// which reads x only once the kernel before it has finished. xq (null: none): the rotated rows quantized as
+// quantize_act quantizes them (rows x head_dim / 32 blocks, the same bits), for an integer product that reads them.
+void kv_rotate_rows(float* x, int64_t rows, int head_dim, cudaStream_t s, bool pdl = false, ActBlock* xq = nullptr);
 
 // gate[j] = silu(gate[j]) * up[j]; y = f16(x) (saturating). Twin: cpu::swiglu.
 void swiglu(float* gate, const float* up, int64_t count, cudaStream_t s);

@@ -1122,8 +1122,9 @@ TEST_CASE("a quantized CUDA cache: store_kv writes the CPU cache's bytes, attent
     }
 }
 
-
-TEST_CASE("a query or an output turned by a warp per row equals kv_rotate_scaled bit for bit", "[cuda-host]") {
+TEST_CASE(
+    "a query or an output turned by a warp per row equals kv_rotate_scaled bit for bit, its blocks quantize_act's",
+    "[cuda-host]") {
     for (const int hd : {64, 128}) {
         INFO("hd " << hd);
         std::vector<float> x = test::randn(size_t(7 * hd), uint32_t(hd), 3.0f);
@@ -1131,11 +1132,20 @@ TEST_CASE("a query or an output turned by a warp per row equals kv_rotate_scaled
         x[size_t(hd) + 1] = -1e-30f;
         std::vector<float> want = x;
         for (int r = 0; r < 7; ++r) kv_rotate_scaled(want.data() + size_t(r * hd), hd, hd);
-        const std::vector<float> got = cuda::host::rotate_rows(x, hd);
+        std::vector<cuda::host::HostActBlock> xq;
+        const std::vector<float> got = cuda::host::rotate_rows(x, hd, &xq);
         REQUIRE(got.size() == want.size());
         int differ = 0;
         for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &want[i], sizeof(float)) != 0;
         CHECK(differ == 0);
+        // with the activation blocks of the turned rows: quantize_act's of them, each row's blocks in its place
+        const std::vector<cuda::host::HostActBlock> want_q = cuda::host::quantize_act(want);
+        REQUIRE(xq.size() == want_q.size());
+        int blocks_differ = 0;
+        for (size_t b = 0; b < xq.size(); ++b)
+            blocks_differ += std::memcmp(&xq[b], &want_q[b], sizeof(cuda::host::HostActBlock)) != 0;
+        CHECK(blocks_differ == 0);
+        CHECK(cuda::host::rotate_rows(x, hd) == got);  // the same rows without them
     }
 }
 

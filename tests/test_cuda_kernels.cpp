@@ -649,6 +649,24 @@ TEST_CASE("quantize_act makes the CPU's activation blocks bit for bit", "[cuda][
     }
 }
 
+TEST_CASE("an attention output turned back from a quantized V is quantized as quantize_act quantizes it",
+          "[cuda][kernels]") {
+    // One token's output over a quantized V: kv_rotate_rows writes the output projection's blocks itself (no launch
+    // of quantize_act); the rows as the rotation alone turns them, the blocks quantize_act's of those rows.
+    for (const int hd : {64, 128}) {
+        INFO("hd " << hd);
+        std::vector<float> x = randn(size_t(40 * hd), uint32_t(53 + hd), 2.0f);
+        std::fill(x.begin(), x.begin() + hd, 0.0f);  // a row of zeros: blocks with d = 0
+        const std::vector<float> got = ct::rotate_rows_quantized(x, hd);
+        const std::vector<float> want_rows = cuda::host::rotate_rows(x, hd);  // kv_rotate_scaled's bits (host test)
+        REQUIRE(got.size() == want_rows.size() + want_rows.size() / 32 * 36);
+        const std::vector<float> rows(got.begin(), got.begin() + std::ptrdiff_t(want_rows.size()));
+        CHECK(rows == want_rows);
+        const std::vector<float> want_blocks = ct::quantize_act(rows);
+        CHECK(std::vector<float>(got.begin() + std::ptrdiff_t(rows.size()), got.end()) == want_blocks);
+    }
+}
+
 TEST_CASE("rmsnorm and swiglu match the CPU ops", "[cuda][kernels]") {
     const int n = 3, dim = 896;
     const std::vector<float> x = randn(size_t(n * dim), 23, 3.0f), w = randn(size_t(dim), 29);

@@ -277,6 +277,13 @@ std::vector<float> quantize_act(const std::vector<float>& x) {
     return append_blocks({}, xq.get());
 }
 
+std::vector<float> rotate_rows_quantized(const std::vector<float>& x, int head_dim) {
+    Dev<float> dx(x);
+    Dev<ActBlock> xq(x.size() / 32);
+    kv_rotate_rows(dx.p, int64_t(x.size()) / head_dim, head_dim, nullptr, false, xq.p);
+    return append_blocks(dx.get(), xq.get());
+}
+
 std::vector<float> gemm_mma_qkv(const HostWeight& w, const std::vector<float>& x, int n, int64_t q_rows,
                                 int64_t k_rows, int sm_count) {
     Dev<uint8_t> b(device_bytes(w));

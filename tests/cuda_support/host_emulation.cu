@@ -938,15 +938,19 @@ std::vector<float> gemm_mma(GgmlType type, const uint8_t* bytes, int64_t rows, i
     return out;
 }
 
-std::vector<float> rotate_rows(const std::vector<float>& x, int head_dim) {
+std::vector<float> rotate_rows(const std::vector<float>& x, int head_dim, std::vector<HostActBlock>* xq) {
     std::vector<float> out = x;
     const int rows = int(x.size() / size_t(head_dim));
+    std::vector<ActBlock> blocks(xq ? x.size() / 32 : 0);
     const bool ok = dispatch_kv_rows(head_dim, [&](auto e) {
+        constexpr int E = decltype(e)::value;
         run_grid(rows, 1, 32, 0, [&](const HostThread& t) {
-            kv_rotate_row_warp<decltype(e)::value>(t, out.data() + size_t(t.block_x()) * size_t(head_dim));
+            const size_t r = size_t(t.block_x());
+            kv_rotate_row_warp<E>(t, out.data() + r * size_t(head_dim), xq ? blocks.data() + r * E : nullptr);
         });
     });
     if (!ok) throw Error(fmt::format("kv_rotate_rows: no kernel for head_dim {}", head_dim));
+    if (xq) *xq = host_blocks(blocks);
     return out;
 }
 

@@ -91,6 +91,8 @@ std::vector<float> matvec_int_residual_norm(const HostWeight& w, const std::vect
                                             float eps, bool wide, int stages = 0);
 // The ActBlocks quantize_act makes of x (a multiple of 32 values), 36 floats each as above.
 std::vector<float> quantize_act(const std::vector<float>& x);
+// kv_rotate_rows with its ActBlocks (head_dim 64 or 128): the turned rows, then their blocks, 36 floats each.
+std::vector<float> rotate_rows_quantized(const std::vector<float>& x, int head_dim);
 // A step's Q, K and V products in integers (one matrix Q|K|V, or three) over an f16 cache of n_ctx positions with c's
 // heads, tokens x [n][cols] at positions pos0..: .first with RoPE and the store in the products' epilogue (QkvStore),
 // .second with rope_store_kv's launch after them.
@@ -244,8 +246,9 @@ void copy_never_waited();
 // Lane 0 of a warp waits at a warp barrier while the others wait at the block's: throws kvgen::Error (deadlock).
 void barrier_deadlock();
 using testing::KvBytes;
-// Rows of head_dim (64 or 128) values each turned as kv_rotate_rows_kernel turns them, a warp a row.
-std::vector<float> rotate_rows(const std::vector<float>& x, int head_dim);
+// Rows of head_dim (64 or 128) values each turned as kv_rotate_rows_kernel turns them, a warp a row; xq (null: not
+// wanted): the activation blocks it writes of the turned rows (one token's attention output over a quantized V).
+std::vector<float> rotate_rows(const std::vector<float>& x, int head_dim, std::vector<HostActBlock>* xq = nullptr);
 // store_step and kv_write with the kernels' items run on the host (store_kv_item, store_kv_row_warp, kv_offset_warp).
 void store_step(KvBytes& cache, int l, const float* k, const float* v, int pos0, int n);
 void kv_write(KvBytes& cache, const void* k, const void* v, int n);
