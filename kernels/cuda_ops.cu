@@ -426,10 +426,9 @@ void CudaOps::rope_store_kv(float* q, float* k, const float* v, int l, int n) {
 }
 
 void CudaOps::attention(float* out, const float* q, int l, int n) {
-    // note: a quantized K is read in the rotated basis of kv_rotation.h, so the query turns to it; a quantized V
-    // gives the output in it, and it turns back. q is not read after attention.
+    // note: a quantized K is read in the rotated basis of kv_rotation.h, so the query turns to it (in rope_store_kv's
+    // launch, with its RoPE); a quantized V gives the output in it, and it turns back.
     const int64_t rows = int64_t(n) * c_.n_heads;
-    if (kv_type_quantized(kv_.k_type)) kv_rotate_rows(const_cast<float*>(q), rows, c_.head_dim, stream_, pdl_);
     // One token's output is also quantized where it is made, for the output projection's integer product: by
     // attention, or through a quantized V by the rotation that turns it back.
     const DevWeight& wo = w_.layers[size_t(l)].wo;

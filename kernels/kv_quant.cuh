@@ -233,6 +233,46 @@ KVGEN_HD float kv_q4_0_levels_warp(const Ctx& ctx, float x, int lane, int* level
     return best_sxl / float(best_sll);
 }
 
+// Lane t's values t + 32 e (e < E) of a row at src, the pairs below half_rope turned by RoPE where cos_row is given
+// (the token's rows of the tables; null: none): each lane computes its pair's rope_pair, as rope_item and
+// store_kv_item do, and keeps its half.
+template <int E>
+KVGEN_HD void rope_row_lanes(int lane, const float* __restrict__ src, const float* __restrict__ cos_row,
+                             const float* __restrict__ sin_row, int half_rope, float (&x)[E]) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+        const int j = lane + 32 * e;
+        if (cos_row && j / 2 < half_rope) {
+            float a = src[j & ~1], b = src[j | 1];
+            rope_pair(a, b, cos_row[j / 2], sin_row[j / 2]);
+            x[e] = j % 2 == 0 ? a : b;
+        } else {
+            x[e] = src[j];
+        }
+    }
+}
+
+// Row r of a step's queries q [n][n_heads][32 E] (token r / n_heads), in place, by the 32 lanes of a warp: turned by
+// RoPE (rope_item's bits) and into a quantized K's basis (H x / w, kv_rotate_scaled's bits): what rope_item's launch
+// and kv_rotate_rows did in two. In place without a race: every value a lane stores is a whole-row transform, so it
+// depends (through kv_hadamard_warp's shuffles, which exchange between all 32 lanes) on the values every lane loaded,
+// and no lane can store before every lane has loaded its pair.
+#pragma nv_exec_check_disable
+template <int E, class Ctx>
+KVGEN_HD void rope_turn_q_row_warp(const Ctx& ctx, int64_t r, float* __restrict__ q, const float* __restrict__ cos_t,
+                                   const float* __restrict__ sin_t, int n_heads, int half_rope) {
+    constexpr int hd = 32 * E, w = hd & -hd;
+    const int lane = ctx.thread() % 32;
+    const int64_t i = r / n_heads;
+    float* p = q + r * hd;
+    float x[E];
+    rope_row_lanes<E>(lane, p, cos_t + i * half_rope, sin_t + i * half_rope, half_rope, x);
+    kv_hadamard_warp<E>(ctx, lane, x);
+    const float inv_w = 1.0f / float(w);
+#pragma unroll
+    for (int e = 0; e < E; ++e) p[lane + 32 * e] = x[e] * inv_w;
+}
+
 // Item g = (token i0 + g / (2 n_kv_heads), KV head h, half c: 0 K, 1 V) of (i1 - i0) x n_kv_heads x 2 for a step's
 // tokens [i0, i1), by the 32 lanes of a warp: that row of k or v ([n][n_kv_heads][hd], hd = 32 E), K rotated by RoPE
 // like store_kv_item (cos_t null: as given), stored at position *d_pos0 + i of one layer's cache (kc / vc: the
@@ -255,17 +295,9 @@ KVGEN_HD void store_kv_row_warp(const Ctx& ctx, int64_t g, const float* __restri
     const int pos = *d_pos0 + i;
     const float* src = (c == 0 ? k : v) + ih * hd;
     float x[E];
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-        const int j = lane + 32 * e;
-        if (c == 0 && cos_t && j / 2 < half_rope) {  // the pair's rope_pair, this lane's half of it kept
-            float a = src[j & ~1], b = src[j | 1];
-            rope_pair(a, b, cos_t[int64_t(i) * half_rope + j / 2], sin_t[int64_t(i) * half_rope + j / 2]);
-            x[e] = j % 2 == 0 ? a : b;
-        } else {
-            x[e] = src[j];
-        }
-    }
+    const bool turn = c == 0 && cos_t;
+    rope_row_lanes<E>(lane, src, turn ? cos_t + int64_t(i) * half_rope : nullptr,
+                      turn ? sin_t + int64_t(i) * half_rope : nullptr, half_rope, x);
     const KvType t = c == 0 ? kv.k_type : kv.v_type;
     uint8_t* dst = (c == 0 ? kc : vc) + (int64_t(h) * kv.n_ctx + pos) * KvLayout::row_bytes(t, hd);
     if (t == KvType::F16) {  // (an F32 cache does not run on the GPU: kv_cache_supported)

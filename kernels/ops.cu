@@ -426,12 +426,14 @@ __global__ void rope_kernel(float* __restrict__ x, const float* __restrict__ cos
     if (g < int64_t(n) * n_heads * half) rope_item(g, x, cos_t, sin_t, n_heads, head_dim, half);
 }
 
-// The query's RoPE, folded into a K/V store's launch: the grid's first `blocks` blocks rotate q (rope_item; q null:
-// none), the rest store. n tokens of n_heads heads of head_dim.
+// The query's RoPE, folded into a K/V store's launch: the grid's first `blocks` blocks rotate q (rope_item's pairs; q
+// null: none; with turn, over a quantized K, a warp a row that also turns it into K's basis, rope_turn_q_row_warp),
+// the rest store. n tokens of n_heads heads of head_dim.
 struct QRope {
     float* q = nullptr;
     int n_heads = 0, head_dim = 0;
     unsigned blocks = 0;
+    bool turn = false;  // store_kv_rows_kernel: a warp a row, turned into a quantized K's basis too
 };
 // Whether block b rotates q (done here), else b becomes the store's own block index.
 __device__ __forceinline__ bool rope_q_block(const QRope& qr, unsigned* b, const float* __restrict__ cos_t,
@@ -465,7 +467,16 @@ __global__ void __launch_bounds__(kKvRowWarps* kWarp)
                          const float* __restrict__ k_offsets, const int* __restrict__ d_pos0, int i0, int n,
                          KvLayout kv, int half_rope, uint8_t* __restrict__ kc, uint8_t* __restrict__ vc) {
     unsigned b = blockIdx.x;
-    if (rope_q_block(qr, &b, cos_t, sin_t, i0 + n, half_rope)) return;
+    if (qr.turn && b < qr.blocks) {  // q's rows, a warp each (the same for the whole warp)
+        const int64_t r = int64_t(b) * kKvRowWarps + threadIdx.x / kWarp;
+        if (r < int64_t(i0 + n) * qr.n_heads)
+            rope_turn_q_row_warp<E>(DeviceThread{nullptr}, r, qr.q, cos_t, sin_t, qr.n_heads, half_rope);
+        return;
+    }
+    if (qr.turn)
+        b -= qr.blocks;
+    else if (rope_q_block(qr, &b, cos_t, sin_t, i0 + n, half_rope))
+        return;
     const int64_t g = int64_t(b) * kKvRowWarps + threadIdx.x / kWarp;
     if (g < int64_t(n) * kv.n_kv_heads * 2)  // the same for the whole warp
         store_kv_row_warp<E>(DeviceThread{nullptr}, g, k, v, cos_t, sin_t, k_offsets, d_pos0, i0, kv, half_rope, kc,
@@ -927,8 +938,13 @@ void store_kv_launch(QRope qr, uint8_t* k_cache, uint8_t* v_cache, const float* 
     const int n = i1 - i0;
     if (n == 0 && !qr.q) return;  // with q: the step's rows were all stored in a first part, q still turns here
     const int threads = 256;
-    // note: q is rotated for all i1 tokens, in the launch that stores the last part
-    if (qr.q) qr.blocks = grid_for(int64_t(i1) * qr.n_heads * (rope_dim / 2), threads);
+    // note: q is rotated for all i1 tokens, in the launch that stores the last part; over a quantized K a warp a row
+    // also turns it into the basis K is stored in (rope_turn_q_row_warp), which attention reads it in
+    if (qr.q) {
+        qr.turn = kv_type_quantized(kv.k_type);
+        qr.blocks = qr.turn ? grid_for(int64_t(i1) * qr.n_heads, kKvRowWarps)
+                            : grid_for(int64_t(i1) * qr.n_heads * (rope_dim / 2), threads);
+    }
     if (kv.quantized()) {  // a warp per row: RoPE, the rotation of kv_rotation.h, the key offset, the blocks
         static_assert(kKvRowWarps * kWarp == threads, "one block size for q's RoPE and the rows");
         const unsigned blocks = qr.blocks + grid_for(int64_t(n) * kv.n_kv_heads * 2, kKvRowWarps);

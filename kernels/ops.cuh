@@ -111,7 +111,9 @@ void store_kv(uint8_t* k_cache, uint8_t* v_cache, const float* k, const float* v
               const float* sin_t, const float* k_offsets, const int* d_pos0, int i0, int i1, const KvLayout& kv,
               int rope_dim, cudaStream_t s);
 // store_kv, and in the same launch the query's RoPE: q [i1][n_heads][head_dim] rotated in place as rope() does (all
-// i1 tokens, so a step stored in two parts passes q with the second). Twins: cpu::rope, then store_kv's.
+// i1 tokens, so a step stored in two parts passes q with the second); over a quantized K then also turned into the
+// basis K is stored in, as kv_rotate_rows turns it (a warp a row), which attention reads it in. Twins: cpu::rope
+// (and kv_rotate_scaled), then store_kv's.
 void rope_store_kv(float* q, uint8_t* k_cache, uint8_t* v_cache, const float* k, const float* v, const float* cos_t,
                    const float* sin_t, const float* k_offsets, const int* d_pos0, int i0, int i1, int n_heads,
                    const KvLayout& kv, int rope_dim, cudaStream_t s);
@@ -119,10 +121,11 @@ void rope_store_kv(float* q, uint8_t* k_cache, uint8_t* v_cache, const float* k,
 // first row), each head's from its first kKvOffsetPositions rows as stored, into k_offsets
 // [n_layers][n_kv_heads][head_dim]. Twin: kv_offset_of_rows (KvCache::k_offset), bit for bit.
 void kv_offsets(float* k_offsets, const uint8_t* k_cache, int n_layers, const KvLayout& kv, cudaStream_t s);
-// rows rows of head_dim values <- H x / w per piece (kv_rotate_scaled): a query before attention over a quantized K,
-// an attention output after a quantized V. Twin: kv_rotate_scaled. pdl: a programmatic dependent launch (sm_90),
-// which reads x only once the kernel before it has finished. xq (null: none): the rotated rows quantized as
-// quantize_act quantizes them (rows x head_dim / 32 blocks, the same bits), for an integer product that reads them.
+// rows rows of head_dim values <- H x / w per piece (kv_rotate_scaled): an attention output after a quantized V (and
+// a query before attention over a quantized K, which the backend turns in rope_store_kv's launch instead). Twin:
+// kv_rotate_scaled. pdl: a programmatic dependent launch (sm_90), which reads x only once the kernel before it has
+// finished. xq (null: none): the rotated rows quantized as quantize_act quantizes them (rows x head_dim / 32 blocks,
+// the same bits), for an integer product that reads them.
 void kv_rotate_rows(float* x, int64_t rows, int head_dim, cudaStream_t s, bool pdl = false, ActBlock* xq = nullptr);
 
 // gate[j] = silu(gate[j]) * up[j]; y = f16(x) (saturating). Twin: cpu::swiglu.
@@ -176,11 +179,10 @@ void gemm_glu_mma(float* y, const DevWeight& gate, const DevWeight& up, const __
 
 // Attention reads one layer's cache (k_cache, v_cache: that layer's first K and V rows, laid out and typed as kv
 // says); query head h of n_heads reads KV head h / (n_heads / kv.n_kv_heads). Over a quantized K the query must come
-// rotated (kv_rotate_rows), and over a quantized V the output comes rotated. k_offsets: the layer's key offsets
-// [n_kv_heads][head_dim] where K carries them (KvLayout::k_offsets; null otherwise), added back to the K rows past
-// the first kKvOffsetPositions.
-// head_dim values attention runs for: every even one up to 256 (32, 64, 96, 128 and 256 by warp kernels, the rest by
-// a one-thread-per-query fallback).
+// rotated (rope_store_kv's, or kv_rotate_rows), and over a quantized V the output comes rotated. k_offsets: the layer's
+// key offsets [n_kv_heads][head_dim] where K carries them (KvLayout::k_offsets; null otherwise), added back to the K
+// rows past the first kKvOffsetPositions. head_dim values attention runs for: every even one up to 256 (32, 64, 96, 128
+// and 256 by warp kernels, the rest by a one-thread-per-query fallback).
 bool attention_head_dim_supported(int head_dim);
 // Blocks per query-head group for decode (flash-decoding splits) on a device of sm_count multiprocessors, for the
 // deepest cache kv holds; a launch uses as many of them as the depth gives positions for (attention_active_splits).

@@ -1149,6 +1149,29 @@ TEST_CASE(
     }
 }
 
+TEST_CASE("a query turned by RoPE and into a quantized K's basis by one warp a row: the bits of the two launches",
+          "[cuda-host]") {
+    // rope_store_kv over a quantized K: rope_item's pairs, then kv_rotate_rows, in one warp per row (full and partial
+    // rotation, positions 0 and 3001, head_dim 64 and 128).
+    for (const int hd : {64, 128})
+        for (const int rope_dim : {hd, hd / 2})
+            for (const int pos0 : {0, 3001}) {
+                Config c = test::attention_config(6, 2, hd);
+                c.rope_dim = rope_dim;
+                const int n = 5;
+                INFO("hd " << hd << " rope_dim " << rope_dim << " pos0 " << pos0);
+                std::vector<float> q = test::randn(size_t(n * c.n_heads * hd), uint32_t(hd + pos0), 2.0f);
+                q[7] = 50.0f;  // an outlier, as queries have
+                const std::vector<float> want =
+                    cuda::host::rotate_rows(cuda::host::rope(q, n, c.n_heads, pos0, c, {}), hd);
+                const std::vector<float> got = cuda::host::rope_turn_q(q, n, c.n_heads, pos0, c);
+                REQUIRE(got.size() == want.size());
+                int differ = 0;
+                for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &want[i], sizeof(float)) != 0;
+                CHECK(differ == 0);
+            }
+}
+
 TEST_CASE("a quantized CUDA cache row whose values tie in magnitude, or are all zero, gets the CPU's bytes",
           "[cuda-host]") {
     // After the rotation a row with one nonzero value is +-1 everywhere: every value of every block ties for the

@@ -738,11 +738,43 @@ TEST_CASE("RoPE and the K store match cpu::rope at small and large positions", "
                 REQUIRE(ct::rope_store_k(c, &qr, k, pos0, n, 4096) == stored);
                 REQUIRE(qr == ct::rope(q, n, c.n_heads, pos0, c, ff));
                 // A quantized K stored in two parts, the second empty (the step ends at the offsets' position): q
-                // still turns.
-                REQUIRE(ct::rope_q_after_store(c, q, pos0, n) == qr);
+                // still turns, by RoPE and into K's basis (kv_rotate_rows' bits, checked on the host).
+                REQUIRE(ct::rope_q_after_store(c, q, pos0, n) == cuda::host::rotate_rows(qr, c.head_dim));
             }
         }
     }
+}
+
+TEST_CASE("rope_store_kv turns the query into a quantized K's basis in the launch that stores K and V",
+          "[cuda][kernels]") {
+    // The query's blocks (a warp a row over a quantized K) and the store's after them in one grid: q as RoPE then
+    // kv_rotate_rows give it, the cache's bytes and offsets as store_kv's launch writes them without q; steps that
+    // cross position 16 (stored in two parts, q with the second, which may store nothing), decode steps before and
+    // after it; an f16 K (q RoPE'd only) beside.
+    struct Types {
+        KvType k, v;
+    };
+    for (const int hd : {64, 128})
+        for (const int rope_dim : {hd, hd / 2})
+            for (const Types ty : {Types{KvType::Q8_0, KvType::Q8_0}, Types{KvType::Q4_0, KvType::F16},
+                                   Types{KvType::F16, KvType::Q4_0}})
+                for (const auto& [pos0, n] : {std::pair{0, 1}, std::pair{0, 5}, std::pair{3, 20}, std::pair{10, 6},
+                                              std::pair{20, 1}, std::pair{0, 16}}) {
+                    Config c = test::attention_config(6, 2, hd);
+                    c.rope_dim = rope_dim;
+                    INFO("hd " << hd << " rope_dim " << rope_dim << " " << kv_types_name(ty.k, ty.v) << " pos0 " << pos0
+                               << " n " << n);
+                    const std::vector<float> q = randn(size_t(n * c.n_heads * hd), uint32_t(7 + pos0 + n), 2.0f);
+                    const std::vector<float> k = randn(size_t((pos0 + n) * c.n_kv_heads * hd), 8, 1.0f),
+                                             v = randn(k.size(), 9, 1.0f);
+                    const ct::RopeStored with = ct::rope_store_step(c, ty.k, ty.v, q, k, v, pos0, n, 64, true);
+                    const ct::RopeStored without = ct::rope_store_step(c, ty.k, ty.v, q, k, v, pos0, n, 64, false);
+                    CHECK(with.k == without.k);
+                    CHECK(with.v == without.v);
+                    CHECK(with.k_offsets == without.k_offsets);
+                    const std::vector<float> roped = ct::rope(q, n, c.n_heads, pos0, c, {});
+                    CHECK(with.q == (kv_type_quantized(ty.k) ? cuda::host::rotate_rows(roped, hd) : roped));
+                }
 }
 
 TEST_CASE("flash-decoding and prefill attention match cpu::attention", "[cuda][kernels]") {

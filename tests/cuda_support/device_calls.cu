@@ -280,6 +280,7 @@ std::vector<float> quantize_act(const std::vector<float>& x) {
 std::vector<float> rotate_rows_quantized(const std::vector<float>& x, int head_dim) {
     Dev<float> dx(x);
     Dev<ActBlock> xq(x.size() / 32);
+    poison(xq);  // a block not written differs from quantize_act's
     kv_rotate_rows(dx.p, int64_t(x.size()) / head_dim, head_dim, nullptr, false, xq.p);
     return append_blocks(dx.get(), xq.get());
 }
@@ -501,6 +502,35 @@ void store_step(KvBytes& cache, int l, const float* k, const float* v, int pos0,
     d.get();
 }
 
+RopeStored rope_store_step(const Config& c, KvType kt, KvType vt, const std::vector<float>& q,
+                           const std::vector<float>& k, const std::vector<float>& v, int pos0, int n, int n_ctx,
+                           bool with_q) {
+    KvBytes cache(KvLayout::of(c, n_ctx, kt, vt));
+    const KvLayout& kv = cache.kv;
+    const size_t row = size_t(c.n_kv_heads) * size_t(c.head_dim);
+    if (pos0 > 0) store_step(cache, 0, k.data(), v.data(), 0, pos0);  // the positions before the step's
+    DevCache d(cache);
+    RopeDev r(n, pos0, c, {});
+    Dev<float> dq(q), dk(std::vector<float>(k.begin() + std::ptrdiff_t(size_t(pos0) * row), k.end())),
+        dv(std::vector<float>(v.begin() + std::ptrdiff_t(size_t(pos0) * row), v.end()));
+    // as CudaOps::rope_store_kv: the rows before position kKvOffsetPositions, the layer's offsets, then the rest
+    const bool sets = kv.k_offsets() && pos0 < kKvOffsetPositions && pos0 + n >= kKvOffsetPositions;
+    const int split = sets ? kKvOffsetPositions - pos0 : 0;
+    if (split > 0) {
+        store_kv(d.layer_k(0), d.layer_v(0), dk.p, dv.p, r.cos_t.p, r.sin_t.p, d.layer_offsets(0), r.pos.p, 0, split,
+                 kv, c.rope_dim, nullptr);
+        kv_offsets(d.layer_offsets(0), d.layer_k(0), 1, kv, nullptr);
+    }
+    if (with_q)
+        rope_store_kv(dq.p, d.layer_k(0), d.layer_v(0), dk.p, dv.p, r.cos_t.p, r.sin_t.p, d.layer_offsets(0), r.pos.p,
+                      split, n, c.n_heads, kv, c.rope_dim, nullptr);
+    else
+        store_kv(d.layer_k(0), d.layer_v(0), dk.p, dv.p, r.cos_t.p, r.sin_t.p, d.layer_offsets(0), r.pos.p, split, n,
+                 kv, c.rope_dim, nullptr);
+    d.get();
+    return {dq.get(), cache.k, cache.v, cache.k_offsets};
+}
+
 void kv_write(KvBytes& cache, const void* k, const void* v, int n) {
     const KvLayout& kv = cache.kv;
     DevCache d(cache);
@@ -528,7 +558,8 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
     Dev<int> pos(std::vector<int>{pos0});
     poison(out);
     const int64_t rows = int64_t(n) * c.n_heads;
-    if (kv_type_quantized(kt)) kv_rotate_rows(dq.p, rows, c.head_dim, nullptr);  // as CudaOps::attention does
+    // the query turned to a quantized K's basis (CudaOps: in rope_store_kv's launch, with its RoPE)
+    if (kv_type_quantized(kt)) kv_rotate_rows(dq.p, rows, c.head_dim, nullptr);
     if (n == 1) {
         Dev<float> partials(size_t(attention_partials(c.n_heads, c.head_dim, splits, 1)));
         Dev<int> counters(std::vector<int>(size_t(attention_counters(c.n_heads, kv)), 0));

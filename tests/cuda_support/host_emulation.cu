@@ -1112,7 +1112,8 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q_in, co
     host::store_step(cache, 0, k.data() + size_t(pos0) * row, v.data() + size_t(pos0) * row, pos0, n);
     const uint8_t *kc = cache.k.data(), *vc = cache.v.data();
     const float* koff = kv.k_offsets() ? cache.k_offsets.data() : nullptr;
-    // the query turned to a quantized K's basis, as CudaOps::attention does (kv_rotate_rows_kernel's body)
+    // the query turned to a quantized K's basis (kv_rotate_rows_kernel's body; CudaOps turns it in rope_store_kv's
+    // launch)
     std::vector<float> q = q_in;
     if (kv_type_quantized(kt)) q = rotate_rows(q, hd);
     const float scale = 1.0f / std::sqrt(float(hd));
@@ -1251,6 +1252,19 @@ std::vector<float> rope(const std::vector<float>& x, int n, int n_heads, int pos
     const int half = c.rope_dim / 2;
     for (int64_t g = 0; g < int64_t(n) * n_heads * half; ++g)
         rope_item(g, out.data(), cs.data(), sn.data(), n_heads, c.head_dim, half);
+    return out;
+}
+
+std::vector<float> rope_turn_q(const std::vector<float>& x, int n, int n_heads, int pos0, const Config& c) {
+    std::vector<float> cs, sn, out = x;
+    host_rope_tables(n, pos0, c, {}, &cs, &sn);
+    const bool ok = dispatch_kv_rows(c.head_dim, [&](auto e) {
+        run_grid(n * n_heads, 1, 32, 0, [&](const HostThread& t) {
+            rope_turn_q_row_warp<decltype(e)::value>(t, t.block_x(), out.data(), cs.data(), sn.data(), n_heads,
+                                                     c.rope_dim / 2);
+        });
+    });
+    if (!ok) throw Error(fmt::format("rope_turn_q: no kernel for head_dim {}", c.head_dim));
     return out;
 }
 

@@ -131,7 +131,20 @@ std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos
 // rope_store_kv's one launch: *q rotated in place, and K as store_k reads it back.
 std::vector<float> rope_store_k(const Config& c, std::vector<float>* q, const std::vector<float>& k, int pos0, int n,
                                 int n_ctx);
-// rope_store_kv of a q8_0 cache with nothing left to store (a step whose rows a first part stored): q, rotated.
+// One layer's step of n tokens at pos0 (k, v: [pos0 + n][n_kv_heads][head_dim], the earlier positions stored first as
+// store_step does) over a kt / vt cache of n_ctx positions with c's heads and RoPE, stored as CudaOps::rope_store_kv
+// stores it (the rows before kKvOffsetPositions, the layer's offsets, then the rest): with_q, by rope_store_kv with
+// q [n][n_heads][head_dim]; else by store_kv, q left as given. The query and the cache after the step.
+struct RopeStored {
+    std::vector<float> q;
+    std::vector<uint8_t> k, v;
+    std::vector<float> k_offsets;
+};
+RopeStored rope_store_step(const Config& c, KvType kt, KvType vt, const std::vector<float>& q,
+                           const std::vector<float>& k, const std::vector<float>& v, int pos0, int n, int n_ctx,
+                           bool with_q);
+// rope_store_kv of a q8_0 cache with nothing left to store (a step whose rows a first part stored): q, rotated by RoPE
+// and turned into the basis K is stored in.
 std::vector<float> rope_q_after_store(const Config& c, const std::vector<float>& q, int pos0, int n);
 
 }  // namespace kvgen::cuda::testing
@@ -193,6 +206,9 @@ std::vector<float> rmsnorm_quantized(const std::vector<float>& x, const std::vec
                                      float eps, int threads = 256);
 std::vector<float> rope(const std::vector<float>& x, int n, int n_heads, int pos0, const Config& c,
                         const std::vector<float>& freq_factors);
+// rope_store_kv's query over a quantized K (head_dim 64 or 128): each row turned by RoPE and into K's basis by a warp
+// (rope_turn_q_row_warp), in place.
+std::vector<float> rope_turn_q(const std::vector<float>& x, int n, int n_heads, int pos0, const Config& c);
 // A Q|K|V product in integers (matvec_int, n tokens x [n][cols]) with RoPE and the f16 K/V store in its epilogue
 // (QkvStore): rows [0, q_end) queries, [q_end, k_end) keys, the rest values, at positions pos0.. of an f16 cache of
 // n_ctx positions with c's heads and RoPE.
