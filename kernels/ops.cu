@@ -739,6 +739,19 @@ int64_t ring_grid(const void* kernel, unsigned threads, size_t bytes, int64_t gr
     known.push_back({kernel, device, threads, bytes, blocks});
     return std::min(blocks, groups);
 }
+// A ring launch (matvec_ring) of `kernel` over `rows` rows in groups of R, each group's items `slots` rows of the step
+// policy Ring, in blocks of `threads` threads and `stages` stages: as many blocks as ring_grid says; false (nothing
+// launched) where not one fits, and the caller takes the register path.
+template <typename Ring, typename... Params, typename... Args>
+bool launch_ring(void (*kernel)(Params...), unsigned threads, int slots, int stages, int64_t rows, int R, bool pdl,
+                 cudaStream_t s, Args... args) {
+    const size_t bytes = size_t(ring_layout<Ring>(int(threads), slots, stages).bytes());
+    const int64_t grid = ring_grid(reinterpret_cast<const void*>(kernel), threads, bytes, (rows + R - 1) / R);
+    if (grid == 0) return false;
+    launch_shared(kernel, dim3(unsigned(grid)), threads, bytes, pdl, s, args...);
+    return true;
+}
+
 void launch_f16(const RowSplit& y, const DevWeight& w, const DevWeight* up, const float* x, bool accumulate, bool pdl,
                 cudaStream_t s, int stages) {
     KVGEN_ASSERT(stages == 0 || ring_stages_ok(stages));  // (ring_wait knows 2-4)
@@ -748,16 +761,9 @@ void launch_f16(const RowSplit& y, const DevWeight& w, const DevWeight* up, cons
     const int acc = up || !accumulate ? 0 : 1;
     const auto go = [&](auto nm) {
         constexpr int NM = decltype(nm)::value, R = kMvF16Rows / NM;
-        if (stages > 0) {
-            const auto kernel = matvec_f16_kernel<NM, R, true>;
-            const size_t bytes = size_t(ring_layout<F16Ring>(int(threads), NM * R, stages).bytes());
-            const int64_t grid = ring_grid(reinterpret_cast<const void*>(kernel), threads, bytes, (w.rows + R - 1) / R);
-            if (grid > 0) {
-                launch_shared(kernel, dim3(unsigned(grid)), threads, bytes, pdl, s, w.data, u, w.row_bytes, n_units,
-                              w.rows, x, y, acc, stages);
-                return;
-            }
-        }
+        if (stages > 0 && launch_ring<F16Ring>(matvec_f16_kernel<NM, R, true>, threads, NM * R, stages, w.rows, R, pdl,
+                                               s, w.data, u, w.row_bytes, n_units, w.rows, x, y, acc, stages))
+            return;
         launch(matvec_f16_kernel<NM, R, false>, grid_for(w.rows, R), threads, pdl, s, w.data, u, w.row_bytes, n_units,
                w.rows, x, y, acc, 0);
     };
@@ -794,14 +800,9 @@ void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n,
                 with_ring_shape<T, 1, NT>(shape, [&](auto r, auto step) {
                     constexpr int R = decltype(r)::value, S = decltype(step)::value;
                     const unsigned threads = unsigned(32 * mvi_warps(mvi_steps(n_units, S)));
-                    const auto kernel = matvec_int_kernel<T, NT, R, S, true>;
-                    const size_t bytes = size_t(ring_layout<IntRing<T, S>>(int(threads), R, shape.stages).bytes());
-                    const int64_t grid =
-                        ring_grid(reinterpret_cast<const void*>(kernel), threads, bytes, (w.rows + R - 1) / R);
-                    if (grid == 0) return;
-                    launch_shared(kernel, dim3(unsigned(grid)), threads, bytes, pdl, s, w.data, w.row_bytes, n_units,
-                                  w.rows, xi, m, y, i0, accumulate ? 1 : 0, st, ns, shape.stages);
-                    ringed = true;
+                    ringed = launch_ring<IntRing<T, S>>(matvec_int_kernel<T, NT, R, S, true>, threads, R, shape.stages,
+                                                        w.rows, R, pdl, s, w.data, w.row_bytes, n_units, w.rows, xi, m,
+                                                        y, i0, accumulate ? 1 : 0, st, ns, shape.stages);
                 });
             if (!ringed)
                 with_mvi_shape<T, 1, NT>(shape, [&](auto r, auto step) {
@@ -832,14 +833,9 @@ void matvec_glu_int(float* y, ActBlock* yq, int* counters, const DevWeight& gate
                 with_ring_shape<T, 2, NT>(shape, [&](auto r, auto step) {
                     constexpr int R = decltype(r)::value, S = decltype(step)::value;
                     const unsigned threads = unsigned(32 * mvi_warps(mvi_steps(n_units, S)));
-                    const auto kernel = matvec_glu_int_kernel<T, NT, R, S, true>;
-                    const size_t bytes = size_t(ring_layout<IntRing<T, S>>(int(threads), 2 * R, shape.stages).bytes());
-                    const int64_t grid =
-                        ring_grid(reinterpret_cast<const void*>(kernel), threads, bytes, (gate.rows + R - 1) / R);
-                    if (grid == 0) return;
-                    launch_shared(kernel, dim3(unsigned(grid)), threads, bytes, pdl, s, gate.data, up.data,
-                                  gate.row_bytes, n_units, gate.rows, xi, m, yi, yq, counters, shape.stages);
-                    ringed = true;
+                    ringed = launch_ring<IntRing<T, S>>(
+                        matvec_glu_int_kernel<T, NT, R, S, true>, threads, 2 * R, shape.stages, gate.rows, R, pdl, s,
+                        gate.data, up.data, gate.row_bytes, n_units, gate.rows, xi, m, yi, yq, counters, shape.stages);
                 });
             if (!ringed)
                 with_mvi_shape<T, 2, NT>(shape, [&](auto r, auto step) {
