@@ -225,27 +225,79 @@ KVGEN_HD void warp_attend_typed(const Ctx& ctx, const float (&q)[NQ][E], const u
 // in flight before the first is used. note: 8 query heads would hold 128 floats of q and o a lane, and the registers
 // left would allow fewer bytes in flight per multiprocessor than warp_attend_typed's (measured with ptxas: 188
 // registers, one position a subgroup).
+// Blocks: K and V both q8_0 / q4_0 (E 2 or 4), the same lanes and columns, each row's 8 values a lane read as its
+// block's scale and three 4-byte words (kv_block_load, no branch on the type, so P positions' loads are in flight
+// before the first is decoded), koff (null: none) added back to the K rows from kKvOffsetPositions on as in
+// warp_attend_typed.
 template <int NQ, int E>
 constexpr bool kAttnWide = (E == 1 || E == 2 || E == 4) && NQ <= 4;
 
+// The cache a decode kernel is built for: f16 K and V; K and V both in blocks (q8_0 or q4_0, head_dim 64 or 128);
+// any types KvLayout allows on the GPU (one f16 half and one quantized, or 8 query heads a block over blocks).
+enum class AttnCache { F16, Blocks, Any };
+
+// Whether decode over cache C with NQ query heads a block and head_dim 32 E reads rows wide (warp_attend_wide), else
+// a lane per E columns (warp_attend_typed).
+template <AttnCache C, int NQ, int E>
+constexpr bool attention_wide() {
+    return C != AttnCache::Any && kAttnWide<NQ, E> && (C == AttnCache::F16 || E == 2 || E == 4);
+}
+
+// The decode kernel for cache kv with NQ query heads a block and head_dim 32 E: Blocks only where it reads them wide
+// (so that no two kernels hold the same loop), Any for the other quantized caches.
+template <int NQ, int E>
+AttnCache attention_cache(const KvLayout& kv) {
+    if (!kv.quantized()) return AttnCache::F16;
+    const bool blocks = kv_type_quantized(kv.k_type) && kv_type_quantized(kv.v_type);
+    return blocks && attention_wide<AttnCache::Blocks, NQ, E>() ? AttnCache::Blocks : AttnCache::Any;
+}
+
 #pragma nv_exec_check_disable
-template <int NQ, int E, class Ctx>
-KVGEN_HD void warp_attend_wide(const Ctx& ctx, const float (&q)[NQ][8], const uint8_t* kb, const uint8_t* vb, int tw,
-                               int t1, int step, float (&m)[NQ], float (&l)[NQ], float (&o)[NQ][8]) {
+template <int NQ, int E, bool Blocks, class Ctx>
+KVGEN_HD void warp_attend_wide(const Ctx& ctx, const float (&q)[NQ][8], const uint8_t* kb, const uint8_t* vb,
+                               const float* koff, const KvLayout& kv, int tw, int t1, int step, float (&m)[NQ],
+                               float (&l)[NQ], float (&o)[NQ][8]) {
     constexpr int G = 4 * E, P = NQ <= 2 ? 4 : 2;  // registers: 16 P floats of K and V
-    constexpr int64_t rb = 64 * E;                 // bytes of an f16 row
     const int lane = ctx.thread() % 32, s = lane / G, c0 = (lane % G) * 8;
+    const int64_t krb = Blocks ? kv.k_row_bytes() : 64 * E, vrb = Blocks ? kv.v_row_bytes() : 64 * E;  // f16: 2 hd
+    KvBlockCols kcols{}, vcols{};
+    float kc[Blocks ? 8 : 1];  // the lane's columns of koff (zeros without)
+    if constexpr (Blocks) {
+        kcols = kv_block_cols(kv.k_type, c0);
+        vcols = kv_block_cols(kv.v_type, c0);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) kc[e] = koff ? koff[c0 + e] : 0.0f;
+    }
     for (int t = tw; t < t1; t += P * step) {
-        float kr[P][8], vv[P][8];
+        // Blocks: V rows stay raw words until their position is folded in (fewer registers than P rows of floats)
+        float kr[P][8], vv[Blocks ? 1 : P][8];
+        KvBlockRaw vw[Blocks ? P : 1];
+        if constexpr (Blocks) {
+            KvBlockRaw kw[P];
 #pragma unroll
-        for (int p = 0; p < P; ++p) {
-            const int tp = t + s + p * step;
-            if (tp < t1) {
-                load_halves<8>(reinterpret_cast<const __half*>(kb + int64_t(tp) * rb) + c0, kr[p]);
-                load_halves<8>(reinterpret_cast<const __half*>(vb + int64_t(tp) * rb) + c0, vv[p]);
-            } else {
+            for (int p = 0; p < P; ++p) {
+                const int tp = t + s + p * step;
+                kw[p] = tp < t1 ? kv_block_load(kcols, kb + int64_t(tp) * krb) : kv_block_zero();
+                vw[p] = tp < t1 ? kv_block_load(vcols, vb + int64_t(tp) * vrb) : kv_block_zero();
+            }
 #pragma unroll
-                for (int e = 0; e < 8; ++e) kr[p][e] = vv[p][e] = 0.0f;
+            for (int p = 0; p < P; ++p) {
+                kv_block_decode(kcols, kw[p], kr[p]);
+                if (t + s + p * step >= kKvOffsetPositions)
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) kr[p][e] += kc[e];
+            }
+        } else {
+#pragma unroll
+            for (int p = 0; p < P; ++p) {
+                const int tp = t + s + p * step;
+                if (tp < t1) {
+                    load_halves<8>(reinterpret_cast<const __half*>(kb + int64_t(tp) * krb) + c0, kr[p]);
+                    load_halves<8>(reinterpret_cast<const __half*>(vb + int64_t(tp) * vrb) + c0, vv[p]);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) kr[p][e] = vv[p][e] = 0.0f;
+                }
             }
         }
 #pragma unroll
@@ -266,8 +318,10 @@ KVGEN_HD void warp_attend_wide(const Ctx& ctx, const float (&q)[NQ][8], const ui
                 const float mn = fmaxf(m[r], sc[p]);
                 const float corr = expf(m[r] - mn), pr = expf(sc[p] - mn);
                 l[r] = l[r] * corr + pr;
+                float x[8];
+                if constexpr (Blocks) kv_block_decode(vcols, vw[p], x);  // (again for each query head)
 #pragma unroll
-                for (int e = 0; e < 8; ++e) o[r][e] = fmaf(o[r][e], corr, pr * vv[p][e]);
+                for (int e = 0; e < 8; ++e) o[r][e] = fmaf(o[r][e], corr, pr * (Blocks ? x[e] : vv[p][e]));
                 m[r] = mn;
             }
         }
@@ -365,17 +419,29 @@ KVGEN_HD void attention_combine_body(const Ctx& ctx, int block_threads, const fl
 template <int NQ, int E>
 constexpr int kAttnDecodeShared = kAttnWarps* NQ*(32 * E + 2);
 
+// Blocks of a decode kernel a multiprocessor must hold (its __launch_bounds__): attention_splits makes the grid just
+// over 4 blocks a multiprocessor (544 for 7B's 32 heads on 132), so a kernel that fits only 4 runs a few blocks in a
+// second wave. The wide kernel over blocks is held to 5 for one query head and 4 for 2 or 3 (ptxas of CUDA 13 for
+// sm_90: 95 and 128 registers, no spills; 115 and 144-158 unbounded; sm_75-89 16 bytes of stack for one or two query
+// heads); for 4 query heads 128 registers would spill, so it keeps 162-166 (3 blocks). The f16 one fits 5 for one
+// query head (91 registers) as it is.
+template <int NQ, AttnCache C>
+constexpr int kAttnMinBlocks = C != AttnCache::Blocks ? 1
+                               : NQ == 1              ? 5
+                               : NQ <= 3              ? 4
+                                                      : 1;
+
 // grid (n_heads / NQ, splits), kAttnThreads threads; partials [n_heads][splits][hd + 2] = (o unnormalized, m, l).
 // With counters ([n_heads / NQ] ints, zero between launches), the combine is folded in: each block counts itself
 // done on its head group's counter after a fence, and the group's last block combines the splits into out and sets
 // the counter back to zero; and where one split is active (a cache of up to kAttnSplitPositions positions) its block
 // writes out itself, without the partials, the fence, the count and the combine's reads of them (four round trips
 // to L2 of the chain a head's block waits on; combine_head of one split is the same bits: its factor is e^0 = 1).
-// Without counters, attention_combine_body runs as a kernel of its own. F16: an f16 cache (else any
-// type kv says, E 2 or 4), so each kernel holds one loop and only its registers. k_offsets: the layer's key offsets
+// Without counters, attention_combine_body runs as a kernel of its own. C: the cache the kernel is built for
+// (AttnCache), so each kernel holds one loop and only its registers. k_offsets: the layer's key offsets
 // [n_kv_heads][hd] where K carries them (KvLayout::k_offsets), else null.
 #pragma nv_exec_check_disable
-template <int NQ, int E, bool F16, class Ctx>
+template <int NQ, int E, AttnCache C, class Ctx>
 KVGEN_HD void attention_decode_body(const Ctx& ctx, const float* __restrict__ q, const uint8_t* __restrict__ kc,
                                     const uint8_t* __restrict__ vc, const float* __restrict__ k_offsets,
                                     const int* __restrict__ d_pos0, int n_rep, const KvLayout& kv, int splits,
@@ -392,18 +458,19 @@ KVGEN_HD void attention_decode_body(const Ctx& ctx, const float* __restrict__ q,
 
     const int64_t base = kv.row_index(0, g, 0);
     const uint8_t *kb = kc + base * kv.k_row_bytes(), *vb = vc + base * kv.v_row_bytes();
-    constexpr bool wide = F16 && kAttnWide<NQ, E>;
+    const float* koff = k_offsets ? k_offsets + int64_t(g) * hd : nullptr;
+    constexpr bool wide = attention_wide<C, NQ, E>();
     constexpr int W = wide ? 8 : E;  // columns a lane holds
     const int c0 = wide ? (lane % (4 * E)) * 8 : lane * E;
     float qr[NQ][W], m[NQ], l[NQ], o[NQ][W];
     load_query<NQ, W>(q + int64_t(h0) * hd, hd, c0, scale, qr, m, l, o);
     if constexpr (wide) {
         constexpr int R = 8 / E;
-        warp_attend_wide<NQ, E>(ctx, qr, kb, vb, t0 + warp * R, t1, kAttnWarps * R, m, l, o);
+        warp_attend_wide<NQ, E, C == AttnCache::Blocks>(ctx, qr, kb, vb, koff, kv, t0 + warp * R, t1, kAttnWarps * R, m,
+                                                        l, o);
         merge_subgroups<NQ, E>(ctx, m, l, o);
     } else {
-        const float* koff = k_offsets ? k_offsets + int64_t(g) * hd : nullptr;
-        warp_attend_typed<NQ, E, F16>(ctx, qr, kb, vb, koff, kv, t0 + warp, t1, kAttnWarps, m, l, o);
+        warp_attend_typed<NQ, E, C == AttnCache::F16>(ctx, qr, kb, vb, koff, kv, t0 + warp, t1, kAttnWarps, m, l, o);
     }
 
     // combine the block's warps through shared memory [warp][NQ][hd + 2]

@@ -126,6 +126,65 @@ KVGEN_HD void kv_load(KvType t, const uint8_t* row, int j0, float (&out)[E]) {
     for (int e = 0; e < E; ++e) out[e] = reinterpret_cast<const float*>(row)[j0 + e];  // F32 (not on the GPU)
 }
 
+// Values [c0, c0 + 8) (c0 a multiple of 8) of a Q8_0 or Q4_0 row read without a branch on the type, for a loop that
+// puts several rows' loads in flight before it uses the first (kv_load's switch around each row's byte loads makes
+// every row wait for the one before): where they lie, worked out once per lane (kv_block_cols), then one row's raw
+// words (kv_block_load: the block's f16 scale and three 4-byte aligned words) and their values (kv_block_decode:
+// kv_load<8>'s, bit for bit). The 8 quant bytes (Q8_0: values c0 % 32 ...; Q4_0: bytes c0 % 16 ..., whose high
+// nibbles hold columns 16-31 of a block) start 2 bytes into a 4-byte word or on one: rows of either type at
+// head_dim 64 or 128 are a multiple of 4 bytes long, so every row starts 4-byte aligned, and the three words end
+// inside the row.
+struct KvBlockCols {
+    int scale;      // the block's f16 scale, bytes from the row's start
+    int w0, w2;     // the first and third words read (the second follows the first; w2 = w0 + 4 where aligned)
+    int shift;      // bits of the first word before the quant bytes: 0 or 16
+    int nib;        // Q4_0 columns 16-31 of a block: 4 (the high nibbles); else 0
+    uint32_t mask;  // 0xff (Q8_0) or 0xf (Q4_0)
+    uint32_t flip;  // value = (x ^ flip) - bias: Q8_0 0x80 and 128 (x as int8), Q4_0 0 and 8
+    int bias;
+};
+
+KVGEN_HD KvBlockCols kv_block_cols(KvType t, int c0) {
+    const bool q8 = t == KvType::Q8_0;
+    const int b = c0 / 32, scale = b * (q8 ? 34 : 18);
+    const int o = scale + 2 + (q8 ? c0 % 32 : c0 % 16);
+    KvBlockCols c;
+    c.scale = scale;
+    c.w0 = o & ~3;
+    c.w2 = c.w0 + (o & 2 ? 8 : 4);
+    c.shift = (o & 2) * 8;
+    c.nib = !q8 && c0 % 32 >= 16 ? 4 : 0;
+    c.mask = q8 ? 0xffu : 0xfu;
+    c.flip = q8 ? 0x80u : 0u;
+    c.bias = q8 ? 128 : 8;
+    return c;
+}
+
+struct KvBlockRaw {
+    uint32_t scale;  // the f16 scale's bits
+    uint32_t w[3];
+};
+
+KVGEN_HD KvBlockRaw kv_block_load(const KvBlockCols& c, const uint8_t* row) {
+    return {ld_u16(row + c.scale), {ld_u32(row + c.w0), ld_u32(row + c.w0 + 4), ld_u32(row + c.w2)}};
+}
+
+// Values of an empty place (a position past the range): zeros.
+KVGEN_HD KvBlockRaw kv_block_zero() {
+    return {0u, {0u, 0u, 0u}};
+}
+
+KVGEN_HD void kv_block_decode(const KvBlockCols& c, const KvBlockRaw& r, float (&out)[8]) {
+    const float d = half_bits(uint16_t(r.scale));
+    const uint64_t w01 = uint64_t(r.w[0]) | uint64_t(r.w[1]) << 32, w12 = uint64_t(r.w[1]) | uint64_t(r.w[2]) << 32;
+    const uint32_t lo = uint32_t(w01 >> c.shift), hi = uint32_t(w12 >> c.shift);  // the 8 quant bytes
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        const uint32_t x = ((e < 4 ? lo : hi) >> (8 * (e % 4) + c.nib)) & c.mask;
+        out[e] = d * float(int(x ^ c.flip) - c.bias);
+    }
+}
+
 // d rounded to f16 at p (2-byte aligned: an f16 row's value, or a block's scale, blocks of 34 or 18 bytes from an
 // even row start). On the device one 16-bit store: ptxas of CUDA 13.0 compiled memcpy's byte stores of a __half into
 // F2I.U8.F16, the low byte written as the scale's value truncated to an integer (3.52 -> 0x03) instead of its bits.

@@ -514,20 +514,20 @@ __global__ void to_f16_kernel(const float* __restrict__ x, __half* __restrict__ 
 
 // --- attention (attention.cuh) -----------------------------------------------------------------------------------
 
-template <int NQ, int E, bool F16>
-__global__ void __launch_bounds__(kAttnThreads)
+template <int NQ, int E, AttnCache C>
+__global__ void __launch_bounds__(kAttnThreads, kAttnMinBlocks<NQ, C>)
     attention_decode_kernel(const float* __restrict__ q, const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc,
-                            const float* __restrict__ k_offsets, const int* __restrict__ d_pos0, int n_rep,
-                            KvLayout kv, int splits, float scale, float* __restrict__ partials,
-                            int* __restrict__ counters, float* __restrict__ out, ActBlock* __restrict__ xq) {
+                            const float* __restrict__ k_offsets, const int* __restrict__ d_pos0, int n_rep, KvLayout kv,
+                            int splits, float scale, float* __restrict__ partials, int* __restrict__ counters,
+                            float* __restrict__ out, ActBlock* __restrict__ xq) {
     pdl_trigger();  // the output projection, which reads xq, may start loading its weights
     // Launched as a programmatic dependent launch after the kernel that writes q and the step's cache rows (the
     // Q|K|V product, or the store or rotation), its blocks are set up while that kernel's last ones run; nothing is
     // read before it has finished.
     pdl_wait();
     __shared__ float sm[kAttnDecodeShared<NQ, E>];
-    attention_decode_body<NQ, E, F16>(DeviceThread{sm}, q, kc, vc, k_offsets, d_pos0, n_rep, kv, splits, scale,
-                                      partials, counters, out, xq);
+    attention_decode_body<NQ, E, C>(DeviceThread{sm}, q, kc, vc, k_offsets, d_pos0, n_rep, kv, splits, scale, partials,
+                                    counters, out, xq);
 }
 
 __global__ void attention_generic_kernel(const float* __restrict__ q, const uint8_t* __restrict__ kc,
@@ -1232,12 +1232,23 @@ void attention_decode(float* out, ActBlock* xq, float* partials, int* counters, 
     const bool ok = dispatch_attention(n_rep, kv.head_dim, [&](auto nq, auto e) {
         constexpr int NQ = decltype(nq)::value, E = decltype(e)::value;
         const dim3 grid(unsigned(n_heads / NQ), unsigned(splits));
-        if (!kv.quantized())
-            launch(attention_decode_kernel<NQ, E, true>, grid, kAttnThreads, pdl, s, q, k_cache, v_cache,
-                   static_cast<const float*>(nullptr), d_pos0, n_rep, kv, splits, scale, partials, counters, out, xq);
-        else if constexpr (E == 2 || E == 4)  // head_dim 64, 128: kv_quantized_head_dim
-            launch(attention_decode_kernel<NQ, E, false>, grid, kAttnThreads, pdl, s, q, k_cache, v_cache, k_offsets,
-                   d_pos0, n_rep, kv, splits, scale, partials, counters, out, xq);
+        const auto run = [&](auto kernel) {
+            launch(kernel, grid, kAttnThreads, pdl, s, q, k_cache, v_cache, k_offsets, d_pos0, n_rep, kv, splits, scale,
+                   partials, counters, out, xq);
+        };
+        switch (attention_cache<NQ, E>(kv)) {
+            case AttnCache::F16:
+                run(attention_decode_kernel<NQ, E, AttnCache::F16>);
+                break;
+            case AttnCache::Blocks:
+                if constexpr (attention_wide<AttnCache::Blocks, NQ, E>())
+                    run(attention_decode_kernel<NQ, E, AttnCache::Blocks>);
+                break;
+            case AttnCache::Any:
+                if constexpr (E == 2 || E == 4)  // head_dim 64, 128: kv_quantized_head_dim
+                    run(attention_decode_kernel<NQ, E, AttnCache::Any>);
+                break;
+        }
     });
     if (!ok) {
         attention_generic(out, q, k_cache, v_cache, d_pos0, 1, n_heads, kv, s);

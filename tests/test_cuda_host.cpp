@@ -1024,6 +1024,37 @@ TEST_CASE("flash attention on the tensor cores, its mma fragments run on the hos
     }
 }
 
+TEST_CASE("the wide decode attention reads a quantized row's values 8 at a time as kv_load does, bit for bit",
+          "[cuda-host]") {
+    // Rows one after another from a 4-byte but not 8-byte aligned start, as a cache's rows may lie (the host loads
+    // throw on a misaligned 4-byte read): random quant bytes (both signs and both nibbles) and scales of either sign,
+    // large, small and subnormal.
+    std::mt19937 rng(77);
+    for (const KvType t : {KvType::Q8_0, KvType::Q4_0})
+        for (const int hd : {64, 128}) {
+            INFO(kv_type_name(t) << " hd " << hd);
+            const int rows = 7, rb = int(KvLayout::row_bytes(t, hd)), block = t == KvType::Q8_0 ? 34 : 18;
+            REQUIRE(rb % 4 == 0);
+            std::vector<uint8_t> buf(size_t(rows * rb) + 8);
+            uint8_t* bytes = buf.data() + (reinterpret_cast<uintptr_t>(buf.data()) % 8 == 0 ? 4 : 0);
+            REQUIRE(reinterpret_cast<uintptr_t>(bytes) % 8 == 4);
+            for (int i = 0; i < rows * rb; ++i) bytes[i] = uint8_t(rng());
+            const float scales[] = {0.031f, -2.5f, 6e-8f, 1000.0f, -0.0f, 1.0f / 127.0f, 7e-5f};
+            for (int r = 0; r < rows; ++r)
+                for (int b = 0; b < hd / 32; ++b) {
+                    const uint16_t h = fp32_to_fp16(scales[(r + b) % 7] * float(1 + b));
+                    std::memcpy(bytes + r * rb + b * block, &h, 2);
+                }
+            const std::vector<float> got = cuda::host::kv_block_values(t, bytes, rows, hd);
+            const std::vector<float> want = cuda::host::kv_load_values(t, bytes, rows, hd);
+            REQUIRE(got.size() == want.size());
+            int differ = 0;
+            for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &want[i], sizeof(float)) != 0;
+            CHECK(differ == 0);
+            CHECK(test::max_abs(want) > 0.0f);
+        }
+}
+
 TEST_CASE("a quantized CUDA cache: store_kv writes the CPU cache's bytes, attention reads them like cpu::attention",
           "[cuda-host]") {
     struct Types {
@@ -1120,6 +1151,42 @@ TEST_CASE("a quantized CUDA cache: store_kv writes the CPU cache's bytes, attent
             }
         }
     }
+}
+
+TEST_CASE(
+    "decode attention over a quantized cache, read wide or a lane per head_dim / 32 columns, matches "
+    "cpu::attention",
+    "[cuda-host]") {
+    // K and V both in blocks with at most 4 query heads a block (1 to 4 here: 4 or 2 positions a subgroup in
+    // flight) take the wide kernel, 8 columns a lane; one f16 half, or 8 query heads, the kernel with a type switch.
+    // Depths from the first key offsets to a full context, one split or three, the combine folded or not.
+    struct Types {
+        KvType k, v;
+    };
+    cpu::ThreadPool pool(1);
+    uint32_t seed = 301;
+    for (const Types ty : {Types{KvType::Q8_0, KvType::Q8_0}, Types{KvType::Q4_0, KvType::Q4_0},
+                           Types{KvType::Q4_0, KvType::Q8_0}, Types{KvType::F16, KvType::Q8_0}})
+        for (const auto& [n_heads, n_kv, hd] : {std::tuple{2, 2, 128}, std::tuple{2, 2, 64}, std::tuple{2, 1, 128},
+                                                std::tuple{3, 1, 64}, std::tuple{8, 2, 128}, std::tuple{8, 1, 64}}) {
+            const Config c = test::attention_config(n_heads, n_kv, hd);
+            const int n_ctx = 100;
+            CHECK(cuda::host::decode_reads_wide(c, ty.k, ty.v) ==
+                  (kv_type_quantized(ty.k) && kv_type_quantized(ty.v) && n_heads / n_kv <= 4));
+            for (const int pos0 : {17, 99}) {
+                INFO(kv_types_name(ty.k, ty.v)
+                     << " heads " << n_heads << "/" << n_kv << " hd " << hd << " pos0 " << pos0);
+                const auto [q, k, v, want] = test::attention_case(c, n_ctx, pos0, 1, seed += 3, pool, ty.k, ty.v);
+                const float scale = test::max_abs(want);
+                for (const int splits : {1, 3}) {
+                    INFO("splits " << splits);
+                    const std::vector<float> got =
+                        cuda::host::attention(c, q, k, v, pos0, 1, n_ctx, splits, true, true, ty.k, ty.v);
+                    CHECK(test::worst_diff(got, want) <= 2e-5f * scale);
+                    CHECK(cuda::host::attention(c, q, k, v, pos0, 1, n_ctx, splits, false, true, ty.k, ty.v) == got);
+                }
+            }
+        }
 }
 
 TEST_CASE(

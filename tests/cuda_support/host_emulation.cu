@@ -954,6 +954,52 @@ std::vector<float> rotate_rows(const std::vector<float>& x, int head_dim, std::v
     return out;
 }
 
+bool decode_reads_wide(const Config& c, KvType k, KvType v) {
+    const KvLayout kv = KvLayout::of(c, 64, k, v);
+    bool wide = false;
+    const bool ok = dispatch_attention(c.n_heads / c.n_kv_heads, c.head_dim, [&](auto nq, auto e) {
+        constexpr int NQ = decltype(nq)::value, E = decltype(e)::value;
+        switch (attention_cache<NQ, E>(kv)) {
+            case AttnCache::F16:
+                wide = attention_wide<AttnCache::F16, NQ, E>();
+                break;
+            case AttnCache::Blocks:
+                wide = attention_wide<AttnCache::Blocks, NQ, E>();
+                break;
+            case AttnCache::Any:
+                wide = attention_wide<AttnCache::Any, NQ, E>();
+                break;
+        }
+    });
+    return ok && wide;
+}
+
+std::vector<float> kv_block_values(KvType t, const uint8_t* bytes, int rows, int head_dim) {
+    std::vector<float> out(size_t(rows) * size_t(head_dim));
+    const int64_t rb = KvLayout::row_bytes(t, head_dim);
+    for (int c0 = 0; c0 < head_dim; c0 += 8) {
+        const KvBlockCols cols = kv_block_cols(t, c0);
+        for (int r = 0; r < rows; ++r) {
+            float x[8];
+            kv_block_decode(cols, kv_block_load(cols, bytes + r * rb), x);
+            std::copy(x, x + 8, out.begin() + ptrdiff_t(r) * head_dim + c0);
+        }
+    }
+    return out;
+}
+
+std::vector<float> kv_load_values(KvType t, const uint8_t* bytes, int rows, int head_dim) {
+    std::vector<float> out(size_t(rows) * size_t(head_dim));
+    const int64_t rb = KvLayout::row_bytes(t, head_dim);
+    for (int r = 0; r < rows; ++r)
+        for (int c0 = 0; c0 < head_dim; c0 += 8) {
+            float x[8];
+            kv_load<8>(t, bytes + r * rb, c0, x);
+            std::copy(x, x + 8, out.begin() + ptrdiff_t(r) * head_dim + c0);
+        }
+    return out;
+}
+
 namespace {
 // store_kv_rows_kernel's rows [0, rows), a warp each (store_kv_row_warp).
 void host_store_rows(int64_t rows, const float* k, const float* v, const float* cos_t, const float* sin_t,
@@ -1160,12 +1206,22 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q_in, co
             ActBlock* xb = xq ? blocks.data() : nullptr;
             run_grid(groups, splits, kAttnThreads, size_t(kAttnDecodeShared<NQ, E>), [&](const HostThread& t) {
                 int* cnt = fold ? counters.data() : nullptr;
-                if (!kv.quantized())
-                    attention_decode_body<NQ, E, true>(t, q.data(), kc, vc, nullptr, &pos0, n_rep, kv, splits, scale,
-                                                       partials.data(), cnt, out.data(), xb);
-                else
-                    attention_decode_body<NQ, E, false>(t, q.data(), kc, vc, koff, &pos0, n_rep, kv, splits, scale,
-                                                        partials.data(), cnt, out.data(), xb);
+                const auto body = [&](auto cache) {
+                    attention_decode_body<NQ, E, decltype(cache)::value>(t, q.data(), kc, vc, koff, &pos0, n_rep, kv,
+                                                                         splits, scale, partials.data(), cnt,
+                                                                         out.data(), xb);
+                };
+                switch (attention_cache<NQ, E>(kv)) {  // as attention_decode picks its kernel
+                    case AttnCache::F16:
+                        body(std::integral_constant<AttnCache, AttnCache::F16>{});
+                        break;
+                    case AttnCache::Blocks:
+                        body(std::integral_constant<AttnCache, AttnCache::Blocks>{});
+                        break;
+                    case AttnCache::Any:
+                        body(std::integral_constant<AttnCache, AttnCache::Any>{});
+                        break;
+                }
             });
             if (fold) {
                 for (int cnt : counters)

@@ -268,5 +268,13 @@ std::vector<float> rotate_rows(const std::vector<float>& x, int head_dim, std::v
 // store_step and kv_write with the kernels' items run on the host (store_kv_item, store_kv_row_warp, kv_offset_warp).
 void store_step(KvBytes& cache, int l, const float* k, const float* v, int pos0, int n);
 void kv_write(KvBytes& cache, const void* k, const void* v, int n);
+// The values of `rows` cached rows of type t (q8_0 or q4_0, head_dim 64 or 128) at `bytes` (rows one after another,
+// as in the cache), 8 columns at a time: as the wide decode attention reads them (kv_block_cols, kv_block_load,
+// kv_block_decode), or as kv_load<8> does.
+std::vector<float> kv_block_values(KvType t, const uint8_t* bytes, int rows, int head_dim);
+std::vector<float> kv_load_values(KvType t, const uint8_t* bytes, int rows, int head_dim);
+// Whether one token's decode attention over a cache of types k and v for c's heads reads its rows wide (8 columns a
+// lane; warp_attend_wide) rather than a lane per head_dim / 32 columns, as attention_decode picks its kernel.
+bool decode_reads_wide(const Config& c, KvType k, KvType v);
 
 }  // namespace kvgen::cuda::host
