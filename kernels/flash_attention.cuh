@@ -38,6 +38,12 @@ constexpr int kFaWarps = 4;
 constexpr int kFaThreads = 32 * kFaWarps;
 constexpr int kFaRows = 16 * kFaWarps;  // (query, head) rows per block
 constexpr int kFaTile = 64;             // cache positions per tile
+// Units of 8 values of a row a thread loads at once in the register path (of its 8 a tile for head_dim 128, 4 for
+// 64). sm_90: head_dim 128 221-232 registers, as one at a time; 64 131-141 with two (four would take 166-168 and
+// spill), where one at a time took 128-140: over an f16 cache with 2-8 query heads a block 133 against 128, three
+// blocks an SM instead of four (unmeasured which is faster).
+template <int HD, bool LO>
+constexpr int kFaUnitBatch = HD >= 128 ? 4 : 2;
 constexpr int kFaVStride = kFaTile + 8;  // halves per transposed V row (36 words: fragment reads in 32 banks)
 template <int HD>
 constexpr int kFaKStride = HD + 8;  // halves per K row in shared memory (HD / 2 + 4 words: no bank conflicts)
@@ -73,17 +79,33 @@ KVGEN_HD uint32_t load_u32(const __half* p) {
     return u;
 }
 
-// Values d .. d + 7 of a cached row as eight f16 (a quantized row's d * q rounded to f16: within 2^-12 of itself).
-// add (a quantized row only; null: none): eight values added before the rounding. lo (null: not wanted): each value
-// less its f16, rounded to f16 (exact in f32: hi + lo is the value to about 2^-22 of it; zeros for an f16 row).
-KVGEN_HD uint4 kv_load8_f16(KvType t, const uint8_t* row, int d, const float* add = nullptr, uint4* lo = nullptr) {
+// Values d .. d + 7 (d a multiple of 8) of a cached row as loaded, not yet decoded: an f16 row's 16 bytes, or a
+// Q8_0 / Q4_0 row's three words and block scale (kv_block_load). The only branch is the uniform one on the type, and
+// it holds loads alone, so a thread has several rows' loads in flight before it decodes the first (kv_raw8_f16).
+struct KvRaw8 {
+    uint32_t w[4];
+};
+
+KVGEN_HD KvRaw8 kv_raw8_load(KvType t, const uint8_t* row, int d) {
     if (t == KvType::F16) {
         check_aligned(row + 2 * d, 16);
+        const uint4 u = *reinterpret_cast<const uint4*>(row + 2 * d);
+        return {{u.x, u.y, u.z, u.w}};
+    }
+    const KvBlockRaw r = kv_block_load(kv_block_cols(t, d), row);
+    return {{r.w[0], r.w[1], r.w[2], r.scale}};
+}
+
+// Those values as eight f16 (a quantized row's d * q, kv_load's values, rounded to f16: within 2^-12 of itself).
+// add (a quantized row only; null: none): eight values added before the rounding. lo (null: not wanted): each value
+// less its f16, rounded to f16 (exact in f32: hi + lo is the value to about 2^-22 of it; zeros for an f16 row).
+KVGEN_HD uint4 kv_raw8_f16(KvType t, int d, const KvRaw8& raw, const float* add = nullptr, uint4* lo = nullptr) {
+    if (t == KvType::F16) {
         if (lo) *lo = make_uint4(0, 0, 0, 0);
-        return *reinterpret_cast<const uint4*>(row + 2 * d);
+        return make_uint4(raw.w[0], raw.w[1], raw.w[2], raw.w[3]);
     }
     float f[8];
-    kv_load<8>(t, row, d, f);
+    kv_block_decode(kv_block_cols(t, d), KvBlockRaw{raw.w[3], {raw.w[0], raw.w[1], raw.w[2]}}, f);
     if (add)
 #pragma unroll
         for (int e = 0; e < 8; ++e) f[e] += add[e];
@@ -111,7 +133,7 @@ KVGEN_HD uint4 kv_load8_f16(KvType t, const uint8_t* row, int d, const float* ad
 // 132 SMs, two waves for 1.21 waves' work (on an H200, pp512 at depth 4096 spent 1.6 times 7B's attention time a
 // head and layer, where 7B's 256 blocks are one wave). There the split count is the fewest whose waves per split
 // come within kFaWaveSlack of the best the bounds allow (13B at 512 tokens: 4 splits, 1280 blocks in 5 waves).
-constexpr int kFaBlocksPerSm = 2;  // at 225-227 registers (head_dim 128, sm_90) two blocks of 128 threads fit an SM
+constexpr int kFaBlocksPerSm = 2;  // at 221-232 registers (head_dim 128, sm_90) two blocks of 128 threads fit an SM
 constexpr int kFaMinSplitTiles = 4;
 constexpr int kFaMaxSplits = 16;
 constexpr int kFaSplitBlocks = 2048;
@@ -285,26 +307,48 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
             // then fills 8 consecutive words in two rows of the tile, a 2-way bank conflict (lanes taking a row's
             // dimensions, as for K, would hit one bank 8- or 16-way), and each 8 lanes' K stores, HD / 2 + 4 words
             // apart, cover the 32 banks.
-            for (int u = tid; u < kFaTile * HD / 8; u += kFaThreads) {
-                constexpr int PG = kFaTile / 16;  // groups of 16 positions
-                const int c = u / 32, p = 16 * (c % PG) + u % 16, d = 8 * (2 * (c / PG) + u % 32 / 16);
-                uint4 k4 = make_uint4(0, 0, 0, 0), v4 = k4, kl4 = k4, vl4 = k4;
-                if (t0 + p <= block_last) {
-                    k4 = kv_load8_f16(kv.k_type, kg + int64_t(t0 + p) * krb, d,
-                                      koff && t0 + p >= kKvOffsetPositions ? koff + d : nullptr, LO ? &kl4 : nullptr);
-                    v4 = kv_load8_f16(kv.v_type, vg + int64_t(t0 + p) * vrb, d, nullptr, LO ? &vl4 : nullptr);
+            // A thread's units (8 values of a row) come kFaUnitBatch<HD, LO> at a time: every unit's K and V loads
+            // first (kv_raw8_load), then their values into the tile, so that a tile costs kUnits / kFaUnitBatch<HD, LO>
+            // round trips to memory a thread instead of kUnits. (LO false: an f16 cache, whatever kv says.)
+            constexpr int kUnits = kFaTile * HD / 8 / kFaThreads, PG = kFaTile / 16;  // PG: groups of 16 positions
+            static_assert(kUnits * kFaThreads == kFaTile * HD / 8 && kUnits % kFaUnitBatch<HD, LO> == 0,
+                          "every unit of the tile, in whole batches");
+            const KvType kt = LO ? kv.k_type : KvType::F16, vt = LO ? kv.v_type : KvType::F16;
+#pragma unroll 1
+            for (int b0 = 0; b0 < kUnits; b0 += kFaUnitBatch<HD, LO>) {
+                KvRaw8 kr[kFaUnitBatch<HD, LO>], vr[kFaUnitBatch<HD, LO>];
+#pragma unroll
+                for (int j = 0; j < kFaUnitBatch<HD, LO>; ++j) {
+                    const int u = tid + (b0 + j) * kFaThreads, c = u / 32;
+                    const int p = 16 * (c % PG) + u % 16, d = 8 * (2 * (c / PG) + u % 32 / 16);
+                    kr[j] = vr[j] = KvRaw8{{0u, 0u, 0u, 0u}};  // past block_last: not used
+                    if (t0 + p <= block_last) {
+                        kr[j] = kv_raw8_load(kt, kg + int64_t(t0 + p) * krb, d);
+                        vr[j] = kv_raw8_load(vt, vg + int64_t(t0 + p) * vrb, d);
+                    }
                 }
-                check_aligned(ks + p * KS + d, 16);
-                *reinterpret_cast<uint4*>(ks + p * KS + d) = k4;
-                __half vh[8];
-                memcpy(vh, &v4, sizeof(vh));
 #pragma unroll
-                for (int e = 0; e < 8; ++e) vts[(d + e) * VS + p] = vh[e];
-                if constexpr (LO) {
-                    *reinterpret_cast<uint4*>(kls + p * KS + d) = kl4;
-                    memcpy(vh, &vl4, sizeof(vh));
+                for (int j = 0; j < kFaUnitBatch<HD, LO>; ++j) {
+                    const int u = tid + (b0 + j) * kFaThreads, c = u / 32;
+                    const int p = 16 * (c % PG) + u % 16, d = 8 * (2 * (c / PG) + u % 32 / 16);
+                    uint4 k4 = make_uint4(0, 0, 0, 0), v4 = k4, kl4 = k4, vl4 = k4;  // past block_last: zeros
+                    if (t0 + p <= block_last) {
+                        k4 = kv_raw8_f16(kt, d, kr[j], koff && t0 + p >= kKvOffsetPositions ? koff + d : nullptr,
+                                         LO ? &kl4 : nullptr);
+                        v4 = kv_raw8_f16(vt, d, vr[j], nullptr, LO ? &vl4 : nullptr);
+                    }
+                    check_aligned(ks + p * KS + d, 16);
+                    *reinterpret_cast<uint4*>(ks + p * KS + d) = k4;
+                    __half vh[8];
+                    memcpy(vh, &v4, sizeof(vh));
 #pragma unroll
-                    for (int e = 0; e < 8; ++e) vtls[(d + e) * VS + p] = vh[e];
+                    for (int e = 0; e < 8; ++e) vts[(d + e) * VS + p] = vh[e];
+                    if constexpr (LO) {
+                        *reinterpret_cast<uint4*>(kls + p * KS + d) = kl4;
+                        memcpy(vh, &vl4, sizeof(vh));
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) vtls[(d + e) * VS + p] = vh[e];
+                    }
                 }
             }
             ctx.sync();

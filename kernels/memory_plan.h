@@ -80,9 +80,9 @@ inline bool gemm_mma_blocks_fit(int64_t bytes, const GemmMmaDevice& d) {
 constexpr int64_t kFlashAsyncBytes = 2 * 2 * 64 * (128 + 8) * 2;
 constexpr int kFlashAsyncBlocksPerSm = 2;
 // Whether flash attention takes its two stages of tiles for head_dim on device d: head_dim 128, where the register
-// path's 225-234 registers a thread hold two blocks an SM as the two-stage kernel's 250-252 do, when two blocks of its
+// path's 221-232 registers a thread hold two blocks an SM as the two-stage kernel's 250-252 do, when two blocks of its
 // 68 KiB fit an SM (sm_80, sm_90; not sm_86/89's 100 KiB, nor sm_75's 64). Not head_dim 64 (sm_90: 174 registers
-// against 128-140, two blocks an SM instead of three or four; capped by launch bounds, it spills), until measured.
+// against 131-141, two blocks an SM instead of three; capped by launch bounds, it spills), until measured.
 inline bool flash_async_fits(int head_dim, const GemmMmaDevice& d) {
     return head_dim == 128 && kFlashAsyncBytes <= d.shared_per_block &&
            kFlashAsyncBlocksPerSm * (kFlashAsyncBytes + kSharedReservePerBlock) <= d.shared_per_sm;

@@ -1150,6 +1150,8 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q_in, co
     // One layer's cache as store_kv writes it (no RoPE here): the positions before the queries' as one step, theirs
     // as the next.
     const KvLayout kv = KvLayout::of(c, n_ctx, kt, vt);
+    if (!kv_cache_supported(kv))  // as CudaOps refuses it (the kernels read f16 where no half is quantized)
+        throw Error(fmt::format("no CUDA kernels for a {} cache with head_dim {}", kv.types_name(), hd));
     KvBytes cache(kv);
     std::fill(cache.k.begin(), cache.k.end(), 0);
     std::fill(cache.v.begin(), cache.v.end(), 0);
