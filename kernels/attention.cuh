@@ -252,6 +252,22 @@ AttnCache attention_cache(const KvLayout& kv) {
     return blocks && attention_wide<AttnCache::Blocks, NQ, E>() ? AttnCache::Blocks : AttnCache::Any;
 }
 
+// Calls f(std::integral_constant<AttnCache, C>{}) with C = attention_cache<NQ, E>(kv).
+template <int NQ, int E, typename F>
+void dispatch_attention_cache(const KvLayout& kv, F&& f) {
+    switch (attention_cache<NQ, E>(kv)) {
+        case AttnCache::F16:
+            f(std::integral_constant<AttnCache, AttnCache::F16>{});
+            return;
+        case AttnCache::Blocks:
+            f(std::integral_constant<AttnCache, AttnCache::Blocks>{});
+            return;
+        case AttnCache::Any:
+            f(std::integral_constant<AttnCache, AttnCache::Any>{});
+            return;
+    }
+}
+
 #pragma nv_exec_check_disable
 template <int NQ, int E, bool Blocks, class Ctx>
 KVGEN_HD void warp_attend_wide(const Ctx& ctx, const float (&q)[NQ][8], const uint8_t* kb, const uint8_t* vb,

@@ -1232,23 +1232,15 @@ void attention_decode(float* out, ActBlock* xq, float* partials, int* counters, 
     const bool ok = dispatch_attention(n_rep, kv.head_dim, [&](auto nq, auto e) {
         constexpr int NQ = decltype(nq)::value, E = decltype(e)::value;
         const dim3 grid(unsigned(n_heads / NQ), unsigned(splits));
-        const auto run = [&](auto kernel) {
-            launch(kernel, grid, kAttnThreads, pdl, s, q, k_cache, v_cache, k_offsets, d_pos0, n_rep, kv, splits, scale,
-                   partials, counters, out, xq);
-        };
-        switch (attention_cache<NQ, E>(kv)) {
-            case AttnCache::F16:
-                run(attention_decode_kernel<NQ, E, AttnCache::F16>);
-                break;
-            case AttnCache::Blocks:
-                if constexpr (attention_wide<AttnCache::Blocks, NQ, E>())
-                    run(attention_decode_kernel<NQ, E, AttnCache::Blocks>);
-                break;
-            case AttnCache::Any:
-                if constexpr (E == 2 || E == 4)  // head_dim 64, 128: kv_quantized_head_dim
-                    run(attention_decode_kernel<NQ, E, AttnCache::Any>);
-                break;
-        }
+        dispatch_attention_cache<NQ, E>(kv, [&](auto cache) {
+            constexpr AttnCache C = decltype(cache)::value;
+            // (kernels only where attention_cache picks them: Blocks where it reads wide, Any for head_dim 64 and
+            // 128, kv_quantized_head_dim)
+            if constexpr (C == AttnCache::F16 || (C == AttnCache::Blocks && attention_wide<C, NQ, E>()) ||
+                          (C == AttnCache::Any && (E == 2 || E == 4)))
+                launch(attention_decode_kernel<NQ, E, C>, grid, kAttnThreads, pdl, s, q, k_cache, v_cache, k_offsets,
+                       d_pos0, n_rep, kv, splits, scale, partials, counters, out, xq);
+        });
     });
     if (!ok) {
         attention_generic(out, q, k_cache, v_cache, d_pos0, 1, n_heads, kv, s);

@@ -959,17 +959,8 @@ bool decode_reads_wide(const Config& c, KvType k, KvType v) {
     bool wide = false;
     const bool ok = dispatch_attention(c.n_heads / c.n_kv_heads, c.head_dim, [&](auto nq, auto e) {
         constexpr int NQ = decltype(nq)::value, E = decltype(e)::value;
-        switch (attention_cache<NQ, E>(kv)) {
-            case AttnCache::F16:
-                wide = attention_wide<AttnCache::F16, NQ, E>();
-                break;
-            case AttnCache::Blocks:
-                wide = attention_wide<AttnCache::Blocks, NQ, E>();
-                break;
-            case AttnCache::Any:
-                wide = attention_wide<AttnCache::Any, NQ, E>();
-                break;
-        }
+        dispatch_attention_cache<NQ, E>(kv,
+                                        [&](auto cache) { wide = attention_wide<decltype(cache)::value, NQ, E>(); });
     });
     return ok && wide;
 }
@@ -1208,22 +1199,11 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q_in, co
             ActBlock* xb = xq ? blocks.data() : nullptr;
             run_grid(groups, splits, kAttnThreads, size_t(kAttnDecodeShared<NQ, E>), [&](const HostThread& t) {
                 int* cnt = fold ? counters.data() : nullptr;
-                const auto body = [&](auto cache) {
+                dispatch_attention_cache<NQ, E>(kv, [&](auto cache) {  // as attention_decode picks its kernel
                     attention_decode_body<NQ, E, decltype(cache)::value>(t, q.data(), kc, vc, koff, &pos0, n_rep, kv,
                                                                          splits, scale, partials.data(), cnt,
                                                                          out.data(), xb);
-                };
-                switch (attention_cache<NQ, E>(kv)) {  // as attention_decode picks its kernel
-                    case AttnCache::F16:
-                        body(std::integral_constant<AttnCache, AttnCache::F16>{});
-                        break;
-                    case AttnCache::Blocks:
-                        body(std::integral_constant<AttnCache, AttnCache::Blocks>{});
-                        break;
-                    case AttnCache::Any:
-                        body(std::integral_constant<AttnCache, AttnCache::Any>{});
-                        break;
-                }
+                });
             });
             if (fold) {
                 for (int cnt : counters)
