@@ -225,16 +225,24 @@ KVGEN_HD void warp_attend_typed(const Ctx& ctx, const float (&q)[NQ][E], const u
 // in flight before the first is used. note: 8 query heads would hold 128 floats of q and o a lane, and the registers
 // left would allow fewer bytes in flight per multiprocessor than warp_attend_typed's (measured with ptxas: 188
 // registers, one position a subgroup).
-// Blocks: K and V both q8_0 / q4_0 (E 2 or 4), the same lanes and columns, each row's 8 values a lane read as its
-// block's scale and three 4-byte words (kv_block_load, no branch on the type, so P positions' loads are in flight
+// KB (VB): K (V) in q8_0 / q4_0 blocks (E 2 or 4), the same lanes and columns, each row's 8 values a lane read as
+// its block's scale and three 4-byte words (kv_block_load, no branch on the type, so P positions' loads are in flight
 // before the first is decoded), koff (null: none) added back to the K rows from kKvOffsetPositions on as in
-// warp_attend_typed.
+// warp_attend_typed. Either half may be in blocks with the other f16 (a q8_0 K beside an f16 V, say).
 template <int NQ, int E>
 constexpr bool kAttnWide = (E == 1 || E == 2 || E == 4) && NQ <= 4;
 
 // The cache a decode kernel is built for: f16 K and V; K and V both in blocks (q8_0 or q4_0, head_dim 64 or 128);
-// any types KvLayout allows on the GPU (one f16 half and one quantized, or 8 query heads a block over blocks).
-enum class AttnCache { F16, Blocks, Any };
+// K in blocks and V f16; K f16 and V in blocks; any types KvLayout allows on the GPU (8 query heads a block over a
+// cache with a quantized half).
+enum class AttnCache { F16, Blocks, KBlocks, VBlocks, Any };
+
+constexpr bool attn_k_blocks(AttnCache c) {
+    return c == AttnCache::Blocks || c == AttnCache::KBlocks;
+}
+constexpr bool attn_v_blocks(AttnCache c) {
+    return c == AttnCache::Blocks || c == AttnCache::VBlocks;
+}
 
 // Whether decode over cache C with NQ query heads a block and head_dim 32 E reads rows wide (warp_attend_wide), else
 // a lane per E columns (warp_attend_typed).
@@ -243,13 +251,15 @@ constexpr bool attention_wide() {
     return C != AttnCache::Any && kAttnWide<NQ, E> && (C == AttnCache::F16 || E == 2 || E == 4);
 }
 
-// The decode kernel for cache kv with NQ query heads a block and head_dim 32 E: Blocks only where it reads them wide
-// (so that no two kernels hold the same loop), Any for the other quantized caches.
+// The decode kernel for cache kv with NQ query heads a block and head_dim 32 E: Blocks, KBlocks or VBlocks only
+// where they read wide (so that no two kernels hold the same loop; the three are wide for the same NQ and E), Any
+// for the other quantized caches.
 template <int NQ, int E>
 AttnCache attention_cache(const KvLayout& kv) {
     if (!kv.quantized()) return AttnCache::F16;
-    const bool blocks = kv_type_quantized(kv.k_type) && kv_type_quantized(kv.v_type);
-    return blocks && attention_wide<AttnCache::Blocks, NQ, E>() ? AttnCache::Blocks : AttnCache::Any;
+    if (!attention_wide<AttnCache::Blocks, NQ, E>()) return AttnCache::Any;
+    const bool kq = kv_type_quantized(kv.k_type), vq = kv_type_quantized(kv.v_type);
+    return kq && vq ? AttnCache::Blocks : kq ? AttnCache::KBlocks : AttnCache::VBlocks;
 }
 
 // Calls f(std::integral_constant<AttnCache, C>{}) with C = attention_cache<NQ, E>(kv).
@@ -262,6 +272,12 @@ void dispatch_attention_cache(const KvLayout& kv, F&& f) {
         case AttnCache::Blocks:
             f(std::integral_constant<AttnCache, AttnCache::Blocks>{});
             return;
+        case AttnCache::KBlocks:
+            f(std::integral_constant<AttnCache, AttnCache::KBlocks>{});
+            return;
+        case AttnCache::VBlocks:
+            f(std::integral_constant<AttnCache, AttnCache::VBlocks>{});
+            return;
         case AttnCache::Any:
             f(std::integral_constant<AttnCache, AttnCache::Any>{});
             return;
@@ -269,51 +285,58 @@ void dispatch_attention_cache(const KvLayout& kv, F&& f) {
 }
 
 #pragma nv_exec_check_disable
-template <int NQ, int E, bool Blocks, class Ctx>
+template <int NQ, int E, bool KB, bool VB, class Ctx>
 KVGEN_HD void warp_attend_wide(const Ctx& ctx, const float (&q)[NQ][8], const uint8_t* kb, const uint8_t* vb,
                                const float* koff, const KvLayout& kv, int tw, int t1, int step, float (&m)[NQ],
                                float (&l)[NQ], float (&o)[NQ][8]) {
     constexpr int G = 4 * E, P = NQ <= 2 ? 4 : 2;  // registers: 16 P floats of K and V
     const int lane = ctx.thread() % 32, s = lane / G, c0 = (lane % G) * 8;
-    const int64_t krb = Blocks ? kv.k_row_bytes() : 64 * E, vrb = Blocks ? kv.v_row_bytes() : 64 * E;  // f16: 2 hd
+    const int64_t krb = KB ? kv.k_row_bytes() : 64 * E, vrb = VB ? kv.v_row_bytes() : 64 * E;  // f16: 2 hd bytes
     KvBlockCols kcols{}, vcols{};
-    float kc[Blocks ? 8 : 1];  // the lane's columns of koff (zeros without)
-    if constexpr (Blocks) {
+    float kc[KB ? 8 : 1];  // the lane's columns of koff (zeros without)
+    if constexpr (KB) {
         kcols = kv_block_cols(kv.k_type, c0);
-        vcols = kv_block_cols(kv.v_type, c0);
 #pragma unroll
         for (int e = 0; e < 8; ++e) kc[e] = koff ? koff[c0 + e] : 0.0f;
     }
+    if constexpr (VB) vcols = kv_block_cols(kv.v_type, c0);
+    // V rows stay raw until their position is folded in, where a half is in blocks (fewer registers than P rows of
+    // floats; an f16 V beside a K in blocks as its 16 bytes, VH: with P rows of floats, K's decoding spills)
+    constexpr bool VH = KB && !VB;
     for (int t = tw; t < t1; t += P * step) {
-        // Blocks: V rows stay raw words until their position is folded in (fewer registers than P rows of floats)
-        float kr[P][8], vv[Blocks ? 1 : P][8];
-        KvBlockRaw vw[Blocks ? P : 1];
-        if constexpr (Blocks) {
-            KvBlockRaw kw[P];
+        float kr[P][8], vv[VB || VH ? 1 : P][8];
+        KvBlockRaw kw[KB ? P : 1], vw[VB ? P : 1];
+        uint4 vh[VH ? P : 1];
+        // every load of the P positions first, then the K rows decoded: no load waits for another row's values
 #pragma unroll
-            for (int p = 0; p < P; ++p) {
-                const int tp = t + s + p * step;
+        for (int p = 0; p < P; ++p) {
+            const int tp = t + s + p * step;
+            if constexpr (KB) {
                 kw[p] = tp < t1 ? kv_block_load(kcols, kb + int64_t(tp) * krb) : kv_block_zero();
-                vw[p] = tp < t1 ? kv_block_load(vcols, vb + int64_t(tp) * vrb) : kv_block_zero();
+            } else if (tp < t1) {
+                load_halves<8>(reinterpret_cast<const __half*>(kb + int64_t(tp) * krb) + c0, kr[p]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) kr[p][e] = 0.0f;
             }
+            if constexpr (VB) {
+                vw[p] = tp < t1 ? kv_block_load(vcols, vb + int64_t(tp) * vrb) : kv_block_zero();
+            } else if constexpr (VH) {
+                vh[p] = tp < t1 ? ld16(vb + int64_t(tp) * vrb + 2 * c0) : make_uint4(0, 0, 0, 0);
+            } else if (tp < t1) {
+                load_halves<8>(reinterpret_cast<const __half*>(vb + int64_t(tp) * vrb) + c0, vv[p]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) vv[p][e] = 0.0f;
+            }
+        }
+        if constexpr (KB) {
 #pragma unroll
             for (int p = 0; p < P; ++p) {
                 kv_block_decode(kcols, kw[p], kr[p]);
                 if (t + s + p * step >= kKvOffsetPositions)
 #pragma unroll
                     for (int e = 0; e < 8; ++e) kr[p][e] += kc[e];
-            }
-        } else {
-#pragma unroll
-            for (int p = 0; p < P; ++p) {
-                const int tp = t + s + p * step;
-                if (tp < t1) {
-                    load_halves<8>(reinterpret_cast<const __half*>(kb + int64_t(tp) * krb) + c0, kr[p]);
-                    load_halves<8>(reinterpret_cast<const __half*>(vb + int64_t(tp) * vrb) + c0, vv[p]);
-                } else {
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) kr[p][e] = vv[p][e] = 0.0f;
-                }
             }
         }
 #pragma unroll
@@ -335,9 +358,10 @@ KVGEN_HD void warp_attend_wide(const Ctx& ctx, const float (&q)[NQ][8], const ui
                 const float corr = expf(m[r] - mn), pr = expf(sc[p] - mn);
                 l[r] = l[r] * corr + pr;
                 float x[8];
-                if constexpr (Blocks) kv_block_decode(vcols, vw[p], x);  // (again for each query head)
+                if constexpr (VB) kv_block_decode(vcols, vw[p], x);  // (again for each query head)
+                if constexpr (VH) halves_of(vh[p], x);
 #pragma unroll
-                for (int e = 0; e < 8; ++e) o[r][e] = fmaf(o[r][e], corr, pr * (Blocks ? x[e] : vv[p][e]));
+                for (int e = 0; e < 8; ++e) o[r][e] = fmaf(o[r][e], corr, pr * (VB || VH ? x[e] : vv[p][e]));
                 m[r] = mn;
             }
         }
@@ -437,15 +461,15 @@ constexpr int kAttnDecodeShared = kAttnWarps* NQ*(32 * E + 2);
 
 // Blocks of a decode kernel a multiprocessor must hold (its __launch_bounds__): attention_splits makes the grid just
 // over 4 blocks a multiprocessor (544 for 7B's 32 heads on 132), so a kernel that fits only 4 runs a few blocks in a
-// second wave. The wide kernel over blocks is held to 5 for one query head and 4 for 2 or 3 (ptxas of CUDA 13 for
-// sm_90: 95 and 128 registers, no spills; 115 and 144-158 unbounded; sm_75-89 16 bytes of stack for one or two query
-// heads); for 4 query heads 128 registers would spill, so it keeps 162-166 (3 blocks). The f16 one fits 5 for one
-// query head (91 registers) as it is.
+// second wave. The wide kernel over blocks (K, V or both) is held to 5 for one query head and 4 for 2 or 3 (ptxas of
+// CUDA 13 for sm_90: 95-96 and 127-128 registers, no spills; K and V in blocks 115 and 144-158 unbounded; sm_75-89 16
+// bytes of stack for one or two query heads); for 4 query heads 128 registers would spill, so it keeps 148-166 (3
+// blocks). The f16 one fits 5 for one query head (95 registers) as it is.
 template <int NQ, AttnCache C>
-constexpr int kAttnMinBlocks = C != AttnCache::Blocks ? 1
-                               : NQ == 1              ? 5
-                               : NQ <= 3              ? 4
-                                                      : 1;
+constexpr int kAttnMinBlocks = !attn_k_blocks(C) && !attn_v_blocks(C) ? 1
+                               : NQ == 1                              ? 5
+                               : NQ <= 3                              ? 4
+                                                                      : 1;
 
 // grid (n_heads / NQ, splits), kAttnThreads threads; partials [n_heads][splits][hd + 2] = (o unnormalized, m, l).
 // With counters ([n_heads / NQ] ints, zero between launches), the combine is folded in: each block counts itself
@@ -482,8 +506,8 @@ KVGEN_HD void attention_decode_body(const Ctx& ctx, const float* __restrict__ q,
     load_query<NQ, W>(q + int64_t(h0) * hd, hd, c0, scale, qr, m, l, o);
     if constexpr (wide) {
         constexpr int R = 8 / E;
-        warp_attend_wide<NQ, E, C == AttnCache::Blocks>(ctx, qr, kb, vb, koff, kv, t0 + warp * R, t1, kAttnWarps * R, m,
-                                                        l, o);
+        warp_attend_wide<NQ, E, attn_k_blocks(C), attn_v_blocks(C)>(ctx, qr, kb, vb, koff, kv, t0 + warp * R, t1,
+                                                                    kAttnWarps * R, m, l, o);
         merge_subgroups<NQ, E>(ctx, m, l, o);
     } else {
         warp_attend_typed<NQ, E, C == AttnCache::F16>(ctx, qr, kb, vb, koff, kv, t0 + warp, t1, kAttnWarps, m, l, o);

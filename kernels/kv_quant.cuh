@@ -50,24 +50,27 @@ KVGEN_HD float kv_half_at(const uint8_t* p) {
     return __half2float(h);
 }
 
+// The 8 halves of 16 loaded bytes (an f16 row's, as ld16 gives them) as floats: out[at .. at + 7].
+template <int N>
+KVGEN_HD void halves_of(const uint4& u, float (&out)[N], int at = 0) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        __half2 h;  // note: memcpy, not a cast: the host compiler may assume a __half2 never aliases w
+        memcpy(&h, &w[i], sizeof(h));
+        const float2 f = __half22float2(h);
+        out[at + 2 * i] = f.x;
+        out[at + 2 * i + 1] = f.y;
+    }
+}
+
 // E halves from p: 16 bytes a load where E is a multiple of 8 (p then 16-byte aligned: a lane's 8 E columns of an f16
 // row, rows 2 head_dim bytes apart), else 8, 4 or 2.
 template <int E>
 KVGEN_HD void load_halves(const __half* p, float (&out)[E]) {
     if constexpr (E % 8 == 0) {
 #pragma unroll
-        for (int e = 0; e < E; e += 8) {
-            const uint4 u = ld16(reinterpret_cast<const uint8_t*>(p + e));
-            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                __half2 h;  // note: memcpy, not a cast: the host compiler may assume a __half2 never aliases w
-                memcpy(&h, &w[i], sizeof(h));
-                const float2 f = __half22float2(h);
-                out[e + 2 * i] = f.x;
-                out[e + 2 * i + 1] = f.y;
-            }
-        }
+        for (int e = 0; e < E; e += 8) halves_of(ld16(reinterpret_cast<const uint8_t*>(p + e)), out, e);
     } else if constexpr (E % 4 == 0) {
 #pragma unroll
         for (int e = 0; e < E; e += 4) {

@@ -1234,10 +1234,11 @@ void attention_decode(float* out, ActBlock* xq, float* partials, int* counters, 
         const dim3 grid(unsigned(n_heads / NQ), unsigned(splits));
         dispatch_attention_cache<NQ, E>(kv, [&](auto cache) {
             constexpr AttnCache C = decltype(cache)::value;
-            // (kernels only where attention_cache picks them: Blocks where it reads wide, Any for head_dim 64 and
-            // 128, kv_quantized_head_dim)
-            if constexpr (C == AttnCache::F16 || (C == AttnCache::Blocks && attention_wide<C, NQ, E>()) ||
-                          (C == AttnCache::Any && (E == 2 || E == 4)))
+            // (kernels only where attention_cache picks them: Blocks, KBlocks and VBlocks where they read wide, Any
+            // where they do not, for head_dim 64 and 128, kv_quantized_head_dim)
+            constexpr bool wide = attention_wide<AttnCache::Blocks, NQ, E>();
+            if constexpr (C == AttnCache::F16 || (C != AttnCache::Any && attention_wide<C, NQ, E>()) ||
+                          (C == AttnCache::Any && !wide && (E == 2 || E == 4)))
                 launch(attention_decode_kernel<NQ, E, C>, grid, kAttnThreads, pdl, s, q, k_cache, v_cache, k_offsets,
                        d_pos0, n_rep, kv, splits, scale, partials, counters, out, xq);
         });

@@ -21,7 +21,7 @@
 #      raw kept); and for the first type of each shape, pp16 and pp512 at depths 0 and
 #      4096 with --cuda-attention warp (the CUDA-core prefill attention) beside the default tensor-core one
 #      (SHAPE-T-warpattn), pp512 at those depths with --cuda-flash-pipeline off (SHAPE-T-flashsync: flash attention's
-#      cache tiles loaded through registers, not copied in two stages), and pp512 / tg128 at those depths with --kv-type q8_0 and q4_0 (SHAPE-T-kvq8_0, -kvq4_0);
+#      cache tiles loaded through registers, not copied in two stages), and pp512 / tg128 at those depths with --kv-type q8_0 and q4_0 (SHAPE-T-kvq8_0, -kvq4_0), tg128 with q8_0/f16 (-kvq8_0-f16);
 #      for every file, tg128 with --cuda-pdl off (SHAPE-T-nopdl: the decode products launched without programmatic
 #      dependent launch), for F16 tg128 with --cuda-f16-matvec warp (SHAPE-F16-warpf16: a warp over 2 rows instead
 #      of a block of warps over 4) and tg128 with --cuda-matvec-stages 0 (SHAPE-F16-ring0, as below), for Q4_0, Q8_0
@@ -423,10 +423,13 @@ for shape in "${shapes[@]}"; do
             bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-flash-pipeline off -p 512 -n 0 \
                 -d "0,$attn_depth" -r 2 -o json >"$work/speed/$name-flashsync.bench.json" 2>>"$out/log.txt" ||
                 log "$name: bench with --cuda-flash-pipeline off failed"
-            for kvt in q8_0 q4_0; do  # a quantized KV cache: decode and prefill at depth
-                cp "$work/speed/$name.inspect.json" "$work/speed/$name-kv$kvt.inspect.json"
-                bounded "$kvgen" -m "$f" --bench --device "$dev" --kv-type "$kvt" -p 512 -n 128 \
-                    -d "0,$attn_depth" -r 2 -o json >"$work/speed/$name-kv$kvt.bench.json" 2>>"$out/log.txt" ||
+            # a quantized KV cache: decode and prefill at depth; a q8_0 K beside an f16 V (-ctk q8_0 alone), decode
+            for kvt in q8_0 q4_0 q8_0/f16; do
+                kvn=kv${kvt//\//-} kvp=512
+                [[ $kvt == */* ]] && kvp=0
+                cp "$work/speed/$name.inspect.json" "$work/speed/$name-$kvn.inspect.json"
+                bounded "$kvgen" -m "$f" --bench --device "$dev" --kv-type "$kvt" -p "$kvp" -n 128 \
+                    -d "0,$attn_depth" -r 2 -o json >"$work/speed/$name-$kvn.bench.json" 2>>"$out/log.txt" ||
                     log "$name: bench with --kv-type $kvt failed"
             done
             if ((quick)); then  # and the tensor cores at that depth (the full run has it in its depths)

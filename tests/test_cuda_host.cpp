@@ -1157,22 +1157,23 @@ TEST_CASE(
     "decode attention over a quantized cache, read wide or a lane per head_dim / 32 columns, matches "
     "cpu::attention",
     "[cuda-host]") {
-    // K and V both in blocks with at most 4 query heads a block (1 to 4 here: 4 or 2 positions a subgroup in
-    // flight) take the wide kernel, 8 columns a lane; one f16 half, or 8 query heads, the kernel with a type switch.
-    // Depths from the first key offsets to a full context, one split or three, the combine folded or not.
+    // A cache with a half in blocks (K and V both, or one of them beside an f16 half) and at most 4 query heads a
+    // block (1 to 4 here: 4 or 2 positions a subgroup in flight) takes the wide kernel, 8 columns a lane; 8 query
+    // heads the kernel with a type switch. Depths from the first key offsets to a full context, one split or three,
+    // the combine folded or not.
     struct Types {
         KvType k, v;
     };
     cpu::ThreadPool pool(1);
     uint32_t seed = 301;
-    for (const Types ty : {Types{KvType::Q8_0, KvType::Q8_0}, Types{KvType::Q4_0, KvType::Q4_0},
-                           Types{KvType::Q4_0, KvType::Q8_0}, Types{KvType::F16, KvType::Q8_0}})
+    for (const Types ty :
+         {Types{KvType::Q8_0, KvType::Q8_0}, Types{KvType::Q4_0, KvType::Q4_0}, Types{KvType::Q4_0, KvType::Q8_0},
+          Types{KvType::F16, KvType::Q8_0}, Types{KvType::Q4_0, KvType::F16}})
         for (const auto& [n_heads, n_kv, hd] : {std::tuple{2, 2, 128}, std::tuple{2, 2, 64}, std::tuple{2, 1, 128},
                                                 std::tuple{3, 1, 64}, std::tuple{8, 2, 128}, std::tuple{8, 1, 64}}) {
             const Config c = test::attention_config(n_heads, n_kv, hd);
             const int n_ctx = 100;
-            CHECK(cuda::host::decode_reads_wide(c, ty.k, ty.v) ==
-                  (kv_type_quantized(ty.k) && kv_type_quantized(ty.v) && n_heads / n_kv <= 4));
+            CHECK(cuda::host::decode_reads_wide(c, ty.k, ty.v) == (n_heads / n_kv <= 4));
             for (const int pos0 : {17, 99}) {
                 INFO(kv_types_name(ty.k, ty.v)
                      << " heads " << n_heads << "/" << n_kv << " hd " << hd << " pos0 " << pos0);

@@ -7,7 +7,7 @@ STATE is "complete" at the end of a run, or the stage last finished: gpu-check.s
 stage, so that a run stopped early (a device machine's time limit) still leaves what it measured. Prints report.md
 when STATE is complete.
 """
-import array, datetime, glob, json, math, os, sys
+import array, datetime, glob, json, math, os, re, sys
 
 (out, work, gpu, peak, cuda_rc, kv_status, secs, commit, skipped, kv_name, mode, types, ncu_status,
  kv_parting, state) = sys.argv[1:16]
@@ -59,9 +59,12 @@ for ij in sorted(glob.glob(f"{work}/speed/*.inspect.json")):
     info = json.load(open(ij))
     wbytes = info["weight_bytes_per_token"]
     kv_tok = info.get("kv_cache", {}).get("bytes_per_token", 0)
-    for kvt in ("q8_0", "q4_0"):  # a run with --kv-type: its cache's bytes
-        if name.endswith("-kv" + kvt):
-            kv_tok = (info.get("kv_cache_types", {}).get(kvt) or {}).get("bytes_per_token", kv_tok)
+    # a run with --kv-type K or K/V (SHAPE-T-kvK, -kvK-V): its cache's bytes, half of each type's for a pair
+    kvm = re.search(r"-kv(f16|f32|q8_0|q4_0)(?:-(f16|f32|q8_0|q4_0))?$", name)
+    if kvm:
+        per = [(info.get("kv_cache_types", {}).get(t) or {}).get("bytes_per_token") for t in kvm.groups() if t]
+        if all(b is not None for b in per):
+            kv_tok = sum(per) / len(per)
     row = {"model": name, "weight_bytes_per_token": wbytes, "tests": []}
     for part in ("bench", "deep"):
         p = f"{work}/speed/{name}.{part}.json"
