@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/error.h"
 #include "common/hd.h"
 #include "engine/kv_layout.h"
 #include "kv_quant.cuh"
@@ -154,40 +155,22 @@ struct DeviceThread {
 
 // Positions are taken P at a time: their K and V rows are loaded before any is used, so several loads are in
 // flight per warp (a long cache is a stream of small rows), then folded into the softmax in order. kb and vb point
-// at one KV head's rows, which follow each other kv.k_row_bytes() (v_row_bytes()) apart, in the cache's types.
-// F16: the cache is f16 in K and V, read without a type switch (a loop with one costs about a third more registers).
-// koff (not F16; null: none): the head's key offset, added back to the K rows from kKvOffsetPositions on, which hold
-// k - offset (engine/kv_offset.h).
+// at one KV head's f16 rows, 2 head_dim bytes apart (a cache with a quantized half is read by warp_attend_wide).
 #pragma nv_exec_check_disable
-template <int NQ, int E, bool F16, class Ctx>
-KVGEN_HD void warp_attend_typed(const Ctx& ctx, const float (&q)[NQ][E], const uint8_t* kb, const uint8_t* vb,
-                                const float* koff, const KvLayout& kv, int t0, int t1, int step, float (&m)[NQ],
-                                float (&l)[NQ], float (&o)[NQ][E]) {
+template <int NQ, int E, class Ctx>
+KVGEN_HD void warp_attend_typed(const Ctx& ctx, const float (&q)[NQ][E], const uint8_t* kb, const uint8_t* vb, int t0,
+                                int t1, int step, float (&m)[NQ], float (&l)[NQ], float (&o)[NQ][E]) {
     constexpr int P = E <= 4 ? 4 : 2;  // positions per batch (registers: 2 P E floats)
+    constexpr int64_t rb = 64 * E;     // bytes a row
     const int lane = ctx.thread() % 32;
-    const KvType kt = kv.k_type, vt = kv.v_type;
-    const int64_t krb = F16 ? 64 * E : kv.k_row_bytes(), vrb = F16 ? 64 * E : kv.v_row_bytes();  // f16: 2 hd bytes
-    float kc[F16 ? 1 : E];  // the lane's columns of koff (zeros without)
-    if constexpr (!F16) {
-#pragma unroll
-        for (int e = 0; e < E; ++e) kc[e] = koff ? koff[lane * E + e] : 0.0f;
-    }
     for (int t = t0; t < t1; t += P * step) {
         float kr[P][E], vv[P][E];
 #pragma unroll
         for (int p = 0; p < P; ++p) {
             const int tp = t + p * step;  // the same for the whole warp
             if (tp < t1) {
-                if constexpr (F16) {
-                    load_halves<E>(reinterpret_cast<const __half*>(kb + int64_t(tp) * krb) + lane * E, kr[p]);
-                    load_halves<E>(reinterpret_cast<const __half*>(vb + int64_t(tp) * vrb) + lane * E, vv[p]);
-                } else {
-                    kv_load<E>(kt, kb + int64_t(tp) * krb, lane * E, kr[p]);
-                    kv_load<E>(vt, vb + int64_t(tp) * vrb, lane * E, vv[p]);
-                    if (tp >= kKvOffsetPositions)
-#pragma unroll
-                        for (int e = 0; e < E; ++e) kr[p][e] += kc[e];
-                }
+                load_halves<E>(reinterpret_cast<const __half*>(kb + int64_t(tp) * rb) + lane * E, kr[p]);
+                load_halves<E>(reinterpret_cast<const __half*>(vb + int64_t(tp) * rb) + lane * E, vv[p]);
             } else {
 #pragma unroll
                 for (int e = 0; e < E; ++e) kr[p][e] = vv[p][e] = 0.0f;
@@ -227,15 +210,15 @@ KVGEN_HD void warp_attend_typed(const Ctx& ctx, const float (&q)[NQ][E], const u
 // registers, one position a subgroup).
 // KB (VB): K (V) in q8_0 / q4_0 blocks (E 2 or 4), the same lanes and columns, each row's 8 values a lane read as
 // its block's scale and three 4-byte words (kv_block_load, no branch on the type, so P positions' loads are in flight
-// before the first is decoded), koff (null: none) added back to the K rows from kKvOffsetPositions on as in
-// warp_attend_typed. Either half may be in blocks with the other f16 (a q8_0 K beside an f16 V, say).
+// before the first is decoded). koff (KB; null: none): the head's key offset, added back to the K rows from
+// kKvOffsetPositions on, which hold k - offset (engine/kv_offset.h). Either half may be in blocks with the other f16
+// (a q8_0 K beside an f16 V, say).
 template <int NQ, int E>
 constexpr bool kAttnWide = (E == 1 || E == 2 || E == 4) && NQ <= 4;
 
-// The cache a decode kernel is built for: f16 K and V; K and V both in blocks (q8_0 or q4_0, head_dim 64 or 128);
-// K in blocks and V f16; K f16 and V in blocks; any types KvLayout allows on the GPU (8 query heads a block over a
-// cache with a quantized half).
-enum class AttnCache { F16, Blocks, KBlocks, VBlocks, Any };
+// The cache a decode kernel is built for: f16 K and V; K and V both in blocks (q8_0 or q4_0, head_dim 64 or 128); K
+// in blocks and V f16; K f16 and V in blocks.
+enum class AttnCache { F16, Blocks, KBlocks, VBlocks };
 
 constexpr bool attn_k_blocks(AttnCache c) {
     return c == AttnCache::Blocks || c == AttnCache::KBlocks;
@@ -248,39 +231,40 @@ constexpr bool attn_v_blocks(AttnCache c) {
 // a lane per E columns (warp_attend_typed).
 template <AttnCache C, int NQ, int E>
 constexpr bool attention_wide() {
-    return C != AttnCache::Any && kAttnWide<NQ, E> && (C == AttnCache::F16 || E == 2 || E == 4);
+    return kAttnWide<NQ, E> && (C == AttnCache::F16 || E == 2 || E == 4);
 }
 
-// The decode kernel for cache kv with NQ query heads a block and head_dim 32 E: Blocks, KBlocks or VBlocks only
-// where they read wide (so that no two kernels hold the same loop; the three are wide for the same NQ and E), Any
-// for the other quantized caches.
-template <int NQ, int E>
-AttnCache attention_cache(const KvLayout& kv) {
-    if (!kv.quantized()) return AttnCache::F16;
-    if (!attention_wide<AttnCache::Blocks, NQ, E>()) return AttnCache::Any;
+// The decode kernel's cache for kv (any cache kv_cache_supported allows).
+inline AttnCache attention_cache(const KvLayout& kv) {
     const bool kq = kv_type_quantized(kv.k_type), vq = kv_type_quantized(kv.v_type);
-    return kq && vq ? AttnCache::Blocks : kq ? AttnCache::KBlocks : AttnCache::VBlocks;
+    return kq && vq ? AttnCache::Blocks : kq ? AttnCache::KBlocks : vq ? AttnCache::VBlocks : AttnCache::F16;
 }
 
-// Calls f(std::integral_constant<AttnCache, C>{}) with C = attention_cache<NQ, E>(kv).
+// Calls f(std::integral_constant<AttnCache, C>{}) with C = attention_cache(kv), for NQ query heads a block and
+// head_dim 32 E. A cache with a quantized half has only the wide kernels (decode_heads_per_block keeps its blocks to
+// 4 query heads, kv_quantized_head_dim its head_dims to 64 and 128), so f is instantiated with those where they read
+// wide, and anything else is refused.
 template <int NQ, int E, typename F>
 void dispatch_attention_cache(const KvLayout& kv, F&& f) {
-    switch (attention_cache<NQ, E>(kv)) {
-        case AttnCache::F16:
-            f(std::integral_constant<AttnCache, AttnCache::F16>{});
-            return;
-        case AttnCache::Blocks:
-            f(std::integral_constant<AttnCache, AttnCache::Blocks>{});
-            return;
-        case AttnCache::KBlocks:
-            f(std::integral_constant<AttnCache, AttnCache::KBlocks>{});
-            return;
-        case AttnCache::VBlocks:
-            f(std::integral_constant<AttnCache, AttnCache::VBlocks>{});
-            return;
-        case AttnCache::Any:
-            f(std::integral_constant<AttnCache, AttnCache::Any>{});
-            return;
+    const AttnCache c = attention_cache(kv);
+    if constexpr (attention_wide<AttnCache::Blocks, NQ, E>()) {  // (the same for KBlocks and VBlocks)
+        switch (c) {
+            case AttnCache::F16:
+                f(std::integral_constant<AttnCache, AttnCache::F16>{});
+                return;
+            case AttnCache::Blocks:
+                f(std::integral_constant<AttnCache, AttnCache::Blocks>{});
+                return;
+            case AttnCache::KBlocks:
+                f(std::integral_constant<AttnCache, AttnCache::KBlocks>{});
+                return;
+            case AttnCache::VBlocks:
+                f(std::integral_constant<AttnCache, AttnCache::VBlocks>{});
+                return;
+        }
+    } else {
+        KVGEN_ASSERT(c == AttnCache::F16);  // (decode_heads_per_block and kv_cache_supported see to it)
+        f(std::integral_constant<AttnCache, AttnCache::F16>{});
     }
 }
 
@@ -510,7 +494,8 @@ KVGEN_HD void attention_decode_body(const Ctx& ctx, const float* __restrict__ q,
                                                                     kAttnWarps * R, m, l, o);
         merge_subgroups<NQ, E>(ctx, m, l, o);
     } else {
-        warp_attend_typed<NQ, E, C == AttnCache::F16>(ctx, qr, kb, vb, koff, kv, t0 + warp, t1, kAttnWarps, m, l, o);
+        static_assert(C == AttnCache::F16, "a cache with a quantized half is read wide");
+        warp_attend_typed<NQ, E>(ctx, qr, kb, vb, t0 + warp, t1, kAttnWarps, m, l, o);
     }
 
     // combine the block's warps through shared memory [warp][NQ][hd + 2]
@@ -585,10 +570,9 @@ KVGEN_HD void attention_prefill_body(const Ctx& ctx, const float* __restrict__ q
     const int64_t row = (int64_t(i) * n_heads + h0) * hd;
     load_query<NQ, E>(q + row, hd, lane * E, scale, qr, m, l, o);
     const int64_t base = kv.row_index(0, g, 0);
-    // note: f16 only (a quantized cache prefills through flash_attention.cuh): the type switch in this unrolled loop
-    // costs the kernel every register and spills.
-    warp_attend_typed<NQ, E, true>(ctx, qr, kc + base * kv.k_row_bytes(), vc + base * kv.v_row_bytes(), nullptr, kv,
-                                   0, *d_pos0 + i + 1, 1, m, l, o);
+    // note: f16 only (a quantized cache prefills through flash_attention.cuh).
+    warp_attend_typed<NQ, E>(ctx, qr, kc + base * kv.k_row_bytes(), vc + base * kv.v_row_bytes(), 0, *d_pos0 + i + 1, 1,
+                             m, l, o);
 #pragma unroll
     for (int r = 0; r < NQ; ++r) {
         const float inv = 1.0f / l[r];
@@ -640,9 +624,20 @@ inline int heads_per_block(int n_rep) {
     return 1;
 }
 
-// Calls f(NQ, E) as integral constants for n_rep and head_dim; false for a head_dim without kernels.
+// Query heads per block of one token's decode over cache kv: heads_per_block, but at most 4 over a cache with a
+// quantized half, the most the wide kernel takes (kAttnWide): a group of 8 query heads is then two blocks, each
+// reading the KV head's rows (the second mostly from L2, the blocks being neighbours in the grid). (A block of 8
+// took a kernel that read a lane's head_dim / 32 columns with a branch on the type around each row's byte loads,
+// one row at a time.)
+inline int decode_heads_per_block(int n_rep, const KvLayout& kv) {
+    const int nq = heads_per_block(n_rep);
+    return kv.quantized() && nq > 4 ? 4 : nq;
+}
+
+// Calls f(NQ, E) as integral constants for nq query heads a block (heads_per_block's or decode_heads_per_block's) and
+// head_dim; false for a head_dim without kernels.
 template <typename F>
-bool dispatch_attention(int n_rep, int head_dim, F&& f) {
+bool dispatch_attention_heads(int nq, int head_dim, F&& f) {
     auto by_e = [&](auto nq) {
         switch (head_dim) {
             case 32:
@@ -664,7 +659,7 @@ bool dispatch_attention(int n_rep, int head_dim, F&& f) {
                 return false;
         }
     };
-    switch (heads_per_block(n_rep)) {
+    switch (nq) {
         case 8:
             return by_e(std::integral_constant<int, 8>{});
         case 4:
@@ -676,6 +671,18 @@ bool dispatch_attention(int n_rep, int head_dim, F&& f) {
         default:
             return by_e(std::integral_constant<int, 1>{});
     }
+}
+
+// The same for n_rep query heads a KV head: heads_per_block(n_rep) a block (the prefill kernels').
+template <typename F>
+bool dispatch_attention(int n_rep, int head_dim, F&& f) {
+    return dispatch_attention_heads(heads_per_block(n_rep), head_dim, std::forward<F>(f));
+}
+
+// The same for one token's decode over kv: decode_heads_per_block.
+template <typename F>
+bool dispatch_decode_attention(int n_rep, const KvLayout& kv, F&& f) {
+    return dispatch_attention_heads(decode_heads_per_block(n_rep, kv), kv.head_dim, std::forward<F>(f));
 }
 
 }  // namespace kvgen::cuda

@@ -1198,7 +1198,7 @@ bool attention_head_dim_supported(int hd) {
 int attention_splits(int n_heads, const KvLayout& kv, int sm_count) {
     // note: enough blocks to give every multiprocessor about four at a depth that uses them all; a shallower cache
     // uses the first attention_active_splits of them and the others exit at once.
-    const int groups = n_heads / heads_per_block(n_heads / kv.n_kv_heads);
+    const int groups = n_heads / decode_heads_per_block(n_heads / kv.n_kv_heads, kv);
     const int want = (4 * sm_count + groups - 1) / groups;
     return std::max(1, std::min(want, attention_max_splits(kv)));
 }
@@ -1218,7 +1218,7 @@ int attention_prefill_splits(int n_heads, const KvLayout& kv, int n, int pos0, i
 }
 
 int attention_counters(int n_heads, const KvLayout& kv) {
-    return n_heads / heads_per_block(n_heads / kv.n_kv_heads);
+    return n_heads / decode_heads_per_block(n_heads / kv.n_kv_heads, kv);
 }
 
 void attention_decode(float* out, ActBlock* xq, float* partials, int* counters, const float* q, const uint8_t* k_cache,
@@ -1229,18 +1229,12 @@ void attention_decode(float* out, ActBlock* xq, float* partials, int* counters, 
     KVGEN_ASSERT((k_offsets != nullptr) == kv.k_offsets());
     const int n_rep = n_heads / kv.n_kv_heads;
     const float scale = 1.0f / std::sqrt(float(kv.head_dim));
-    const bool ok = dispatch_attention(n_rep, kv.head_dim, [&](auto nq, auto e) {
+    const bool ok = dispatch_decode_attention(n_rep, kv, [&](auto nq, auto e) {
         constexpr int NQ = decltype(nq)::value, E = decltype(e)::value;
         const dim3 grid(unsigned(n_heads / NQ), unsigned(splits));
         dispatch_attention_cache<NQ, E>(kv, [&](auto cache) {
-            constexpr AttnCache C = decltype(cache)::value;
-            // (kernels only where attention_cache picks them: Blocks, KBlocks and VBlocks where they read wide, Any
-            // where they do not, for head_dim 64 and 128, kv_quantized_head_dim)
-            constexpr bool wide = attention_wide<AttnCache::Blocks, NQ, E>();
-            if constexpr (C == AttnCache::F16 || (C != AttnCache::Any && attention_wide<C, NQ, E>()) ||
-                          (C == AttnCache::Any && !wide && (E == 2 || E == 4)))
-                launch(attention_decode_kernel<NQ, E, C>, grid, kAttnThreads, pdl, s, q, k_cache, v_cache, k_offsets,
-                       d_pos0, n_rep, kv, splits, scale, partials, counters, out, xq);
+            launch(attention_decode_kernel<NQ, E, decltype(cache)::value>, grid, kAttnThreads, pdl, s, q, k_cache,
+                   v_cache, k_offsets, d_pos0, n_rep, kv, splits, scale, partials, counters, out, xq);
         });
     });
     if (!ok) {

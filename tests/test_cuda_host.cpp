@@ -935,6 +935,11 @@ TEST_CASE("decode attention uses as many splits as the depth fills, the grid as 
     CHECK(ch::attention_splits(32, kv(5 * per - 1), 132) == 5);
     CHECK(ch::attention_max_splits(kv(5 * per - 1)) == 5);
     CHECK(ch::attention_max_splits(kv(1 << 20)) == 64);
+    // 8 query heads a KV head: blocks of 8 over an f16 cache, of 4 over one with a quantized half (twice the groups)
+    const Config c8 = test::attention_config(32, 4, 64);
+    CHECK(ch::attention_splits(32, KvLayout::of(c8, 4096, KvType::F16, KvType::F16), 16) == 16);
+    CHECK(ch::attention_splits(32, KvLayout::of(c8, 4096, KvType::Q8_0, KvType::Q8_0), 16) == 8);
+    CHECK(ch::attention_splits(32, KvLayout::of(c8, 4096, KvType::Q8_0, KvType::F16), 16) == 8);
 }
 
 TEST_CASE("a short prompt over a deep cache splits its positions among enough blocks to fill the GPU", "[cuda-host]") {
@@ -1153,14 +1158,12 @@ TEST_CASE("a quantized CUDA cache: store_kv writes the CPU cache's bytes, attent
     }
 }
 
-TEST_CASE(
-    "decode attention over a quantized cache, read wide or a lane per head_dim / 32 columns, matches "
-    "cpu::attention",
-    "[cuda-host]") {
-    // A cache with a half in blocks (K and V both, or one of them beside an f16 half) and at most 4 query heads a
-    // block (1 to 4 here: 4 or 2 positions a subgroup in flight) takes the wide kernel, 8 columns a lane; 8 query
-    // heads the kernel with a type switch. Depths from the first key offsets to a full context, one split or three,
-    // the combine folded or not.
+TEST_CASE("decode attention over a cache with a quantized half reads it wide and matches cpu::attention",
+          "[cuda-host]") {
+    // A cache with a half in blocks (K and V both, or one of them beside an f16 half) takes the wide kernel, 8
+    // columns a lane, with 1 to 4 query heads a block (4 or 2 positions a subgroup in flight); 8 query heads a KV
+    // head are two blocks of 4. Depths from the first key offsets to a full context, one split or three, the combine
+    // folded or not.
     struct Types {
         KvType k, v;
     };
@@ -1169,11 +1172,12 @@ TEST_CASE(
     for (const Types ty :
          {Types{KvType::Q8_0, KvType::Q8_0}, Types{KvType::Q4_0, KvType::Q4_0}, Types{KvType::Q4_0, KvType::Q8_0},
           Types{KvType::F16, KvType::Q8_0}, Types{KvType::Q4_0, KvType::F16}})
-        for (const auto& [n_heads, n_kv, hd] : {std::tuple{2, 2, 128}, std::tuple{2, 2, 64}, std::tuple{2, 1, 128},
-                                                std::tuple{3, 1, 64}, std::tuple{8, 2, 128}, std::tuple{8, 1, 64}}) {
+        for (const auto& [n_heads, n_kv, hd] :
+             {std::tuple{2, 2, 128}, std::tuple{2, 2, 64}, std::tuple{2, 1, 128}, std::tuple{3, 1, 64},
+              std::tuple{8, 2, 128}, std::tuple{16, 2, 64}, std::tuple{16, 2, 128}}) {
             const Config c = test::attention_config(n_heads, n_kv, hd);
             const int n_ctx = 100;
-            CHECK(cuda::host::decode_reads_wide(c, ty.k, ty.v) == (n_heads / n_kv <= 4));
+            CHECK(cuda::host::decode_reads_wide(c, ty.k, ty.v));
             for (const int pos0 : {17, 99}) {
                 INFO(kv_types_name(ty.k, ty.v)
                      << " heads " << n_heads << "/" << n_kv << " hd " << hd << " pos0 " << pos0);

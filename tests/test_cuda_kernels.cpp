@@ -504,7 +504,8 @@ TEST_CASE("a quantized cache on the GPU: the CPU's bytes, and attention over the
     for (const Types ty :
          {Types{KvType::Q8_0, KvType::Q8_0}, Types{KvType::Q4_0, KvType::Q4_0}, Types{KvType::Q8_0, KvType::Q4_0},
           Types{KvType::F16, KvType::Q4_0}, Types{KvType::Q8_0, KvType::F16}}) {
-        for (const auto& [n_heads, n_kv, hd] : {std::tuple{8, 2, 64}, std::tuple{4, 4, 128}, std::tuple{32, 8, 128}}) {
+        for (const auto& [n_heads, n_kv, hd] :
+             {std::tuple{8, 2, 64}, std::tuple{4, 4, 128}, std::tuple{32, 8, 128}, std::tuple{16, 2, 128}}) {
             const Config c = test::attention_config(n_heads, n_kv, hd);
             const int n_ctx = 1200;
             INFO(kv_types_name(ty.k, ty.v) << " heads " << n_heads << "/" << n_kv << " hd " << hd);

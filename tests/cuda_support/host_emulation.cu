@@ -957,7 +957,7 @@ std::vector<float> rotate_rows(const std::vector<float>& x, int head_dim, std::v
 bool decode_reads_wide(const Config& c, KvType k, KvType v) {
     const KvLayout kv = KvLayout::of(c, 64, k, v);
     bool wide = false;
-    const bool ok = dispatch_attention(c.n_heads / c.n_kv_heads, c.head_dim, [&](auto nq, auto e) {
+    const bool ok = dispatch_decode_attention(c.n_heads / c.n_kv_heads, kv, [&](auto nq, auto e) {
         constexpr int NQ = decltype(nq)::value, E = decltype(e)::value;
         dispatch_attention_cache<NQ, E>(kv,
                                         [&](auto cache) { wide = attention_wide<decltype(cache)::value, NQ, E>(); });
@@ -1189,10 +1189,14 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q_in, co
         unrotate();
         return out;
     }
-    const bool ok = dispatch_attention(n_rep, hd, [&](auto nq, auto e) {
+    // (one token: as attention_decode takes its heads, decode_heads_per_block; a prompt: attention_prefill's)
+    const int heads = n == 1 ? decode_heads_per_block(n_rep, kv) : heads_per_block(n_rep);
+    const bool ok = dispatch_attention_heads(heads, hd, [&](auto nq, auto e) {
         constexpr int NQ = decltype(nq)::value, E = decltype(e)::value;
         const int groups = c.n_heads / NQ;
         if (n == 1) {
+            // the counters attention_decode's callers make room for: one a block of the grid's row
+            if (groups != cuda::attention_counters(c.n_heads, kv)) throw Error("attention: counters for another grid");
             std::vector<float> partials(size_t(c.n_heads) * splits * (hd + 2), NAN);
             std::vector<int> counters(size_t(groups), 0);
             std::vector<ActBlock> blocks(xq ? out.size() / 32 : 0);
