@@ -71,8 +71,13 @@ private:
     void proj(float* out, const DevWeight& w, const float* in, int n, bool accumulate);
     void proj_f16(const RowSplit& out, const DevWeight& w, int n, bool accumulate);
     // wh_ as floats: the partial sums of --cuda-gemm mma's split products. wh_ is also the cuBLAS path's decoding
-    // scratch, which weights that gemm_mma_ok refuses use in that mode too: one product after the other on stream_.
+    // scratch, which weights that gemm_mma_ok refuses use in that mode too: the mma path joins the side stream's
+    // decoding first (gemm_overlap_join), the rest is one product after the other on stream_.
     float* scratch() const { return reinterpret_cast<float*>(wh_); }
+    // The product a prefill forward makes after w's where gemm_weight decodes it in chunks on the side stream (its
+    // first chunk decoded while w's last is multiplied): the layer's next matrix, the next layer's Q, the output
+    // after the last layer's down projection with every position's logits; null otherwise or without overlap.
+    const DevWeight* gemm_next(const DevWeight& w) const;
     // Whether a product with w of up to kMvMaxTokens tokens runs in integers, and `in` (count floats) quantized for
     // it into xq_.
     bool use_int(const DevWeight& w) const { return int_matvec_ && int_matvec_ok(w); }
@@ -108,6 +113,7 @@ private:
     int device_;
     KvLayout kv_;
     int n_batch_, n_logits_, sm_count_, splits_;
+    int head_rows_ = 1;      // the logits rows of the forward being run (run's n_out)
     GemmMmaDevice mma_dev_;  // the SMs and shared memory (--cuda-gemm mma's launch facts)
     bool graphs_;
     bool int_matvec_;  // Settings::cuda_int_matvec
@@ -125,7 +131,7 @@ private:
     bool flash_;       // Settings::cuda_flash_attention
     bool flash_async_;  // Settings::cuda_flash_pipeline, where the device has the shared memory (flash_async_fits)
     bool mma_gemm_;    // Settings::cuda_mma_gemm
-    int64_t gemm_chunk_;  // Settings::cuda_gemm_chunk_mib in weights (gemm_chunk_rows; 0: whole matrices)
+    int64_t gemm_chunk_;  // Settings::cuda_gemm_chunk_mib in weights (0: whole matrices; kGemmChunkAuto)
     bool gemm_overlap_;   // Settings::cuda_gemm_overlap: gemm_weight decodes on overlap_.side
     GemmOverlap overlap_;  // its stream and events (made in the constructor, freed by release)
     // The step begin() announced: its first position, and whether it writes the last of the first kKvOffsetPositions
@@ -221,6 +227,7 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
     xh_ = at<__half>(p.xh);
     wh_ = at<__half>(p.wh);
     wh_floats_ = int64_t(p.wh.bytes / sizeof(float));
+    if (gemm_overlap_) set_gemm_overlap_buffers(overlap_, wh_, int64_t(p.wh.bytes / sizeof(__half)));
     k_cache_ = at<uint8_t>(p.k_cache);
     v_cache_ = at<uint8_t>(p.v_cache);
     k_offsets_ = at<float>(p.k_offsets);
@@ -283,6 +290,7 @@ void CudaOps::capture(const std::function<void()>& step) {
 }
 
 const float* CudaOps::run(int n, int n_out, const std::function<void()>& step) {
+    head_rows_ = n_out;
     // note: the graph is captured once and replayed at every later position, so the one decode step that sets the
     // key offsets (kv_offsets between its rows in rope_store_kv) runs launch by launch, neither captured nor replayed.
     if (n == 1 && graphs_ && !sets_offsets_) {
@@ -302,6 +310,7 @@ const float* CudaOps::run(int n, int n_out, const std::function<void()>& step) {
     }
     KVGEN_CUDA_CHECK(cudaMemcpyAsync(d_step_, h_step_, size_t(2 + n) * 4, cudaMemcpyHostToDevice, stream_));
     step();
+    gemm_overlap_join(gemm_overlap_ ? &overlap_ : nullptr, stream_);  // nothing left running on the side stream
     KVGEN_CUDA_CHECK(cudaMemcpyAsync(h_logits_, logits_, size_t(n_out) * size_t(c_.n_vocab) * 4,
                                      cudaMemcpyDeviceToHost, stream_));
     KVGEN_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -337,12 +346,34 @@ void CudaOps::proj(float* out, const DevWeight& w, const float* in, int n, bool 
 // alone can write the rows to several buffers: cuBLAS takes out whole).
 void CudaOps::proj_f16(const RowSplit& out, const DevWeight& w, int n, bool accumulate) {
     if (mma_gemm_ && gemm_mma_ok(w)) {
+        gemm_overlap_join(gemm_overlap_ ? &overlap_ : nullptr, stream_);  // its partial sums go where wh_ is
         gemm_weight_mma(out, w, xh_, n, accumulate, mma_dev_, scratch(), wh_floats_, stream_);
         return;
     }
     KVGEN_ASSERT(out.end[0] == w.rows);  // one buffer
-    gemm_weight(cublas_, out.y[0], w, xh_, n, accumulate, wh_, stream_, gemm_chunk_,
-                gemm_overlap_ ? &overlap_ : nullptr);
+    gemm_weight(cublas_, out.y[0], w, xh_, n, accumulate, wh_, stream_, gemm_chunk_, sm_count_,
+                gemm_overlap_ ? &overlap_ : nullptr, gemm_next(w));
+}
+
+const DevWeight* CudaOps::gemm_next(const DevWeight& w) const {
+    if (!gemm_overlap_) return nullptr;
+    const DevWeight* next = nullptr;
+    for (size_t l = 0; l < w_.layers.size() && !next; ++l) {
+        const LayerDev& L = w_.layers[l];
+        const DevWeight* order[] = {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down};
+        for (size_t i = 0; i < 7; ++i) {
+            if (order[i] != &w) continue;
+            if (i + 1 < 7)
+                next = order[i + 1];
+            else if (l + 1 < w_.layers.size())
+                next = &w_.layers[l + 1].wq;
+            else if (head_rows_ > 1)  // every position's logits (head)
+                next = &w_.output;
+            break;
+        }
+    }
+    if (!next || !gemm_decodes_chunks(*next) || (mma_gemm_ && gemm_mma_ok(*next))) return nullptr;
+    return next;
 }
 
 void CudaOps::embed(float* x, int n) {

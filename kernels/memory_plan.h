@@ -3,6 +3,7 @@
 // RoPE frequencies, the KV cache and every activation buffer at an offset of one allocation: the memory check
 // before loading, the allocation and the pointers the backend hands its kernels all come from the same numbers.
 // Host code only (no CUDA types), so the CPU-only tests check it.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -20,30 +21,61 @@ constexpr size_t kActBlockBytes = 80;  // sizeof(ActBlock), matvec_int.cuh
 constexpr int kIntBatchTokens = 16;    // kMvMaxTokens, matvec.cuh: the most tokens an integer product takes
 
 // The prefill GEMM of a quantized weight decodes it to f16 a chunk of rows at a time (gemm_weight, ops.cuh): at most
-// chunk_elems weights (by default kGemmChunkElems: 16 MiB of f16, a third of an H100/H200 L2 cache, so the chunk is
-// read back from L2; --cuda-gemm-chunk), in whole steps of kGemmChunkRowStep rows (the GEMM's tiles), at least one
-// step; chunk_elems <= 0: the whole matrix at once.
+// chunk_elems weights, in whole steps of kGemmChunkRowStep rows (the GEMM's tiles), at least one step, the rows shared
+// out about evenly (in those steps, the last chunk shorter) among as few chunks as that takes (at 64 MiB an 11008 x
+// 4096 matrix in two of 5632 rows, not 8192 and 2816); chunk_elems 0: the whole matrix at once. kGemmChunkElems, 16
+// MiB of f16, is a third of an H100/H200 L2 cache, so a chunk is read back from L2.
 constexpr int64_t kGemmChunkElems = int64_t(8) << 20;
 constexpr int64_t kGemmChunkRowStep = 256;
-// The chunk of --cuda-gemm-chunk MIB (0: the whole matrix, as chunk_elems 0).
+// --cuda-gemm-chunk auto (the default; kGemmChunkAuto as chunk_elems): each product's chunk from its tokens and the
+// GPU's SMs (gemm_auto_chunk_elems). Fixed at 16 MiB, a chunk of 4096-column rows is 2048 rows, 64 output tiles of
+// 128 x 128 at 512 tokens for 132 SMs, and a 7B down projection's chunks of 512 rows 16 tiles: each GEMM fills part
+// of the GPU, and a 4096-row matrix takes two of them where the whole takes one. Auto takes as many chunks as still
+// leave each enough rows for kGemmFillWaves waves of such tiles (one, the whole matrix, where it has fewer than twice
+// those rows), at least 16 MiB and at most kGemmChunkAutoMaxElems: at 512 tokens on 132 SMs every LLaMA-2-7B matrix
+// whole (128 tiles a 4096-row one, 344 gate and up), 13B's gate, up and down in two chunks (the cap); from about
+// 2,000 tokens chunks near 16 MiB, which then give two waves (a 4096 x 4096 matrix in two chunks of 2048 rows from
+// 2,049 tokens).
+constexpr int64_t kGemmChunkAuto = -1;
+constexpr int64_t kGemmChunkAutoMaxElems = int64_t(64) << 20;  // 128 MiB of f16
+constexpr int64_t kGemmFillTile = 128;
+constexpr int64_t kGemmFillWaves = 2;
+// The chunk of --cuda-gemm-chunk MIB (0: the whole matrix, as chunk_elems 0; below 0, auto: kGemmChunkAuto).
 constexpr int64_t gemm_chunk_elems_of_mib(int mib) {
-    return int64_t(mib) << 19;
+    return mib < 0 ? kGemmChunkAuto : int64_t(mib) << 19;
 }
+// Auto's chunk, in weights, for a product of n tokens over a rows x cols matrix on sm_count SMs.
+inline int64_t gemm_auto_chunk_elems(int64_t rows, int64_t cols, int n, int sm_count) {
+    const int64_t token_tiles = (std::max(n, 1) + kGemmFillTile - 1) / kGemmFillTile;
+    const int64_t fill_rows = (kGemmFillWaves * std::max(sm_count, 1) + token_tiles - 1) / token_tiles * kGemmFillTile;
+    const int64_t chunks = std::max<int64_t>(1, rows / fill_rows);  // each at least fill_rows
+    const int64_t chunk_rows =
+        ((rows + chunks - 1) / chunks + kGemmChunkRowStep - 1) / kGemmChunkRowStep * kGemmChunkRowStep;
+    return std::min(std::max(chunk_rows * cols, kGemmChunkElems), kGemmChunkAutoMaxElems);
+}
+// The chunk one product takes: chunk_elems as set, or for kGemmChunkAuto auto's for its n tokens and the SMs.
+inline int64_t gemm_chunk_elems_for(int64_t chunk_elems, int64_t rows, int64_t cols, int n, int sm_count) {
+    return chunk_elems == kGemmChunkAuto ? gemm_auto_chunk_elems(rows, cols, n, sm_count) : chunk_elems;
+}
+// Rows a chunk of at most chunk_elems weights takes; for kGemmChunkAuto, the most auto takes whatever the tokens and
+// SMs (what scratch is planned for).
 inline int64_t gemm_chunk_rows(int64_t rows, int64_t cols, int64_t chunk_elems = kGemmChunkElems) {
+    if (chunk_elems == kGemmChunkAuto) chunk_elems = kGemmChunkAutoMaxElems;
     if (chunk_elems <= 0 || rows * cols <= chunk_elems) return rows;
-    const int64_t fit = chunk_elems / cols / kGemmChunkRowStep * kGemmChunkRowStep;
-    const int64_t r = fit > kGemmChunkRowStep ? fit : kGemmChunkRowStep;
-    return r < rows ? r : rows;
+    const int64_t fit = std::max(chunk_elems / cols / kGemmChunkRowStep * kGemmChunkRowStep, kGemmChunkRowStep);
+    if (fit >= rows) return rows;
+    const int64_t chunks = (rows + fit - 1) / fit;
+    const int64_t even = ((rows + chunks - 1) / chunks + kGemmChunkRowStep - 1) / kGemmChunkRowStep * kGemmChunkRowStep;
+    return std::min(even, fit);
 }
 // Halves of scratch gemm_weight needs for a rows x cols weight of type t (none for F16, used in place); with overlap
-// (--cuda-gemm-overlap), two chunks where the matrix takes more than one.
+// (--cuda-gemm-overlap), two buffers of a chunk each, which the chunks of a product and the first of the next take in
+// turn (GemmOverlap, ops.cuh).
 inline int64_t gemm_scratch_elems(GgmlType t, int64_t rows, int64_t cols, int64_t chunk_elems = kGemmChunkElems,
                                   bool overlap = false) {
     if (t == GgmlType::F16) return 0;
     if (cols % 32 != 0) return rows * cols;
-    const int64_t step = gemm_chunk_rows(rows, cols, chunk_elems);
-    const int64_t two = 2 * step < rows ? 2 * step : rows;
-    return (overlap ? two : step) * cols;
+    return (overlap ? 2 : 1) * gemm_chunk_rows(rows, cols, chunk_elems) * cols;
 }
 
 // With --cuda-gemm mma the product is one kernel (gemm_mma_body, prefill_gemm.cuh) whose block owns kQgRows rows and

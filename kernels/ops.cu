@@ -1055,21 +1055,71 @@ void release_gemm_overlap(GemmOverlap& o) {
     }
     if (o.side) cudaStreamDestroy(o.side);
     o.side = nullptr;
+    o.ahead = DevWeight{};
 }
 
+void set_gemm_overlap_buffers(GemmOverlap& o, __half* scratch, int64_t elems) {
+    // note: halves of a multiple of 16 bytes, so the second buffer starts aligned for the decoder's 16-byte stores
+    o.buf_elems = elems / 2 / 8 * 8;
+    o.buf[0] = scratch;
+    o.buf[1] = scratch + o.buf_elems;
+    o.ahead = DevWeight{};
+}
+
+void gemm_overlap_join(GemmOverlap* o, cudaStream_t s) {
+    if (!o || !o->ahead.data) return;
+    KVGEN_CUDA_CHECK(cudaStreamWaitEvent(s, o->decoded[o->ahead_buf], 0));
+    o->ahead = DevWeight{};
+}
+
+bool gemm_decodes_chunks(const DevWeight& w) {
+    return w.type != GgmlType::F16 && w.cols % 32 == 0 && device_type_supported(w.type);
+}
+
+namespace {
+int64_t gemm_step(const DevWeight& w, int n, int64_t chunk_elems, int sm_count) {
+    return gemm_chunk_rows(w.rows, w.cols, gemm_chunk_elems_for(chunk_elems, w.rows, w.cols, n, sm_count));
+}
+
+bool same_weight(const DevWeight& a, const DevWeight& b) {
+    return a.data == b.data && a.type == b.type && a.rows == b.rows && a.cols == b.cols && a.row_bytes == b.row_bytes;
+}
+
+// Rows [r0, r0 + nr) of w decoded on o's side stream into buffer b, once the main stream's work recorded in `after`
+// (null: nothing more than the side stream has waited for) is done; recorded as decoded[b].
+void decode_on_side(GemmOverlap& o, const DevWeight& w, int64_t r0, int64_t nr, int b, cudaEvent_t after) {
+    KVGEN_ASSERT(nr * w.cols <= o.buf_elems);
+    if (after) KVGEN_CUDA_CHECK(cudaStreamWaitEvent(o.side, after, 0));
+    dequantize_rows_f16(o.buf[b], w, r0, nr, o.side);
+    KVGEN_CUDA_CHECK(cudaEventRecord(o.decoded[b], o.side));
+}
+}  // namespace
+
 void gemm_weight(cublasHandle_t h, float* out, const DevWeight& w, const __half* x, int n, bool accumulate,
-                 __half* scratch, cudaStream_t s, int64_t chunk_elems, const GemmOverlap* overlap) {
+                 __half* scratch, cudaStream_t s, int64_t chunk_elems, int sm_count, GemmOverlap* overlap,
+                 const DevWeight* next) {
+    const bool ahead = overlap && next && gemm_decodes_chunks(*next);
     if (w.type == GgmlType::F16) {  // used in place
+        if (ahead) {                // next's first chunk decoded while this one is multiplied
+            gemm_overlap_join(overlap, s);
+            KVGEN_CUDA_CHECK(cudaEventRecord(overlap->start, s));
+            const int64_t nr = std::min(gemm_step(*next, n, chunk_elems, sm_count), next->rows);
+            decode_on_side(*overlap, *next, 0, nr, 0, overlap->start);
+            overlap->ahead = *next;
+            overlap->ahead_rows = nr;
+            overlap->ahead_buf = 0;
+        }
         gemm_f16_rows(h, out, w.rows, reinterpret_cast<const __half*>(w.data), x, w.rows, n, w.cols, accumulate);
         return;
     }
     if (w.cols % 32 != 0) {  // float rows that are not whole chunks (a tiny model): decoded whole, they are small
+        gemm_overlap_join(overlap, s);
         dequantize_f16(scratch, w, s);
         gemm_f16_rows(h, out, w.rows, scratch, x, w.rows, n, w.cols, accumulate);
         return;
     }
-    const int64_t step = gemm_chunk_rows(w.rows, w.cols, chunk_elems);
-    if (!overlap || step >= w.rows) {
+    const int64_t step = gemm_step(w, n, chunk_elems, sm_count);
+    if (!overlap) {
         // note: one stream orders each chunk's decode after the previous chunk's GEMM, which read the same scratch.
         for (int64_t r0 = 0; r0 < w.rows; r0 += step) {
             const int64_t nr = std::min(step, w.rows - r0);
@@ -1078,25 +1128,38 @@ void gemm_weight(cublasHandle_t h, float* out, const DevWeight& w, const __half*
         }
         return;
     }
-    // The side stream starts after everything before on s (the last product's GEMMs read the same scratch); s waits
-    // for each chunk's decoding before its GEMM, so it has joined the side stream when the loop ends.
+    // Chunk k is in buffer (b0 + k) % 2. The first may be there already, decoded ahead by the call before. The side
+    // stream's decoding of chunk 1 on waits for everything before on s (the last product's GEMMs read the buffers);
+    // chunk k + 2's for chunk k's GEMM; s waits for each chunk's decoding before its GEMM, so it has joined the side
+    // stream when the loop ends, but for next's first chunk (joined by the call that takes it, or gemm_overlap_join).
+    const bool have_first = overlap->ahead.data && same_weight(overlap->ahead, w) && overlap->ahead_rows == step;
+    const int b0 = have_first ? overlap->ahead_buf : 0;
+    overlap->ahead = DevWeight{};
+    overlap->taken += have_first ? 1 : 0;
     KVGEN_CUDA_CHECK(cudaEventRecord(overlap->start, s));
     KVGEN_CUDA_CHECK(cudaStreamWaitEvent(overlap->side, overlap->start, 0));
-    for (int64_t k = 0, r0 = 0; r0 < w.rows; ++k, r0 += step) {
-        const int b = int(k % 2);
-        const int64_t nr = std::min(step, w.rows - r0);
-        __half* buf = scratch + b * step * w.cols;
-        if (k >= 2) KVGEN_CUDA_CHECK(cudaStreamWaitEvent(overlap->side, overlap->multiplied[b], 0));
-        dequantize_rows_f16(buf, w, r0, nr, overlap->side);
-        KVGEN_CUDA_CHECK(cudaEventRecord(overlap->decoded[b], overlap->side));
+    const int64_t chunks = (w.rows + step - 1) / step;
+    for (int64_t k = 0; k < chunks; ++k) {
+        const int b = int((b0 + k) % 2);
+        const int64_t r0 = k * step, nr = std::min(step, w.rows - r0);
+        if (k > 0 || !have_first) decode_on_side(*overlap, w, r0, nr, b, k >= 2 ? overlap->multiplied[b] : nullptr);
         KVGEN_CUDA_CHECK(cudaStreamWaitEvent(s, overlap->decoded[b], 0));
-        gemm_f16_rows(h, out + r0, w.rows, buf, x, nr, n, w.cols, accumulate);
+        gemm_f16_rows(h, out + r0, w.rows, overlap->buf[b], x, nr, n, w.cols, accumulate);
         KVGEN_CUDA_CHECK(cudaEventRecord(overlap->multiplied[b], s));
     }
+    if (!ahead) return;
+    // Next's first chunk into the buffer the last GEMM does not read, once the GEMM before it that read that buffer
+    // is done (with one chunk, the last product's: the side stream waited for it at entry).
+    const int b = int((b0 + chunks) % 2);
+    const int64_t nr = std::min(gemm_step(*next, n, chunk_elems, sm_count), next->rows);
+    decode_on_side(*overlap, *next, 0, nr, b, chunks >= 2 ? overlap->multiplied[b] : nullptr);
+    overlap->ahead = *next;
+    overlap->ahead_rows = nr;
+    overlap->ahead_buf = b;
 }
 
 bool gemm_mma_ok(const DevWeight& w) {
-    return w.type != GgmlType::F16 && w.cols % 32 == 0 && device_type_supported(w.type);
+    return gemm_decodes_chunks(w);  // the weights decoded in chunks for cuBLAS are those decoded in tiles here
 }
 
 namespace {

@@ -135,29 +135,47 @@ void to_f16(__half* y, const float* x, int64_t count, cudaStream_t s);
 // Rows [r0, r0 + n_rows) of w (cols a multiple of 32) decoded to f16, row-major, into out (16-byte aligned). Twin:
 // dequantize_row of those rows, rounded to f16.
 void dequantize_rows_f16(__half* out, const DevWeight& w, int64_t r0, int64_t n_rows, cudaStream_t s);
-// A second stream and its events for gemm_weight to decode a weight's next chunk of rows while cuBLAS multiplies the
-// one before (--cuda-gemm-overlap): the decoding kernel, bound by memory, runs beside a GEMM whose few tiles (a 16 MiB
-// chunk of 4096-column rows: 16 of 128 x 128 at 512 tokens) leave most SMs idle. Made and freed by its owner.
+// A second stream, its events and two buffers of scratch for gemm_weight to decode a weight's next chunk of rows while
+// cuBLAS multiplies the one before (--cuda-gemm-overlap), and the first chunk of the product after while the last
+// is multiplied: the decoding kernel, bound by memory, runs beside GEMMs bound by the tensor cores. Made and freed by
+// its owner; the buffers set by set_gemm_overlap_buffers.
 struct GemmOverlap {
     cudaStream_t side = nullptr;
     cudaEvent_t start = nullptr;     // recorded on the main stream at entry: what came before, done first
-    cudaEvent_t decoded[2] = {};     // chunk buffer b written (side stream)
-    cudaEvent_t multiplied[2] = {};  // chunk buffer b read by its GEMM (main stream)
+    cudaEvent_t decoded[2] = {};     // buffer b written (side stream)
+    cudaEvent_t multiplied[2] = {};  // buffer b read by its GEMM (main stream)
+    __half* buf[2] = {};
+    int64_t buf_elems = 0;  // halves each buffer holds
+    // The first chunk of the next product, decoded ahead: its weight (data null: none), its rows and its buffer.
+    DevWeight ahead;
+    int64_t ahead_rows = 0;
+    int ahead_buf = 0;
+    int64_t taken = 0;  // first chunks taken from there so far (for tests)
 };
 // Makes o's stream and events (throws on failure; what was made is left for release_gemm_overlap).
 void make_gemm_overlap(GemmOverlap& o);
 // Frees what o holds, made or partly made, and leaves it empty.
 void release_gemm_overlap(GemmOverlap& o);
+// o's two buffers: the halves of scratch (elems halves, gemm_scratch_elems with overlap).
+void set_gemm_overlap_buffers(GemmOverlap& o, __half* scratch, int64_t elems);
+// Stream s waits for a chunk decoded ahead, if there is one, and o forgets it: before s writes the scratch otherwise,
+// and at the end of a forward (nothing of it left running on the side stream). o may be null.
+void gemm_overlap_join(GemmOverlap* o, cudaStream_t s);
+// Whether gemm_weight decodes w chunk by chunk (every type with a decoder but F16, cols a multiple of 32).
+bool gemm_decodes_chunks(const DevWeight& w);
 // The prefill product of any weight: out[n][rows] = x[n][cols] . W^T (+= when accumulate) with x in f16. F16 weights
-// go to cuBLAS in place; the rest are decoded chunk by chunk (prefill_gemm.cuh) into scratch, which holds
-// gemm_scratch_elems(w.type, w.rows, w.cols, chunk_elems, overlap != null) halves (memory_plan.h), and each chunk
-// multiplied there: one after the other on stream s, or with overlap, chunk k + 1 decoded on its side stream into the
-// other half of scratch while chunk k is multiplied on s (chunk k + 2's decoding waits for chunk k's GEMM). The same
-// GEMMs of the same chunks either way, so the same bits. The cuBLAS handle must be on stream s. Twin: the product of
-// the f16-rounded operands in double.
+// go to cuBLAS in place; the rest are decoded chunk by chunk (prefill_gemm.cuh) and each chunk multiplied: chunks of
+// gemm_chunk_rows(w.rows, w.cols, gemm_chunk_elems_for(chunk_elems, w.rows, w.cols, n, sm_count)) rows
+// (memory_plan.h; chunk_elems may be kGemmChunkAuto). Without overlap, one after the other on stream s in scratch,
+// which holds gemm_scratch_elems(w.type, w.rows, w.cols, chunk_elems) halves. With overlap, in its buffers, chunk k + 1
+// decoded on its side stream while chunk k is multiplied on s (chunk k + 2's decoding waits for chunk k's GEMM), and
+// where next is given (the product the caller makes next, of the same n tokens) and gemm_decodes_chunks(next), next's
+// first chunk decoded into the other buffer while this product's last chunk is multiplied, and taken from there by
+// the next call for it (any other call decodes its own first chunk). The same GEMMs of the same chunks every way, so
+// the same bits. The cuBLAS handle must be on stream s. Twin: the product of the f16-rounded operands in double.
 void gemm_weight(cublasHandle_t h, float* out, const DevWeight& w, const __half* x, int n, bool accumulate,
-                 __half* scratch, cudaStream_t s, int64_t chunk_elems = kGemmChunkElems,
-                 const GemmOverlap* overlap = nullptr);
+                 __half* scratch, cudaStream_t s, int64_t chunk_elems = kGemmChunkElems, int sm_count = 1,
+                 GemmOverlap* overlap = nullptr, const DevWeight* next = nullptr);
 void check_cublas(cublasStatus_t st, const char* what);
 // The same product in one kernel (gemm_mma_body, prefill_gemm.cuh: each weight tile decoded into shared memory and
 // multiplied there on the tensor cores, nothing written out; --cuda-gemm mma) for the weights gemm_mma_ok accepts

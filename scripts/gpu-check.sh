@@ -35,9 +35,10 @@
 #      two; with --quick also its per-kernel table),
 #      and for the quantized ones pp512 with --cuda-gemm mma (SHAPE-T-mmagemm: the prefill products in one kernel
 #      that decodes each weight tile into shared memory, against cuBLAS on decoded chunks), pp512 with
-#      --cuda-gemm-chunk 64 and 0 (SHAPE-T-chunk64, -chunk0: cuBLAS on 64 MiB chunks of decoded rows and on whole
-#      matrices, against the default 16 MiB), pp512 with --cuda-gemm-overlap off (SHAPE-T-nooverlap: each chunk
-#      decoded and multiplied in turn on one stream, not the next decoded on a second) and pp16 and tg128 with
+#      --cuda-gemm-chunk 16 and 0 (SHAPE-T-chunk16, -chunk0: cuBLAS on fixed 16 MiB chunks of decoded rows and on
+#      whole matrices, against the default auto, chunks from the tokens and the SMs), pp512 with
+#      --cuda-gemm-overlap off (SHAPE-T-nooverlap: each chunk decoded and multiplied in turn on one stream, not the
+#      next, or the next product's first, decoded on a second while one is multiplied) and pp16 and tg128 with
 #      --cuda-kv-store kernel (SHAPE-T-storekernel: RoPE and the K/V store in their own launch, not in the Q|K|V
 #      products), and tg128 with --cuda-norm kernel (SHAPE-T-normkernel: each RMSNorm in its own launch, not folded
 #      into the residual product before it);
@@ -390,7 +391,7 @@ for shape in "${shapes[@]}"; do
             bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-gemm mma -p 512 -n 0 -d 0 -r 2 -o json \
                 >"$work/speed/$name-mmagemm.bench.json" 2>>"$out/log.txt" ||
                 log "$name: bench with --cuda-gemm mma failed"
-            for mib in 64 0; do  # cuBLAS on larger chunks of decoded rows (0: the whole matrix)
+            for mib in 16 0; do  # cuBLAS on fixed chunks of decoded rows (0: the whole matrix) instead of auto
                 cp "$work/speed/$name.inspect.json" "$work/speed/$name-chunk$mib.inspect.json"
                 bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-gemm-chunk "$mib" -p 512 -n 0 -d 0 -r 2 \
                     -o json >"$work/speed/$name-chunk$mib.bench.json" 2>>"$out/log.txt" ||

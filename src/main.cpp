@@ -1,5 +1,6 @@
 // kvgen: the command line. Parses options, dispatches to a mode, and is the only place that prints errors.
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -219,6 +220,13 @@ void add_cuda_choice(CLI::App& app, const std::string& name, bool* on, const std
            name, [on, on_value](const std::string& v) { *on = v == on_value; }, help)
         ->check(CLI::IsMember(values));
 }
+// A whole decimal number, all of text, into *out.
+bool parse_int(const std::string& text, int* out) {
+    const char* end = text.data() + text.size();
+    const auto r = std::from_chars(text.data(), end, *out);
+    return !text.empty() && r.ec == std::errc() && r.ptr == end;
+}
+
 // A CUDA option that takes one of a few numbers, straight into its setting (which keeps its default when not given).
 void add_cuda_number(CLI::App& app, const std::string& name, int* value, const std::vector<int>& values,
                      const std::string& help) {
@@ -380,19 +388,26 @@ int main(int argc, char** argv) {
         "f32 rounding of each other)");
     add_cuda_choice(app, "--cuda-gemm", &gen.run.cuda_mma_gemm, {"cublas", "mma"}, "mma",
                     "CUDA prefill products (over 16 tokens) of quantized weights: cublas (the weight decoded to f16 a "
-                    "chunk of rows at a time into a scratch the L2 cache holds, each chunk multiplied by cuBLAS, the "
-                    "default) or mma (one kernel that decodes each weight tile into shared memory and multiplies it "
+                    "chunk of rows at a time, --cuda-gemm-chunk, each chunk multiplied by cuBLAS, the default) or mma "
+                    "(one kernel that decodes each weight tile into shared memory and multiplies it "
                     "there on the tensor cores, to compare)");
-    int cuda_gemm_chunk = 16;
+    std::string cuda_gemm_chunk = "auto";
     app.add_option("--cuda-gemm-chunk", cuda_gemm_chunk,
-                   "CUDA, --cuda-gemm cublas: MiB of f16 a quantized weight is decoded into at a time (16, the "
-                   "default: a chunk the L2 cache holds; more rows a chunk fill more of the GPU per cuBLAS call), or "
-                   "0 for the whole matrix at once; the same operands, sums within f32 rounding")
-        ->check(CLI::Range(0, 4096));
+                   "CUDA, --cuda-gemm cublas: MiB of f16 a quantized weight is decoded into at a time: auto (the "
+                   "default: from the prompt's tokens and the GPU's SMs, enough rows a chunk for cuBLAS to fill the "
+                   "GPU twice over where the matrix has them, 16 to 128 MiB), a number (16: a chunk the L2 cache "
+                   "holds), or 0 for the whole matrix at once; the same operands, sums within f32 rounding")
+        ->check([](const std::string& v) -> std::string {
+            if (v == "auto") return "";
+            int mib = -1;
+            if (!parse_int(v, &mib) || mib < 0 || mib > 4096) return "must be auto or a number from 0 to 4096";
+            return "";
+        })
+        ->type_name("auto|MIB");
     add_cuda_choice(app, "--cuda-gemm-overlap", &gen.run.cuda_gemm_overlap, {"on", "off"}, "on",
-                    "CUDA, --cuda-gemm cublas: on (the default) decodes a weight's next chunk on a second stream "
-                    "while cuBLAS multiplies the one before, into the other of two chunks of scratch; off decodes and "
-                    "multiplies in turn on one stream, to compare; the same results");
+                    "CUDA, --cuda-gemm cublas: on (the default) decodes a weight's next chunk, or the next "
+                    "product's first, on a second stream while cuBLAS multiplies the one before, into the other of "
+                    "two buffers; off decodes and multiplies in turn on one stream, to compare; the same results");
     std::string math = "exact";
     app.add_option("--math", math,
                    "CPU products of quantized weights: exact (activations rounded to 16 bits, the default), fast "
@@ -579,7 +594,7 @@ int main(int argc, char** argv) {
         if (!kv_types.empty()) kv_type = kvgen::kv_types_name(kv_types[0].first, kv_types[0].second);
         kvgen::kv_types_from_name(kv_type, "--kv-type", &gen.run.kv_type_k, &gen.run.kv_type_v);
         kvgen::math_mode_from_name(math, &gen.run.math);
-        gen.run.cuda_gemm_chunk_mib = cuda_gemm_chunk;
+        if (cuda_gemm_chunk != "auto") parse_int(cuda_gemm_chunk, &gen.run.cuda_gemm_chunk_mib);
         kvgen::apply_llama_settings(llama, gen.run, app.count("--kv-type") > 0);
         if (!llama.n_gpu_layers.empty() && gen.run.device != "cpu" && gen.run.device != "auto")
             kvgen::resolve_device(gen.run.device, fmt::format("-ngl {}", llama.n_gpu_layers));

@@ -119,6 +119,12 @@ expect_error "generate: --kv-type q4" "kv-type" "$kvgen" -m "$ref" -p hi --kv-ty
 expect_error "generate: a context with no room to generate" "leaves no room to generate" "$kvgen" -m "$ref" -p Hi -c 2
 expect_error "generate: --math approx" "--math: approx not in" "$kvgen" -m "$ref" -p hi --math approx
 expect_error "generate: --cuda-gemm bogus" "--cuda-gemm: bogus not in" "$kvgen" -m "$ref" -p hi --cuda-gemm bogus
+expect_error "generate: --cuda-gemm-chunk big" "--cuda-gemm-chunk: must be auto or a number" "$kvgen" -m "$ref" -p hi \
+    --cuda-gemm-chunk big
+expect_error "generate: --cuda-gemm-chunk 5000" "--cuda-gemm-chunk: must be auto or a number" "$kvgen" -m "$ref" -p hi \
+    --cuda-gemm-chunk 5000
+expect_ok "generate: --cuda-gemm-chunk auto on the CPU" "." "$kvgen" -m "$ref" -p "The KV cache" -n 2 --temp 0 -t 1 \
+    --cuda-gemm-chunk auto
 expect_error "generate: --cuda-norm bogus" "--cuda-norm: bogus not in" "$kvgen" -m "$ref" -p hi --cuda-norm bogus
 expect_error "generate: --math fast on the GPU" "exact mode only" "$kvgen" -m "$ref" -p hi --math fast --device cuda
 expect_ok "generate: --math f32" "." "$kvgen" -m "$ref" -p "The KV cache" -n 4 --temp 0 -t 1 --math f32

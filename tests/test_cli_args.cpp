@@ -118,6 +118,10 @@ TEST_CASE("the bench backend column names the CUDA options that differ from the 
     s.cuda_gemm_chunk_mib = 0;
     CHECK(cuda_options_name(s) ==
           "--no-cuda-graphs --cuda-pdl off --cuda-matvec-rows 4 --cuda-gemm mma --cuda-gemm-chunk 0");
+    s.cuda_gemm_chunk_mib = 16;  // the fixed chunk before auto became the default
+    CHECK(cuda_options_name(s) ==
+          "--no-cuda-graphs --cuda-pdl off --cuda-matvec-rows 4 --cuda-gemm mma --cuda-gemm-chunk 16");
+    CHECK(Settings{}.cuda_gemm_chunk_mib < 0);  // auto
     s = Settings{};
     s.cuda_gemm_overlap = false;
     CHECK(cuda_options_name(s) == "--cuda-gemm-overlap off");

@@ -86,24 +86,36 @@ std::vector<float> copy(const float* p, int n) {
     return std::vector<float>(p, p + n);
 }
 
+// Settings of a test's backends: a context of n_ctx positions, 2 CPU threads, no upload progress.
+Settings test_settings(int n_ctx) {
+    Settings s;
+    s.n_ctx = n_ctx;
+    s.n_threads = 2;
+    s.progress = false;
+    return s;
+}
+
+// n token ids drawn from a vocabulary of n_vocab, the same for the same seed.
+std::vector<int32_t> random_tokens(int n, int n_vocab, unsigned seed) {
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int32_t> dist(0, n_vocab - 1);
+    std::vector<int32_t> out(static_cast<size_t>(n));
+    for (int32_t& t : out) t = dist(rng);
+    return out;
+}
+
 void compare_backends(const Model& m, const std::string& label, KvType kt = KvType::F16, KvType vt = KvType::F16) {
     INFO(label << ", KV cache " << kv_types_name(kt, vt));
     const int n_vocab = m.config.n_vocab;
-    Settings s;
+    Settings s = test_settings(256);
     s.kv_type_k = kt;
     s.kv_type_v = vt;
-    s.n_ctx = 256;
     s.n_batch = 64;
-    s.n_threads = 2;
-    s.progress = false;
     const std::unique_ptr<Backend> cpu_backend = cpu::make_backend(m, s);
     Backend& cpu = *cpu_backend;
     std::unique_ptr<Backend> gpu = cuda::make_backend(m, s);
 
-    std::mt19937 rng(3);
-    std::uniform_int_distribution<int32_t> dist(0, n_vocab - 1);
-    std::vector<int32_t> prompt(12);
-    for (int32_t& t : prompt) t = dist(rng);
+    std::vector<int32_t> prompt = random_tokens(12, n_vocab, 3);
     // The CPU's logits of the prefill and 12 greedy steps, and for a quantized cache what a rounding-level change of
     // the CPU's own arithmetic does to them: the same tokens with --math f32 (products on f32 activations). The
     // values a quantized row is made of then differ in their last bits, a few of them land on the other side of a
@@ -192,14 +204,8 @@ TEST_CASE("CUDA prefill products in one kernel (--cuda-gemm mma) agree with the 
     for (const Model& m : models) {
         INFO(m.config.n_layers << " layers, " << m.config.n_embd << " wide, vocab " << m.config.n_vocab);
         const int n_vocab = m.config.n_vocab, n = 150;
-        Settings s;
-        s.n_ctx = 256;
-        s.n_threads = 2;
-        s.progress = false;
-        std::mt19937 rng(5);
-        std::uniform_int_distribution<int32_t> dist(0, n_vocab - 1);
-        std::vector<int32_t> prompt(n);
-        for (int32_t& t : prompt) t = dist(rng);
+        Settings s = test_settings(256);
+        const std::vector<int32_t> prompt = random_tokens(n, n_vocab, 5);
         const auto prefill = [&](std::unique_ptr<Backend> b) {
             return copy(b->forward(prompt.data(), n, 0, Pass::Prefill), n_vocab);
         };
@@ -208,6 +214,43 @@ TEST_CASE("CUDA prefill products in one kernel (--cuda-gemm mma) agree with the 
         const std::vector<float> lm = prefill(cuda::make_backend(m, s));
         check_logits(lc, lm, "the CPU against --cuda-gemm mma");
         check_logits(lb, lm, "--cuda-gemm cublas against mma");
+    }
+}
+
+TEST_CASE("CUDA prefill decoding each product's first chunk ahead gives the bits of the products in turn",
+          "[cuda][forward]") {
+    // --cuda-gemm-overlap on (the default) against off, with auto chunks (whole matrices at these sizes) and 2 MiB
+    // ones, every position's logits (so the output product follows the last layer's down projection): the same GEMMs
+    // of the same chunks, so the same bits; the CPU within the usual bounds
+    std::vector<Model> models;
+    for (const char* type : {"Q4_0", "Q4_K_M", "Q6_K"}) models.push_back(synth_model(type));
+    models.push_back(Model::load(test::shared("testdata/ref/open-gqa-Q4_K_M.gguf")));
+    for (const Model& m : models) {
+        const int n_vocab = m.config.n_vocab, n = 40;
+        Settings s = test_settings(128);
+        s.all_logits = true;
+        const std::vector<int32_t> prompt = random_tokens(n, n_vocab, 9);
+        const auto prefill = [&](std::unique_ptr<Backend> b) {
+            std::vector<float> all = copy(b->forward(prompt.data(), n, 0, Pass::Prefill, true), n * n_vocab);
+            // and a second prompt after it, whose first product finds nothing decoded ahead by the first's last
+            std::vector<float> more = copy(b->forward(prompt.data(), 25, n, Pass::Prefill, true), 25 * n_vocab);
+            all.insert(all.end(), more.begin(), more.end());
+            return all;
+        };
+        for (const int mib : {-1, 2}) {
+            INFO(m.config.n_layers << " layers, " << m.config.n_embd << " wide; --cuda-gemm-chunk " << mib);
+            s.cuda_gemm_chunk_mib = mib;
+            s.cuda_gemm_overlap = true;
+            const std::vector<float> on = prefill(cuda::make_backend(m, s));
+            s.cuda_gemm_overlap = false;
+            const std::vector<float> off = prefill(cuda::make_backend(m, s));
+            REQUIRE(on.size() == off.size());
+            size_t differ = 0;
+            for (size_t i = 0; i < on.size(); ++i) differ += std::memcmp(&on[i], &off[i], sizeof(float)) != 0;
+            CHECK(differ == 0);
+            check_logits(copy(cpu::make_backend(m, s)->forward(prompt.data(), n, 0, Pass::Prefill, true), n_vocab),
+                         copy(on.data(), n_vocab), "the CPU against the first position with overlap");
+        }
     }
 }
 
@@ -397,16 +440,10 @@ TEST_CASE("CUDA: a short prompt over a deep cache, its positions split among blo
     // 2 on any with 2 or more: flash_splits); the chat turn's logits against the CPU backend's
     const Model m = synth_model("Q4_K_M");
     const int n_vocab = m.config.n_vocab;
-    Settings s;
-    s.n_ctx = 2048;
+    Settings s = test_settings(2048);
     s.n_batch = 512;
-    s.n_threads = 2;
-    s.progress = false;
     const std::unique_ptr<Backend> cpu = cpu::make_backend(m, s), gpu = cuda::make_backend(m, s);
-    std::mt19937 rng(5);
-    std::uniform_int_distribution<int32_t> dist(0, n_vocab - 1);
-    std::vector<int32_t> toks(1505);
-    for (int32_t& t : toks) t = dist(rng);
+    const std::vector<int32_t> toks = random_tokens(1505, n_vocab, 5);
     for (int p0 = 0; p0 < 1500; p0 += 500) {
         cpu->forward(&toks[size_t(p0)], 500, p0, Pass::Prefill);
         gpu->forward(&toks[size_t(p0)], 500, p0, Pass::Prefill);

@@ -301,6 +301,7 @@ TEST_CASE("the prefill GEMM's chunks stay within the L2-sized scratch, in whole 
     CHECK(gemm_chunk_rows(5120, 13824) == 512);
     CHECK(gemm_chunk_rows(1000, 65536) == 256);  // wider than a chunk allows: one step of rows, the least there is
     CHECK(gemm_chunk_rows(100, 200000) == 100);
+    CHECK(gemm_chunk_rows(2304, 4096) == 1280);  // two chunks of 1280 and 1024 rows, not 2048 and 256
     for (int64_t cols : {896, 4096, 5120, 11008, 13824})
         for (int64_t rows : {256, 4096, 11008, 32000}) {
             const int64_t r = gemm_chunk_rows(rows, cols);
@@ -308,23 +309,81 @@ TEST_CASE("the prefill GEMM's chunks stay within the L2-sized scratch, in whole 
             CHECK(r <= rows);
             CHECK((r == rows || r % cuda::kGemmChunkRowStep == 0));
             CHECK((r * cols <= cuda::kGemmChunkElems || r == cuda::kGemmChunkRowStep || r == rows));
+            // as few chunks as the 16 MiB allow, the rows shared out evenly (in steps of rows)
+            const int64_t fit = std::max<int64_t>(cuda::kGemmChunkElems / cols / 256 * 256, 256);
+            if (r < rows) {
+                CHECK((rows + r - 1) / r == (rows + fit - 1) / fit);
+                CHECK(rows - (rows + r - 1) / r * r > -cuda::kGemmChunkRowStep * ((rows + r - 1) / r));
+            }
             CHECK(cuda::gemm_scratch_elems(GgmlType::Q4_K, rows, cols) == r * cols);
-            // --cuda-gemm-overlap: two chunks' room where there are two or more
-            CHECK(cuda::gemm_scratch_elems(GgmlType::Q4_K, rows, cols, cuda::kGemmChunkElems, true) ==
-                  std::min(2 * r, rows) * cols);
+            // --cuda-gemm-overlap: two buffers of a chunk, which the next product's first chunk takes in turn
+            CHECK(cuda::gemm_scratch_elems(GgmlType::Q4_K, rows, cols, cuda::kGemmChunkElems, true) == 2 * r * cols);
             CHECK(cuda::gemm_scratch_elems(GgmlType::F16, rows, cols) == 0);
         }
     // --cuda-gemm-chunk: 64 MiB (32M weights) holds four times the rows; 0, the whole matrix
     CHECK(cuda::gemm_chunk_elems_of_mib(16) == cuda::kGemmChunkElems);
     const int64_t big = cuda::gemm_chunk_elems_of_mib(64);
     CHECK(gemm_chunk_rows(4096, 4096, big) == 4096);
-    CHECK(gemm_chunk_rows(11008, 4096, big) == 8192);
-    CHECK(gemm_chunk_rows(4096, 11008, big) == 2816);  // 512 at 16 MiB
+    CHECK(gemm_chunk_rows(11008, 4096, big) == 5632);  // two chunks (8192 fit)
+    CHECK(gemm_chunk_rows(4096, 11008, big) == 2048);  // 512 at 16 MiB
     CHECK(gemm_chunk_rows(11008, 4096, 0) == 11008);
     CHECK(cuda::gemm_scratch_elems(GgmlType::Q4_0, 11008, 4096, 0) == 11008 * 4096);
-    CHECK(cuda::gemm_scratch_elems(GgmlType::Q4_0, 11008, 4096, 0, true) == 11008 * 4096);  // one chunk: one buffer
+    CHECK(cuda::gemm_scratch_elems(GgmlType::Q4_0, 11008, 4096, 0, true) == 2 * 11008 * 4096);
     CHECK(cuda::gemm_scratch_elems(GgmlType::Q4_0, 11008, 4096, cuda::kGemmChunkElems, true) == 2 * 2048 * 4096);
     CHECK(cuda::gemm_scratch_elems(GgmlType::F16, 11008, 4096, cuda::kGemmChunkElems, true) == 0);
+}
+
+TEST_CASE("the prefill GEMM's auto chunks come from the tokens and the SMs, within the scratch planned",
+          "[cuda-host]") {
+    using cuda::gemm_chunk_rows;
+    const int64_t autoc = cuda::kGemmChunkAuto;
+    CHECK(cuda::gemm_chunk_elems_of_mib(-1) == autoc);
+    auto rows_of = [](int64_t rows, int64_t cols, int n, int sms) {
+        return gemm_chunk_rows(rows, cols, cuda::gemm_chunk_elems_for(cuda::kGemmChunkAuto, rows, cols, n, sms));
+    };
+    // 512 tokens on 132 SMs (an H100/H200): LLaMA-2-7B's matrices whole, 13B's gate, up and down in two (the cap),
+    // the output's 32000 rows (every position's logits) in three of at least 8448 rows (two waves)
+    for (const auto& [rows, cols] :
+         {std::pair<int64_t, int64_t>{4096, 4096}, {11008, 4096}, {4096, 11008}, {5120, 5120}})
+        CHECK(rows_of(rows, cols, 512, 132) == rows);
+    CHECK(rows_of(32000, 4096, 512, 132) == 10752);
+    CHECK(rows_of(13824, 5120, 512, 132) == 6912);
+    CHECK(rows_of(5120, 13824, 512, 132) == 2560);
+    // 16 MiB where that already gives each GEMM two waves of 128 x 128 tiles
+    CHECK(rows_of(4096, 4096, 2048, 132) == 4096);  // 2176 rows wanted: one chunk
+    CHECK(rows_of(4096, 4096, 2049, 132) == 2048);  // 2048 wanted: two, as at 16 MiB
+    CHECK(rows_of(4096, 4096, 2049, 132) == gemm_chunk_rows(4096, 4096));
+    CHECK(rows_of(4096, 4096, 8192, 132) == 2048);  // never below 16 MiB
+    // short prompts: a chunk's tiles cannot fill the GPU, so as few chunks as the cap allows
+    CHECK(rows_of(4096, 4096, 20, 132) == 4096);
+    CHECK(rows_of(11008, 4096, 100, 132) == 11008);
+    // fewer SMs, fewer rows: 512 tokens on 28 SMs want 1792 rows a chunk, two 16 MiB chunks of a 4096-row matrix
+    CHECK(rows_of(4096, 4096, 512, 28) == 2048);
+    CHECK(rows_of(11008, 4096, 512, 28) == 2048);
+    for (int64_t cols : {896, 4096, 5120, 8192, 11008, 13824, 28672})
+        for (int64_t rows : {256, 1000, 4096, 11008, 28672, 128256})
+            for (int n : {17, 100, 512, 2048, 8192})
+                for (int sms : {1, 28, 132, 264}) {
+                    INFO(rows << " x " << cols << ", " << n << " tokens, " << sms << " SMs");
+                    const int64_t r = rows_of(rows, cols, n, sms);
+                    CHECK(r >= 1);
+                    CHECK(r <= rows);
+                    CHECK((r == rows || r % cuda::kGemmChunkRowStep == 0));
+                    // the scratch planned for auto holds every chunk auto takes
+                    CHECK(r <= gemm_chunk_rows(rows, cols, autoc));
+                    CHECK(r * cols <= std::max(cuda::kGemmChunkAutoMaxElems, cuda::kGemmChunkRowStep * cols));
+                    // never smaller than a 16 MiB chunk
+                    CHECK(r >= gemm_chunk_rows(rows, cols));
+                    // where the matrix has rows for two chunks of two waves each, every chunk has two waves, unless
+                    // the cap holds it
+                    const int64_t fill = (2 * sms + (n + 127) / 128 - 1) / ((n + 127) / 128) * 128;
+                    if (rows >= 2 * fill && (2 * fill + 256) * cols <= cuda::kGemmChunkAutoMaxElems) {
+                        const int64_t chunks = (rows + r - 1) / r;
+                        CHECK(rows / chunks >= fill - cuda::kGemmChunkRowStep);
+                    }
+                }
+    CHECK(cuda::gemm_scratch_elems(GgmlType::Q4_K, 11008, 4096, autoc, true) == 2 * 11008 * 4096);
+    CHECK(cuda::gemm_scratch_elems(GgmlType::Q4_K, 13824, 5120, autoc) == 6912 * 5120);
 }
 
 TEST_CASE("the CUDA memory plan counts weights, the f16 KV cache and buffers", "[cuda-host]") {

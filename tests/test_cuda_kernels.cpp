@@ -461,6 +461,55 @@ TEST_CASE("the prefill GEMM of a weight larger than one decoded chunk covers eve
     }
 }
 
+TEST_CASE("prefill GEMMs that decode the next product's first chunk ahead give each product's bits in turn",
+          "[cuda][kernels]") {
+    // A layer's products in a row with --cuda-gemm-overlap: each names the one after it, whose first chunk is decoded
+    // on the side stream while its own last is multiplied. The same chunks multiplied by the same GEMMs as without
+    // overlap, so the same bits, whether the next product is the one named (taken from the buffer) or not (decoded
+    // again: a weight of the same type and shape with other bytes is not taken), through an F16 weight (used in place,
+    // naming the next all the same), at 2 MiB (9 chunks of 256 rows), 16 MiB (2) and auto (whole matrices at these
+    // sizes on 132 SMs; 16 MiB chunks on 1)
+    const std::vector<std::pair<const char*, int64_t>> shapes = {
+        {"Q4_0", 2304}, {"Q4_K", 1000}, {"F16", 512}, {"Q6_K", 2304}, {"Q4_0", 2304}};
+    const int64_t cols = 4096;
+    std::vector<std::vector<uint8_t>> bytes;
+    std::vector<ct::HostWeight> ws;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+        GgmlType t;
+        REQUIRE(ggml_type_from_name(shapes[i].first, &t));
+        bytes.push_back(random_weights(t, shapes[i].second, cols, 40 + int(i)));
+    }
+    for (size_t i = 0; i < shapes.size(); ++i) {
+        GgmlType t;
+        REQUIRE(ggml_type_from_name(shapes[i].first, &t));
+        ws.push_back({t, shapes[i].second, cols, &bytes[i]});
+    }
+    // products 0 and 4 alike but for their bytes (A and A'), 1 B, 2 C (F16), 3 D
+    const std::vector<std::vector<int>> orders = {
+        {1, 2, 3, 4, -1},    // each names the one after it: B, D (named by the F16 C) and A' take theirs
+        {3, 3, -1, 0, -1}};  // A and B name D: B decodes its own, D takes B's (C, F16, leaves it); A' not D's A
+    const int64_t taken_want[] = {3, 1};
+    for (const int n : {20, 150}) {
+        const std::vector<float> x = randn(size_t(n) * size_t(cols), 41);
+        for (const auto& [mib, sms] : {std::pair{2, 132}, std::pair{16, 132}, std::pair{-1, 132}, std::pair{-1, 1}}) {
+            std::vector<std::vector<float>> in_turn;
+            for (const ct::HostWeight& w : ws) in_turn.push_back(ct::gemm(w, x, n, nullptr, false, sms, true, 2, mib));
+            for (size_t o = 0; o < orders.size(); ++o) {
+                INFO("n " << n << ", chunk " << mib << " MiB, " << sms << " SMs, order " << o);
+                int64_t taken = -1;
+                const auto got = ct::gemm_chain(ws, orders[o], x, n, mib, sms, true, &taken);
+                CHECK(taken == taken_want[o]);
+                REQUIRE(got.size() == ws.size());
+                for (size_t i = 0; i < ws.size(); ++i) {
+                    INFO("product " << i);
+                    CHECK(got[i] == in_turn[i]);
+                }
+                CHECK(ct::gemm_chain(ws, orders[o], x, n, mib, sms, false) == in_turn);  // without overlap
+            }
+        }
+    }
+}
+
 TEST_CASE("the one-kernel prefill GEMM writes Q, K and V to three buffers bit for bit as into one, folds SwiGLU in "
           "bit for bit as the unsplit products and the swiglu kernel, and gives one stage's bits with two",
           "[cuda][kernels]") {

@@ -49,7 +49,7 @@ std::string cuda_options_name(const Settings& s) {
         add(s.cuda_f16_block ? "--cuda-f16-matvec block" : "--cuda-f16-matvec warp");
     if (s.cuda_mma_gemm != d.cuda_mma_gemm) add(s.cuda_mma_gemm ? "--cuda-gemm mma" : "--cuda-gemm cublas");
     if (s.cuda_gemm_chunk_mib != d.cuda_gemm_chunk_mib)
-        add("--cuda-gemm-chunk " + std::to_string(s.cuda_gemm_chunk_mib));
+        add("--cuda-gemm-chunk " + (s.cuda_gemm_chunk_mib < 0 ? "auto" : std::to_string(s.cuda_gemm_chunk_mib)));
     if (s.cuda_gemm_overlap != d.cuda_gemm_overlap)
         add(s.cuda_gemm_overlap ? "--cuda-gemm-overlap on" : "--cuda-gemm-overlap off");
     return out;

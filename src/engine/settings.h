@@ -54,10 +54,12 @@ struct Settings {
                                  // not a warp per 2 rows (--cuda-f16-matvec)
     bool cuda_mma_gemm = false;  // CUDA: prefill products of quantized weights in one kernel, each weight tile decoded
                                  // into shared memory and multiplied there (--cuda-gemm mma), instead of cuBLAS
-    int cuda_gemm_chunk_mib = 16;  // CUDA: MiB of f16 a quantized weight's prefill product decodes at a time for
-                                   // cuBLAS (0: the whole matrix) (--cuda-gemm-chunk)
-    bool cuda_gemm_overlap = true;  // CUDA: the next chunk decoded on a second stream while cuBLAS multiplies this
-                                    // one, into the other of two chunks of scratch (--cuda-gemm-overlap)
+    int cuda_gemm_chunk_mib = -1;   // CUDA: MiB of f16 a quantized weight's prefill product decodes at a time for
+                                    // cuBLAS (0: the whole matrix; -1: auto, from the tokens and the SMs)
+                                    // (--cuda-gemm-chunk)
+    bool cuda_gemm_overlap = true;  // CUDA: the next chunk (or the next product's first) decoded on a second stream
+                                    // while cuBLAS multiplies this one, into the other of two buffers of scratch
+                                    // (--cuda-gemm-overlap)
     bool progress = true;         // CUDA: weight upload progress on stderr
     bool all_logits = false;      // logits for every position of a batch, not only the last (perplexity)
     MathMode math = MathMode::Exact;  // --math

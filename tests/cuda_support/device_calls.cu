@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "attention.cuh"
@@ -187,6 +188,34 @@ GemmMmaDevice mma_device(int sm_count, int stages) {
             std::max(d.shared_per_sm, kQgBlocksPerSm * (2 * gemm_mma_stage_bytes(128) + kSharedReservePerBlock));
     return d;
 }
+
+// A cuBLAS handle on the default stream and, with overlap, gemm_weight's second stream over two buffers of scratch
+// (elems halves); both freed when it goes.
+struct GemmRig {
+    cublasHandle_t h = nullptr;
+    GemmOverlap ov;
+    GemmOverlap* overlap = nullptr;  // &ov with overlap, else null
+    GemmRig(bool with_overlap, __half* scratch, int64_t elems) {
+        check_cublas(cublasCreate(&h), "cublasCreate");
+        if (!with_overlap) return;
+        try {
+            make_gemm_overlap(ov);
+        } catch (...) {
+            release();
+            throw;
+        }
+        set_gemm_overlap_buffers(ov, scratch, elems);
+        overlap = &ov;
+    }
+    ~GemmRig() { release(); }
+    GemmRig(const GemmRig&) = delete;
+    GemmRig& operator=(const GemmRig&) = delete;
+    void release() {
+        if (h) cublasDestroy(h);
+        h = nullptr;
+        release_gemm_overlap(ov);
+    }
+};
 }  // namespace
 
 std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0, bool mma,
@@ -195,33 +224,52 @@ std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n,
     const int64_t chunk = gemm_chunk_elems_of_mib(chunk_mib);
     Dev<uint8_t> b(device_bytes(w));
     Dev<float> dx(x);
-    const int64_t scratch = gemm_scratch_elems(w.type, w.rows, w.cols, chunk, overlap);
-    Dev<__half> xh(x.size()), wh(size_t(std::max<int64_t>(1, scratch)));
+    const int64_t scratch = std::max<int64_t>(16, gemm_scratch_elems(w.type, w.rows, w.cols, chunk, overlap));
+    Dev<__half> xh(x.size()), wh{size_t(scratch)};
     to_f16(xh.p, dx.p, int64_t(x.size()), nullptr);
     Dev<float> y(size_t(n) * size_t(w.rows));
     if (y0) KVGEN_CUDA_CHECK(cudaMemcpy(y.p, y0->data(), y0->size() * 4, cudaMemcpyHostToDevice));
     else poison(y);
-    cublasHandle_t h = nullptr;
-    check_cublas(cublasCreate(&h), "cublasCreate");
-    GemmOverlap ov;
-    try {
-        if (overlap) make_gemm_overlap(ov);
-        const DevWeight dw = dev_weight(w, b);
-        if (mma && gemm_mma_ok(dw))
-            gemm_weight_mma(RowSplit::one(y.p, w.rows), dw, xh.p, n, y0 != nullptr, mma_device(sm_count, stages),
-                            split ? reinterpret_cast<float*>(wh.p) : nullptr,
-                            int64_t(wh.n * sizeof(__half) / sizeof(float)), nullptr);
-        else
-            gemm_weight(h, y.p, dw, xh.p, n, y0 != nullptr, wh.p, nullptr, chunk, overlap ? &ov : nullptr);
-        std::vector<float> out = y.get();
-        cublasDestroy(h);
-        release_gemm_overlap(ov);
-        return out;
-    } catch (...) {
-        cublasDestroy(h);
-        release_gemm_overlap(ov);
-        throw;
+    const GemmRig rig(overlap, wh.p, scratch);
+    const DevWeight dw = dev_weight(w, b);
+    if (mma && gemm_mma_ok(dw))
+        gemm_weight_mma(RowSplit::one(y.p, w.rows), dw, xh.p, n, y0 != nullptr, mma_device(sm_count, stages),
+                        split ? reinterpret_cast<float*>(wh.p) : nullptr,
+                        int64_t(wh.n * sizeof(__half) / sizeof(float)), nullptr);
+    else
+        gemm_weight(rig.h, y.p, dw, xh.p, n, y0 != nullptr, wh.p, nullptr, chunk, sm_count, rig.overlap);
+    return y.get();
+}
+
+std::vector<std::vector<float>> gemm_chain(const std::vector<HostWeight>& ws, const std::vector<int>& next,
+                                           const std::vector<float>& x, int n, int chunk_mib, int sm_count,
+                                           bool overlap, int64_t* taken) {
+    KVGEN_ASSERT(next.size() == ws.size());
+    const int64_t chunk = gemm_chunk_elems_of_mib(chunk_mib);
+    std::vector<std::unique_ptr<Dev<uint8_t>>> bs;
+    std::vector<std::unique_ptr<Dev<float>>> ys;
+    int64_t scratch = 16;
+    for (const HostWeight& w : ws) {
+        KVGEN_ASSERT(size_t(w.cols) * size_t(n) == x.size());
+        bs.push_back(std::make_unique<Dev<uint8_t>>(device_bytes(w)));
+        ys.push_back(std::make_unique<Dev<float>>(size_t(n) * size_t(w.rows)));
+        poison(*ys.back());
+        scratch = std::max(scratch, gemm_scratch_elems(w.type, w.rows, w.cols, chunk, overlap));
     }
+    Dev<float> dx(x);
+    Dev<__half> xh(x.size()), wh{size_t(scratch)};
+    to_f16(xh.p, dx.p, int64_t(x.size()), nullptr);
+    GemmRig rig(overlap, wh.p, scratch);
+    std::vector<DevWeight> dws;
+    for (size_t i = 0; i < ws.size(); ++i) dws.push_back(dev_weight(ws[i], *bs[i]));
+    for (size_t i = 0; i < ws.size(); ++i)
+        gemm_weight(rig.h, ys[i]->p, dws[i], xh.p, n, false, wh.p, nullptr, chunk, sm_count, rig.overlap,
+                    next[i] >= 0 ? &dws[size_t(next[i])] : nullptr);
+    gemm_overlap_join(rig.overlap, nullptr);
+    if (taken) *taken = rig.ov.taken;
+    std::vector<std::vector<float>> out;
+    for (const auto& y : ys) out.push_back(y->get());
+    return out;
 }
 
 std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps) {

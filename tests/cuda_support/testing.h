@@ -64,10 +64,19 @@ std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, cons
 // gemm_mma_ok, as the backend's --cuda-gemm mma, its tiles chosen for a device of sm_count SMs, its columns split
 // among blocks where that leaves SMs idle unless split is false, two stages of shared memory where the device has
 // room unless stages is 1); accumulate onto y0 when given. chunk_mib: the cuBLAS path's chunk (--cuda-gemm-chunk; 0:
-// the whole matrix); overlap: its chunks decoded on a second stream (--cuda-gemm-overlap).
+// the whole matrix, -1 auto for sm_count SMs); overlap: its chunks decoded on a second stream (--cuda-gemm-overlap).
 std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0,
                         bool mma = false, int sm_count = 132, bool split = true, int stages = 2, int chunk_mib = 16,
                         bool overlap = false);
+
+// The products of x with each of ws in turn through gemm_weight (cuBLAS on decoded chunks), as prefill makes a
+// layer's: product i names ws[next[i]] as the one after it (-1: none), whose first chunk is decoded while its own
+// last is multiplied where overlap (--cuda-gemm-overlap) is on. chunk_mib: --cuda-gemm-chunk (-1: auto, for a device
+// of sm_count SMs). Each weight's cols times n is x's size. taken: where given, how many products took their first
+// chunk from the decoding ahead.
+std::vector<std::vector<float>> gemm_chain(const std::vector<HostWeight>& ws, const std::vector<int>& next,
+                                           const std::vector<float>& x, int n, int chunk_mib, int sm_count,
+                                           bool overlap, int64_t* taken = nullptr);
 
 // The one-kernel product (gemm_weight_mma, x through to_f16) writing Q, K and V: rows [0, q_rows), the next k_rows
 // and the rest to three buffers, gathered back here into [n][rows].
