@@ -168,13 +168,8 @@ KVGEN_HD void warp_attend_typed(const Ctx& ctx, const float (&q)[NQ][E], const u
 #pragma unroll
         for (int p = 0; p < P; ++p) {
             const int tp = t + p * step;  // the same for the whole warp
-            if (tp < t1) {
-                load_halves<E>(reinterpret_cast<const __half*>(kb + int64_t(tp) * rb) + lane * E, kr[p]);
-                load_halves<E>(reinterpret_cast<const __half*>(vb + int64_t(tp) * rb) + lane * E, vv[p]);
-            } else {
-#pragma unroll
-                for (int e = 0; e < E; ++e) kr[p][e] = vv[p][e] = 0.0f;
-            }
+            load_halves_or_zero(tp < t1, kb, int64_t(tp) * rb, lane * E, kr[p]);
+            load_halves_or_zero(tp < t1, vb, int64_t(tp) * rb, lane * E, vv[p]);
         }
 #pragma unroll
         for (int r = 0; r < NQ; ++r) {
@@ -295,24 +290,16 @@ KVGEN_HD void warp_attend_wide(const Ctx& ctx, const float (&q)[NQ][8], const ui
 #pragma unroll
         for (int p = 0; p < P; ++p) {
             const int tp = t + s + p * step;
-            if constexpr (KB) {
+            if constexpr (KB)
                 kw[p] = tp < t1 ? kv_block_load(kcols, kb + int64_t(tp) * krb) : kv_block_zero();
-            } else if (tp < t1) {
-                load_halves<8>(reinterpret_cast<const __half*>(kb + int64_t(tp) * krb) + c0, kr[p]);
-            } else {
-#pragma unroll
-                for (int e = 0; e < 8; ++e) kr[p][e] = 0.0f;
-            }
-            if constexpr (VB) {
+            else
+                load_halves_or_zero(tp < t1, kb, int64_t(tp) * krb, c0, kr[p]);
+            if constexpr (VB)
                 vw[p] = tp < t1 ? kv_block_load(vcols, vb + int64_t(tp) * vrb) : kv_block_zero();
-            } else if constexpr (VH) {
+            else if constexpr (VH)
                 vh[p] = tp < t1 ? ld16(vb + int64_t(tp) * vrb + 2 * c0) : make_uint4(0, 0, 0, 0);
-            } else if (tp < t1) {
-                load_halves<8>(reinterpret_cast<const __half*>(vb + int64_t(tp) * vrb) + c0, vv[p]);
-            } else {
-#pragma unroll
-                for (int e = 0; e < 8; ++e) vv[p][e] = 0.0f;
-            }
+            else
+                load_halves_or_zero(tp < t1, vb, int64_t(tp) * vrb, c0, vv[p]);
         }
         if constexpr (KB) {
 #pragma unroll

@@ -99,6 +99,18 @@ KVGEN_HD void load_halves(const __half* p, float (&out)[E]) {
     }
 }
 
+// load_halves of the f16 row at base + offset bytes, from value j0 on, where `in`; else E zeros, nothing read (a
+// position past the range being attended).
+template <int E>
+KVGEN_HD void load_halves_or_zero(bool in, const uint8_t* base, int64_t offset, int j0, float (&out)[E]) {
+    if (in) {
+        load_halves<E>(reinterpret_cast<const __half*>(base + offset) + j0, out);
+    } else {
+#pragma unroll
+        for (int e = 0; e < E; ++e) out[e] = 0.0f;
+    }
+}
+
 // out[e] = value j0 + e of a cached row of type t (E values, in the stored basis).
 template <int E>
 KVGEN_HD void kv_load(KvType t, const uint8_t* row, int j0, float (&out)[E]) {
