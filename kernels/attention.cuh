@@ -92,6 +92,32 @@ struct DeviceThread {
             : "r"(a[2]), "r"(a[3]), "r"(b[1]));
 #endif
     }
+    // c += A B for one warp's 16 x 32 8-bit A and 32 x 8 8-bit B fragments, s32 C (mma.sync m16n8k32, sm_80 and later;
+    // AU, BU: A's, B's bytes unsigned, else signed). Lane 4 gid + tig: a[0] row gid, columns 4 tig .. + 3 (byte j
+    // column 4 tig + j), a[1] row gid + 8, a[2] and a[3] the same rows at columns 16 + 4 tig ..; b[0] rows 4 tig .. + 3
+    // of column gid, b[1] rows 16 + 4 tig ..; c as mma's (rows gid, gid + 8, columns 2 tig + {0, 1}). Exact: integers.
+    template <bool AU, bool BU>
+    __device__ __forceinline__ void mma_i8(int (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) const {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define KVGEN_MMA_I8(TA, TB)                                  \
+    asm("mma.sync.aligned.m16n8k32.row.col.s32." TA "." TB    \
+        ".s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, " \
+        "{%0, %1, %2, %3};"                                   \
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])      \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
+        if constexpr (AU && BU)
+            KVGEN_MMA_I8("u8", "u8");
+        else if constexpr (AU)
+            KVGEN_MMA_I8("u8", "s8");
+        else if constexpr (BU)
+            KVGEN_MMA_I8("s8", "u8");
+        else
+            KVGEN_MMA_I8("s8", "s8");
+#undef KVGEN_MMA_I8
+#else
+        __trap();  // launched on sm_80 and later only (int_mma_ok)
+#endif
+    }
     // 16 bytes from global src to shared dst (both 16-byte aligned), which the block may read after wait_async and a
     // barrier: cp.async on sm_80 and later (the copy goes on while the thread does other work, through no register),
     // a load and a store before.

@@ -16,8 +16,9 @@
 #include "cuda_common.cuh"
 #include "device.h"
 #include "engine/kv_offset.h"
-#include "memory_plan.h"
 #include "matvec_int.cuh"
+#include "matvec_int_mma.cuh"
+#include "memory_plan.h"
 #include "ops.cuh"
 #include "quant.cuh"
 #include "upload.cuh"
@@ -185,6 +186,7 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
     KVGEN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
     pdl_ = s.cuda_pdl && major >= 9 && CUDART_VERSION >= 12030;  // (graphs take PDL edges from 12.3)
     mvi_.stages = major >= 8 && ring_stages_ok(s.cuda_matvec_stages) ? s.cuda_matvec_stages : 0;
+    mvi_.mma = s.cuda_int_mma && major >= 8;
     mma_dev_ = gemm_mma_device(device_);
     flash_async_ = s.cuda_flash_pipeline && flash_async_fits(c_.head_dim, mma_dev_);
     sm_count_ = mma_dev_.sm_count;
@@ -398,7 +400,9 @@ void CudaOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int 
         rmsnorm(xn_, nullptr, x, L.attn_norm, n, c_.n_embd, c_.rms_eps, pdl_, stream_);
     // Over an f16 cache the integer products also rotate Q and K and store K and V (rope_store_kv then has nothing
     // left to do); a quantized cache stores whole rows, in rope_store_kv's launch.
-    kv_stored_ = in_int && qkv_store_ && kv_.k_type == KvType::F16 && kv_.v_type == KvType::F16;
+    // (not where the prompt's Q goes to the tensor cores, whose products have no such epilogue: rope_store_kv then)
+    const bool qkv_mma = mvi_.mma && n > 1 && int_mma_type(L.wq.type);
+    kv_stored_ = in_int && qkv_store_ && kv_.k_type == KvType::F16 && kv_.v_type == KvType::F16 && !qkv_mma;
     const int64_t qd = L.wq.rows, kvd = L.wk.rows;
     auto store = [&](int64_t q_end, int64_t k_end) {
         return QkvStore{reinterpret_cast<__half*>(layer_k(l)), reinterpret_cast<__half*>(layer_v(l)), q_end, k_end,

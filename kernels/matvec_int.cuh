@@ -400,6 +400,8 @@ struct MviShape {
     bool pairs = true;  // Q4_0: a lane's step is two units (--cuda-matvec-unit 64), one token or several
     int stages = 0;     // 2-4: through a ring of shared memory (matvec_ring; --cuda-matvec-stages), rows a group
                         // as without wide; 0: matvec_int_thread
+    bool mma = false;   // 2-16 tokens of Q4_0 / Q8_0 without QkvStore on the tensor cores in one launch
+                        // (matvec_int_mma.cuh; --cuda-matvec-mma on, sm_80 and later)
 };
 // Rows a block of NM matrices of a pair type takes for NT tokens with steps of two units: a thread then holds twice
 // each row's weights, so 8 tokens take 2 rows (sm_90, Q4_0: 80 registers; one token with 8 rows 114, 4 tokens with 4

@@ -14,6 +14,7 @@
 #include "flash_attention.cuh"
 #include "kv_quant.cuh"
 #include "matvec.cuh"
+#include "matvec_int_mma.cuh"
 #include "prefill_gemm.cuh"
 #include "quant.cuh"
 
@@ -307,6 +308,27 @@ __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
         int_store<NT, R>(v, r0, rows, n, y, i0, accumulate, st, ns);
     };
     product_block<IntRing<T, S>, 1, R, NT, RING>(ws, row_bytes, n_units, rows, x, n, stages, done);
+}
+
+// grid = rows / int_mma_block_rows(GLU), 32 kImWarps threads: n <= 8 NTT tokens' product on the tensor cores
+// (matvec_int_mma_body), all in one launch: y (+)= W x through RowSplit, or with GLU (up) y[i][r] = silu(gate x) *
+// (up x) into y.y[0].
+template <GgmlType T, bool GLU, int NTT>
+__global__ void __launch_bounds__(32 * kImWarps, 2)
+    matvec_int_mma_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ up, int64_t row_bytes, int n_units,
+                          int64_t rows, const ActBlock* __restrict__ x, int n, RowSplit y, int accumulate) {
+    pdl_trigger();  // the next product may start loading its weights
+    pdl_wait();
+    __shared__ float part[int_mma_shared(NTT)];
+    matvec_int_mma_body<T, GLU, NTT>(DeviceThread{part}, w, up, row_bytes, n_units, rows, x, n,
+                                     [&](int64_t r, int i, float v) {
+                                         if constexpr (GLU) {
+                                             y.y[0][int64_t(i) * rows + r] = v;
+                                         } else {
+                                             float* out = y.at(r, i, rows);
+                                             *out = accumulate ? *out + v : v;
+                                         }
+                                     });
 }
 
 // A block of matvec_glu_int_kernel's output o of row r0 + t / NT for token t % NT in thread t < R NT: stored, or
@@ -773,6 +795,36 @@ void launch_f16(const RowSplit& y, const DevWeight& w, const DevWeight* up, cons
         go(std::integral_constant<int, 1>{});
     KVGEN_CUDA_LAUNCHED("matvec_f16");
 }
+// An n-token product (2 to 16) on the tensor cores where shape.mma and the type allow it (int_mma_type): true
+// when launched, false where the caller takes the CUDA-core kernels.
+bool launch_int_mma(const RowSplit& y, const DevWeight& w, const DevWeight* up, const ActBlock* x, int n,
+                    bool accumulate, bool pdl, cudaStream_t s, MviShape shape) {
+    if (!shape.mma || n < 2 || n > kImMaxTokens || !int_mma_type(w.type)) return false;
+    const int n_units = int(w.cols / 32);
+    const uint8_t* u = up ? up->data : nullptr;
+    dispatch_int_type(w.type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        if constexpr (int_mma_type(T)) {
+            const auto go = [&](auto glu, auto ntt) {
+                constexpr bool GLU = decltype(glu)::value;
+                launch(matvec_int_mma_kernel<T, GLU, decltype(ntt)::value>, grid_for(w.rows, int_mma_block_rows(GLU)),
+                       32 * kImWarps, pdl, s, w.data, u, w.row_bytes, n_units, w.rows, x, n, y, accumulate ? 1 : 0);
+            };
+            const auto by_tokens = [&](auto glu) {
+                if (n <= 8)
+                    go(glu, std::integral_constant<int, 1>{});
+                else
+                    go(glu, std::integral_constant<int, 2>{});
+            };
+            if (up)
+                by_tokens(std::true_type{});
+            else
+                by_tokens(std::false_type{});
+        }
+    });
+    KVGEN_CUDA_LAUNCHED("matvec_int_mma");
+    return true;
+}
 }  // namespace
 
 void quantize_act(ActBlock* out, const float* x, int64_t count, cudaStream_t s, bool pdl) {
@@ -787,6 +839,7 @@ void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n,
     KVGEN_ASSERT(!store || (store->kc && store->vc && !accumulate && w.rows % 2 == 0 && store->kv.head_dim % 2 == 0));
     KVGEN_ASSERT(!norm || (norm->xq && norm->w && norm->sums && norm->counters && !store && n == 1 && accumulate &&
                            w.rows % 32 == 0 && y.end[0] == w.rows));
+    if (!store && int_matvec_ok(w) && launch_int_mma(y, w, nullptr, x, n, accumulate, pdl, s, shape)) return;
     const bool ok = int_matvec_ok(w) && dispatch_int_type(w.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
         const int n_units = int(w.cols / 32);
@@ -821,6 +874,9 @@ void matvec_glu_int(float* y, ActBlock* yq, int* counters, const DevWeight& gate
                     const ActBlock* x, int n, bool pdl, cudaStream_t s, MviShape shape) {
     KVGEN_ASSERT(n >= 1 && n <= kMvMaxTokens && (shape.stages == 0 || ring_stages_ok(shape.stages)));
     KVGEN_ASSERT(!yq || (n == 1 && gate.rows % 32 == 0 && counters));
+    if (!yq && glu_fusable(gate, up) && int_matvec_ok(gate) &&
+        launch_int_mma(RowSplit::one(y, gate.rows), gate, &up, x, n, false, pdl, s, shape))
+        return;
     const bool ok = glu_fusable(gate, up) && int_matvec_ok(gate) && dispatch_int_type(gate.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
         const int n_units = int(gate.cols / 32);

@@ -126,6 +126,10 @@ expect_error "generate: --cuda-gemm-chunk 5000" "--cuda-gemm-chunk: must be auto
 expect_ok "generate: --cuda-gemm-chunk auto on the CPU" "." "$kvgen" -m "$ref" -p "The KV cache" -n 2 --temp 0 -t 1 \
     --cuda-gemm-chunk auto
 expect_error "generate: --cuda-norm bogus" "--cuda-norm: bogus not in" "$kvgen" -m "$ref" -p hi --cuda-norm bogus
+expect_error "generate: --cuda-matvec-mma yes" "--cuda-matvec-mma: yes not in" "$kvgen" -m "$ref" -p hi \
+    --cuda-matvec-mma yes
+expect_ok "generate: --cuda-matvec-mma on on the CPU" "." "$kvgen" -m "$ref" -p "The KV cache" -n 2 --temp 0 -t 1 \
+    --cuda-matvec-mma on
 expect_error "generate: --math fast on the GPU" "exact mode only" "$kvgen" -m "$ref" -p hi --math fast --device cuda
 expect_ok "generate: --math f32" "." "$kvgen" -m "$ref" -p "The KV cache" -n 4 --temp 0 -t 1 --math f32
 # --math fast: the same text interface, its mode named in --bench's backend column

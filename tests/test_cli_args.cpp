@@ -140,6 +140,9 @@ TEST_CASE("the bench backend column names the CUDA options that differ from the 
     t.cuda_f16_block = false;
     t.cuda_int_matvec = t.cuda_flash_attention = t.cuda_qkv_store = t.cuda_norm_fold = true;
     CHECK(cuda_options_name(t) == "--cuda-f16-matvec warp");
+    t.cuda_int_mma = true;  // after the stages, before the K/V store, as the fields are
+    CHECK(cuda_options_name(t) == "--cuda-matvec-mma on --cuda-f16-matvec warp");
+    CHECK_FALSE(Settings{}.cuda_int_mma);
 }
 
 TEST_CASE("llama.cpp's -ngl, -fa, -ctk/-ctv and -tb fold into kvgen's settings", "[cli]") {

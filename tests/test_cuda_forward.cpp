@@ -254,6 +254,44 @@ TEST_CASE("CUDA prefill decoding each product's first chunk ahead gives the bits
     }
 }
 
+TEST_CASE("CUDA short prompts on the tensor cores (--cuda-matvec-mma on) agree with the CUDA-core products",
+          "[cuda][forward]") {
+    // Prompts of 2 to 16 tokens (and one of 40 after them, through the prefill GEMMs) whose Q4_0 and Q8_0 products go
+    // to the tensor cores, Q|K|V then without the K/V store in their epilogue; the same integer dots summed in another
+    // order, so the logits within f32 rounding of the default's, and the CPU's within the usual bounds; decode after
+    // them takes the same kernels either way.
+    std::string why;
+    const auto devices = cuda::list_devices(&why);
+    REQUIRE_FALSE(devices.empty());
+    if (devices[0].cc_major < 8) {
+        WARN("SKIPPED: the tensor-core integer products need sm_80 or later");
+        return;
+    }
+    for (const char* type : {"Q4_0", "Q8_0"}) {
+        const Model m = synth_model(type);
+        const int n_vocab = m.config.n_vocab;
+        Settings s = test_settings(128);
+        std::unique_ptr<Backend> cores = cuda::make_backend(m, s);
+        s.cuda_int_mma = true;
+        std::unique_ptr<Backend> mma = cuda::make_backend(m, s);
+        std::unique_ptr<Backend> cpu_b = cpu::make_backend(m, s);
+        const std::vector<int32_t> toks = random_tokens(80, n_vocab, 17);
+        int pos = 0;
+        for (const int n : {2, 7, 16, 40}) {
+            INFO(type << ": " << n << " tokens at " << pos);
+            const std::vector<float> a = copy(mma->forward(toks.data() + pos, n, pos, Pass::Prefill), n_vocab);
+            const std::vector<float> b = copy(cores->forward(toks.data() + pos, n, pos, Pass::Prefill), n_vocab);
+            const std::vector<float> c = copy(cpu_b->forward(toks.data() + pos, n, pos, Pass::Prefill), n_vocab);
+            check_logits(a, b, "--cuda-matvec-mma on vs off", 1e-4f);
+            check_logits(c, a, "the CPU vs --cuda-matvec-mma on");
+            pos += n;
+        }
+        const int32_t id = toks[size_t(pos)];
+        check_logits(copy(mma->forward(&id, 1, pos, Pass::Decode), n_vocab),
+                     copy(cores->forward(&id, 1, pos, Pass::Decode), n_vocab), "a decode step after them", 1e-4f);
+    }
+}
+
 TEST_CASE("CUDA and CPU logits agree with a quantized KV cache", "[cuda][forward]") {
     const Model m = synth_model("Q8_0");
     compare_backends(m, "synth-Q8_0", KvType::Q8_0, KvType::Q8_0);

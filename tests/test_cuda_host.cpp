@@ -658,6 +658,70 @@ TEST_CASE("the integer products of a short prompt, run on the host: each token t
         }
 }
 
+TEST_CASE("the integer products of a short prompt on the tensor cores, run on the host: the CUDA-core sums",
+          "[cuda-host]") {
+    // --cuda-matvec-mma on: each block's integer dot as two mma.sync m16n8k32 on the activations' high and low bytes,
+    // so each block's term is the CUDA-core product's; only the order of a row's sums differs. 40 rows (a last block
+    // with rows past the matrix: 32 a block, 16 of each of gate and up), 3 units (warps with no turn), 344 (turns
+    // that end past the row), 1 to 16 tokens (one tile of 8, or two; tokens past n in the last tile).
+    for (const char* name : {"Q4_0", "Q8_0"})
+        for (const int64_t cols : {96, 768, 4096, 11008}) {
+            GgmlType t;
+            REQUIRE(ggml_type_from_name(name, &t));
+            const int64_t rows = 40;
+            const RandomRows gate = random_rows(t, rows, cols, 51), up = random_rows(t, rows, cols, 52);
+            for (const int n : {1, 2, 5, 8, 9, 16}) {
+                if (cols > 4096 && n != 16) continue;  // (time)
+                INFO(name << " cols " << cols << " tokens " << n);
+                std::vector<float> x = test::randn(size_t(n * cols), 53 + n, 2.0f);
+                std::fill(x.begin(), x.begin() + 32, 0.0f);                                         // a zero block
+                for (int64_t j = 32; j < 64 && j < cols; ++j) x[size_t(j)] = j % 2 ? 1e4f : -1e4f;  // |q| 32512
+                const std::vector<float> y =
+                    cuda::host::matvec_int_mma(t, gate.bytes.data(), nullptr, rows, cols, x, n);
+                const std::vector<float> g =
+                    cuda::host::matvec_int_mma(t, gate.bytes.data(), up.bytes.data(), rows, cols, x, n);
+                const std::vector<float> y_ref = cuda::host::matvec_int(t, gate.bytes.data(), rows, cols, x, n);
+                const std::vector<float> g_ref =
+                    cuda::host::matvec_glu_int(t, gate.bytes.data(), up.bytes.data(), rows, cols, x, n);
+                for (const auto& [got, want] : {std::pair{&y, &y_ref}, std::pair{&g, &g_ref}}) {
+                    float scale = 0.0f;
+                    for (float v : *want) scale = std::max(scale, std::fabs(v));
+                    REQUIRE(got->size() == want->size());
+                    for (size_t k = 0; k < got->size(); ++k) {
+                        INFO("output " << k << ": " << (*got)[k] << " vs " << (*want)[k]);
+                        REQUIRE(std::isfinite((*got)[k]));
+                        CHECK(std::fabs((*got)[k] - (*want)[k]) <= 2e-6f * scale);
+                    }
+                }
+            }
+        }
+}
+
+TEST_CASE("an 8-bit mma.sync, run on the host: the fragments of the PTX ISA's m16n8k32", "[cuda-host]") {
+    // A [16][32] and B [32][8] of bytes placed in each lane's registers as DeviceThread::mma_i8 says, against the
+    // integer product; the four signed / unsigned combinations, C added to.
+    std::mt19937 rng(7);
+    std::uniform_int_distribution<int> byte(0, 255);
+    uint8_t A[16][32], B[32][8];
+    for (auto& r : A)
+        for (auto& v : r) v = uint8_t(byte(rng));
+    for (auto& r : B)
+        for (auto& v : r) v = uint8_t(byte(rng));
+    for (const bool au : {false, true})
+        for (const bool bu : {false, true}) {
+            INFO("A " << (au ? "u8" : "s8") << ", B " << (bu ? "u8" : "s8"));
+            const std::vector<int> c = cuda::host::mma_i8(&A[0][0], &B[0][0], au, bu, 1000);
+            for (int row = 0; row < 16; ++row)
+                for (int col = 0; col < 8; ++col) {
+                    int64_t want = 1000;
+                    for (int k = 0; k < 32; ++k)
+                        want += (au ? int64_t(A[row][k]) : int64_t(int8_t(A[row][k]))) *
+                                (bu ? int64_t(B[k][col]) : int64_t(int8_t(B[k][col])));
+                    CHECK(c[size_t(row * 8 + col)] == want);
+                }
+        }
+}
+
 TEST_CASE("the integer products through rings of shared memory, run on the host: the register path's bits",
           "[cuda-host]") {
     // --cuda-matvec-stages 2-4 against 0: a few blocks that take several row groups each (37 rows: 10 groups of 4, 19

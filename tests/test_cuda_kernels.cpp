@@ -20,6 +20,8 @@
 #include "kv_bytes_compare.h"
 #include "testing.h"
 
+#include "device.h"
+
 using namespace kvgen;
 using test::kv_rows_differing;
 using test::offsets_differing;
@@ -322,6 +324,39 @@ TEST_CASE("the integer products of a short prompt: each token the same bits as i
                 CHECK(y == kvgen::cuda::host::matvec_int(t, b.data(), rows, cols, xn, n));
                 CHECK(ct::matvec_glu_int(w, wu, xn, n) ==
                       std::vector<float>(glu_alone.begin(), glu_alone.begin() + n * rows));
+            }
+        }
+}
+
+TEST_CASE("the integer products of a short prompt on the tensor cores: the host emulation's bits", "[cuda][kernels]") {
+    // --cuda-matvec-mma on (sm_80 and later): 2 to 16 tokens in one launch, the same bits as the host emulation of
+    // the kernel's body (whose CPU-only tests check the fragments' integer sums against the CUDA-core products'), so
+    // this checks the m16n8k32 fragment layout on the device; and within f32 rounding of the CUDA-core products. 37
+    // rows (blocks with rows past the matrix), 1280 columns (40 units: warps with one turn, some with none), 11008.
+    std::string why;
+    const auto devices = kvgen::cuda::list_devices(&why);
+    REQUIRE_FALSE(devices.empty());
+    if (devices[0].cc_major < 8) {
+        WARN("SKIPPED: the tensor-core integer products need sm_80 or later");
+        return;
+    }
+    for (const char* name : {"Q4_0", "Q8_0"})
+        for (const int64_t cols : {1280, 11008}) {
+            GgmlType t;
+            REQUIRE(whole_blocks(name, cols, &t));
+            const int64_t rows = 37;
+            const std::vector<uint8_t> b = random_weights(t, rows, cols, 61), b_up = random_weights(t, rows, cols, 67);
+            const ct::HostWeight w{t, rows, cols, &b}, wu{t, rows, cols, &b_up};
+            for (const int n : {2, 5, 8, 9, 16}) {
+                INFO(name << " cols " << cols << ", " << n << " tokens");
+                const std::vector<float> x = randn(size_t(n * cols), 71 + n);
+                const std::vector<float> y = ct::matvec_int(w, x, n, 0, true);
+                const std::vector<float> g = ct::matvec_glu_int(w, wu, x, n, 0, true);
+                CHECK(y == kvgen::cuda::host::matvec_int_mma(t, b.data(), nullptr, rows, cols, x, n));
+                CHECK(g == kvgen::cuda::host::matvec_int_mma(t, b.data(), b_up.data(), rows, cols, x, n));
+                const std::vector<float> y_ref = ct::matvec_int(w, x, n), g_ref = ct::matvec_glu_int(w, wu, x, n);
+                require_close(y, y_ref, 2e-6 * max_abs(y_ref));
+                require_close(g, g_ref, 2e-6 * max_abs(g_ref));
             }
         }
 }

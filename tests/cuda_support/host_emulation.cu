@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -27,6 +28,7 @@
 #include "engine/rope.h"
 #include "flash_attention.cuh"
 #include "matvec.cuh"
+#include "matvec_int_mma.cuh"
 #include "ops.cuh"
 #include "prefill_gemm.cuh"
 
@@ -647,6 +649,35 @@ class FiberBlock {
         std::copy(d, d + 4, c);
     }
 
+    // mma.sync m16n8k32 with 8-bit A and B (au, bu: unsigned bytes, else signed) and s32 C, laid out as
+    // DeviceThread::mma_i8 says: every lane posts its registers, and each computes its own four outputs.
+    void mma_i8(int (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], bool au, bool bu) {
+        const int lane = current_ % 32, base = current_ - lane, gid = lane >> 2, tig = lane & 3;
+        frags_[size_t(current_)] = {a[0], a[1], a[2], a[3], b[0], b[1]};
+        wait(kWarp);
+        require_whole_warp(base, "mma.sync");
+        auto byte_of = [](uint32_t reg, int j, bool u) {
+            const uint32_t v = (reg >> (8 * j)) & 0xffu;
+            return u ? int64_t(v) : int64_t(int8_t(uint8_t(v)));
+        };
+        int d[4];
+        for (int e = 0; e < 4; ++e) {
+            const int row = gid + 8 * (e >> 1), col = 2 * tig + (e & 1);
+            int64_t acc = c[e];
+            for (int k = 0; k < 32; ++k) {
+                const auto& fa = frags_[size_t(base + (row % 8) * 4 + (k % 16) / 4)];
+                const auto& fb = frags_[size_t(base + col * 4 + (k % 16) / 4)];
+                const int64_t av = byte_of(fa[size_t((row >= 8 ? 1 : 0) + (k >= 16 ? 2 : 0))], k % 4, au);
+                const int64_t bv = byte_of(fb[size_t(4 + (k >= 16 ? 1 : 0))], k % 4, bu);
+                acc += av * bv;
+            }
+            if (acc < INT32_MIN || acc > INT32_MAX) throw Error("host emulation: mma.sync s32 sum out of range");
+            d[e] = int(acc);
+        }
+        wait(kWarp);  // every lane has read the fragments before any posts new ones
+        std::copy(d, d + 4, c);
+    }
+
     // __shfl_xor_sync: lane ^ o's value.
     float shfl_xor(float v, int o) {
         const int lane = current_ % 32;
@@ -784,6 +815,10 @@ struct HostThread {
     float shfl(float v, int src_lane) const { return b->shfl(v, src_lane); }
     void sync_warp() const { b->wait(FiberBlock::kWarp); }
     void mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b_)[2]) const { b->mma(c, a, b_); }
+    template <bool AU, bool BU>
+    void mma_i8(int (&c)[4], const uint32_t (&a)[4], const uint32_t (&b_)[2]) const {
+        b->mma_i8(c, a, b_, AU, BU);
+    }
     float load_other(const float* p) const { return *p; }
     void fence() const {}
     int atomic_add(int* p, int v) const {  // blocks run one after another here
@@ -936,6 +971,76 @@ std::vector<float> gemm_mma(GgmlType type, const uint8_t* bytes, int64_t rows, i
     for (int i = 0; i < n; ++i)
         for (int64_t r = 0; r < rows; ++r) out[size_t(i * rows + r)] = *split.at(r, i, rows);
     return out;
+}
+
+std::vector<int> mma_i8(const uint8_t* a, const uint8_t* b, bool au, bool bu, int c0) {
+    std::vector<int> d(16 * 8);
+    run_grid(1, 1, 32, 0, [&](const HostThread& t) {
+        const int lane = t.thread(), gid = lane >> 2, tig = lane & 3;
+        auto word = [](const uint8_t* p, int stride) {  // four bytes stride apart, byte j of the word the j-th
+            uint32_t w = 0;
+            for (int j = 0; j < 4; ++j) w |= uint32_t(p[j * stride]) << (8 * j);
+            return w;
+        };
+        const uint32_t af[4] = {word(a + gid * 32 + 4 * tig, 1), word(a + (gid + 8) * 32 + 4 * tig, 1),
+                                word(a + gid * 32 + 16 + 4 * tig, 1), word(a + (gid + 8) * 32 + 16 + 4 * tig, 1)};
+        const uint32_t bf[2] = {word(b + (4 * tig) * 8 + gid, 8), word(b + (16 + 4 * tig) * 8 + gid, 8)};
+        int c[4] = {c0, c0, c0, c0};
+        if (au && bu)
+            t.mma_i8<true, true>(c, af, bf);
+        else if (au)
+            t.mma_i8<true, false>(c, af, bf);
+        else if (bu)
+            t.mma_i8<false, true>(c, af, bf);
+        else
+            t.mma_i8<false, false>(c, af, bf);
+        for (int e = 0; e < 4; ++e) d[size_t((gid + 8 * (e >> 1)) * 8 + 2 * tig + (e & 1))] = c[e];
+    });
+    return d;
+}
+
+std::vector<float> matvec_int_mma(GgmlType type, const uint8_t* bytes, const uint8_t* up, int64_t rows, int64_t cols,
+                                  const std::vector<float>& x, int n) {
+    if (n < 1 || n > kImMaxTokens || cols % 32 != 0) throw Error("matvec_int_mma: 1 to 16 tokens of whole blocks");
+    const std::vector<ActBlock> a = act_blocks(x);
+    const DeviceRows dev = device_rows(type, bytes, rows, cols);
+    const DeviceRows dup = up ? device_rows(type, up, rows, cols) : DeviceRows{};
+    std::vector<float> y(size_t(n) * size_t(rows), NAN);
+    std::vector<int> stored(y.size(), 0);
+    const int n_units = int(cols / 32);
+    const bool ok = int_mma_type(type) && dispatch_int_type(type, [&](auto tag) {
+                        constexpr GgmlType T = decltype(tag)::value;
+                        if constexpr (int_mma_type(T)) {
+                            const auto go = [&](auto glu, auto ntt) {
+                                constexpr bool GLU = decltype(glu)::value;
+                                constexpr int NTT = decltype(ntt)::value;
+                                const int grid = int((rows + int_mma_block_rows(GLU) - 1) / int_mma_block_rows(GLU));
+                                run_grid(grid, 1, 32 * kImWarps, size_t(int_mma_shared(NTT)), [&](const HostThread& t) {
+                                    matvec_int_mma_body<T, GLU, NTT>(t, dev.p, dup.p, dev.row_bytes, n_units, rows,
+                                                                     a.data(), n, [&](int64_t r, int i, float v) {
+                                                                         const size_t at =
+                                                                             size_t(i) * size_t(rows) + size_t(r);
+                                                                         y[at] = v;
+                                                                         ++stored[at];
+                                                                     });
+                                });
+                            };
+                            const auto by_tokens = [&](auto glu) {
+                                if (n <= 8)
+                                    go(glu, std::integral_constant<int, 1>{});
+                                else
+                                    go(glu, std::integral_constant<int, 2>{});
+                            };
+                            if (up)
+                                by_tokens(std::true_type{});
+                            else
+                                by_tokens(std::false_type{});
+                        }
+                    });
+    if (!ok) throw Error(fmt::format("no tensor-core integer product for {}", ggml_type_name(type)));
+    for (int c : stored)
+        if (c != 1) throw Error("matvec_int_mma: an output stored other than once");
+    return y;
 }
 
 std::vector<float> rotate_rows(const std::vector<float>& x, int head_dim, std::vector<HostActBlock>* xq) {

@@ -1,0 +1,224 @@
+#pragma once
+// The integer products of a short prompt (2 to kMvMaxTokens tokens) on the tensor cores (--cuda-matvec-mma on, sm_80
+// and later), for Q4_0 and Q8_0 weights: the CUDA-core products' operands (matvec_int.cuh: the weights' own blocks and
+// the tokens' 16-bit activation blocks, ActBlock) and each block's integer dot, but 16 rows x 8 tokens of those dots
+// in two mma.sync m16n8k32 (DeviceThread::mma_i8) instead of a lane's __dp2a per row and token. A 16-bit activation q
+// is 256 hi + lo, hi its high byte (signed) and lo its low byte (unsigned), so a block's dot sum_j w_j q_j is
+// 256 sum_j w_j hi_j + sum_j w_j lo_j: two products of bytes, each exact in s32, and their sum the same integer.
+// Each block's term is then the CUDA-core product's, fmaf(d_w d_x, float(dot), acc), the same bits; only the order in
+// which a row's blocks are added differs (here: a warp's units in turn, then the warps in order).
+//
+// A block of kImWarps warps owns 32 rows of one matrix (16 of each of gate and up with GLU) for all n tokens (one or
+// two tiles of 8): its warps take turns along the row, kImUnits consecutive units (blocks of 32 weights) a warp at a
+// time, all of a turn's weight, scale and activation loads issued before the first product, and their sums meet in
+// shared memory at the end. Weights: lane 4 gid + tig reads bytes 4 tig .. + 3 of rows gid and gid + 8 of each
+// 16-row tile from a unit's quants (Q4_0: their low nibbles are columns 4 tig .., the high ones 16 + 4 tig ..; Q8_0:
+// bytes 16 + 4 tig .. as well), which are mma's A fragments as they lie (weight_layout.h's planes: a unit's quants at a
+// 16-byte multiple of the row). Activations: token 8 t + gid's values 4 tig .. + 3 and 16 + 4 tig .. of the unit's
+// block (two 8-byte loads), split into bytes by two byte permutes each: B fragments. Rows past the matrix read its
+// last row, tokens past n the last token, and neither is stored.
+// Written against a thread context (DeviceThread, or the host emulation's, tests/cuda_support/host_emulation.cu).
+#include <cstdint>
+
+#include "common/hd.h"
+#include "elementwise.cuh"
+#include "matvec_int.cuh"
+
+namespace kvgen::cuda {
+
+constexpr int kImWarps = 8;  // warps a block
+constexpr int kImUnits = 4;  // consecutive units a warp's turn
+constexpr int kImRows = 32;  // rows a block (of each of gate and up with GLU: kImRows / 2)
+constexpr int kImTiles = 2;  // 16-row tiles a warp: kImRows / 16
+constexpr int kImMaxTokens = kMvMaxTokens;
+static_assert(kImRows == 16 * kImTiles && kImMaxTokens == 16, "two 16-row tiles, up to two 8-token tiles");
+
+KVGEN_HD constexpr bool int_mma_type(GgmlType t) {
+    return t == GgmlType::Q4_0 || t == GgmlType::Q8_0;
+}
+// Output rows a block owns.
+KVGEN_HD constexpr int int_mma_block_rows(bool glu) {
+    return glu ? kImRows / 2 : kImRows;
+}
+// Floats of shared memory a block of NTT 8-token tiles uses: every warp's sums.
+KVGEN_HD constexpr int int_mma_shared(int ntt) {
+    return kImWarps * kImRows * 8 * ntt;
+}
+
+// 8 bytes at an 8-byte aligned address, in one load.
+KVGEN_HD uint2 ld8(const uint8_t* p) {
+    check_aligned(p, 8);
+#if defined(__CUDA_ARCH__)
+    return __ldg(reinterpret_cast<const uint2*>(p));
+#else
+    uint2 v;
+    memcpy(&v, p, 8);
+    return v;
+#endif
+}
+// Bytes of a and b picked by selector s (__byte_perm: nibble k of s names byte k of the result, 0-3 a's, 4-7 b's).
+KVGEN_HD uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t s) {
+#if defined(__CUDA_ARCH__)
+    return __byte_perm(a, b, s);
+#else
+    const uint64_t v = uint64_t(a) | (uint64_t(b) << 32);
+    uint32_t r = 0;
+    for (int k = 0; k < 4; ++k) r |= uint32_t((v >> (8 * ((s >> (4 * k)) & 7u))) & 0xffu) << (8 * k);
+    return r;
+#endif
+}
+// Four int16 values (two words, value 2 p low in word p) as their high bytes (signed) and low bytes (unsigned).
+KVGEN_HD void split_act_bytes(uint2 q, uint32_t& hi, uint32_t& lo) {
+    hi = byte_perm(q.x, q.y, 0x7531u);
+    lo = byte_perm(q.x, q.y, 0x6420u);
+}
+
+// A warp's weights of one unit u for one 16-row tile (rows lo and lo + 8 from the lane's two row pointers): the A
+// fragment and the two rows' block scales.
+template <GgmlType T>
+KVGEN_HD void int_mma_load_a(const uint8_t* row_lo, const uint8_t* row_hi, int u, int n_units, int tig,
+                             uint32_t (&a)[4], uint16_t (&d)[2]) {
+    if constexpr (T == GgmlType::Q4_0) {
+        const uint32_t ql = ld_u32(row_lo + 16 * u + 4 * tig), qh = ld_u32(row_hi + 16 * u + 4 * tig);
+        // note: the nibbles go in unsigned (0..15), as unit_dot's; the offset of 8 comes back through the sums of q
+        a[0] = ql & 0x0f0f0f0fu;
+        a[1] = qh & 0x0f0f0f0fu;
+        a[2] = (ql >> 4) & 0x0f0f0f0fu;
+        a[3] = (qh >> 4) & 0x0f0f0f0fu;
+        d[0] = ld_u16(row_lo + 16 * n_units + 2 * u);
+        d[1] = ld_u16(row_hi + 16 * n_units + 2 * u);
+    } else {
+        static_assert(T == GgmlType::Q8_0, "Q4_0 and Q8_0");
+        a[0] = ld_u32(row_lo + 32 * u + 4 * tig);
+        a[1] = ld_u32(row_hi + 32 * u + 4 * tig);
+        a[2] = ld_u32(row_lo + 32 * u + 16 + 4 * tig);
+        a[3] = ld_u32(row_hi + 32 * u + 16 + 4 * tig);
+        d[0] = ld_u16(row_lo + 32 * n_units + 2 * u);
+        d[1] = ld_u16(row_hi + 32 * n_units + 2 * u);
+    }
+}
+
+// The sums of an n-token product (n <= 8 NTT) of the block's rows: with GLU, rows r0 .. r0 + 15 of gate (w) and up,
+// else rows r0 .. r0 + 31 of w (r0 = block_x x int_mma_block_rows(GLU)); x the tokens' ActBlocks, n_units a token.
+// store(row, token, v) for each row below rows and token below n, v the row's sum for the token (GLU: silu(gate) *
+// up), called by the thread t with t = (row - r0) x 8 NTT + token (mod the block's threads).
+#pragma nv_exec_check_disable
+template <GgmlType T, bool GLU, int NTT, class Ctx, class Store>
+KVGEN_HD void matvec_int_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w, const uint8_t* __restrict__ up,
+                                  int64_t row_bytes, int n_units, int64_t rows, const ActBlock* __restrict__ x, int n,
+                                  Store&& store) {
+    static_assert(int_mma_type(T) && (NTT == 1 || NTT == 2), "Q4_0 / Q8_0, one or two 8-token tiles");
+    constexpr bool kAu = T == GgmlType::Q4_0;  // Q4_0's nibbles unsigned, Q8_0's bytes signed
+    constexpr int NT = 8 * NTT;
+    const int t = ctx.thread(), warp = t / 32, lane = t % 32, gid = lane >> 2, tig = lane & 3;
+    const int64_t r0 = int64_t(ctx.block_x()) * int_mma_block_rows(GLU);
+
+    // The lane's rows: tile a's rows gid and gid + 8 (GLU: tile 0 of gate, tile 1 of up, the same rows).
+    const uint8_t* row[kImTiles][2];
+#pragma unroll
+    for (int a = 0; a < kImTiles; ++a)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int64_t r = r0 + (GLU ? 0 : 16 * a) + gid + 8 * h;
+            row[a][h] = (GLU && a == 1 ? up : w) + (r < rows ? r : rows - 1) * row_bytes;
+        }
+    // The lane's tokens: B's (8 t + gid) and C's columns (8 t + 2 tig + {0, 1}), past n the last.
+    auto tok = [&](int i) { return i < n ? i : n - 1; };
+
+    float acc[kImTiles][NTT][4];
+#pragma unroll
+    for (int a = 0; a < kImTiles; ++a)
+#pragma unroll
+        for (int j = 0; j < NTT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[a][j][e] = 0.0f;
+
+    // A unit's activation loads for the lane: B's values of token 8 j + gid, and (d, s) of C's two tokens.
+    struct Acts {
+        uint2 q[NTT][2], ds[NTT][2];
+    };
+    auto load_acts = [&](int u, Acts& xa) {
+#pragma unroll
+        for (int j = 0; j < NTT; ++j) {
+            const uint8_t* q = reinterpret_cast<const uint8_t*>(x[int64_t(tok(8 * j + gid)) * n_units + u].q);
+            xa.q[j][0] = ld8(q + 8 * tig);
+            xa.q[j][1] = ld8(q + 32 + 8 * tig);
+#pragma unroll
+            for (int c = 0; c < 2; ++c)
+                xa.ds[j][c] =
+                    ld8(reinterpret_cast<const uint8_t*>(&x[int64_t(tok(8 * j + 2 * tig + c)) * n_units + u].d));
+        }
+    };
+    // A turn: its kImUnits units' weight loads all issued first, then unit by unit the activations of the next unit
+    // loaded while the products of this one are made.
+    for (int u0 = warp * kImUnits; u0 < n_units; u0 += kImWarps * kImUnits) {
+        uint32_t wa[kImUnits][kImTiles][4];
+        uint16_t wd[kImUnits][kImTiles][2];
+#pragma unroll
+        for (int k = 0; k < kImUnits; ++k) {
+            if (u0 + k >= n_units) break;  // the same for the whole warp
+#pragma unroll
+            for (int a = 0; a < kImTiles; ++a)
+                int_mma_load_a<T>(row[a][0], row[a][1], u0 + k, n_units, tig, wa[k][a], wd[k][a]);
+        }
+        Acts xa[2];
+        load_acts(u0, xa[0]);
+#pragma unroll
+        for (int k = 0; k < kImUnits; ++k) {
+            if (u0 + k >= n_units) break;
+            if (k + 1 < kImUnits && u0 + k + 1 < n_units) load_acts(u0 + k + 1, xa[(k + 1) % 2]);
+            const Acts& xc = xa[k % 2];
+#pragma unroll
+            for (int j = 0; j < NTT; ++j) {
+                uint32_t bh[2], bl[2];
+                split_act_bytes(xc.q[j][0], bh[0], bl[0]);
+                split_act_bytes(xc.q[j][1], bh[1], bl[1]);
+                float xd[2];
+                int xs[2];
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    memcpy(&xd[c], &xc.ds[j][c].x, 4);
+                    xs[c] = int(xc.ds[j][c].y);
+                }
+#pragma unroll
+                for (int a = 0; a < kImTiles; ++a) {
+                    int ch[4] = {0, 0, 0, 0}, cl[4] = {0, 0, 0, 0};
+                    ctx.template mma_i8<kAu, false>(ch, wa[k][a], bh);
+                    ctx.template mma_i8<kAu, true>(cl, wa[k][a], bl);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        int dot = 256 * ch[e] + cl[e];
+                        if constexpr (T == GgmlType::Q4_0) dot -= 8 * xs[e & 1];
+                        acc[a][j][e] = fmaf(half_bits(wd[k][a][e >> 1]) * xd[e & 1], float(dot), acc[a][j][e]);
+                    }
+                }
+            }
+        }
+    }
+
+    // Every warp's sums into shared memory, [warp][tile row][token], then each output's added over the warps in order.
+    float* const part = ctx.shared();
+#pragma unroll
+    for (int a = 0; a < kImTiles; ++a)
+#pragma unroll
+        for (int j = 0; j < NTT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int rr = 16 * a + gid + 8 * (e >> 1), i = 8 * j + 2 * tig + (e & 1);
+                part[(warp * kImRows + rr) * NT + i] = acc[a][j][e];
+            }
+    ctx.sync();
+    constexpr int kOut = int_mma_block_rows(GLU) * NT;
+    for (int o = t; o < kOut; o += 32 * kImWarps) {
+        const int rr = o / NT, i = o % NT;
+        auto sum = [&](int r) {
+            float v = part[r * NT + i];
+            for (int k = 1; k < kImWarps; ++k) v += part[(k * kImRows + r) * NT + i];
+            return v;
+        };
+        const float v = GLU ? silu_mul(sum(rr), sum(16 + rr)) : sum(rr);
+        if (r0 + rr < rows && i < n) store(r0 + rr, i, v);
+    }
+}
+
+}  // namespace kvgen::cuda
