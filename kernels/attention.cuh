@@ -115,7 +115,7 @@ struct DeviceThread {
             KVGEN_MMA_I8("s8", "s8");
 #undef KVGEN_MMA_I8
 #else
-        __trap();  // launched on sm_80 and later only (int_mma_ok)
+        __trap();  // launched on sm_80 and later only (CudaOps sets MviShape::mma there)
 #endif
     }
     // 16 bytes from global src to shared dst (both 16-byte aligned), which the block may read after wait_async and a

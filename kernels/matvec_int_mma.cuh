@@ -1,22 +1,24 @@
 #pragma once
 // The integer products of a short prompt (2 to kMvMaxTokens tokens) on the tensor cores (--cuda-matvec-mma on, sm_80
-// and later), for Q4_0 and Q8_0 weights: the CUDA-core products' operands (matvec_int.cuh: the weights' own blocks and
-// the tokens' 16-bit activation blocks, ActBlock) and each block's integer dot, but 16 rows x 8 tokens of those dots
+// and later), for Q4_0, Q8_0 and Q4_K weights: the CUDA-core products' operands (matvec_int.cuh: the weights' own
+// blocks and the tokens' 16-bit activation blocks, ActBlock) and integer dots, but 16 rows x 8 tokens of a block's dots
 // in two mma.sync m16n8k32 (DeviceThread::mma_i8) instead of a lane's __dp2a per row and token. A 16-bit activation q
 // is 256 hi + lo, hi its high byte (signed) and lo its low byte (unsigned), so a block's dot sum_j w_j q_j is
 // 256 sum_j w_j hi_j + sum_j w_j lo_j: two products of bytes, each exact in s32, and their sum the same integer.
-// Each block's term is then the CUDA-core product's, fmaf(d_w d_x, float(dot), acc), the same bits; only the order in
-// which a row's blocks are added differs (here: a warp's units in turn, then the warps in order).
+// A Q4_0 or Q8_0 block's term is then the CUDA-core product's, fmaf(d_w d_x, float(dot), acc), the same bits, and only
+// the order in which a row's blocks are added differs (here: a warp's units in turn, then the warps in order); a Q4_K
+// sub-block's term is unit_dot's arithmetic for one whole sub-block, where the CUDA cores take a unit of two halves.
 //
 // A block of kImWarps warps owns 32 rows of one matrix (16 of each of gate and up with GLU) for all n tokens (one or
 // two tiles of 8): its warps take turns along the row, kImUnits consecutive units (blocks of 32 weights) a warp at a
-// time, all of a turn's weight, scale and activation loads issued before the first product, and their sums meet in
-// shared memory at the end. Weights: lane 4 gid + tig reads bytes 4 tig .. + 3 of rows gid and gid + 8 of each
-// 16-row tile from a unit's quants (Q4_0: their low nibbles are columns 4 tig .., the high ones 16 + 4 tig ..; Q8_0:
-// bytes 16 + 4 tig .. as well), which are mma's A fragments as they lie (weight_layout.h's planes: a unit's quants at a
-// 16-byte multiple of the row). Activations: token 8 t + gid's values 4 tig .. + 3 and 16 + 4 tig .. of the unit's
-// block (two 8-byte loads), split into bytes by two byte permutes each: B fragments. Rows past the matrix read its
-// last row, tokens past n the last token, and neither is stored.
+// time, all of a turn's weight and scale loads issued first, each unit's activations loaded while the unit before it
+// is multiplied, and the warps' sums meet in shared memory at the end. Weights: lane 4 gid + tig reads bytes
+// 4 tig .. + 3 of rows gid and gid + 8 of each 16-row tile, which are mma's A fragments as the planar layout
+// (weight_layout.h) stores them: Q4_0's low nibbles are columns 4 tig .. + 3 and its high ones 16 + 4 tig .. + 3;
+// Q8_0's bytes 4 tig .. and 16 + 4 tig ..; a Q4_K pair of sub-blocks 2 p and 2 p + 1 is the low and the high nibbles of
+// the same 32 bytes (4 tig .. and 16 + 4 tig ..). Activations: token 8 t + gid's values 4 tig .. + 3 and 16 + 4 tig ..
+// of the unit's block (two 8-byte loads), split into bytes by two byte permutes each: B fragments. Rows past the
+// matrix read its last row, tokens past n the last token, and neither is stored.
 // Written against a thread context (DeviceThread, or the host emulation's, tests/cuda_support/host_emulation.cu).
 #include <cstdint>
 
@@ -34,7 +36,7 @@ constexpr int kImMaxTokens = kMvMaxTokens;
 static_assert(kImRows == 16 * kImTiles && kImMaxTokens == 16, "two 16-row tiles, up to two 8-token tiles");
 
 KVGEN_HD constexpr bool int_mma_type(GgmlType t) {
-    return t == GgmlType::Q4_0 || t == GgmlType::Q8_0;
+    return t == GgmlType::Q4_0 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K;
 }
 // Output rows a block owns.
 KVGEN_HD constexpr int int_mma_block_rows(bool glu) {
@@ -73,28 +75,83 @@ KVGEN_HD void split_act_bytes(uint2 q, uint32_t& hi, uint32_t& lo) {
     lo = byte_perm(q.x, q.y, 0x6420u);
 }
 
-// A warp's weights of one unit u for one 16-row tile (rows lo and lo + 8 from the lane's two row pointers): the A
-// fragment and the two rows' block scales.
+// A warp's weights of one step for one 16-row tile (rows lo and lo + 8, the lane's two row pointers), loaded
+// (int_mma_load) before any is used: a step is one unit of Q4_0 or Q8_0 (ImStep::units 1: the A fragment and the
+// two rows' block scales), or a pair of Q4_K sub-blocks 2 p and 2 p + 1 (units 2), which the same quant bytes hold
+// (low and high nibbles), with the same scale word and the super-block's d and dmin. int_mma_a gives unit h's A
+// fragment of the step, int_mma_add adds its C element (row lo + 8 hi, dot c) times a token's activation scale xd
+// (xs: the token's sum of q over the block) to acc.
 template <GgmlType T>
-KVGEN_HD void int_mma_load_a(const uint8_t* row_lo, const uint8_t* row_hi, int u, int n_units, int tig,
-                             uint32_t (&a)[4], uint16_t (&d)[2]) {
+struct ImStep {
+    static constexpr int units = 1;
+    uint32_t a[4];
+    uint16_t d[2];
+};
+template <>
+struct ImStep<GgmlType::Q4_K> {
+    static constexpr int units = 2;
+    uint32_t q[2][2];  // [row lo, lo + 8][bytes 32 p + 4 tig .., 32 p + 16 + 4 tig ..]
+    uint32_t sm[2];    // the pair's scales and mins (sc[2p], sc[2p + 1], m[2p], m[2p + 1]), each row
+    uint32_t dd[2];    // the super-block's d and dmin, each row
+};
+
+template <GgmlType T>
+KVGEN_HD void int_mma_load(const uint8_t* row_lo, const uint8_t* row_hi, int u, int n_units, int tig, ImStep<T>& w) {
     if constexpr (T == GgmlType::Q4_0) {
         const uint32_t ql = ld_u32(row_lo + 16 * u + 4 * tig), qh = ld_u32(row_hi + 16 * u + 4 * tig);
         // note: the nibbles go in unsigned (0..15), as unit_dot's; the offset of 8 comes back through the sums of q
-        a[0] = ql & 0x0f0f0f0fu;
-        a[1] = qh & 0x0f0f0f0fu;
-        a[2] = (ql >> 4) & 0x0f0f0f0fu;
-        a[3] = (qh >> 4) & 0x0f0f0f0fu;
-        d[0] = ld_u16(row_lo + 16 * n_units + 2 * u);
-        d[1] = ld_u16(row_hi + 16 * n_units + 2 * u);
+        w.a[0] = ql & 0x0f0f0f0fu;
+        w.a[1] = qh & 0x0f0f0f0fu;
+        w.a[2] = (ql >> 4) & 0x0f0f0f0fu;
+        w.a[3] = (qh >> 4) & 0x0f0f0f0fu;
+        w.d[0] = ld_u16(row_lo + 16 * n_units + 2 * u);
+        w.d[1] = ld_u16(row_hi + 16 * n_units + 2 * u);
+    } else if constexpr (T == GgmlType::Q8_0) {
+        w.a[0] = ld_u32(row_lo + 32 * u + 4 * tig);
+        w.a[1] = ld_u32(row_hi + 32 * u + 4 * tig);
+        w.a[2] = ld_u32(row_lo + 32 * u + 16 + 4 * tig);
+        w.a[3] = ld_u32(row_hi + 32 * u + 16 + 4 * tig);
+        w.d[0] = ld_u16(row_lo + 32 * n_units + 2 * u);
+        w.d[1] = ld_u16(row_hi + 32 * n_units + 2 * u);
     } else {
-        static_assert(T == GgmlType::Q8_0, "Q4_0 and Q8_0");
-        a[0] = ld_u32(row_lo + 32 * u + 4 * tig);
-        a[1] = ld_u32(row_hi + 32 * u + 4 * tig);
-        a[2] = ld_u32(row_lo + 32 * u + 16 + 4 * tig);
-        a[3] = ld_u32(row_hi + 32 * u + 16 + 4 * tig);
-        d[0] = ld_u16(row_lo + 32 * n_units + 2 * u);
-        d[1] = ld_u16(row_hi + 32 * n_units + 2 * u);
+        static_assert(T == GgmlType::Q4_K, "Q4_0, Q8_0 and Q4_K");
+        const int sb = u / 8, p = (u % 8) / 2, n_super = n_units / 8;  // u even: sub-blocks u % 8 and the next
+        const uint8_t* const rows2[2] = {row_lo, row_hi};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint8_t* qs = rows2[h] + 128 * sb + 32 * p + 4 * tig;
+            w.q[h][0] = ld_u32(qs);
+            w.q[h][1] = ld_u32(qs + 16);
+            w.sm[h] = ld_u32(rows2[h] + q4k_scales_at(n_super) + 16 * sb + 4 * p);
+            w.dd[h] = ld_u32(rows2[h] + q4k_d_at(n_super) + 4 * sb);
+        }
+    }
+}
+
+template <GgmlType T>
+KVGEN_HD void int_mma_a(const ImStep<T>& w, int k, uint32_t (&a)[4]) {
+    if constexpr (T == GgmlType::Q4_K) {  // sub-block 2 p + k: the low (k = 0) or high nibbles
+        a[0] = (w.q[0][0] >> (4 * k)) & 0x0f0f0f0fu;
+        a[1] = (w.q[1][0] >> (4 * k)) & 0x0f0f0f0fu;
+        a[2] = (w.q[0][1] >> (4 * k)) & 0x0f0f0f0fu;
+        a[3] = (w.q[1][1] >> (4 * k)) & 0x0f0f0f0fu;
+    } else {
+        for (int i = 0; i < 4; ++i) a[i] = w.a[i];
+    }
+}
+
+template <GgmlType T>
+KVGEN_HD float int_mma_add(const ImStep<T>& w, int k, int hi, int c, float xd, int xs, float acc) {
+    if constexpr (T == GgmlType::Q4_K) {
+        // as unit_dot's for one sub-block: d (xd sc dot) - dmin (xd m s), the scale and the min in integers
+        const uint32_t sm = w.sm[hi];
+        const int sc = int((sm >> (8 * k)) & 0xffu), m = int((sm >> (16 + 8 * k)) & 0xffu);
+        const float d = half_bits(uint16_t(w.dd[hi] & 0xffffu)), dmin = half_bits(uint16_t(w.dd[hi] >> 16));
+        return acc + fmaf(d, xd * float(sc * c), -(dmin * (xd * float(m * xs))));
+    } else {
+        // note: Q4_0's offset of 8, which the unsigned nibbles left out, through the sum of q (unit_dot's)
+        const int dot = T == GgmlType::Q4_0 ? c - 8 * xs : c;
+        return fmaf(half_bits(w.d[hi]) * xd, float(dot), acc);
     }
 }
 
@@ -107,8 +164,10 @@ template <GgmlType T, bool GLU, int NTT, class Ctx, class Store>
 KVGEN_HD void matvec_int_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w, const uint8_t* __restrict__ up,
                                   int64_t row_bytes, int n_units, int64_t rows, const ActBlock* __restrict__ x, int n,
                                   Store&& store) {
-    static_assert(int_mma_type(T) && (NTT == 1 || NTT == 2), "Q4_0 / Q8_0, one or two 8-token tiles");
-    constexpr bool kAu = T == GgmlType::Q4_0;  // Q4_0's nibbles unsigned, Q8_0's bytes signed
+    static_assert(int_mma_type(T) && (NTT == 1 || NTT == 2), "Q4_0 / Q8_0 / Q4_K, one or two 8-token tiles");
+    constexpr bool kAu = T != GgmlType::Q8_0;  // 4-bit quants unsigned, Q8_0's bytes signed
+    constexpr int S = ImStep<T>::units, kSteps = kImUnits / S;
+    static_assert(kSteps * S == kImUnits, "a turn is whole steps");
     constexpr int NT = 8 * NTT;
     const int t = ctx.thread(), warp = t / 32, lane = t % 32, gid = lane >> 2, tig = lane & 3;
     const int64_t r0 = int64_t(ctx.block_x()) * int_mma_block_rows(GLU);
@@ -150,16 +209,16 @@ KVGEN_HD void matvec_int_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w,
         }
     };
     // A turn: its kImUnits units' weight loads all issued first, then unit by unit the activations of the next unit
-    // loaded while the products of this one are made.
+    // loaded while the products of this one are made. (The kernel waits for the one before it at its start: loading
+    // the first turn's weights before that wait, as the CUDA-core products do, took sm_90 past 128 registers.)
     for (int u0 = warp * kImUnits; u0 < n_units; u0 += kImWarps * kImUnits) {
-        uint32_t wa[kImUnits][kImTiles][4];
-        uint16_t wd[kImUnits][kImTiles][2];
+        ImStep<T> ws[kSteps][kImTiles];
 #pragma unroll
-        for (int k = 0; k < kImUnits; ++k) {
-            if (u0 + k >= n_units) break;  // the same for the whole warp
+        for (int k = 0; k < kSteps; ++k) {
+            if (u0 + S * k >= n_units) break;  // the same for the whole warp (Q4_K: whole super-blocks)
 #pragma unroll
             for (int a = 0; a < kImTiles; ++a)
-                int_mma_load_a<T>(row[a][0], row[a][1], u0 + k, n_units, tig, wa[k][a], wd[k][a]);
+                int_mma_load<T>(row[a][0], row[a][1], u0 + S * k, n_units, tig, ws[k][a]);
         }
         Acts xa[2];
         load_acts(u0, xa[0]);
@@ -182,15 +241,15 @@ KVGEN_HD void matvec_int_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w,
                 }
 #pragma unroll
                 for (int a = 0; a < kImTiles; ++a) {
+                    uint32_t af[4];
+                    int_mma_a<T>(ws[k / S][a], k % S, af);
                     int ch[4] = {0, 0, 0, 0}, cl[4] = {0, 0, 0, 0};
-                    ctx.template mma_i8<kAu, false>(ch, wa[k][a], bh);
-                    ctx.template mma_i8<kAu, true>(cl, wa[k][a], bl);
+                    ctx.template mma_i8<kAu, false>(ch, af, bh);
+                    ctx.template mma_i8<kAu, true>(cl, af, bl);
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        int dot = 256 * ch[e] + cl[e];
-                        if constexpr (T == GgmlType::Q4_0) dot -= 8 * xs[e & 1];
-                        acc[a][j][e] = fmaf(half_bits(wd[k][a][e >> 1]) * xd[e & 1], float(dot), acc[a][j][e]);
-                    }
+                    for (int e = 0; e < 4; ++e)
+                        acc[a][j][e] = int_mma_add<T>(ws[k / S][a], k % S, e >> 1, 256 * ch[e] + cl[e], xd[e & 1],
+                                                      xs[e & 1], acc[a][j][e]);
                 }
             }
         }

@@ -33,8 +33,8 @@
 #      rings of 2 and 4 stages instead of 3),
 #      for Q4_0 pp16 and tg128 with --cuda-matvec-unit 32 (SHAPE-Q4_0-unit32: a lane's step one block of a row, not
 #      two; with --quick also its per-kernel table),
-#      for Q4_0 and Q8_0 pp4 and pp16 with --cuda-matvec-mma on (SHAPE-T-intmma: a short prompt's products on the
-#      tensor cores in one launch, not on the CUDA cores 8 tokens a launch),
+#      for Q4_0, Q8_0 and Q4_K_M pp4 and pp16 with --cuda-matvec-mma on (SHAPE-T-intmma: a short prompt's products
+#      on the tensor cores in one launch, not on the CUDA cores 8 tokens a launch),
 #      and for the quantized ones pp512 with --cuda-gemm mma (SHAPE-T-mmagemm: the prefill products in one kernel
 #      that decodes each weight tile into shared memory, against cuBLAS on decoded chunks), pp512 with
 #      --cuda-gemm-chunk 16 and 0 (SHAPE-T-chunk16, -chunk0: cuBLAS on fixed 16 MiB chunks of decoded rows and on
@@ -388,7 +388,7 @@ for shape in "${shapes[@]}"; do
                 >"$work/speed/$name-unit32.bench.json" 2>>"$out/log.txt" ||
                 log "$name: bench with 32-weight steps failed"
         fi
-        if [[ $t == Q4_0 || $t == Q8_0 ]]; then  # a short prompt's products on the tensor cores (default: CUDA cores)
+        if [[ $t == Q4_0 || $t == Q8_0 || $t == Q4_K_M ]]; then  # a short prompt's products on the tensor cores
             cp "$work/speed/$name.inspect.json" "$work/speed/$name-intmma.inspect.json"
             bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-matvec-mma on -p 4,16 -n 0 -d 0 -r 2 -o json \
                 >"$work/speed/$name-intmma.bench.json" 2>>"$out/log.txt" ||

@@ -345,11 +345,12 @@ int main(int argc, char** argv) {
     add_cuda_choice(app, "--cuda-matvec", &gen.run.cuda_int_matvec, {"int16", "f32"}, "int16",
                     "CUDA products of one token or a prompt of up to 16 for Q4_0, Q8_0, Q4_K, Q6_K: int16 (integer dot "
                     "products on 16-bit activations, the default) or f32 (float activations, to compare)");
-    add_cuda_choice(app, "--cuda-matvec-mma", &gen.run.cuda_int_mma, {"on", "off"}, "on",
-                    "CUDA, sm_80 and later: on multiplies a prompt of 2 to 16 tokens by Q4_0 and Q8_0 weights on the "
-                    "tensor cores in one launch (8-bit mma on each 16-bit activation's two bytes: the same integer "
-                    "dots as int16, summed in another order); off (the default) takes the CUDA cores, 8 tokens a "
-                    "launch");
+    add_cuda_choice(
+        app, "--cuda-matvec-mma", &gen.run.cuda_int_mma, {"on", "off"}, "on",
+        "CUDA, sm_80 and later: on multiplies a prompt of 2 to 16 tokens by Q4_0, Q8_0 and Q4_K weights on the "
+        "tensor cores in one launch (8-bit mma on each 16-bit activation's two bytes: the same integer "
+        "dots as int16, summed in another order); off (the default) takes the CUDA cores, 8 tokens a "
+        "launch");
     add_cuda_choice(app, "--cuda-attention", &gen.run.cuda_flash_attention, {"mma", "warp"}, "mma",
                     "CUDA prefill attention: mma (flash attention on the tensor cores for head_dim 64 and 128, the "
                     "default) or warp (a warp per query on the CUDA cores, to compare; an f16 cache only)");
