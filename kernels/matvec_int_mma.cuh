@@ -1,26 +1,29 @@
 #pragma once
 // The integer products of a short prompt (2 to kMvMaxTokens tokens) on the tensor cores (--cuda-matvec-mma on, sm_80
-// and later), for Q4_0, Q8_0 and Q4_K weights: the CUDA-core products' operands (matvec_int.cuh: the weights' own
+// and later), for Q4_0, Q8_0, Q4_K and Q6_K weights: the CUDA-core products' operands (matvec_int.cuh: the weights' own
 // blocks and the tokens' 16-bit activation blocks, ActBlock) and integer dots, but 16 rows x 8 tokens of a block's dots
 // in two mma.sync m16n8k32 (DeviceThread::mma_i8) instead of a lane's __dp2a per row and token. A 16-bit activation q
 // is 256 hi + lo, hi its high byte (signed) and lo its low byte (unsigned), so a block's dot sum_j w_j q_j is
 // 256 sum_j w_j hi_j + sum_j w_j lo_j: two products of bytes, each exact in s32, and their sum the same integer.
 // A Q4_0 or Q8_0 block's term is then the CUDA-core product's, fmaf(d_w d_x, float(dot), acc), the same bits, and only
 // the order in which a row's blocks are added differs (here: a warp's units in turn, then the warps in order); a Q4_K
-// sub-block's term is unit_dot's arithmetic for one whole sub-block, where the CUDA cores take a unit of two halves.
+// sub-block's term is unit_dot's arithmetic for one whole sub-block, where the CUDA cores take a unit of two halves,
+// and a Q6_K block's two halves of 16 values (each its own scale) are two products of their own, the other half's
+// columns zero.
 //
-// A block of kImWarps warps owns 32 rows of one matrix (16 of each of gate and up with GLU) for all n tokens (one or
-// two tiles of 8): its warps take turns along the row, kImUnits consecutive units (blocks of 32 weights) a warp at a
-// time, all of a turn's weight and scale loads issued first, each unit's activations loaded while the unit before it
-// is multiplied, and the warps' sums meet in shared memory at the end. Weights: lane 4 gid + tig reads bytes
-// 4 tig .. + 3 of rows gid and gid + 8 of each 16-row tile, which are mma's A fragments as the planar layout
-// (weight_layout.h) stores them: Q4_0's low nibbles are columns 4 tig .. + 3 and its high ones 16 + 4 tig .. + 3;
-// Q8_0's bytes 4 tig .. and 16 + 4 tig ..; a Q4_K pair of sub-blocks 2 p and 2 p + 1 is the low and the high nibbles of
-// the same 32 bytes (4 tig .. and 16 + 4 tig ..). Activations: token 8 t + gid's values 4 tig .. + 3 and 16 + 4 tig ..
-// of the unit's block (two 8-byte loads), split into bytes by two byte permutes each: B fragments. Rows past the
-// matrix read its last row, tokens past n the last token, and neither is stored.
-// Written against a thread context (DeviceThread, or the host emulation's, tests/cuda_support/host_emulation.cu).
+// A block of kImWarps warps owns 32 rows of one matrix (16 of each of gate and up with GLU) for all n tokens of a
+// launch (one or two tiles of 8; int_mma_tokens): its warps take turns along the row, kImUnits consecutive units
+// (blocks of 32 weights) a warp at a time, all of a turn's weight and scale loads issued first, each unit's activations
+// loaded while the unit before it is multiplied, and the warps' sums meet in shared memory at the end. Weights: lane 4
+// gid + tig reads bytes 4 tig .. + 3 of rows gid and gid + 8 of each 16-row tile, which are mma's A fragments as the
+// planar layout (weight_layout.h) stores them: Q4_0's low nibbles are columns 4 tig .. + 3 and its high ones 16 + 4 tig
+// .. + 3; Q8_0's bytes 4 tig .. and 16 + 4 tig ..; a Q4_K pair of sub-blocks 2 p and 2 p + 1 is the low and the high
+// nibbles of the same 32 bytes (4 tig .. and 16 + 4 tig ..). Activations: token 8 t + gid's values 4 tig .. + 3 and 16
+// + 4 tig .. of the unit's block (two 8-byte loads), split into bytes by two byte permutes each: B fragments. Rows past
+// the matrix read its last row, tokens past n the last token, and neither is stored. Written against a thread context
+// (DeviceThread, or the host emulation's, tests/cuda_support/host_emulation.cu).
 #include <cstdint>
+#include <type_traits>
 
 #include "common/hd.h"
 #include "elementwise.cuh"
@@ -36,7 +39,12 @@ constexpr int kImMaxTokens = kMvMaxTokens;
 static_assert(kImRows == 16 * kImTiles && kImMaxTokens == 16, "two 16-row tiles, up to two 8-token tiles");
 
 KVGEN_HD constexpr bool int_mma_type(GgmlType t) {
-    return t == GgmlType::Q4_0 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K;
+    return t == GgmlType::Q4_0 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K || t == GgmlType::Q6_K;
+}
+// Tokens a launch takes at most: 16 (two tiles of 8), but Q6_K 8, whose 16-token kernel held too much in its
+// registers (sm_90: 72-104 bytes spilled), so that 9-16 tokens read its weights twice.
+KVGEN_HD constexpr int int_mma_tokens(GgmlType t) {
+    return t == GgmlType::Q6_K ? 8 : kImMaxTokens;
 }
 // Output rows a block owns.
 KVGEN_HD constexpr int int_mma_block_rows(bool glu) {
@@ -77,22 +85,38 @@ KVGEN_HD void split_act_bytes(uint2 q, uint32_t& hi, uint32_t& lo) {
 
 // A warp's weights of one step for one 16-row tile (rows lo and lo + 8, the lane's two row pointers), loaded
 // (int_mma_load) before any is used: a step is one unit of Q4_0 or Q8_0 (ImStep::units 1: the A fragment and the
-// two rows' block scales), or a pair of Q4_K sub-blocks 2 p and 2 p + 1 (units 2), which the same quant bytes hold
-// (low and high nibbles), with the same scale word and the super-block's d and dmin. int_mma_a gives unit h's A
-// fragment of the step, int_mma_add adds its C element (row lo + 8 hi, dot c) times a token's activation scale xd
-// (xs: the token's sum of q over the block) to acc.
+// two rows' block scales), a pair of Q4_K sub-blocks 2 p and 2 p + 1 (units 2), which the same quant bytes hold
+// (low and high nibbles), with the same scale word and the super-block's d and dmin, or half a Q6_K super-block
+// (units 4: its quarters share their bytes of ql in pairs and of qh all four, and its 8 scales). int_mma_a gives the
+// A fragments of unit k of the step, one for each of its parts (ImStep::parts): a Q6_K unit's two halves of 16 values
+// have scales of their own, so each is a product of its own, the other half's columns zero. int_mma_add adds the
+// parts' C elements (row lo + 8 hi, dots c) for a token (TokScale: its block's d, sum of q and the halves' sums) to
+// acc.
 template <GgmlType T>
 struct ImStep {
-    static constexpr int units = 1;
+    static constexpr int units = 1, parts = 1;
     uint32_t a[4];
     uint16_t d[2];
 };
 template <>
 struct ImStep<GgmlType::Q4_K> {
-    static constexpr int units = 2;
+    static constexpr int units = 2, parts = 1;
     uint32_t q[2][2];  // [row lo, lo + 8][bytes 32 p + 4 tig .., 32 p + 16 + 4 tig ..]
     uint32_t sm[2];    // the pair's scales and mins (sc[2p], sc[2p + 1], m[2p], m[2p + 1]), each row
     uint32_t dd[2];    // the super-block's d and dmin, each row
+};
+template <>
+struct ImStep<GgmlType::Q6_K> {
+    static constexpr int units = 4, parts = 2;
+    uint32_t ql[2][4];  // [row][ql bytes 64 h + 16 i + 4 tig .., i = 0..3] (h: the half of the super-block)
+    uint32_t qh[2][2];  // [row][qh bytes 32 h + 16 i + 4 tig .., i = 0..1]
+    uint32_t sc[2][2];  // [row][the half's 8 int8 scales, 4 a word]
+    uint16_t d[2];
+};
+// A token's activation block as the products meet it: its scale, its sum of q and the sums of its two halves.
+struct TokScale {
+    float d;
+    int s, h0, h1;
 };
 
 template <GgmlType T>
@@ -113,8 +137,7 @@ KVGEN_HD void int_mma_load(const uint8_t* row_lo, const uint8_t* row_hi, int u, 
         w.a[3] = ld_u32(row_hi + 32 * u + 16 + 4 * tig);
         w.d[0] = ld_u16(row_lo + 32 * n_units + 2 * u);
         w.d[1] = ld_u16(row_hi + 32 * n_units + 2 * u);
-    } else {
-        static_assert(T == GgmlType::Q4_K, "Q4_0, Q8_0 and Q4_K");
+    } else if constexpr (T == GgmlType::Q4_K) {
         const int sb = u / 8, p = (u % 8) / 2, n_super = n_units / 8;  // u even: sub-blocks u % 8 and the next
         const uint8_t* const rows2[2] = {row_lo, row_hi};
 #pragma unroll
@@ -125,33 +148,73 @@ KVGEN_HD void int_mma_load(const uint8_t* row_lo, const uint8_t* row_hi, int u, 
             w.sm[h] = ld_u32(rows2[h] + q4k_scales_at(n_super) + 16 * sb + 4 * p);
             w.dd[h] = ld_u32(rows2[h] + q4k_d_at(n_super) + 4 * sb);
         }
-    }
-}
-
-template <GgmlType T>
-KVGEN_HD void int_mma_a(const ImStep<T>& w, int k, uint32_t (&a)[4]) {
-    if constexpr (T == GgmlType::Q4_K) {  // sub-block 2 p + k: the low (k = 0) or high nibbles
-        a[0] = (w.q[0][0] >> (4 * k)) & 0x0f0f0f0fu;
-        a[1] = (w.q[1][0] >> (4 * k)) & 0x0f0f0f0fu;
-        a[2] = (w.q[0][1] >> (4 * k)) & 0x0f0f0f0fu;
-        a[3] = (w.q[1][1] >> (4 * k)) & 0x0f0f0f0fu;
     } else {
-        for (int i = 0; i < 4; ++i) a[i] = w.a[i];
+        static_assert(T == GgmlType::Q6_K, "Q4_0, Q8_0, Q4_K and Q6_K");
+        const int sb = u / 8, h = (u % 8) / 4, n_super = n_units / 8;  // u a multiple of 4: quarters 0..3 of half h
+        const uint8_t* const rows2[2] = {row_lo, row_hi};
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const uint8_t* b = rows2[r] + 192 * sb;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) w.ql[r][i] = ld_u32(b + 64 * h + 16 * i + 4 * tig);
+#pragma unroll
+            for (int i = 0; i < 2; ++i) w.qh[r][i] = ld_u32(b + 128 + 32 * h + 16 * i + 4 * tig);
+            const uint8_t* sc = rows2[r] + 192 * n_super + 16 * sb + 8 * h;
+            w.sc[r][0] = ld_u32(sc);
+            w.sc[r][1] = ld_u32(sc + 4);
+            w.d[r] = ld_u16(rows2[r] + 208 * n_super + 2 * sb);
+        }
     }
 }
 
 template <GgmlType T>
-KVGEN_HD float int_mma_add(const ImStep<T>& w, int k, int hi, int c, float xd, int xs, float acc) {
+KVGEN_HD void int_mma_a(const ImStep<T>& w, int k, uint32_t (&a)[ImStep<T>::parts][4]) {
+    if constexpr (T == GgmlType::Q4_K) {  // sub-block 2 p + k: the low (k = 0) or high nibbles
+        a[0][0] = (w.q[0][0] >> (4 * k)) & 0x0f0f0f0fu;
+        a[0][1] = (w.q[1][0] >> (4 * k)) & 0x0f0f0f0fu;
+        a[0][2] = (w.q[0][1] >> (4 * k)) & 0x0f0f0f0fu;
+        a[0][3] = (w.q[1][1] >> (4 * k)) & 0x0f0f0f0fu;
+    } else if constexpr (T == GgmlType::Q6_K) {
+        // quarter k's values 16 p + 4 tig .. + 3 (part p), 0..63 unsigned: ql bytes 32 (k % 2) + 16 p + 4 tig .., the
+        // low nibbles for k < 2, the high ones after; qh bytes 16 p + 4 tig .., bits 2 k and 2 k + 1 (the offset of 32
+        // comes back through the halves' sums of q, as in unit_dot)
+        uint32_t v[2][2];  // [row][part]
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int p = 0; p < 2; ++p)
+                v[r][p] = ((w.ql[r][2 * (k % 2) + p] >> (4 * (k / 2))) & 0x0f0f0f0fu) |
+                          (((w.qh[r][p] >> (2 * k)) & 0x03030303u) << 4);
+        a[0][0] = v[0][0];
+        a[0][1] = v[1][0];
+        a[0][2] = a[0][3] = 0u;  // part 0: columns 0..15
+        a[1][0] = a[1][1] = 0u;  // part 1: columns 16..31
+        a[1][2] = v[0][1];
+        a[1][3] = v[1][1];
+    } else {
+        for (int i = 0; i < 4; ++i) a[0][i] = w.a[i];
+    }
+}
+
+template <GgmlType T>
+KVGEN_HD float int_mma_add(const ImStep<T>& w, int k, int hi, const int (&c)[ImStep<T>::parts], const TokScale& x,
+                           float acc) {
     if constexpr (T == GgmlType::Q4_K) {
         // as unit_dot's for one sub-block: d (xd sc dot) - dmin (xd m s), the scale and the min in integers
         const uint32_t sm = w.sm[hi];
         const int sc = int((sm >> (8 * k)) & 0xffu), m = int((sm >> (16 + 8 * k)) & 0xffu);
         const float d = half_bits(uint16_t(w.dd[hi] & 0xffffu)), dmin = half_bits(uint16_t(w.dd[hi] >> 16));
-        return acc + fmaf(d, xd * float(sc * c), -(dmin * (xd * float(m * xs))));
+        return acc + fmaf(d, x.d * float(sc * c[0]), -(dmin * (x.d * float(m * x.s))));
+    } else if constexpr (T == GgmlType::Q6_K) {
+        // as unit_dot's: each half's scale times its dot less 32 times its sum of q, in integers (|sum| <= 2^31)
+        const int s0 = int(int8_t(uint8_t(w.sc[hi][(2 * k) / 4] >> (8 * ((2 * k) % 4)))));
+        const int s1 = int(int8_t(uint8_t(w.sc[hi][(2 * k + 1) / 4] >> (8 * ((2 * k + 1) % 4)))));
+        const int dot0 = s0 * (c[0] - 32 * x.h0), dot1 = s1 * (c[1] - 32 * x.h1);
+        return fmaf(half_bits(w.d[hi]), fmaf(x.d, float(dot0), x.d * float(dot1)), acc);
     } else {
         // note: Q4_0's offset of 8, which the unsigned nibbles left out, through the sum of q (unit_dot's)
-        const int dot = T == GgmlType::Q4_0 ? c - 8 * xs : c;
-        return fmaf(half_bits(w.d[hi]) * xd, float(dot), acc);
+        const int dot = T == GgmlType::Q4_0 ? c[0] - 8 * x.s : c[0];
+        return fmaf(half_bits(w.d[hi]) * x.d, float(dot), acc);
     }
 }
 
@@ -164,9 +227,10 @@ template <GgmlType T, bool GLU, int NTT, class Ctx, class Store>
 KVGEN_HD void matvec_int_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w, const uint8_t* __restrict__ up,
                                   int64_t row_bytes, int n_units, int64_t rows, const ActBlock* __restrict__ x, int n,
                                   Store&& store) {
-    static_assert(int_mma_type(T) && (NTT == 1 || NTT == 2), "Q4_0 / Q8_0 / Q4_K, one or two 8-token tiles");
-    constexpr bool kAu = T != GgmlType::Q8_0;  // 4-bit quants unsigned, Q8_0's bytes signed
-    constexpr int S = ImStep<T>::units, kSteps = kImUnits / S;
+    static_assert(int_mma_type(T) && (NTT == 1 || NTT == 2) && 8 * NTT <= int_mma_tokens(T),
+                  "Q4_0 / Q8_0 / Q4_K / Q6_K, one or two 8-token tiles");
+    constexpr bool kAu = T != GgmlType::Q8_0;  // 4- and 6-bit quants unsigned, Q8_0's bytes signed
+    constexpr int S = ImStep<T>::units, P = ImStep<T>::parts, kSteps = kImUnits / S;
     static_assert(kSteps * S == kImUnits, "a turn is whole steps");
     constexpr int NT = 8 * NTT;
     const int t = ctx.thread(), warp = t / 32, lane = t % 32, gid = lane >> 2, tig = lane & 3;
@@ -192,9 +256,12 @@ KVGEN_HD void matvec_int_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w,
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[a][j][e] = 0.0f;
 
-    // A unit's activation loads for the lane: B's values of token 8 j + gid, and (d, s) of C's two tokens.
+    // A unit's activation loads for the lane: B's values of token 8 j + gid, and (d, s) of C's two tokens (Q6_K: and
+    // the halves' sums, h).
+    using Ds = std::conditional_t<T == GgmlType::Q6_K, uint4, uint2>;
     struct Acts {
-        uint2 q[NTT][2], ds[NTT][2];
+        uint2 q[NTT][2];
+        Ds ds[NTT][2];
     };
     auto load_acts = [&](int u, Acts& xa) {
 #pragma unroll
@@ -203,14 +270,19 @@ KVGEN_HD void matvec_int_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w,
             xa.q[j][0] = ld8(q + 8 * tig);
             xa.q[j][1] = ld8(q + 32 + 8 * tig);
 #pragma unroll
-            for (int c = 0; c < 2; ++c)
-                xa.ds[j][c] =
-                    ld8(reinterpret_cast<const uint8_t*>(&x[int64_t(tok(8 * j + 2 * tig + c)) * n_units + u].d));
+            for (int c = 0; c < 2; ++c) {
+                const uint8_t* p =
+                    reinterpret_cast<const uint8_t*>(&x[int64_t(tok(8 * j + 2 * tig + c)) * n_units + u].d);
+                if constexpr (T == GgmlType::Q6_K)
+                    xa.ds[j][c] = ld16(p);
+                else
+                    xa.ds[j][c] = ld8(p);
+            }
         }
     };
     // A turn: its kImUnits units' weight loads all issued first, then unit by unit the activations of the next unit
-    // loaded while the products of this one are made. (The kernel waits for the one before it at its start: loading
-    // the first turn's weights before that wait, as the CUDA-core products do, took sm_90 past 128 registers.)
+    // loaded while the products of this one are made. (The kernel waits for the one before it at its start:
+    // loading the first turn's weights before that wait, as the CUDA-core products do, took sm_90 past 128 registers.)
     for (int u0 = warp * kImUnits; u0 < n_units; u0 += kImWarps * kImUnits) {
         ImStep<T> ws[kSteps][kImTiles];
 #pragma unroll
@@ -232,24 +304,37 @@ KVGEN_HD void matvec_int_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w,
                 uint32_t bh[2], bl[2];
                 split_act_bytes(xc.q[j][0], bh[0], bl[0]);
                 split_act_bytes(xc.q[j][1], bh[1], bl[1]);
-                float xd[2];
-                int xs[2];
+                TokScale ts[2];
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
-                    memcpy(&xd[c], &xc.ds[j][c].x, 4);
-                    xs[c] = int(xc.ds[j][c].y);
+                    memcpy(&ts[c].d, &xc.ds[j][c].x, 4);
+                    ts[c].s = int(xc.ds[j][c].y);
+                    if constexpr (T == GgmlType::Q6_K) {
+                        ts[c].h0 = int(xc.ds[j][c].z);
+                        ts[c].h1 = int(xc.ds[j][c].w);
+                    } else {
+                        ts[c].h0 = ts[c].h1 = 0;
+                    }
                 }
 #pragma unroll
                 for (int a = 0; a < kImTiles; ++a) {
-                    uint32_t af[4];
+                    uint32_t af[P][4];
                     int_mma_a<T>(ws[k / S][a], k % S, af);
-                    int ch[4] = {0, 0, 0, 0}, cl[4] = {0, 0, 0, 0};
-                    ctx.template mma_i8<kAu, false>(ch, af, bh);
-                    ctx.template mma_i8<kAu, true>(cl, af, bl);
+                    int ch[P][4], cl[P][4];
 #pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        acc[a][j][e] = int_mma_add<T>(ws[k / S][a], k % S, e >> 1, 256 * ch[e] + cl[e], xd[e & 1],
-                                                      xs[e & 1], acc[a][j][e]);
+                    for (int q = 0; q < P; ++q) {
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) ch[q][e] = cl[q][e] = 0;
+                        ctx.template mma_i8<kAu, false>(ch[q], af[q], bh);
+                        ctx.template mma_i8<kAu, true>(cl[q], af[q], bl);
+                    }
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        int c[P];
+#pragma unroll
+                        for (int q = 0; q < P; ++q) c[q] = 256 * ch[q][e] + cl[q][e];
+                        acc[a][j][e] = int_mma_add<T>(ws[k / S][a], k % S, e >> 1, c, ts[e & 1], acc[a][j][e]);
+                    }
                 }
             }
         }

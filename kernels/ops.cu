@@ -316,16 +316,16 @@ __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
 template <GgmlType T, bool GLU, int NTT>
 __global__ void __launch_bounds__(32 * kImWarps, 2)
     matvec_int_mma_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ up, int64_t row_bytes, int n_units,
-                          int64_t rows, const ActBlock* __restrict__ x, int n, RowSplit y, int accumulate) {
+                          int64_t rows, const ActBlock* __restrict__ x, int n, RowSplit y, int i0, int accumulate) {
     pdl_trigger();  // the next product may start loading its weights
     pdl_wait();
     __shared__ float part[int_mma_shared(NTT)];
     matvec_int_mma_body<T, GLU, NTT>(DeviceThread{part}, w, up, row_bytes, n_units, rows, x, n,
                                      [&](int64_t r, int i, float v) {
                                          if constexpr (GLU) {
-                                             y.y[0][int64_t(i) * rows + r] = v;
+                                             y.y[0][int64_t(i0 + i) * rows + r] = v;
                                          } else {
-                                             float* out = y.at(r, i, rows);
+                                             float* out = y.at(r, i0 + i, rows);
                                              *out = accumulate ? *out + v : v;
                                          }
                                      });
@@ -805,16 +805,24 @@ bool launch_int_mma(const RowSplit& y, const DevWeight& w, const DevWeight* up, 
     dispatch_int_type(w.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
         if constexpr (int_mma_type(T)) {
-            const auto go = [&](auto glu, auto ntt) {
+            const auto go = [&](auto glu, auto ntt, int i0, int m) {
                 constexpr bool GLU = decltype(glu)::value;
                 launch(matvec_int_mma_kernel<T, GLU, decltype(ntt)::value>, grid_for(w.rows, int_mma_block_rows(GLU)),
-                       32 * kImWarps, pdl, s, w.data, u, w.row_bytes, n_units, w.rows, x, n, y, accumulate ? 1 : 0);
+                       32 * kImWarps, pdl, s, w.data, u, w.row_bytes, n_units, w.rows, x + int64_t(i0) * n_units, m, y,
+                       i0, accumulate ? 1 : 0);
             };
+            // Q6_K in launches of up to 8 tokens (int_mma_tokens)
             const auto by_tokens = [&](auto glu) {
-                if (n <= 8)
-                    go(glu, std::integral_constant<int, 1>{});
-                else
-                    go(glu, std::integral_constant<int, 2>{});
+                for (int i0 = 0; i0 < n; i0 += int_mma_tokens(T)) {
+                    const int m = std::min(n - i0, int_mma_tokens(T));
+                    if constexpr (int_mma_tokens(T) > 8) {
+                        if (m > 8) {
+                            go(glu, std::integral_constant<int, 2>{}, i0, m);
+                            continue;
+                        }
+                    }
+                    go(glu, std::integral_constant<int, 1>{}, i0, m);
+                }
             };
             if (up)
                 by_tokens(std::true_type{});

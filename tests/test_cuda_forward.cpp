@@ -267,7 +267,7 @@ TEST_CASE("CUDA short prompts on the tensor cores (--cuda-matvec-mma on) agree w
         WARN("SKIPPED: the tensor-core integer products need sm_80 or later");
         return;
     }
-    for (const char* type : {"Q4_0", "Q8_0", "Q4_K_M"}) {  // Q4_K_M: Q4_K there, Q6_K on the CUDA cores
+    for (const char* type : {"Q4_0", "Q8_0", "Q4_K_M"}) {  // Q4_K_M: Q4_K and Q6_K
         const Model m = synth_model(type);
         const int n_vocab = m.config.n_vocab;
         Settings s = test_settings(128);

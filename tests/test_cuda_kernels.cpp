@@ -333,8 +333,8 @@ TEST_CASE("the integer products of a short prompt on the tensor cores: the host 
     // the kernel's body (whose CPU-only tests check the fragments' integer sums against the CUDA-core products'), so
     // this checks the m16n8k32 fragment layout on the device; and within f32 rounding of the CUDA-core products. 37
     // rows (blocks with rows past the matrix); 1280 columns (40 units: warps 0-1 two turns of 4, the others one), 1312
-    // (41: a turn that ends past the row; not Q4_K, whose rows are whole super-blocks), 11008 (344: two warps a turn
-    // fewer).
+    // (41: a turn that ends past the row; not Q4_K and Q6_K, whose rows are whole super-blocks), 11008 (344: two warps
+    // a turn fewer).
     std::string why;
     const auto devices = kvgen::cuda::list_devices(&why);
     REQUIRE_FALSE(devices.empty());
@@ -342,7 +342,7 @@ TEST_CASE("the integer products of a short prompt on the tensor cores: the host 
         WARN("SKIPPED: the tensor-core integer products need sm_80 or later");
         return;
     }
-    for (const char* name : {"Q4_0", "Q8_0", "Q4_K"})
+    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
         for (const int64_t cols : {1280, 1312, 11008}) {
             GgmlType t;
             if (!whole_blocks(name, cols, &t)) continue;

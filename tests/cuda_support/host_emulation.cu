@@ -999,45 +999,59 @@ std::vector<int> mma_i8(const uint8_t* a, const uint8_t* b, bool au, bool bu, in
     return d;
 }
 
+namespace {
+// One launch of matvec_int_mma_kernel<T, GLU, NTT> over m tokens from token i0 (x: all the tokens' blocks), its
+// outputs into y [token][row] and counted in stored.
+template <GgmlType T, bool GLU, int NTT>
+void int_mma_launch(const DeviceRows& dev, const DeviceRows& dup, int64_t rows, int n_units, const ActBlock* x, int i0,
+                    int m, std::vector<float>& y, std::vector<int>& stored) {
+    const int grid = int((rows + int_mma_block_rows(GLU) - 1) / int_mma_block_rows(GLU));
+    run_grid(grid, 1, 32 * kImWarps, size_t(int_mma_shared(NTT)), [&](const HostThread& t) {
+        matvec_int_mma_body<T, GLU, NTT>(t, dev.p, dup.p, dev.row_bytes, n_units, rows, x + int64_t(i0) * n_units, m,
+                                         [&](int64_t r, int i, float v) {
+                                             const size_t at = size_t(i0 + i) * size_t(rows) + size_t(r);
+                                             y[at] = v;
+                                             ++stored[at];
+                                         });
+    });
+}
+
+// The launches launch_int_mma (ops.cu) makes for n tokens: up to int_mma_tokens(T) a launch, two tiles of 8 above 8.
+template <GgmlType T, bool GLU>
+void int_mma_launches(const DeviceRows& dev, const DeviceRows& dup, int64_t rows, int n_units, const ActBlock* x, int n,
+                      std::vector<float>& y, std::vector<int>& stored) {
+    for (int i0 = 0; i0 < n; i0 += int_mma_tokens(T)) {
+        const int m = std::min(n - i0, int_mma_tokens(T));
+        if constexpr (int_mma_tokens(T) > 8) {
+            if (m > 8) {
+                int_mma_launch<T, GLU, 2>(dev, dup, rows, n_units, x, i0, m, y, stored);
+                continue;
+            }
+        }
+        int_mma_launch<T, GLU, 1>(dev, dup, rows, n_units, x, i0, m, y, stored);
+    }
+}
+}  // namespace
+
 std::vector<float> matvec_int_mma(GgmlType type, const uint8_t* bytes, const uint8_t* up, int64_t rows, int64_t cols,
                                   const std::vector<float>& x, int n) {
     if (n < 1 || n > kImMaxTokens || cols % 32 != 0) throw Error("matvec_int_mma: 1 to 16 tokens of whole blocks");
+    if (!int_mma_type(type)) throw Error(fmt::format("no tensor-core integer product for {}", ggml_type_name(type)));
     const std::vector<ActBlock> a = act_blocks(x);
     const DeviceRows dev = device_rows(type, bytes, rows, cols);
     const DeviceRows dup = up ? device_rows(type, up, rows, cols) : DeviceRows{};
     std::vector<float> y(size_t(n) * size_t(rows), NAN);
     std::vector<int> stored(y.size(), 0);
     const int n_units = int(cols / 32);
-    const bool ok = int_mma_type(type) && dispatch_int_type(type, [&](auto tag) {
-                        constexpr GgmlType T = decltype(tag)::value;
-                        if constexpr (int_mma_type(T)) {
-                            const auto go = [&](auto glu, auto ntt) {
-                                constexpr bool GLU = decltype(glu)::value;
-                                constexpr int NTT = decltype(ntt)::value;
-                                const int grid = int((rows + int_mma_block_rows(GLU) - 1) / int_mma_block_rows(GLU));
-                                run_grid(grid, 1, 32 * kImWarps, size_t(int_mma_shared(NTT)), [&](const HostThread& t) {
-                                    matvec_int_mma_body<T, GLU, NTT>(t, dev.p, dup.p, dev.row_bytes, n_units, rows,
-                                                                     a.data(), n, [&](int64_t r, int i, float v) {
-                                                                         const size_t at =
-                                                                             size_t(i) * size_t(rows) + size_t(r);
-                                                                         y[at] = v;
-                                                                         ++stored[at];
-                                                                     });
-                                });
-                            };
-                            const auto by_tokens = [&](auto glu) {
-                                if (n <= 8)
-                                    go(glu, std::integral_constant<int, 1>{});
-                                else
-                                    go(glu, std::integral_constant<int, 2>{});
-                            };
-                            if (up)
-                                by_tokens(std::true_type{});
-                            else
-                                by_tokens(std::false_type{});
-                        }
-                    });
-    if (!ok) throw Error(fmt::format("no tensor-core integer product for {}", ggml_type_name(type)));
+    dispatch_int_type(type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        if constexpr (int_mma_type(T)) {
+            if (up)
+                int_mma_launches<T, true>(dev, dup, rows, n_units, a.data(), n, y, stored);
+            else
+                int_mma_launches<T, false>(dev, dup, rows, n_units, a.data(), n, y, stored);
+        }
+    });
     for (int c : stored)
         if (c != 1) throw Error("matvec_int_mma: an output stored other than once");
     return y;

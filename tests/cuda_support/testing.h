@@ -53,7 +53,7 @@ std::vector<float> matvec_batch(const HostWeight& w, const std::vector<float>& x
 // y = W x in integers: x quantized by quantize_act, then matvec_int (Q4_0, Q8_0, Q4_K, Q6_K); n tokens x [n][cols]
 // give y [n][rows]. stages: MviShape::stages (2-4: rings of shared memory, where the device has cp.async; 0: the
 // register path).
-// mma: n of 2 to 16 tokens of Q4_0 / Q8_0 / Q4_K on the tensor cores (MviShape::mma; the device must be sm_80 or
+// mma: n of 2 to 16 tokens of Q4_0 / Q8_0 / Q4_K / Q6_K on the tensor cores (MviShape::mma; the device must be sm_80 or
 // later).
 std::vector<float> matvec_int(const HostWeight& w, const std::vector<float>& x, int n = 1, int stages = 0,
                               bool mma = false);
@@ -191,7 +191,8 @@ std::vector<float> matvec_int(GgmlType type, const uint8_t* bytes, int64_t rows,
 std::vector<float> matvec_f16(const uint8_t* bytes, int64_t rows, int64_t cols, const std::vector<float>& x,
                               const uint8_t* up = nullptr, int stages = 0);
 // y = W x (with up: silu(W x) * (Up x)) in integers on the tensor cores, matvec_int_mma_body's blocks for n tokens
-// (2 to 16 on the device, here 1 to 16) x [n][cols] in one launch, y [n][rows]; Q4_0, Q8_0, Q4_K. Throws where an
+// (2 to 16 on the device, here 1 to 16) x [n][cols] in the device's launches (int_mma_tokens), y [n][rows]; Q4_0,
+// Q8_0, Q4_K, Q6_K. Throws where an
 // output is stored other than once.
 std::vector<float> matvec_int_mma(GgmlType type, const uint8_t* bytes, const uint8_t* up, int64_t rows, int64_t cols,
                                   const std::vector<float>& x, int n);
