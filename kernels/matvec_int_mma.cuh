@@ -42,7 +42,7 @@ KVGEN_HD constexpr bool int_mma_type(GgmlType t) {
     return t == GgmlType::Q4_0 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K || t == GgmlType::Q6_K;
 }
 // Tokens a launch takes at most: 16 (two tiles of 8), but Q6_K 8, whose 16-token kernel held too much in its
-// registers (sm_90: 72-104 bytes spilled), so that 9-16 tokens read its weights twice.
+// registers (sm_90: 136-168 bytes spilled), so that 9-16 tokens read its weights twice.
 KVGEN_HD constexpr int int_mma_tokens(GgmlType t) {
     return t == GgmlType::Q6_K ? 8 : kImMaxTokens;
 }
@@ -206,7 +206,7 @@ KVGEN_HD float int_mma_add(const ImStep<T>& w, int k, int hi, const int (&c)[ImS
         const float d = half_bits(uint16_t(w.dd[hi] & 0xffffu)), dmin = half_bits(uint16_t(w.dd[hi] >> 16));
         return acc + fmaf(d, x.d * float(sc * c[0]), -(dmin * (x.d * float(m * x.s))));
     } else if constexpr (T == GgmlType::Q6_K) {
-        // as unit_dot's: each half's scale times its dot less 32 times its sum of q, in integers (|sum| <= 2^31)
+        // as unit_dot's: each half's scale times its dot less 32 times its sum of q, in integers (|sum| < 2^31)
         const int s0 = int(int8_t(uint8_t(w.sc[hi][(2 * k) / 4] >> (8 * ((2 * k) % 4)))));
         const int s1 = int(int8_t(uint8_t(w.sc[hi][(2 * k + 1) / 4] >> (8 * ((2 * k + 1) % 4)))));
         const int dot0 = s0 * (c[0] - 32 * x.h0), dot1 = s1 * (c[1] - 32 * x.h1);

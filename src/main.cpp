@@ -348,7 +348,8 @@ int main(int argc, char** argv) {
     add_cuda_choice(
         app, "--cuda-matvec-mma", &gen.run.cuda_int_mma, {"on", "off"}, "on",
         "CUDA, sm_80 and later: on multiplies a prompt of 2 to 16 tokens by Q4_0, Q8_0, Q4_K and Q6_K weights on the "
-        "tensor cores in one launch (8-bit mma on each 16-bit activation's two bytes: the same integer "
+        "tensor cores in one launch (Q6_K: up to 8 tokens a launch; 8-bit mma on each 16-bit activation's two "
+        "bytes: the same integer "
         "dots as int16, summed in another order); off (the default) takes the CUDA cores, 8 tokens a "
         "launch");
     add_cuda_choice(app, "--cuda-attention", &gen.run.cuda_flash_attention, {"mma", "warp"}, "mma",

@@ -665,8 +665,8 @@ TEST_CASE("the integer products of a short prompt on the tensor cores, run on th
     // sub-block's term at once, where the CUDA cores take two halves of two sub-blocks a unit; Q6_K: a 32-value block's
     // two halves, each a product of its own, where the CUDA cores take halves of two blocks a unit). 40 rows (a last
     // block with rows past the matrix: 32 a block, 16 of each of gate and up), 3 units (warp 0's turn ends past the
-    // row, the other warps have none), 344 (two warps a turn fewer), 1 to 16 tokens (one tile of 8, or two; tokens past
-    // n in the last tile).
+    // row, the other warps have none), 344 (two warps a turn fewer), 1 to 16 tokens (one tile of 8, or two; Q6_K two
+    // launches of up to 8 above 8; tokens past n in the last tile).
     for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
         for (const int64_t cols : {96, 768, 4096, 11008}) {
             GgmlType t;

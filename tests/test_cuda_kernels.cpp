@@ -329,12 +329,12 @@ TEST_CASE("the integer products of a short prompt: each token the same bits as i
 }
 
 TEST_CASE("the integer products of a short prompt on the tensor cores: the host emulation's bits", "[cuda][kernels]") {
-    // --cuda-matvec-mma on (sm_80 and later): 2 to 16 tokens in one launch, the same bits as the host emulation of
-    // the kernel's body (whose CPU-only tests check the fragments' integer sums against the CUDA-core products'), so
-    // this checks the m16n8k32 fragment layout on the device; and within f32 rounding of the CUDA-core products. 37
-    // rows (blocks with rows past the matrix); 1280 columns (40 units: warps 0-1 two turns of 4, the others one), 1312
-    // (41: a turn that ends past the row; not Q4_K and Q6_K, whose rows are whole super-blocks), 11008 (344: two warps
-    // a turn fewer).
+    // --cuda-matvec-mma on (sm_80 and later): 2 to 16 tokens in one launch (Q6_K: up to 8 a launch), the same bits as
+    // the host emulation of the kernel's body (whose CPU-only tests check the fragments' integer sums against the
+    // CUDA-core products'), so this checks the m16n8k32 fragment layout on the device; and within f32 rounding of the
+    // CUDA-core products. 37 rows (blocks with rows past the matrix); 1280 columns (40 units: warps 0-1 two turns of 4,
+    // the others one), 1312 (41: a turn that ends past the row; not Q4_K and Q6_K, whose rows are whole super-blocks),
+    // 11008 (344: two warps a turn fewer).
     std::string why;
     const auto devices = kvgen::cuda::list_devices(&why);
     REQUIRE_FALSE(devices.empty());
