@@ -46,6 +46,21 @@ KVGEN_HD constexpr bool int_mma_type(GgmlType t) {
 KVGEN_HD constexpr int int_mma_tokens(GgmlType t) {
     return t == GgmlType::Q6_K ? 8 : kImMaxTokens;
 }
+// Calls f(std::integral_constant<int, NTT>{}, i0, m) for each launch of an n-token product of type T on the tensor
+// cores: launches of m <= int_mma_tokens(T) tokens from token i0, NTT the 8-token tiles they take.
+template <GgmlType T, typename F>
+void int_mma_launches(int n, F&& f) {
+    for (int i0 = 0; i0 < n; i0 += int_mma_tokens(T)) {
+        const int m = n - i0 < int_mma_tokens(T) ? n - i0 : int_mma_tokens(T);
+        if constexpr (int_mma_tokens(T) > 8) {
+            if (m > 8) {
+                f(std::integral_constant<int, 2>{}, i0, m);
+                continue;
+            }
+        }
+        f(std::integral_constant<int, 1>{}, i0, m);
+    }
+}
 // Output rows a block owns.
 KVGEN_HD constexpr int int_mma_block_rows(bool glu) {
     return glu ? kImRows / 2 : kImRows;

@@ -811,18 +811,8 @@ bool launch_int_mma(const RowSplit& y, const DevWeight& w, const DevWeight* up, 
                        32 * kImWarps, pdl, s, w.data, u, w.row_bytes, n_units, w.rows, x + int64_t(i0) * n_units, m, y,
                        i0, accumulate ? 1 : 0);
             };
-            // Q6_K in launches of up to 8 tokens (int_mma_tokens)
             const auto by_tokens = [&](auto glu) {
-                for (int i0 = 0; i0 < n; i0 += int_mma_tokens(T)) {
-                    const int m = std::min(n - i0, int_mma_tokens(T));
-                    if constexpr (int_mma_tokens(T) > 8) {
-                        if (m > 8) {
-                            go(glu, std::integral_constant<int, 2>{}, i0, m);
-                            continue;
-                        }
-                    }
-                    go(glu, std::integral_constant<int, 1>{}, i0, m);
-                }
+                int_mma_launches<T>(n, [&](auto ntt, int i0, int m) { go(glu, ntt, i0, m); });
             };
             if (up)
                 by_tokens(std::true_type{});

@@ -1016,20 +1016,13 @@ void int_mma_launch(const DeviceRows& dev, const DeviceRows& dup, int64_t rows, 
     });
 }
 
-// The launches launch_int_mma (ops.cu) makes for n tokens: up to int_mma_tokens(T) a launch, two tiles of 8 above 8.
+// The launches launch_int_mma (ops.cu) makes for n tokens (int_mma_launches).
 template <GgmlType T, bool GLU>
-void int_mma_launches(const DeviceRows& dev, const DeviceRows& dup, int64_t rows, int n_units, const ActBlock* x, int n,
-                      std::vector<float>& y, std::vector<int>& stored) {
-    for (int i0 = 0; i0 < n; i0 += int_mma_tokens(T)) {
-        const int m = std::min(n - i0, int_mma_tokens(T));
-        if constexpr (int_mma_tokens(T) > 8) {
-            if (m > 8) {
-                int_mma_launch<T, GLU, 2>(dev, dup, rows, n_units, x, i0, m, y, stored);
-                continue;
-            }
-        }
-        int_mma_launch<T, GLU, 1>(dev, dup, rows, n_units, x, i0, m, y, stored);
-    }
+void int_mma_all(const DeviceRows& dev, const DeviceRows& dup, int64_t rows, int n_units, const ActBlock* x, int n,
+                 std::vector<float>& y, std::vector<int>& stored) {
+    int_mma_launches<T>(n, [&](auto ntt, int i0, int m) {
+        int_mma_launch<T, GLU, decltype(ntt)::value>(dev, dup, rows, n_units, x, i0, m, y, stored);
+    });
 }
 }  // namespace
 
@@ -1047,9 +1040,9 @@ std::vector<float> matvec_int_mma(GgmlType type, const uint8_t* bytes, const uin
         constexpr GgmlType T = decltype(tag)::value;
         if constexpr (int_mma_type(T)) {
             if (up)
-                int_mma_launches<T, true>(dev, dup, rows, n_units, a.data(), n, y, stored);
+                int_mma_all<T, true>(dev, dup, rows, n_units, a.data(), n, y, stored);
             else
-                int_mma_launches<T, false>(dev, dup, rows, n_units, a.data(), n, y, stored);
+                int_mma_all<T, false>(dev, dup, rows, n_units, a.data(), n, y, stored);
         }
     });
     for (int c : stored)
