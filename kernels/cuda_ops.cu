@@ -28,7 +28,8 @@ namespace kvgen::cuda {
 namespace {
 
 static_assert(sizeof(ActBlock) == kActBlockBytes, "the memory plan's ActBlock size");
-static_assert(kMvMaxTokens == kIntBatchTokens, "the memory plan's tokens of an integer product");
+static_assert(kImBatchTokens == kIntBatchTokens && kMvMaxTokens <= kIntBatchTokens,
+              "the memory plan's tokens of an integer product");
 
 constexpr size_t kReserve = size_t(512) << 20;  // the CUDA context, cuBLAS's workspace and kernels
 
@@ -77,19 +78,24 @@ private:
     float* scratch() const { return reinterpret_cast<float*>(wh_); }
     // The product a prefill forward makes after w's where gemm_weight decodes it in chunks on the side stream (its
     // first chunk decoded while w's last is multiplied): the layer's next matrix, the next layer's Q, the output
-    // after the last layer's down projection with every position's logits; null otherwise or without overlap.
-    const DevWeight* gemm_next(const DevWeight& w) const;
+    // after the last layer's down projection with every position's logits; null otherwise, without overlap, or where
+    // that product of n tokens may run in integers instead (int_product).
+    const DevWeight* gemm_next(const DevWeight& w, int n) const;
     // Whether a product with w of up to kMvMaxTokens tokens runs in integers, and `in` (count floats) quantized for
     // it into xq_.
     bool use_int(const DevWeight& w) const { return int_matvec_ && int_matvec_ok(w); }
+    // Whether an n-token product with w runs in integers: up to kMvMaxTokens tokens where use_int, and with
+    // --cuda-matvec-mma on up to kImBatchTokens of the types the tensor cores take (int_mma_ok).
+    bool int_product(const DevWeight& w, int n) const {
+        return use_int(w) && (n <= kMvMaxTokens || (mvi_.mma && int_mma_ok(w, n)));
+    }
     // Whether layer l's Q|K|V products (its SwiGLU products) of n tokens run in integers, on the ActBlocks the norm
     // before them writes.
     bool qkv_in_int(const LayerDev& L, int n) const {
-        return n <= kMvMaxTokens && (L.fused_qkv ? use_int(L.qkv) : use_int(L.wq) && use_int(L.wk) && use_int(L.wv));
+        return L.fused_qkv ? int_product(L.qkv, n)
+                           : int_product(L.wq, n) && int_product(L.wk, n) && int_product(L.wv, n);
     }
-    bool glu_in_int(const LayerDev& L, int n) const {
-        return n <= kMvMaxTokens && glu_fusable(L.gate, L.up) && use_int(L.gate);
-    }
+    bool glu_in_int(const LayerDev& L, int n) const { return glu_fusable(L.gate, L.up) && int_product(L.gate, n); }
     // The residual product of one token into x_ (w, as matvec_int on the ActBlocks in), with the next RMSNorm (weight
     // norm_w) folded in where the products after it read its ActBlocks (Settings::cuda_norm_fold; then norm_folded_
     // tells the next norm that xnq_ holds them).
@@ -325,7 +331,7 @@ const ActBlock* CudaOps::quantized(const float* in, int64_t count) {
 }
 
 void CudaOps::proj(float* out, const DevWeight& w, const float* in, int n, bool accumulate) {
-    if (n <= kMvMaxTokens && use_int(w)) {  // one token, or a short prompt with each weight read once for 8 tokens
+    if (int_product(w, n)) {  // one token, or a short prompt with each weight read once for 8 (16) tokens
         matvec_int(RowSplit::one(out, w.rows), w, quantized(in, n * w.cols), n, accumulate, pdl_, stream_, nullptr,
                    mvi_);
         return;
@@ -354,10 +360,10 @@ void CudaOps::proj_f16(const RowSplit& out, const DevWeight& w, int n, bool accu
     }
     KVGEN_ASSERT(out.end[0] == w.rows);  // one buffer
     gemm_weight(cublas_, out.y[0], w, xh_, n, accumulate, wh_, stream_, gemm_chunk_, sm_count_,
-                gemm_overlap_ ? &overlap_ : nullptr, gemm_next(w));
+                gemm_overlap_ ? &overlap_ : nullptr, gemm_next(w, n));
 }
 
-const DevWeight* CudaOps::gemm_next(const DevWeight& w) const {
+const DevWeight* CudaOps::gemm_next(const DevWeight& w, int n) const {
     if (!gemm_overlap_) return nullptr;
     const DevWeight* next = nullptr;
     for (size_t l = 0; l < w_.layers.size() && !next; ++l) {
@@ -374,7 +380,8 @@ const DevWeight* CudaOps::gemm_next(const DevWeight& w) const {
             break;
         }
     }
-    if (!next || !gemm_decodes_chunks(*next) || (mma_gemm_ && gemm_mma_ok(*next))) return nullptr;
+    if (!next || !gemm_decodes_chunks(*next) || (mma_gemm_ && gemm_mma_ok(*next)) || int_product(*next, n))
+        return nullptr;
     return next;
 }
 

@@ -400,7 +400,7 @@ struct MviShape {
     bool pairs = true;  // Q4_0: a lane's step is two units (--cuda-matvec-unit 64), one token or several
     int stages = 0;     // 2-4: through a ring of shared memory (matvec_ring; --cuda-matvec-stages), rows a group
                         // as without wide; 0: matvec_int_thread
-    bool mma = false;   // 2-16 tokens of Q4_0 / Q8_0 / Q4_K / Q6_K without QkvStore on the tensor cores
+    bool mma = false;   // 2-64 tokens of Q4_0 / Q8_0 / Q4_K / Q6_K without QkvStore on the tensor cores
                         // (matvec_int_mma.cuh; --cuda-matvec-mma on, sm_80 and later)
 };
 // Rows a block of NM matrices of a pair type takes for NT tokens with steps of two units: a thread then holds twice

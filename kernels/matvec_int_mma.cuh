@@ -11,17 +11,20 @@
 // and a Q6_K block's two halves of 16 values (each its own scale) are two products of their own, the other half's
 // columns zero.
 //
-// A block of kImWarps warps owns 32 rows of one matrix (16 of each of gate and up with GLU) for all n tokens of a
-// launch (one or two tiles of 8; int_mma_tokens): its warps take turns along the row, kImUnits consecutive units
-// (blocks of 32 weights) a warp at a time, all of a turn's weight and scale loads issued first, each unit's activations
-// loaded while the unit before it is multiplied, and the warps' sums meet in shared memory at the end. Weights: lane 4
-// gid + tig reads bytes 4 tig .. + 3 of rows gid and gid + 8 of each 16-row tile, which are mma's A fragments as the
-// planar layout (weight_layout.h) stores them: Q4_0's low nibbles are columns 4 tig .. + 3 and its high ones 16 + 4 tig
-// .. + 3; Q8_0's bytes 4 tig .. and 16 + 4 tig ..; a Q4_K pair of sub-blocks 2 p and 2 p + 1 is the low and the high
-// nibbles of the same 32 bytes (4 tig .. and 16 + 4 tig ..). Activations: token 8 t + gid's values 4 tig .. + 3 and 16
-// + 4 tig .. of the unit's block (two 8-byte loads), split into bytes by two byte permutes each: B fragments. Rows past
-// the matrix read its last row, tokens past n the last token, and neither is stored. Written against a thread context
-// (DeviceThread, or the host emulation's, tests/cuda_support/host_emulation.cu).
+// A block of kImWarps warps owns 32 rows of one matrix (16 of each of gate and up with GLU) for one group of up to 16
+// tokens (one or two tiles of 8; Q6_K 8: int_mma_tokens); a launch takes up to kImBatchTokens tokens, its groups the
+// grid's x and its row blocks its y, so that the blocks of a row block run one after another and the groups after the
+// first read its weights from L2 rather than DRAM (int_mma_plan). The block's warps take turns along the row, kImUnits
+// consecutive units (blocks of 32 weights) a warp at a time, all of a turn's weight and scale loads issued first, each
+// unit's activations loaded while the unit before it is multiplied, and the warps' sums meet in shared memory at the
+// end. Weights: lane 4 gid + tig reads bytes 4 tig .. + 3 of rows gid and gid + 8 of each 16-row tile, which are mma's
+// A fragments as the planar layout (weight_layout.h) stores them: Q4_0's low nibbles are columns 4 tig .. + 3 and its
+// high ones 16 + 4 tig .. + 3; Q8_0's bytes 4 tig .. and 16 + 4 tig ..; a Q4_K pair of sub-blocks 2 p and 2 p + 1 is
+// the low and the high nibbles of the same 32 bytes (4 tig .. and 16 + 4 tig ..). Activations: token 8 t + gid's
+// values 4 tig .. + 3 and 16 + 4 tig .. of the unit's block (two 8-byte loads), split into bytes by two byte permutes
+// each: B fragments. Rows past the matrix read its last row, tokens past the group's its last token, and neither is
+// stored. Written against a thread context (DeviceThread, or the host emulation's,
+// tests/cuda_support/host_emulation.cu).
 #include <cstdint>
 #include <type_traits>
 
@@ -35,31 +38,40 @@ constexpr int kImWarps = 8;  // warps a block
 constexpr int kImUnits = 4;  // consecutive units a warp's turn
 constexpr int kImRows = 32;  // rows a block (of each of gate and up with GLU: kImRows / 2)
 constexpr int kImTiles = 2;  // 16-row tiles a warp: kImRows / 16
-constexpr int kImMaxTokens = kMvMaxTokens;
+constexpr int kImMaxTokens = kMvMaxTokens;  // tokens a block takes at most
+constexpr int kImBatchTokens = 64;          // tokens a launch takes at most: up to 4 groups of 16 (Q6_K: 8 of 8)
 static_assert(kImRows == 16 * kImTiles && kImMaxTokens == 16, "two 16-row tiles, up to two 8-token tiles");
 
 KVGEN_HD constexpr bool int_mma_type(GgmlType t) {
     return t == GgmlType::Q4_0 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K || t == GgmlType::Q6_K;
 }
-// Tokens a launch takes at most: 16 (two tiles of 8), but Q6_K 8, whose 16-token kernel held too much in its
-// registers (sm_90: 136-168 bytes spilled), so that 9-16 tokens read its weights twice.
+// Tokens a block takes at most: 16 (two tiles of 8), but Q6_K 8, whose 16-token kernel held too much in its registers
+// (sm_90: 136-168 bytes spilled), so that its groups of 8 tokens read the weights twice as often (from L2 after the
+// first: int_mma_plan).
 KVGEN_HD constexpr int int_mma_tokens(GgmlType t) {
     return t == GgmlType::Q6_K ? 8 : kImMaxTokens;
 }
-// Calls f(std::integral_constant<int, NTT>{}, i0, m) for each launch of an n-token product of type T on the tensor
-// cores: launches of m <= int_mma_tokens(T) tokens from token i0, NTT the 8-token tiles they take.
+// The one launch of an n-token product (2 <= n <= kImBatchTokens) of type T on the tensor cores: groups of
+// group_tokens tokens (the last one shorter), block (g, b) taking group g's tokens for row block b.
+struct ImPlan {
+    int group_tokens, groups;
+};
+template <GgmlType T>
+constexpr ImPlan int_mma_plan(int n) {
+    const int g = n < int_mma_tokens(T) ? n : int_mma_tokens(T);
+    return ImPlan{g, (n + g - 1) / g};
+}
+// Calls f(std::integral_constant<int, NTT>{}, plan) for that launch, NTT the 8-token tiles of a group.
 template <GgmlType T, typename F>
-void int_mma_launches(int n, F&& f) {
-    for (int i0 = 0; i0 < n; i0 += int_mma_tokens(T)) {
-        const int m = n - i0 < int_mma_tokens(T) ? n - i0 : int_mma_tokens(T);
-        if constexpr (int_mma_tokens(T) > 8) {
-            if (m > 8) {
-                f(std::integral_constant<int, 2>{}, i0, m);
-                continue;
-            }
+void int_mma_launch_of(int n, F&& f) {
+    const ImPlan p = int_mma_plan<T>(n);
+    if constexpr (int_mma_tokens(T) > 8) {
+        if (p.group_tokens > 8) {
+            f(std::integral_constant<int, 2>{}, p);
+            return;
         }
-        f(std::integral_constant<int, 1>{}, i0, m);
     }
+    f(std::integral_constant<int, 1>{}, p);
 }
 // Output rows a block owns.
 KVGEN_HD constexpr int int_mma_block_rows(bool glu) {
@@ -233,15 +245,17 @@ KVGEN_HD float int_mma_add(const ImStep<T>& w, int k, int hi, const int (&c)[ImS
     }
 }
 
-// The sums of an n-token product (n <= 8 NTT) of the block's rows: with GLU, rows r0 .. r0 + 15 of gate (w) and up,
-// else rows r0 .. r0 + 31 of w (r0 = block_x x int_mma_block_rows(GLU)); x the tokens' ActBlocks, n_units a token.
-// store(row, token, v) for each row below rows and token below n, v the row's sum for the token (GLU: silu(gate) *
-// up), called by the thread t with t = (row - r0) x 8 NTT + token (mod the block's threads).
+// The sums of an n-token product of the block's rows and tokens: with GLU, rows r0 .. r0 + 15 of gate (w) and up,
+// else rows r0 .. r0 + 31 of w (r0 = block_y x int_mma_block_rows(GLU)), for the block's group of tokens, i0 .. i0 + m
+// - 1 (i0 = block_x x group_tokens, m <= group_tokens <= 8 NTT the tokens left from i0); x the n tokens' ActBlocks,
+// n_units a token. store(row, token, v) for each row below rows and each of the group's tokens, v the row's sum for
+// the token (GLU: silu(gate) * up), called by the thread t with t = (row - r0) x 8 NTT + token - i0 (mod the block's
+// threads).
 #pragma nv_exec_check_disable
 template <GgmlType T, bool GLU, int NTT, class Ctx, class Store>
 KVGEN_HD void matvec_int_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w, const uint8_t* __restrict__ up,
                                   int64_t row_bytes, int n_units, int64_t rows, const ActBlock* __restrict__ x, int n,
-                                  Store&& store) {
+                                  int group_tokens, Store&& store) {
     static_assert(int_mma_type(T) && (NTT == 1 || NTT == 2) && 8 * NTT <= int_mma_tokens(T),
                   "Q4_0 / Q8_0 / Q4_K / Q6_K, one or two 8-token tiles");
     constexpr bool kAu = T != GgmlType::Q8_0;  // 4- and 6-bit quants unsigned, Q8_0's bytes signed
@@ -249,7 +263,11 @@ KVGEN_HD void matvec_int_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w,
     static_assert(kSteps * S == kImUnits, "a turn is whole steps");
     constexpr int NT = 8 * NTT;
     const int t = ctx.thread(), warp = t / 32, lane = t % 32, gid = lane >> 2, tig = lane & 3;
-    const int64_t r0 = int64_t(ctx.block_x()) * int_mma_block_rows(GLU);
+    const int64_t r0 = int64_t(ctx.block_y()) * int_mma_block_rows(GLU);
+    const int i0 = ctx.block_x() * group_tokens, m = n - i0 < group_tokens ? n - i0 : group_tokens;
+    x += int64_t(i0) * n_units;
+    // The tiles that hold one of the group's tokens (a last group of up to 8 in a launch of 16-token groups: one)
+    const int tiles = (m + 7) / 8;
 
     // The lane's rows: tile a's rows gid and gid + 8 (GLU: tile 0 of gate, tile 1 of up, the same rows).
     const uint8_t* row[kImTiles][2];
@@ -260,8 +278,8 @@ KVGEN_HD void matvec_int_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w,
             const int64_t r = r0 + (GLU ? 0 : 16 * a) + gid + 8 * h;
             row[a][h] = (GLU && a == 1 ? up : w) + (r < rows ? r : rows - 1) * row_bytes;
         }
-    // The lane's tokens: B's (8 t + gid) and C's columns (8 t + 2 tig + {0, 1}), past n the last.
-    auto tok = [&](int i) { return i < n ? i : n - 1; };
+    // The lane's tokens: B's (8 t + gid) and C's columns (8 t + 2 tig + {0, 1}), past the group's the last.
+    auto tok = [&](int i) { return i < m ? i : m - 1; };
 
     float acc[kImTiles][NTT][4];
 #pragma unroll
@@ -281,6 +299,7 @@ KVGEN_HD void matvec_int_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w,
     auto load_acts = [&](int u, Acts& xa) {
 #pragma unroll
         for (int j = 0; j < NTT; ++j) {
+            if (NTT > 1 && j >= tiles) break;  // the same for the whole block
             const uint8_t* q = reinterpret_cast<const uint8_t*>(x[int64_t(tok(8 * j + gid)) * n_units + u].q);
             xa.q[j][0] = ld8(q + 8 * tig);
             xa.q[j][1] = ld8(q + 32 + 8 * tig);
@@ -316,6 +335,7 @@ KVGEN_HD void matvec_int_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w,
             const Acts& xc = xa[k % 2];
 #pragma unroll
             for (int j = 0; j < NTT; ++j) {
+                if (NTT > 1 && j >= tiles) break;
                 uint32_t bh[2], bl[2];
                 split_act_bytes(xc.q[j][0], bh[0], bl[0]);
                 split_act_bytes(xc.q[j][1], bh[1], bl[1]);
@@ -376,7 +396,7 @@ KVGEN_HD void matvec_int_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w,
             return v;
         };
         const float v = GLU ? silu_mul(sum(rr), sum(16 + rr)) : sum(rr);
-        if (r0 + rr < rows && i < n) store(r0 + rr, i, v);
+        if (r0 + rr < rows && i < m) store(r0 + rr, i0 + i, v);
     }
 }
 

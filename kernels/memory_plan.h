@@ -18,7 +18,7 @@ struct Region {
 };
 
 constexpr size_t kActBlockBytes = 80;  // sizeof(ActBlock), matvec_int.cuh
-constexpr int kIntBatchTokens = 16;    // kMvMaxTokens, matvec.cuh: the most tokens an integer product takes
+constexpr int kIntBatchTokens = 64;    // kImBatchTokens, matvec_int_mma.cuh: the most tokens an integer product takes
 
 // The prefill GEMM of a quantized weight decodes it to f16 a chunk of rows at a time (gemm_weight, ops.cuh): at most
 // chunk_elems weights, in whole steps of kGemmChunkRowStep rows (the GEMM's tiles), at least one step, the rows shared
@@ -181,7 +181,8 @@ struct MemoryPlan {
                        // (n_batch > 1; the output matrix counts when n_logits > 1)
     Region step;       // int [2 + n_batch]: pos0, n, the step's tokens
     Region xq;         // ActBlock [min(n_batch, kIntBatchTokens)][max(n_embd, n_heads head_dim, n_ff) / 32]: the
-                       // input of an integer product (one token, or a short prompt) in 16-bit integers
+                       // input of an integer product (one token, or a short prompt: up to 16 tokens, 64 on the
+                       // tensor cores) in 16-bit integers
     Region counters;   // int [n_heads]: decode attention's per-head-group split counters, zero between launches
     Region hq;         // ActBlock [n_ff / 32]: one token's SwiGLU output quantized by its product (n_ff % 32 == 0)
     Region hq_counters;  // int [n_ff / 32]: that product's per-32-row-group counters, zero between launches

@@ -310,22 +310,23 @@ __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
     product_block<IntRing<T, S>, 1, R, NT, RING>(ws, row_bytes, n_units, rows, x, n, stages, done);
 }
 
-// grid = rows / int_mma_block_rows(GLU), 32 kImWarps threads: n <= 8 NTT tokens' product on the tensor cores
-// (matvec_int_mma_body), all in one launch: y (+)= W x through RowSplit, or with GLU (up) y[i][r] = silu(gate x) *
-// (up x) into y.y[0].
+// grid (groups, rows / int_mma_block_rows(GLU)) (int_mma_plan), 32 kImWarps threads: n tokens' product on the tensor
+// cores (matvec_int_mma_body) in groups of group_tokens <= 8 NTT, all in one launch: y (+)= W x through RowSplit, or
+// with GLU (up) y[i][r] = silu(gate x) * (up x) into y.y[0].
 template <GgmlType T, bool GLU, int NTT>
 __global__ void __launch_bounds__(32 * kImWarps, 2)
     matvec_int_mma_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ up, int64_t row_bytes, int n_units,
-                          int64_t rows, const ActBlock* __restrict__ x, int n, RowSplit y, int i0, int accumulate) {
+                          int64_t rows, const ActBlock* __restrict__ x, int n, int group_tokens, RowSplit y,
+                          int accumulate) {
     pdl_trigger();  // the next product may start loading its weights
     pdl_wait();
     __shared__ float part[int_mma_shared(NTT)];
-    matvec_int_mma_body<T, GLU, NTT>(DeviceThread{part}, w, up, row_bytes, n_units, rows, x, n,
+    matvec_int_mma_body<T, GLU, NTT>(DeviceThread{part}, w, up, row_bytes, n_units, rows, x, n, group_tokens,
                                      [&](int64_t r, int i, float v) {
                                          if constexpr (GLU) {
-                                             y.y[0][int64_t(i0 + i) * rows + r] = v;
+                                             y.y[0][int64_t(i) * rows + r] = v;
                                          } else {
-                                             float* out = y.at(r, i0 + i, rows);
+                                             float* out = y.at(r, i, rows);
                                              *out = accumulate ? *out + v : v;
                                          }
                                      });
@@ -694,6 +695,10 @@ bool int_matvec_ok(const DevWeight& w) {
     return has_int_matvec(w.type) && w.cols % 32 == 0 && w.row_bytes < (int64_t(1) << 31);  // 32-bit offsets
 }
 
+bool int_mma_ok(const DevWeight& w, int n) {
+    return int_matvec_ok(w) && int_mma_type(w.type) && n >= 1 && n <= kImBatchTokens;
+}
+
 namespace {
 // A kernel launch, with programmatic dependent launch when pdl (sm_90: the kernel may start before the one before it
 // in the stream ends, and waits in pdl_wait; captured into graphs as a programmatic edge).
@@ -795,29 +800,30 @@ void launch_f16(const RowSplit& y, const DevWeight& w, const DevWeight* up, cons
         go(std::integral_constant<int, 1>{});
     KVGEN_CUDA_LAUNCHED("matvec_f16");
 }
-// An n-token product (2 to 16) on the tensor cores where shape.mma and the type allow it (int_mma_type): true
-// when launched, false where the caller takes the CUDA-core kernels.
+// An n-token product (2 to kImBatchTokens) on the tensor cores where shape.mma and the type allow it (int_mma_ok):
+// true when launched, false where the caller takes the CUDA-core kernels.
 bool launch_int_mma(const RowSplit& y, const DevWeight& w, const DevWeight* up, const ActBlock* x, int n,
                     bool accumulate, bool pdl, cudaStream_t s, MviShape shape) {
-    if (!shape.mma || n < 2 || n > kImMaxTokens || !int_mma_type(w.type)) return false;
+    if (!shape.mma || n < 2 || !int_mma_ok(w, n)) return false;
     const int n_units = int(w.cols / 32);
     const uint8_t* u = up ? up->data : nullptr;
+    const int64_t row_blocks = (w.rows + int_mma_block_rows(up != nullptr) - 1) / int_mma_block_rows(up != nullptr);
+    KVGEN_ASSERT(row_blocks <= 65535);  // the grid's y
     dispatch_int_type(w.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
         if constexpr (int_mma_type(T)) {
-            const auto go = [&](auto glu, auto ntt, int i0, int m) {
+            const auto go = [&](auto glu) {
                 constexpr bool GLU = decltype(glu)::value;
-                launch(matvec_int_mma_kernel<T, GLU, decltype(ntt)::value>, grid_for(w.rows, int_mma_block_rows(GLU)),
-                       32 * kImWarps, pdl, s, w.data, u, w.row_bytes, n_units, w.rows, x + int64_t(i0) * n_units, m, y,
-                       i0, accumulate ? 1 : 0);
-            };
-            const auto by_tokens = [&](auto glu) {
-                int_mma_launches<T>(n, [&](auto ntt, int i0, int m) { go(glu, ntt, i0, m); });
+                int_mma_launch_of<T>(n, [&](auto ntt, ImPlan p) {
+                    launch(matvec_int_mma_kernel<T, GLU, decltype(ntt)::value>,
+                           dim3(unsigned(p.groups), unsigned(row_blocks)), 32 * kImWarps, pdl, s, w.data, u,
+                           w.row_bytes, n_units, w.rows, x, n, p.group_tokens, y, accumulate ? 1 : 0);
+                });
             };
             if (up)
-                by_tokens(std::true_type{});
+                go(std::true_type{});
             else
-                by_tokens(std::false_type{});
+                go(std::false_type{});
         }
     });
     KVGEN_CUDA_LAUNCHED("matvec_int_mma");
@@ -833,11 +839,12 @@ void quantize_act(ActBlock* out, const float* x, int64_t count, cudaStream_t s, 
 
 void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n, bool accumulate, bool pdl,
                 cudaStream_t s, const QkvStore* store, MviShape shape, const NormStore* norm) {
-    KVGEN_ASSERT(n >= 1 && n <= kMvMaxTokens && (shape.stages == 0 || ring_stages_ok(shape.stages)));
+    KVGEN_ASSERT(n >= 1 && (n <= kMvMaxTokens || (shape.mma && !store && int_mma_ok(w, n))) &&
+                 (shape.stages == 0 || ring_stages_ok(shape.stages)));
     KVGEN_ASSERT(!store || (store->kc && store->vc && !accumulate && w.rows % 2 == 0 && store->kv.head_dim % 2 == 0));
     KVGEN_ASSERT(!norm || (norm->xq && norm->w && norm->sums && norm->counters && !store && n == 1 && accumulate &&
                            w.rows % 32 == 0 && y.end[0] == w.rows));
-    if (!store && int_matvec_ok(w) && launch_int_mma(y, w, nullptr, x, n, accumulate, pdl, s, shape)) return;
+    if (!store && launch_int_mma(y, w, nullptr, x, n, accumulate, pdl, s, shape)) return;
     const bool ok = int_matvec_ok(w) && dispatch_int_type(w.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
         const int n_units = int(w.cols / 32);
@@ -870,9 +877,10 @@ void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n,
 
 void matvec_glu_int(float* y, ActBlock* yq, int* counters, const DevWeight& gate, const DevWeight& up,
                     const ActBlock* x, int n, bool pdl, cudaStream_t s, MviShape shape) {
-    KVGEN_ASSERT(n >= 1 && n <= kMvMaxTokens && (shape.stages == 0 || ring_stages_ok(shape.stages)));
+    KVGEN_ASSERT(n >= 1 && (n <= kMvMaxTokens || (shape.mma && !yq && int_mma_ok(gate, n))) &&
+                 (shape.stages == 0 || ring_stages_ok(shape.stages)));
     KVGEN_ASSERT(!yq || (n == 1 && gate.rows % 32 == 0 && counters));
-    if (!yq && glu_fusable(gate, up) && int_matvec_ok(gate) &&
+    if (!yq && glu_fusable(gate, up) &&
         launch_int_mma(RowSplit::one(y, gate.rows), gate, &up, x, n, false, pdl, s, shape))
         return;
     const bool ok = glu_fusable(gate, up) && int_matvec_ok(gate) && dispatch_int_type(gate.type, [&](auto tag) {

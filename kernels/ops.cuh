@@ -53,8 +53,13 @@ void matvec_split(const RowSplit& y, const DevWeight& w, const float* x, cudaStr
 // RowSplit::at(r, i, rows)), each weight read once for up to kMviMaxTokens tokens; a token's result is the same bits
 // as its product alone. pdl: launched as a programmatic dependent launch (sm_90 only), so that its weights start
 // streaming while the kernel before it (the norm, attention or quantize_act that writes x, which let it start) still
-// runs. Twins: cpu::quantize_a32 and the double-precision product of the dequantized rows.
+// runs. With MviShape::mma, a product of 2 to kImBatchTokens tokens that int_mma_ok takes runs on the tensor cores
+// instead (past kMvMaxTokens only there). Twins: cpu::quantize_a32 and the double-precision product of the dequantized
+// rows.
 bool int_matvec_ok(const DevWeight& w);
+// Whether an n-token product with w (n <= kImBatchTokens, 64) may run on the tensor cores in integers
+// (matvec_int_mma.cuh: Q4_0, Q8_0, Q4_K and Q6_K; with MviShape::mma, from 2 tokens, and then past kMvMaxTokens too).
+bool int_mma_ok(const DevWeight& w, int n);
 void quantize_act(ActBlock* out, const float* x, int64_t count, cudaStream_t s, bool pdl = false);
 // With store (an f16 cache; not accumulate), the product's rows are queries, keys and values as QkvStore says: Q
 // rotated into y, K rotated and K and V stored into the cache at the step's positions, as rope_store_kv would (the
@@ -67,7 +72,8 @@ void quantize_act(ActBlock* out, const float* x, int64_t count, cudaStream_t s, 
 // first launch and left at zero.
 void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n, bool accumulate, bool pdl,
                 cudaStream_t s, const QkvStore* store = nullptr, MviShape shape = {}, const NormStore* norm = nullptr);
-// y[i][r] = silu(gate[r] . x[i]) * (up[r] . x[i]) in integers (glu_fusable and int_matvec_ok), n <= kMvMaxTokens.
+// y[i][r] = silu(gate[r] . x[i]) * (up[r] . x[i]) in integers (glu_fusable and int_matvec_ok), n <= kMvMaxTokens
+// (with MviShape::mma and int_mma_ok, up to kImBatchTokens).
 // With yq (may be null; one token, gate.rows a multiple of 32), y is also written as gate.rows / 32 ActBlocks for
 // the down projection, the blocks quantize_act makes of it; counters: gate.rows / 32 ints, zero before the first
 // launch and left at zero. shape: as for matvec_int (wide: twice the rows of each of gate and up a block).

@@ -10,7 +10,7 @@
 #   2. correctness: greedy tokens and logits, --device cpu vs --device cuda, on the shared reference models and on
 #      synthetic files of every weight type (the default model's shape);
 #   3. speed: synthetic LLaMA-2-7B and 13B shapes in F16, Q8_0, Q4_0 and Q4_K_M (made here with kvgen-synth, one at a
-#      time, deleted after use): pp16 (a chat turn), pp512 and tg128 at depths 0, 1024 and 4096, with achieved
+#      time, deleted after use): pp16 (a chat turn), pp64, pp512 and tg128 at depths 0, 1024 and 4096, with achieved
 #      bandwidth ((weight bytes + KV bytes read) x tokens/s) beside the card's peak (KVGEN_PEAK_GBS, default 4800 for
 #      H200); per kernel, when Nsight Compute's ncu is there (/usr/local/cuda/bin/ncu or on PATH), the 7B shape in
 #      Q4_K_M (with --quick: in every --types) over a 3-token prompt and 3 generated tokens: launches, GPU time, share
@@ -33,8 +33,8 @@
 #      rings of 2 and 4 stages instead of 3),
 #      for Q4_0 pp16 and tg128 with --cuda-matvec-unit 32 (SHAPE-Q4_0-unit32: a lane's step one block of a row, not
 #      two; with --quick also its per-kernel table),
-#      for Q4_0, Q8_0 and Q4_K_M pp4 and pp16 with --cuda-matvec-mma on (SHAPE-T-intmma: a short prompt's products
-#      on the tensor cores in one launch, not on the CUDA cores 8 tokens a launch),
+#      for Q4_0, Q8_0 and Q4_K_M pp4, pp16 and pp64 with --cuda-matvec-mma on (SHAPE-T-intmma: a short prompt's
+#      products on the tensor cores in one launch, not on the CUDA cores 8 tokens a launch, nor at 64 tokens the GEMM),
 #      and for the quantized ones pp512 with --cuda-gemm mma (SHAPE-T-mmagemm: the prefill products in one kernel
 #      that decodes each weight tile into shared memory, against cuBLAS on decoded chunks), pp512 with
 #      --cuda-gemm-chunk 16 and 0 (SHAPE-T-chunk16, -chunk0: cuBLAS on fixed 16 MiB chunks of decoded rows and on
@@ -49,7 +49,7 @@
 #      (step, top-2 logit margin, logit difference).
 #
 #   --quick       the loop while tuning kernels (about 2 minutes): the incremental build, the [cuda] tests, the 7B
-#                 shape in each --types with pp4, pp16, pp512 and tg128 at depth 0 (pp4, pp16 and tg128 also with
+#                 shape in each --types with pp4, pp16, pp64, pp512 and tg128 at depth 0 (pp4, pp16 and tg128 also with
 #                 --cuda-matvec f32, pp512 with --cuda-gemm mma), for the first type pp16 and pp512 at depth 4096, and the per-kernel table; no
 #                 stage 2 or 4
 #   --types T,T   weight types of stage 3 (default F16,Q8_0,Q4_0,Q4_K_M; with --quick, Q4_K_M)
@@ -339,8 +339,10 @@ for shape in "${shapes[@]}"; do
             { log "$name: kvgen-synth failed"; continue; }
         "$kvgen" -m "$f" --inspect --json "$work/speed/$name.inspect.json" >/dev/null ||
             { log "$name: kvgen --inspect failed"; rm -f "$f"; continue; }
-        prompts=16,512  # a chat turn (the products of up to 16 tokens, split attention at depth) and the GEMM
-        ((quick)) && prompts=4,16,512
+        # a chat turn (the products of up to 16 tokens, split attention at depth), a prompt of 64 (the tensor cores'
+        # integer products with --cuda-matvec-mma on, the GEMM without) and the GEMM
+        prompts=16,64,512
+        ((quick)) && prompts=4,16,64,512
         bounded "$kvgen" -m "$f" --bench --device "$dev" -p "$prompts" -n 128 -d "$depths" -r 2 -o json \
             >"$work/speed/$name.bench.json" 2>>"$out/log.txt" || log "$name: bench failed"
         if ((quick)); then  # the products of up to 16 tokens on f32 activations, to compare with the integer ones
@@ -390,7 +392,7 @@ for shape in "${shapes[@]}"; do
         fi
         if [[ $t == Q4_0 || $t == Q8_0 || $t == Q4_K_M ]]; then  # a short prompt's products on the tensor cores
             cp "$work/speed/$name.inspect.json" "$work/speed/$name-intmma.inspect.json"
-            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-matvec-mma on -p 4,16 -n 0 -d 0 -r 2 -o json \
+            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-matvec-mma on -p 4,16,64 -n 0 -d 0 -r 2 -o json \
                 >"$work/speed/$name-intmma.bench.json" 2>>"$out/log.txt" ||
                 log "$name: bench with --cuda-matvec-mma on failed"
         fi

@@ -347,11 +347,10 @@ int main(int argc, char** argv) {
                     "products on 16-bit activations, the default) or f32 (float activations, to compare)");
     add_cuda_choice(
         app, "--cuda-matvec-mma", &gen.run.cuda_int_mma, {"on", "off"}, "on",
-        "CUDA, sm_80 and later: on multiplies a prompt of 2 to 16 tokens by Q4_0, Q8_0, Q4_K and Q6_K weights on the "
-        "tensor cores in one launch (Q6_K: up to 8 tokens a launch; 8-bit mma on each 16-bit activation's two "
-        "bytes: the same integer "
-        "dots as int16, summed in another order); off (the default) takes the CUDA cores, 8 tokens a "
-        "launch");
+        "CUDA, sm_80 and later: on multiplies a prompt of 2 to 64 tokens by Q4_0, Q8_0, Q4_K and Q6_K weights on the "
+        "tensor cores in one launch (8-bit mma on each 16-bit activation's two bytes: the same integer dots as "
+        "int16, summed in another order); off (the default) takes the CUDA cores up to 16 tokens, 8 a launch, and "
+        "the f16 GEMM above");
     add_cuda_choice(app, "--cuda-attention", &gen.run.cuda_flash_attention, {"mma", "warp"}, "mma",
                     "CUDA prefill attention: mma (flash attention on the tensor cores for head_dim 64 and 128, the "
                     "default) or warp (a warp per query on the CUDA cores, to compare; an f16 cache only)");

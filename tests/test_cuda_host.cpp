@@ -485,9 +485,9 @@ TEST_CASE("the CUDA memory plan places every region inside one allocation, none 
             CHECK(p.step.bytes == size_t(2 + n_batch) * 4);
             CHECK(p.logits.bytes == size_t(n_batch) * size_t(c.n_vocab) * 4);
             CHECK((p.xh.bytes > 0) == (n_batch > 1));
-            // an integer product's input: one token's, or a short prompt's (up to 16 tokens)
+            // an integer product's input: one token's, or a short prompt's (up to 16 tokens, 64 on the tensor cores)
             const int64_t widest = std::max({int64_t(c.n_embd), int64_t(c.n_heads) * c.head_dim, int64_t(c.n_ff)});
-            CHECK(p.xq.bytes == size_t(std::min(n_batch, 16)) * size_t((widest + 31) / 32) * 80);
+            CHECK(p.xq.bytes == size_t(std::min(n_batch, 64)) * size_t((widest + 31) / 32) * 80);
             // the RMSNorm folded into a residual product: one token's blocks, a sum and a counter per group, one count
             const size_t groups = c.n_embd % 32 == 0 ? size_t(c.n_embd / 32) : 0;
             CHECK(p.xnq.bytes == groups * 80);
@@ -666,7 +666,8 @@ TEST_CASE("the integer products of a short prompt on the tensor cores, run on th
     // two halves, each a product of its own, where the CUDA cores take halves of two blocks a unit). 40 rows (a last
     // block with rows past the matrix: 32 a block, 16 of each of gate and up), 3 units (warp 0's turn ends past the
     // row, the other warps have none), 344 (two warps a turn fewer), 1 to 16 tokens (one tile of 8, or two; Q6_K two
-    // launches of up to 8 above 8; tokens past n in the last tile).
+    // groups of up to 8 above 8; tokens past n in the last tile), and 17 to 64 (groups of 16, Q6_K 8, the grid's x:
+    // a last group of one token, whose second tile is skipped; 40 tokens, a last group of 8; 64, four whole groups).
     for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
         for (const int64_t cols : {96, 768, 4096, 11008}) {
             GgmlType t;
@@ -674,8 +675,9 @@ TEST_CASE("the integer products of a short prompt on the tensor cores, run on th
             if (cols % ggml_type_info(t)->block_size != 0) continue;
             const int64_t rows = 40;
             const RandomRows gate = random_rows(t, rows, cols, 51), up = random_rows(t, rows, cols, 52);
-            for (const int n : {1, 2, 5, 8, 9, 16}) {
+            for (const int n : {1, 2, 5, 8, 9, 16, 17, 40, 64}) {
                 if (cols > 4096 && n != 16) continue;  // (time)
+                if (n > 16 && cols > 768) continue;
                 INFO(name << " cols " << cols << " tokens " << n);
                 std::vector<float> x = test::randn(size_t(n * cols), 53 + n, 2.0f);
                 std::fill(x.begin(), x.begin() + 32, 0.0f);                                         // a zero block

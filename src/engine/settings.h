@@ -46,9 +46,9 @@ struct Settings {
     int cuda_matvec_stages = 3;  // CUDA (sm_80+): integer and F16 products' weights through a ring of this many
                                  // stages of shared memory in blocks that stay (2-4), or 0: through registers, a
                                  // block a row group (--cuda-matvec-stages; the same bits)
-    bool cuda_int_mma = false;   // CUDA (sm_80+): integer products of 2-16 tokens of Q4_0 / Q8_0 / Q4_K / Q6_K on the
-                                 // tensor cores in one launch (Q6_K: up to 8 tokens a launch; 8-bit mma on the
-                                 // activations' two bytes; --cuda-matvec-mma)
+    bool cuda_int_mma = false;   // CUDA (sm_80+): integer products of 2-64 tokens of Q4_0 / Q8_0 / Q4_K / Q6_K on the
+                                 // tensor cores in one launch (groups of up to 16 tokens, Q6_K 8, a block; 8-bit mma
+                                 // on the activations' two bytes; --cuda-matvec-mma)
     bool cuda_qkv_store = true;  // CUDA, an f16 cache: the integer Q|K|V products rotate Q and K and store K and V
                                  // themselves, without a launch of their own (--cuda-kv-store)
     bool cuda_norm_fold = true;  // CUDA, one token: each RMSNorm after the first folded into the integer residual

@@ -1000,35 +1000,29 @@ std::vector<int> mma_i8(const uint8_t* a, const uint8_t* b, bool au, bool bu, in
 }
 
 namespace {
-// One launch of matvec_int_mma_kernel<T, GLU, NTT> over m tokens from token i0 (x: all the tokens' blocks), its
-// outputs into y [token][row] and counted in stored.
-template <GgmlType T, bool GLU, int NTT>
-void int_mma_launch(const DeviceRows& dev, const DeviceRows& dup, int64_t rows, int n_units, const ActBlock* x, int i0,
-                    int m, std::vector<float>& y, std::vector<int>& stored) {
-    const int grid = int((rows + int_mma_block_rows(GLU) - 1) / int_mma_block_rows(GLU));
-    run_grid(grid, 1, 32 * kImWarps, size_t(int_mma_shared(NTT)), [&](const HostThread& t) {
-        matvec_int_mma_body<T, GLU, NTT>(t, dev.p, dup.p, dev.row_bytes, n_units, rows, x + int64_t(i0) * n_units, m,
-                                         [&](int64_t r, int i, float v) {
-                                             const size_t at = size_t(i0 + i) * size_t(rows) + size_t(r);
-                                             y[at] = v;
-                                             ++stored[at];
-                                         });
-    });
-}
-
-// The launches launch_int_mma (ops.cu) makes for n tokens (int_mma_launches).
+// The launch of matvec_int_mma_kernel launch_int_mma (ops.cu) makes for n tokens (int_mma_launch_of: groups of tokens
+// the grid's x, row blocks its y), its outputs into y [token][row] and counted in stored.
 template <GgmlType T, bool GLU>
 void int_mma_all(const DeviceRows& dev, const DeviceRows& dup, int64_t rows, int n_units, const ActBlock* x, int n,
                  std::vector<float>& y, std::vector<int>& stored) {
-    int_mma_launches<T>(n, [&](auto ntt, int i0, int m) {
-        int_mma_launch<T, GLU, decltype(ntt)::value>(dev, dup, rows, n_units, x, i0, m, y, stored);
+    const int row_blocks = int((rows + int_mma_block_rows(GLU) - 1) / int_mma_block_rows(GLU));
+    int_mma_launch_of<T>(n, [&](auto ntt, ImPlan p) {
+        constexpr int NTT = decltype(ntt)::value;
+        run_grid(p.groups, row_blocks, 32 * kImWarps, size_t(int_mma_shared(NTT)), [&](const HostThread& t) {
+            matvec_int_mma_body<T, GLU, NTT>(t, dev.p, dup.p, dev.row_bytes, n_units, rows, x, n, p.group_tokens,
+                                             [&](int64_t r, int i, float v) {
+                                                 const size_t at = size_t(i) * size_t(rows) + size_t(r);
+                                                 y[at] = v;
+                                                 ++stored[at];
+                                             });
+        });
     });
 }
 }  // namespace
 
 std::vector<float> matvec_int_mma(GgmlType type, const uint8_t* bytes, const uint8_t* up, int64_t rows, int64_t cols,
                                   const std::vector<float>& x, int n) {
-    if (n < 1 || n > kImMaxTokens || cols % 32 != 0) throw Error("matvec_int_mma: 1 to 16 tokens of whole blocks");
+    if (n < 1 || n > kImBatchTokens || cols % 32 != 0) throw Error("matvec_int_mma: 1 to 64 tokens of whole blocks");
     if (!int_mma_type(type)) throw Error(fmt::format("no tensor-core integer product for {}", ggml_type_name(type)));
     const std::vector<ActBlock> a = act_blocks(x);
     const DeviceRows dev = device_rows(type, bytes, rows, cols);
