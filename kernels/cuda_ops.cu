@@ -137,6 +137,7 @@ private:
     bool norm_folded_ = false;    // the last residual product also wrote the next norm's ActBlocks into xnq_
     bool flash_;       // Settings::cuda_flash_attention
     bool flash_async_;  // Settings::cuda_flash_pipeline, where the device has the shared memory (flash_async_fits)
+    bool flash_warp_split_;  // Settings::cuda_flash_warp_split
     bool mma_gemm_;    // Settings::cuda_mma_gemm
     int64_t gemm_chunk_;  // Settings::cuda_gemm_chunk_mib in weights (0: whole matrices; kGemmChunkAuto)
     bool gemm_overlap_;   // Settings::cuda_gemm_overlap: gemm_weight decodes on overlap_.side
@@ -184,6 +185,7 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
       f16_block_(s.cuda_f16_block),
       flash_(s.cuda_flash_attention),
       flash_async_(false),
+      flash_warp_split_(s.cuda_flash_warp_split),
       mma_gemm_(s.cuda_mma_gemm),
       gemm_chunk_(gemm_chunk_elems_of_mib(s.cuda_gemm_chunk_mib)),
       gemm_overlap_(s.cuda_gemm_overlap) {
@@ -482,8 +484,8 @@ void CudaOps::attention(float* out, const float* q, int l, int n) {
                          layer_v(l), layer_offsets(l), d_step_, c_.n_heads, kv_, splits_, stream_, pdl_);
     else  // a short prompt over a deep cache: its positions split among more blocks
         attention_prefill(out, q, layer_k(l), layer_v(l), layer_offsets(l), d_step_, n, c_.n_heads, kv_, flash_,
-                          flash_async_, attention_prefill_splits(c_.n_heads, kv_, n, pos0_, sm_count_), partials_,
-                          stream_);
+                          flash_async_, flash_warp_split_,
+                          attention_prefill_splits(c_.n_heads, kv_, n, pos0_, sm_count_), partials_, stream_);
     if (turns_back) kv_rotate_rows(out, rows, c_.head_dim, stream_, pdl_, att_quantized_ ? xq_ : nullptr);
 }
 

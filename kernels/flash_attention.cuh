@@ -63,6 +63,12 @@ KVGEN_HD bool flash_head_dim(int hd) {
 KVGEN_HD int flash_heads_per_block(int n_rep) {
     return n_rep % 8 == 0 ? 8 : n_rep % 4 == 0 ? 4 : n_rep % 2 == 0 ? 2 : 1;
 }
+// Whether a launch for n queries with nq heads a block splits each tile's positions among the warps
+// (flash_prefill_body's WS): where every block's rows are one warp's 16 (a short prompt: up to 16 tokens of a model
+// with one query head a KV head, 4 with four), which would leave the other three warps without work.
+KVGEN_HD bool flash_warp_split(int n, int nq) {
+    return n * nq <= 16;
+}
 
 KVGEN_HD uint32_t half2_bits(__half2 h) {
     uint32_t u;
@@ -205,6 +211,12 @@ KVGEN_HD void flash_copy_tile(const Ctx& ctx, __half* kd, const uint8_t* kg, con
 // and writes each row's partial result to partials [n][n_heads][splits][HD + 2] (o unnormalized, m, l; m in natural
 // log units, as combine_head reads it) instead of out; a split with no tile writes m = -inf, l = 0.
 //
+// WS (flash_warp_split: the block's rows are 16 at most): every warp takes those rows and a quarter of each tile's
+// positions (16: two n-tiles of S, one k-step of P V), with a running max, sum and output of its own; at the end the
+// warps' results meet in shared memory and warp 0 combines them in warp order (each scaled by 2^(its max - the
+// largest), as the splits' are), so four warps share the products that one warp would make alone. The tiles are
+// loaded and shared as without.
+//
 // ASYNC (an f16 cache: not with LO; --cuda-flash-pipeline on): the tiles go from the cache to shared memory by
 // ctx.copy16_async (cp.async: no registers, no transposing stores), V as it is ([position][d]), in two stages: while
 // the warps multiply tile t, tile t + 1's copies are on their way into the other stage, and one barrier a tile (not
@@ -213,7 +225,7 @@ KVGEN_HD void flash_copy_tile(const Ctx& ctx, __half* kd, const uint8_t* kg, con
 // tile's fragments of it), one instruction for what took four 32-bit loads. The same fragments into the same mma
 // products in the same order: the same bits as without.
 #pragma nv_exec_check_disable
-template <int HD, int NQ, bool LO, class Ctx, bool ASYNC = false>
+template <int HD, int NQ, bool LO, class Ctx, bool ASYNC = false, bool WS = false>
 KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, const uint8_t* __restrict__ kc,
                                  const uint8_t* __restrict__ vc, const float* __restrict__ k_offsets,
                                  const int* __restrict__ d_pos0, int n, int n_heads, int n_rep, const KvLayout& kv,
@@ -227,6 +239,10 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
     constexpr float kLog2e = 1.4426950408889634f;
     static_assert(!(ASYNC && LO), "tiles copied as they are: an f16 cache");
     static_assert(!ASYNC || (DK % 2 == 0 && DN % 2 == 0), "ldmatrix_x4: fragments two at a time");
+    // The n-tiles of S a warp takes a tile (WS: its quarter of the positions) and its 16 rows' place in the block.
+    constexpr int NTW = WS ? NT / kFaWarps : NT;
+    static_assert(NTW % 2 == 0 && NTW * kFaWarps >= NT, "whole k-steps of P V a warp");
+    static_assert(!WS || kFaWarps * 16 * (HD + 2) <= kFaShared<HD, LO, ASYNC>, "the warps' results in shared memory");
     __half* ks = reinterpret_cast<__half*>(ctx.shared());
     __half* vts = ks + kFaTile * KS;
     __half* kls = vts + HD * VS;  // with LO: the low parts' tiles, laid out as the high parts'
@@ -234,6 +250,7 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
     constexpr int kStage = 2 * kFaTile * KS;  // ASYNC: halves of a stage, K [kFaTile][KS] then V [kFaTile][KS]
 
     const int tid = ctx.thread(), warp = tid / 32, lane = tid % 32, gid = lane >> 2, tig = lane & 3;
+    const int wr = WS ? 0 : warp, jw = WS ? NTW * warp : 0;  // the warp's rows 16 wr .., its first n-tile of S
     const int h0 = ctx.block_x() * NQ, g = h0 / n_rep;
     const int sp = ctx.block_y() % splits, i0 = ctx.block_y() / splits * BQ;
     const int pos0 = *d_pos0;
@@ -245,7 +262,7 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
     const int t_end = (sp + 1) * share < tiles ? (sp + 1) * share * kFaTile : tiles * kFaTile;
     // The warp's rows: queries i0 + 16 warp / NQ ..= i0 + (16 warp + 15) / NQ (past n: computed as n - 1, not stored;
     // a warp with no query below n skips every tile).
-    const int wq0 = i0 + 16 * warp / NQ, wq1 = i0 + (16 * warp + 15) / NQ;
+    const int wq0 = i0 + 16 * wr / NQ, wq1 = i0 + (16 * wr + 15) / NQ;
     const int warp_first = pos0 + (wq0 < n ? wq0 : n - 1);
     const int warp_last = wq0 < n ? pos0 + (wq1 < n ? wq1 : n - 1) : -1;
 
@@ -253,7 +270,7 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
     int qi[2], hh[2], limit[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        const int rho = 16 * warp + gid + 8 * r;
+        const int rho = 16 * wr + gid + 8 * r;
         qi[r] = i0 + rho / NQ;
         hh[r] = h0 + rho % NQ;
         limit[r] = pos0 + (qi[r] < n ? qi[r] : n - 1);
@@ -356,11 +373,12 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
         if (t0 <= warp_last) {  // the same for the whole warp
             [[maybe_unused]] const __half* const kst = ks + st * kStage;  // ASYNC: this tile's stage
             [[maybe_unused]] const __half* const vst = kst + kFaTile * KS;
-            float s[NT][4];
+            float s[NTW][4];  // n-tile jw + j of the tile's S
 #pragma unroll
-            for (int j = 0; j < NT; ++j) {
+            for (int jj = 0; jj < NTW; ++jj) {
+                const int j = jw + jj;
 #pragma unroll
-                for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
+                for (int e = 0; e < 4; ++e) s[jj][e] = 0.0f;
                 if constexpr (ASYNC) {
                     // k-steps kk and kk + 1 of n-tile j: matrices of positions 8 j .. 8 j + 7 and dimensions 16 kk,
                     // 16 kk + 8, 16 kk + 16, 16 kk + 24; lane 8 m + i gives row i of matrix m.
@@ -369,38 +387,38 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
                         uint32_t r[4];
                         ctx.template ldmatrix_x4<false>(r, kst + (8 * j + (lane & 7)) * KS + 16 * kk + 8 * (lane >> 3));
                         const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-                        ctx.mma(s[j], qh[kk], b0);
-                        ctx.mma(s[j], ql[kk], b0);
-                        ctx.mma(s[j], qh[kk + 1], b1);
-                        ctx.mma(s[j], ql[kk + 1], b1);
+                        ctx.mma(s[jj], qh[kk], b0);
+                        ctx.mma(s[jj], ql[kk], b0);
+                        ctx.mma(s[jj], qh[kk + 1], b1);
+                        ctx.mma(s[jj], ql[kk + 1], b1);
                     }
                 } else {
 #pragma unroll
                     for (int kk = 0; kk < DK; ++kk) {
                         const __half* kp = ks + (8 * j + gid) * KS + 16 * kk + 2 * tig;
                         const uint32_t b[2] = {load_u32(kp), load_u32(kp + 8)};
-                        ctx.mma(s[j], qh[kk], b);
-                        ctx.mma(s[j], ql[kk], b);
+                        ctx.mma(s[jj], qh[kk], b);
+                        ctx.mma(s[jj], ql[kk], b);
                         if constexpr (LO) {
                             const __half* klp = kls + (8 * j + gid) * KS + 16 * kk + 2 * tig;
                             const uint32_t bl[2] = {load_u32(klp), load_u32(klp + 8)};
-                            ctx.mma(s[j], qh[kk], bl);
+                            ctx.mma(s[jj], qh[kk], bl);
                         }
                     }
                 }
             }
             if (t0 + kFaTile - 1 > warp_first) {  // the diagonal: positions past a row's own are masked
 #pragma unroll
-                for (int j = 0; j < NT; ++j)
+                for (int jj = 0; jj < NTW; ++jj)
 #pragma unroll
                     for (int e = 0; e < 4; ++e)
-                        if (t0 + 8 * j + 2 * tig + (e & 1) > limit[e >> 1]) s[j][e] = -INFINITY;
+                        if (t0 + 8 * (jw + jj) + 2 * tig + (e & 1) > limit[e >> 1]) s[jj][e] = -INFINITY;
             }
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 float mx = -INFINITY;
 #pragma unroll
-                for (int j = 0; j < NT; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+                for (int j = 0; j < NTW; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
                 mx = ctx.quad_max(mx);  // the four lanes of a row
                 const float mn = fmaxf(m[r], mx);
                 const float ref = mn == -INFINITY ? 0.0f : mn;
@@ -413,16 +431,17 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
                     o[nt][2 * r + 1] *= corr;
                 }
 #pragma unroll
-                for (int j = 0; j < NT; ++j)
+                for (int j = 0; j < NTW; ++j)
 #pragma unroll
                     for (int e = 2 * r; e < 2 * r + 2; ++e) {
                         s[j][e] = exp2f(s[j][e] - ref);
                         l[r] += s[j][e];
                     }
             }
-            // O += P V: P's C fragments of two n-tiles are the A fragment of one k-step.
+            // O += P V: P's C fragments of two n-tiles are the A fragment of one k-step (the tile's k-step kp).
 #pragma unroll
-            for (int kk = 0; kk < NT / 2; ++kk) {
+            for (int kk = 0; kk < NTW / 2; ++kk) {
+                const int kp = jw / 2 + kk;
                 const uint32_t a[4] = {pack_halves(s[2 * kk][0], s[2 * kk][1]), pack_halves(s[2 * kk][2], s[2 * kk][3]),
                                        pack_halves(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                                        pack_halves(s[2 * kk + 1][2], s[2 * kk + 1][3])};
@@ -433,7 +452,7 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
                     for (int nt = 0; nt < DN; nt += 2) {
                         uint32_t r[4];
                         ctx.template ldmatrix_x4<true>(
-                            r, vst + (16 * kk + 8 * ((lane >> 3) & 1) + (lane & 7)) * KS + 8 * nt + 8 * (lane >> 4));
+                            r, vst + (16 * kp + 8 * ((lane >> 3) & 1) + (lane & 7)) * KS + 8 * nt + 8 * (lane >> 4));
                         const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
                         ctx.mma(o[nt], a, b0);
                         ctx.mma(o[nt + 1], a, b1);
@@ -441,11 +460,11 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
                 } else {
 #pragma unroll
                     for (int nt = 0; nt < DN; ++nt) {
-                        const __half* vp = vts + (8 * nt + gid) * VS + 16 * kk + 2 * tig;
+                        const __half* vp = vts + (8 * nt + gid) * VS + 16 * kp + 2 * tig;
                         const uint32_t b[2] = {load_u32(vp), load_u32(vp + 8)};
                         ctx.mma(o[nt], a, b);
                         if constexpr (LO) {
-                            const __half* vlp = vtls + (8 * nt + gid) * VS + 16 * kk + 2 * tig;
+                            const __half* vlp = vtls + (8 * nt + gid) * VS + 16 * kp + 2 * tig;
                             const uint32_t bl[2] = {load_u32(vlp), load_u32(vlp + 8)};
                             ctx.mma(o[nt], a, bl);
                         }
@@ -455,9 +474,58 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
         }
         if constexpr (!ASYNC) ctx.sync();  // the tile is read before the next one overwrites it
     }
+    float sum[2];  // the rows' sums of weights
+#pragma unroll
+    for (int r = 0; r < 2; ++r) sum[r] = ctx.quad_sum(l[r]);
+    if constexpr (WS) {
+        // Each warp's rows (max, sum, output) into shared memory, [warp][row][HD + 2], once every warp is past its
+        // last tile (with ASYNC no copy is left: the last tile's was waited for, and none issued after it); then
+        // warp 0 adds them up in warp order and stores the rows as a warp of the other path does.
+        float* const red = ctx.shared();
+        ctx.sync();
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float* rp = red + (warp * 16 + gid + 8 * r) * (HD + 2);
+#pragma unroll
+            for (int nt = 0; nt < DN; ++nt) {
+                rp[8 * nt + 2 * tig] = o[nt][2 * r];
+                rp[8 * nt + 2 * tig + 1] = o[nt][2 * r + 1];
+            }
+            if (tig == 0) {
+                rp[HD] = m[r];
+                rp[HD + 1] = sum[r];
+            }
+        }
+        ctx.sync();
+        if (warp != 0) return;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float* rp = red + (gid + 8 * r) * (HD + 2);
+            constexpr int kW = 16 * (HD + 2);  // floats from one warp's rows to the next's
+            float mx = -INFINITY;
+            for (int w = 0; w < kFaWarps; ++w) mx = fmaxf(mx, rp[w * kW + HD]);
+            float f[kFaWarps], total = 0.0f;
+#pragma unroll
+            for (int w = 0; w < kFaWarps; ++w) {
+                const float mw = rp[w * kW + HD];
+                f[w] = mw == -INFINITY ? 0.0f : exp2f(mw - mx);  // a warp none of whose positions the row reads: 0
+                total += rp[w * kW + HD + 1] * f[w];
+            }
+#pragma unroll
+            for (int nt = 0; nt < DN; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float v = 0.0f;
+#pragma unroll
+                    for (int w = 0; w < kFaWarps; ++w) v += rp[w * kW + 8 * nt + 2 * tig + e] * f[w];
+                    o[nt][2 * r + e] = v;
+                }
+            m[r] = mx;
+            sum[r] = total;
+        }
+    }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        const float sum = ctx.quad_sum(l[r]);
         if (qi[r] >= n) continue;
         if (splits > 1) {
             float* pp = partials + ((int64_t(qi[r]) * n_heads + hh[r]) * splits + sp) * (HD + 2);
@@ -468,11 +536,11 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
             }
             if (tig == 0) {
                 pp[HD] = m[r] == -INFINITY ? -INFINITY : m[r] * 0.6931471805599453f;  // 2^m = e^(m ln 2)
-                pp[HD + 1] = sum;
+                pp[HD + 1] = sum[r];
             }
             continue;
         }
-        const float inv = 1.0f / sum;
+        const float inv = 1.0f / sum[r];
         float* op = out + (int64_t(qi[r]) * n_heads + hh[r]) * HD + 2 * tig;
 #pragma unroll
         for (int nt = 0; nt < DN; ++nt) {

@@ -587,8 +587,9 @@ __global__ void __launch_bounds__(kAttnThreads)
 }
 
 // LO (a cache with a quantized half) or ASYNC (an f16 cache copied in two stages): kFaShared<HD, LO, ASYNC> floats of
-// dynamic shared memory (over 48 KiB for head_dim 128); else the static kFaShared<HD>.
-template <int HD, int NQ, bool LO, bool ASYNC = false>
+// dynamic shared memory (over 48 KiB for head_dim 128); else the static kFaShared<HD>. WS: each tile's positions split
+// among the warps (flash_warp_split).
+template <int HD, int NQ, bool LO, bool ASYNC = false, bool WS = false>
 __global__ void __launch_bounds__(kFaThreads)
     flash_prefill_kernel(const float* __restrict__ q, const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc,
                          const float* __restrict__ k_offsets, const int* __restrict__ d_pos0, int n, int n_heads,
@@ -596,12 +597,13 @@ __global__ void __launch_bounds__(kFaThreads)
                          float* __restrict__ partials) {
     if constexpr (LO || ASYNC) {
         extern __shared__ __align__(16) float flash_lo_shared[];
-        flash_prefill_body<HD, NQ, LO, DeviceThread, ASYNC>(DeviceThread{flash_lo_shared}, q, kc, vc, k_offsets, d_pos0,
-                                                            n, n_heads, n_rep, kv, scale, out, splits, partials);
+        flash_prefill_body<HD, NQ, LO, DeviceThread, ASYNC, WS>(DeviceThread{flash_lo_shared}, q, kc, vc, k_offsets,
+                                                                d_pos0, n, n_heads, n_rep, kv, scale, out, splits,
+                                                                partials);
     } else {
         __shared__ __align__(16) float sm[kFaShared<HD>];
-        flash_prefill_body<HD, NQ, false>(DeviceThread{sm}, q, kc, vc, k_offsets, d_pos0, n, n_heads, n_rep, kv,
-                                          scale, out, splits, partials);
+        flash_prefill_body<HD, NQ, false, DeviceThread, false, WS>(DeviceThread{sm}, q, kc, vc, k_offsets, d_pos0, n,
+                                                                   n_heads, n_rep, kv, scale, out, splits, partials);
     }
 }
 
@@ -1384,7 +1386,8 @@ static_assert(kFlashAsyncBytes == int64_t(sizeof(float)) * kFaShared<128, false,
 
 void attention_prefill(float* out, const float* q, const uint8_t* k_cache, const uint8_t* v_cache,
                        const float* k_offsets, const int* d_pos0, int n, int n_heads, const KvLayout& kv,
-                       bool tensor_cores, bool flash_async, int splits, float* partials, cudaStream_t s) {
+                       bool tensor_cores, bool flash_async, bool warp_split, int splits, float* partials,
+                       cudaStream_t s) {
     KVGEN_ASSERT(kv_cache_supported(kv));
     KVGEN_ASSERT((k_offsets != nullptr) == kv.k_offsets());
     const int n_rep = n_heads / kv.n_kv_heads;
@@ -1397,19 +1400,26 @@ void attention_prefill(float* out, const float* q, const uint8_t* k_cache, const
             // note: the two-stage kernel is built for head_dim 128 alone (flash_async_fits, memory_plan.h)
             constexpr bool kAsyncBuilt = HD == 128;
             const bool async = kAsyncBuilt && flash_async && !kv.quantized();
-            if (kv.quantized() || async) {
-                KVGEN_ASSERT(!async || (kv.k_type == KvType::F16 && kv.v_type == KvType::F16 && !k_offsets));
-                const auto kernel = kv.quantized() ? flash_prefill_kernel<HD, NQ, true>
-                                                   : flash_prefill_kernel<HD, NQ, false, kAsyncBuilt>;
-                const size_t bytes =
-                    sizeof(float) * size_t(kv.quantized() ? kFaShared<HD, true> : kFaShared<HD, false, kAsyncBuilt>);
-                set_up_shared(reinterpret_cast<const void*>(kernel), bytes, nullptr, kFaBlocksPerSm);
-                kernel<<<grid, kFaThreads, bytes, s>>>(q, k_cache, v_cache, k_offsets, d_pos0, n, n_heads, n_rep, kv,
-                                                       scale, out, splits, partials);
-            } else {
-                flash_prefill_kernel<HD, NQ, false><<<grid, kFaThreads, 0, s>>>(
-                    q, k_cache, v_cache, k_offsets, d_pos0, n, n_heads, n_rep, kv, scale, out, splits, partials);
-            }
+            const auto go = [&](auto ws) {
+                constexpr bool WS = decltype(ws)::value;
+                if (kv.quantized() || async) {
+                    KVGEN_ASSERT(!async || (kv.k_type == KvType::F16 && kv.v_type == KvType::F16 && !k_offsets));
+                    const auto kernel = kv.quantized() ? flash_prefill_kernel<HD, NQ, true, false, WS>
+                                                       : flash_prefill_kernel<HD, NQ, false, kAsyncBuilt, WS>;
+                    const size_t bytes = sizeof(float) * size_t(kv.quantized() ? kFaShared<HD, true>
+                                                                               : kFaShared<HD, false, kAsyncBuilt>);
+                    set_up_shared(reinterpret_cast<const void*>(kernel), bytes, nullptr, kFaBlocksPerSm);
+                    kernel<<<grid, kFaThreads, bytes, s>>>(q, k_cache, v_cache, k_offsets, d_pos0, n, n_heads, n_rep,
+                                                           kv, scale, out, splits, partials);
+                } else {
+                    flash_prefill_kernel<HD, NQ, false, false, WS><<<grid, kFaThreads, 0, s>>>(
+                        q, k_cache, v_cache, k_offsets, d_pos0, n, n_heads, n_rep, kv, scale, out, splits, partials);
+                }
+            };
+            if (warp_split && flash_warp_split(n, NQ))
+                go(std::true_type{});
+            else
+                go(std::false_type{});
         })) {
         KVGEN_CUDA_LAUNCHED("flash_prefill");
         if (splits > 1) {

@@ -238,12 +238,14 @@ void attention_decode(float* out, ActBlock* xq, float* partials, int* counters, 
 // query on the CUDA cores (attention_prefill_body, an f16 cache only: a quantized one always takes flash attention).
 // flash_async (Settings::cuda_flash_pipeline, where flash_async_fits, memory_plan.h): over an f16 cache with head_dim
 // 128, flash attention copies its tiles by cp.async in two stages and reads their fragments by ldmatrix (the same
-// bits); elsewhere it is ignored.
+// bits); elsewhere it is ignored. warp_split (Settings::cuda_flash_warp_split): where a block's rows are 16 at most
+// (flash_warp_split), its warps split each tile's positions instead of one warp taking the whole tile.
 // splits > 1 (flash attention only; attention_prefill_splits): the positions are split among that many blocks per
 // query block, their partial results (attention_partials floats at most) combined by a second kernel.
 // Twin: cpu::attention.
 void attention_prefill(float* out, const float* q, const uint8_t* k_cache, const uint8_t* v_cache,
                        const float* k_offsets, const int* d_pos0, int n, int n_heads, const KvLayout& kv,
-                       bool tensor_cores, bool flash_async, int splits, float* partials, cudaStream_t s);
+                       bool tensor_cores, bool flash_async, bool warp_split, int splits, float* partials,
+                       cudaStream_t s);
 
 }  // namespace kvgen::cuda

@@ -21,7 +21,8 @@
 #      raw kept); and for the first type of each shape, pp16 and pp512 at depths 0 and
 #      4096 with --cuda-attention warp (the CUDA-core prefill attention) beside the default tensor-core one
 #      (SHAPE-T-warpattn), pp512 at those depths with --cuda-flash-pipeline off (SHAPE-T-flashsync: flash attention's
-#      cache tiles loaded through registers, not copied in two stages), and pp512 / tg128 at those depths with --kv-type q8_0 and q4_0 (SHAPE-T-kvq8_0, -kvq4_0), tg128 with q8_0/f16 (-kvq8_0-f16);
+#      cache tiles loaded through registers, not copied in two stages), pp16 at those depths with --cuda-flash-warps
+#      rows (SHAPE-T-flashrows: a short prompt's block over each whole tile by one warp, not a quarter by each), and pp512 / tg128 at those depths with --kv-type q8_0 and q4_0 (SHAPE-T-kvq8_0, -kvq4_0), tg128 with q8_0/f16 (-kvq8_0-f16);
 #      for every file, tg128 with --cuda-pdl off (SHAPE-T-nopdl: the decode products launched without programmatic
 #      dependent launch), for F16 tg128 with --cuda-f16-matvec warp (SHAPE-F16-warpf16: a warp over 2 rows instead
 #      of a block of warps over 4) and tg128 with --cuda-matvec-stages 0 (SHAPE-F16-ring0, as below), for Q4_0, Q8_0
@@ -434,6 +435,11 @@ for shape in "${shapes[@]}"; do
             bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-flash-pipeline off -p 512 -n 0 \
                 -d "0,$attn_depth" -r 2 -o json >"$work/speed/$name-flashsync.bench.json" 2>>"$out/log.txt" ||
                 log "$name: bench with --cuda-flash-pipeline off failed"
+            # a short prompt's flash attention with one warp over each whole tile, not the four warps a quarter each
+            cp "$work/speed/$name.inspect.json" "$work/speed/$name-flashrows.inspect.json"
+            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-flash-warps rows -p 16 -n 0 \
+                -d "0,$attn_depth" -r 2 -o json >"$work/speed/$name-flashrows.bench.json" 2>>"$out/log.txt" ||
+                log "$name: bench with --cuda-flash-warps rows failed"
             # a quantized KV cache: decode and prefill at depth; a q8_0 K beside an f16 V (-ctk q8_0 alone), decode
             for kvt in q8_0 q4_0 q8_0/f16; do
                 kvn=kv${kvt//\//-} kvp=512

@@ -360,6 +360,11 @@ int main(int argc, char** argv) {
         "into shared memory by cp.async while the tile before is multiplied, and reads its fragments by "
         "ldmatrix; off loads each tile through registers and then multiplies it, to compare; the same "
         "results");
+    add_cuda_choice(app, "--cuda-flash-warps", &gen.run.cuda_flash_warp_split, {"positions", "rows"}, "positions",
+                    "CUDA prefill flash attention where a block's (query, head) rows are 16 at most (a prompt of up "
+                    "to 16 tokens with one query head a KV head): positions (the default) gives each of the block's "
+                    "4 warps a quarter of every tile's positions and combines their results; rows leaves the rows "
+                    "to one warp over whole tiles, as for longer prompts, to compare");
     add_cuda_choice(app, "--cuda-pdl", &gen.run.cuda_pdl, {"on", "off"}, "on",
                     "CUDA, sm_90 and later with CUDA 12.3 or later: on (the default) lets each integer product start "
                     "loading its weights while the kernel before it drains (programmatic dependent launch); off "

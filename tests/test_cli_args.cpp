@@ -137,6 +137,11 @@ TEST_CASE("the bench backend column names the CUDA options that differ from the 
     CHECK(cuda_options_name(t) == "--cuda-matvec f32 --cuda-attention warp --cuda-kv-store kernel");
     t.cuda_norm_fold = false;
     CHECK(cuda_options_name(t) == "--cuda-matvec f32 --cuda-attention warp --cuda-kv-store kernel --cuda-norm kernel");
+    CHECK(Settings{}.cuda_flash_warp_split);
+    Settings w;
+    w.cuda_flash_warp_split = false;
+    w.cuda_flash_pipeline = false;
+    CHECK(cuda_options_name(w) == "--cuda-flash-pipeline off --cuda-flash-warps rows");
     t.cuda_f16_block = false;
     t.cuda_int_matvec = t.cuda_flash_attention = t.cuda_qkv_store = t.cuda_norm_fold = true;
     CHECK(cuda_options_name(t) == "--cuda-f16-matvec warp");

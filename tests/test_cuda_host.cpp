@@ -1105,6 +1105,14 @@ TEST_CASE("a short prompt over a deep cache splits its positions among enough bl
     CHECK(ch::attention_partials(32, 128, 17, 4) == int64_t(4) * 32 * 16 * 130);
     CHECK(ch::attention_partials(32, 128, 17, 1) == int64_t(32) * 17 * 130);
     CHECK(ch::attention_partials(8, 32, 5, 512) == int64_t(8) * 5 * 34);
+    // a short prompt's blocks of up to 16 rows split each tile's positions among their warps (n_rep 3: a head a block)
+    CHECK(ch::flash_warp_split(16, 1));
+    CHECK_FALSE(ch::flash_warp_split(17, 1));
+    CHECK(ch::flash_warp_split(16, 3));
+    CHECK(ch::flash_warp_split(4, 4));
+    CHECK_FALSE(ch::flash_warp_split(5, 4));
+    CHECK(ch::flash_warp_split(2, 8));
+    CHECK_FALSE(ch::flash_warp_split(3, 8));
     for (const int sms : {16, 66, 132, 148})
         for (const int n : {2, 9, 20, 64, 65, 200})
             for (const int pos0 : {0, 500, 4096, 8000}) {
@@ -1123,11 +1131,14 @@ TEST_CASE("flash attention on the tensor cores, its mma fragments run on the hos
     cpu::ThreadPool pool(1);
     uint32_t seed = 51;
     // heads per block 1, 2, 4, 8 and an n_rep of 3 (one head per block); queries spanning two blocks, the diagonal
-    // inside a tile and across tiles, rows past n in the last block
+    // inside a tile and across tiles, rows past n in the last block; blocks of at most 16 rows (2 queries; 9 and 5
+    // with one head a block, 5 with two), whose warps split each tile's positions (flash_warp_split), one warp's
+    // quarter of a tile all past a row's position
     for (const Shape s : {Shape{2, 2, 128}, Shape{4, 2, 64}, Shape{8, 2, 128}, Shape{8, 1, 64}, Shape{6, 2, 64}}) {
         const Config c = test::attention_config(s.n_heads, s.n_kv, s.hd);
         const int n_ctx = 160;
-        for (const auto& [pos0, n] : {std::pair{0, 2}, std::pair{0, 70}, std::pair{61, 9}, std::pair{130, 21}})
+        for (const auto& [pos0, n] :
+             {std::pair{0, 2}, std::pair{0, 70}, std::pair{61, 9}, std::pair{130, 21}, std::pair{130, 5}})
             // the positions split among 2 or 4 blocks per query block (130 + 21: 3 tiles, so with 4 splits one block
             // has none and one split takes the diagonal), then combined
             for (const int splits : {0, 2, 4}) {
@@ -1143,17 +1154,28 @@ TEST_CASE("flash attention on the tensor cores, its mma fragments run on the hos
                                                                       KvType::F16, KvType::F16, nullptr, false);
                 REQUIRE(std::memcmp(sync.data(), got.data(), got.size() * sizeof(float)) == 0);
                 // P is rounded to f16 for P V (2^-12 relative per weight); the scores keep f32 precision (Q in two
-                // parts)
-                double err = 0, ref = 0;
-                for (size_t i = 0; i < got.size(); ++i) {
-                    REQUIRE(std::isfinite(got[i]));
-                    err += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-                    ref += double(want[i]) * want[i];
+                // parts). Where the warps split the tiles' positions, also one warp over whole tiles
+                // (--cuda-flash-warps rows): the same bounds.
+                std::vector<const std::vector<float>*> outs{&got};
+                std::vector<float> rows;
+                if (cuda::host::flash_warp_split(n, s.n_heads / s.n_kv)) {
+                    rows = cuda::host::attention(c, q, k, v, pos0, n, n_ctx, splits, false, true, KvType::F16,
+                                                 KvType::F16, nullptr, true, false);
+                    outs.push_back(&rows);
                 }
-                const double nrmse = std::sqrt(err / ref), worst = test::worst_diff(got, want);
-                INFO("relative RMS error " << nrmse << ", worst |diff| " << worst << " of " << test::max_abs(want));
-                CHECK(nrmse < 3e-4);
-                CHECK(worst <= 2e-3 * test::max_abs(want));
+                for (const std::vector<float>* o : outs) {
+                    INFO((o == &got ? "as the backend runs it" : "--cuda-flash-warps rows"));
+                    double err = 0, ref = 0;
+                    for (size_t i = 0; i < o->size(); ++i) {
+                        REQUIRE(std::isfinite((*o)[i]));
+                        err += (double((*o)[i]) - want[i]) * (double((*o)[i]) - want[i]);
+                        ref += double(want[i]) * want[i];
+                    }
+                    const double nrmse = std::sqrt(err / ref), worst = test::worst_diff(*o, want);
+                    INFO("relative RMS error " << nrmse << ", worst |diff| " << worst << " of " << test::max_abs(want));
+                    CHECK(nrmse < 3e-4);
+                    CHECK(worst <= 2e-3 * test::max_abs(want));
+                }
             }
     }
 }

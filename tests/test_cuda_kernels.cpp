@@ -922,6 +922,11 @@ TEST_CASE("flash attention on the tensor cores matches cpu::attention", "[cuda][
             // the tiles through registers instead of copied in two stages (--cuda-flash-pipeline off): the same bits
             require_close(ct::attention(c, q, k, v, pos0, n, n_ctx, 0, false, true, KvType::F16, KvType::F16, false),
                           got, 0.0);
+            // a block of up to 16 rows (2 and 5 queries of one head a block, 2 of four) over whole tiles by one warp
+            // (--cuda-flash-warps rows) instead of its warps splitting each tile's positions
+            require_close(
+                ct::attention(c, q, k, v, pos0, n, n_ctx, 0, false, true, KvType::F16, KvType::F16, true, false), want,
+                2e-3 * max_abs(want));
             // the positions split among blocks, as a short prompt over a deep cache runs (21 tiles at 1300 + 5: 7 and
             // 16 splits, 16 with some splits empty), then combined; both ways of loading the tiles
             if (pos0 > 0)

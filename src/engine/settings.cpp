@@ -37,6 +37,8 @@ std::string cuda_options_name(const Settings& s) {
         add(s.cuda_flash_attention ? "--cuda-attention mma" : "--cuda-attention warp");
     if (s.cuda_flash_pipeline != d.cuda_flash_pipeline)
         add(s.cuda_flash_pipeline ? "--cuda-flash-pipeline on" : "--cuda-flash-pipeline off");
+    if (s.cuda_flash_warp_split != d.cuda_flash_warp_split)
+        add(s.cuda_flash_warp_split ? "--cuda-flash-warps positions" : "--cuda-flash-warps rows");
     if (s.cuda_pdl != d.cuda_pdl) add(s.cuda_pdl ? "--cuda-pdl on" : "--cuda-pdl off");
     if (s.cuda_matvec_rows != d.cuda_matvec_rows) add("--cuda-matvec-rows " + std::to_string(s.cuda_matvec_rows));
     if (s.cuda_matvec_unit != d.cuda_matvec_unit) add("--cuda-matvec-unit " + std::to_string(s.cuda_matvec_unit));

@@ -38,6 +38,9 @@ struct Settings {
     bool cuda_flash_attention = true;  // CUDA: prefill attention on the tensor cores where head_dim has the kernel
     bool cuda_flash_pipeline = true;  // CUDA, an f16 cache, head_dim 128: flash attention's tiles copied by cp.async in
                                       // two stages, fragments by ldmatrix (--cuda-flash-pipeline; the same bits)
+    bool cuda_flash_warp_split = true;  // CUDA: flash attention's blocks of up to 16 rows (a short prompt) split each
+                                        // tile's positions among their warps (--cuda-flash-warps positions), not
+                                        // one warp over the whole tile (rows)
     bool cuda_pdl = true;  // CUDA (sm_90+): integer products start as the kernel before them drains (--cuda-pdl)
     int cuda_matvec_rows = 8;    // CUDA, cuda_matvec_stages 0: rows a block of one token's Q4_0 / Q8_0 / Q4_K integer
                                  // products (8 or 4; the same bits) (--cuda-matvec-rows)

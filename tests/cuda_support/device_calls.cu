@@ -592,7 +592,7 @@ void kv_write(KvBytes& cache, const void* k, const void* v, int n) {
 
 std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
                              const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold,
-                             bool tensor_cores, KvType kt, KvType vt, bool flash_async) {
+                             bool tensor_cores, KvType kt, KvType vt, bool flash_async, bool warp_split) {
     const KvLayout kv = KvLayout::of(c, n_ctx, kt, vt);
     // the positions before the queries' as one step, theirs as the next
     KvBytes cache(kv);
@@ -641,8 +641,8 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
     int device = 0;
     KVGEN_CUDA_CHECK(cudaGetDevice(&device));
     const bool async = flash_async && flash_async_fits(c.head_dim, gemm_mma_device(device));
-    attention_prefill(out.p, dq.p, kc.p, vc.p, koff, pos.p, n, c.n_heads, kv, tensor_cores, async, sp, partials.p,
-                      nullptr);
+    attention_prefill(out.p, dq.p, kc.p, vc.p, koff, pos.p, n, c.n_heads, kv, tensor_cores, async, warp_split, sp,
+                      partials.p, nullptr);
     const std::vector<float> tail = partials.get();
     for (size_t i = n_partials; i < tail.size(); ++i)
         if (!std::isnan(tail[i])) throw Error("attention_prefill: a write past its partials");

@@ -1236,13 +1236,17 @@ int attention_prefill_splits(int n_heads, const KvLayout& kv, int n, int pos0, i
 int64_t attention_partials(int n_heads, int head_dim, int splits, int n_batch) {
     return cuda::attention_partials(n_heads, head_dim, splits, n_batch);
 }
+bool flash_warp_split(int n, int n_rep) {
+    return cuda::flash_warp_split(n, flash_heads_per_block(n_rep));
+}
 int attention_max_splits(const KvLayout& kv) {
     return cuda::attention_max_splits(kv);
 }
 
 std::vector<float> attention(const Config& c, const std::vector<float>& q_in, const std::vector<float>& k,
                              const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold,
-                             bool tensor_cores, KvType kt, KvType vt, std::vector<HostActBlock>* xq, bool flash_async) {
+                             bool tensor_cores, KvType kt, KvType vt, std::vector<HostActBlock>* xq, bool flash_async,
+                             bool warp_split) {
     const int hd = c.head_dim, n_rep = c.n_heads / c.n_kv_heads;
     // One layer's cache as store_kv writes it (no RoPE here): the positions before the queries' as one step, theirs
     // as the next.
@@ -1273,20 +1277,26 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q_in, co
             const int sp = splits > 1 ? splits : 1, gy = (n + kFaRows / NQ - 1) / (kFaRows / NQ) * sp;
             std::vector<float> partials(sp > 1 ? size_t(n) * size_t(c.n_heads) * size_t(sp) * size_t(hd + 2) : 0,
                                         NAN);
-            const auto grid = [&](auto lo, auto async) {
-                constexpr bool LO = decltype(lo)::value, ASYNC = decltype(async)::value;
+            const auto grid = [&](auto lo, auto async, auto ws) {
+                constexpr bool LO = decltype(lo)::value, ASYNC = decltype(async)::value, WS = decltype(ws)::value;
                 run_grid(c.n_heads / NQ, gy, kFaThreads, size_t(kFaShared<HD, LO, ASYNC>), [&](const HostThread& t) {
-                    flash_prefill_body<HD, NQ, LO, HostThread, ASYNC>(t, q.data(), kc, vc, koff, &pos0, n, c.n_heads,
-                                                                      n_rep, kv, scale, out.data(), sp,
-                                                                      partials.data());
+                    flash_prefill_body<HD, NQ, LO, HostThread, ASYNC, WS>(t, q.data(), kc, vc, koff, &pos0, n,
+                                                                          c.n_heads, n_rep, kv, scale, out.data(), sp,
+                                                                          partials.data());
                 });
             };
-            if (kv.quantized())  // as attention_prefill launches it
-                grid(std::true_type{}, std::false_type{});
+            const auto by_split = [&](auto lo, auto async) {  // as attention_prefill launches it
+                if (warp_split && flash_warp_split(n, NQ))
+                    grid(lo, async, std::true_type{});
+                else
+                    grid(lo, async, std::false_type{});
+            };
+            if (kv.quantized())
+                by_split(std::true_type{}, std::false_type{});
             else if (flash_async)
-                grid(std::false_type{}, std::true_type{});
+                by_split(std::false_type{}, std::true_type{});
             else
-                grid(std::false_type{}, std::false_type{});
+                by_split(std::false_type{}, std::false_type{});
             if (sp > 1)
                 run_grid(n * c.n_heads, 1, 128, 0, [&](const HostThread& t) {
                     combine_head(t, 128, partials.data(), sp, sp, hd, t.block_x(), out.data(), nullptr);

@@ -125,11 +125,12 @@ std::vector<float> rope(const std::vector<float>& x, int n, int n_heads, int pos
 // tensor_cores is set (splits > 1: the positions split among that many blocks per query block, then combined), else
 // a warp per query. The cache's K and V types kt, vt (a quantized one: the query rotated
 // before, the output after, as the backend does; a K with offsets: the layer's offsets passed to the kernel).
-// flash_async: over an f16 cache, flash attention's tiles copied in two stages (--cuda-flash-pipeline).
+// flash_async: over an f16 cache, flash attention's tiles copied in two stages (--cuda-flash-pipeline). warp_split:
+// a block of up to 16 rows splits each tile's positions among its warps (--cuda-flash-warps positions).
 std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
                              const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold = false,
                              bool tensor_cores = true, KvType kt = KvType::F16, KvType vt = KvType::F16,
-                             bool flash_async = true);
+                             bool flash_async = true, bool warp_split = true);
 // One step of n positions pos0 .. of K and V ([n][n_kv_heads][head_dim] each, no RoPE) stored into layer l as
 // CudaOps::rope_store_kv stores it: store_kv; and where the step writes the last of the first kKvOffsetPositions rows
 // of a K with offsets, store_kv of the rows before it, kv_offsets of the layer, store_kv of the rest.
@@ -259,7 +260,7 @@ std::vector<float> gemm_mma(GgmlType type, const uint8_t* bytes, int64_t rows, i
 std::vector<float> attention(const Config& c, const std::vector<float>& q, const std::vector<float>& k,
                              const std::vector<float>& v, int pos0, int n, int n_ctx, int splits, bool fold = false,
                              bool tensor_cores = true, KvType kt = KvType::F16, KvType vt = KvType::F16,
-                             std::vector<HostActBlock>* xq = nullptr, bool flash_async = true);
+                             std::vector<HostActBlock>* xq = nullptr, bool flash_async = true, bool warp_split = true);
 // Decode attention's split counts: the positions a split takes at least (kAttnSplitPositions), the splits a depth of
 // n_pos uses (attention_active_splits), a launch's splits (attention_splits) and their bound (attention_max_splits).
 int attention_split_positions();
@@ -270,6 +271,9 @@ int attention_max_splits(const KvLayout& kv);
 // (attention_partials).
 int attention_prefill_splits(int n_heads, const KvLayout& kv, int n, int pos0, int sm_count);
 int64_t attention_partials(int n_heads, int head_dim, int splits, int n_batch);
+// Whether flash attention's warps split each tile's positions for n queries of a model with n_rep query heads a KV
+// head (flash_warp_split, with the heads a block flash_heads_per_block gives).
+bool flash_warp_split(int n, int n_rep);
 // The emulator's own check: one warp whose lane 31 returns before the others shuffle (kind 0) or multiply with
 // mma.sync (kind 1), which the device leaves undefined; throws kvgen::Error saying so. Kind 2: no lane returns.
 void warp_after_a_lane_returned(int kind);
