@@ -14,16 +14,17 @@
 // A block of kImWarps warps owns 32 rows of one matrix (16 of each of gate and up with GLU) for one group of up to 16
 // tokens (one or two tiles of 8; Q6_K 8: int_mma_tokens); a launch takes up to kImBatchTokens tokens, its groups the
 // grid's x and its row blocks its y, so that the blocks of a row block run one after another and the groups after the
-// first read its weights from L2 rather than DRAM (int_mma_plan). The block's warps take turns along the row, kImUnits
-// consecutive units (blocks of 32 weights) a warp at a time, all of a turn's weight and scale loads issued first, each
-// unit's activations loaded while the unit before it is multiplied, and the warps' sums meet in shared memory at the
-// end. Weights: lane 4 gid + tig reads bytes 4 tig .. + 3 of rows gid and gid + 8 of each 16-row tile, which are mma's
-// A fragments as the planar layout (weight_layout.h) stores them: Q4_0's low nibbles are columns 4 tig .. + 3 and its
-// high ones 16 + 4 tig .. + 3; Q8_0's bytes 4 tig .. and 16 + 4 tig ..; a Q4_K pair of sub-blocks 2 p and 2 p + 1 is
-// the low and the high nibbles of the same 32 bytes (4 tig .. and 16 + 4 tig ..). Activations: token 8 t + gid's
-// values 4 tig .. + 3 and 16 + 4 tig .. of the unit's block (two 8-byte loads), split into bytes by two byte permutes
-// each: B fragments. Rows past the matrix read its last row, tokens past the group's its last token, and neither is
-// stored. Written against a thread context (DeviceThread, or the host emulation's,
+// first read its weights from L2 rather than DRAM, and with several groups a block owns two such sets of rows, 4 warps
+// each, which share the activations' loads through L1 (int_mma_plan). The block's (set's) warps take turns along the
+// row, kImUnits consecutive units (blocks of 32 weights) a warp at a time, all of a turn's weight and scale loads
+// issued first, each unit's activations loaded while the unit before it is multiplied, and the warps' sums meet in
+// shared memory at the end. Weights: lane 4 gid + tig reads bytes 4 tig .. + 3 of rows gid and gid + 8 of each
+// 16-row tile, which are mma's A fragments as the planar layout (weight_layout.h) stores them: Q4_0's low nibbles are
+// columns 4 tig .. + 3 and its high ones 16 + 4 tig .. + 3; Q8_0's bytes 4 tig .. and 16 + 4 tig ..; a Q4_K pair of
+// sub-blocks 2 p and 2 p + 1 is the low and the high nibbles of the same 32 bytes (4 tig .. and 16 + 4 tig ..).
+// Activations: token 8 t + gid's values 4 tig .. + 3 and 16 + 4 tig .. of the unit's block (two 8-byte loads), split
+// into bytes by two byte permutes each: B fragments. Rows past the matrix read its last row, tokens past the group's
+// its last token, and neither is stored. Written against a thread context (DeviceThread, or the host emulation's,
 // tests/cuda_support/host_emulation.cu).
 #include <cstdint>
 #include <type_traits>
@@ -52,14 +53,16 @@ KVGEN_HD constexpr int int_mma_tokens(GgmlType t) {
     return t == GgmlType::Q6_K ? 8 : kImMaxTokens;
 }
 // The one launch of an n-token product (2 <= n <= kImBatchTokens) of type T on the tensor cores: groups of
-// group_tokens tokens (the last one shorter), block (g, b) taking group g's tokens for row block b.
+// group_tokens tokens (the last one shorter), block (g, b) taking group g's tokens for row block b, whose rows are
+// sets x int_mma_block_rows: 2 sets where there are several groups (so L2 carries each group's activations once per
+// 64 rows; a single group keeps blocks of 32 rows, twice the blocks for the SMs).
 struct ImPlan {
-    int group_tokens, groups;
+    int group_tokens, groups, sets;
 };
 template <GgmlType T>
 constexpr ImPlan int_mma_plan(int n) {
-    const int g = n < int_mma_tokens(T) ? n : int_mma_tokens(T);
-    return ImPlan{g, (n + g - 1) / g};
+    const int g = n < int_mma_tokens(T) ? n : int_mma_tokens(T), groups = (n + g - 1) / g;
+    return ImPlan{g, groups, groups > 1 ? 2 : 1};
 }
 // Calls f(std::integral_constant<int, NTT>{}, plan) for that launch, NTT the 8-token tiles of a group.
 template <GgmlType T, typename F>
@@ -246,16 +249,17 @@ KVGEN_HD float int_mma_add(const ImStep<T>& w, int k, int hi, const int (&c)[ImS
 }
 
 // The sums of an n-token product of the block's rows and tokens: with GLU, rows r0 .. r0 + 15 of gate (w) and up,
-// else rows r0 .. r0 + 31 of w (r0 = block_y x int_mma_block_rows(GLU)), for the block's group of tokens, i0 .. i0 + m
-// - 1 (i0 = block_x x group_tokens, m <= group_tokens <= 8 NTT the tokens left from i0); x the n tokens' ActBlocks,
-// n_units a token. store(row, token, v) for each row below rows and each of the group's tokens, v the row's sum for
-// the token (GLU: silu(gate) * up), called by the thread t with t = (row - r0) x 8 NTT + token - i0 (mod the block's
-// threads).
+// else rows r0 .. r0 + 31 of w, for each of the block's sets of rows (r0 = (block_y x sets + set) x
+// int_mma_block_rows(GLU); sets 1 or 2, the block's warps split evenly among them, each set's warps taking the units
+// in turns), for the block's group of tokens, i0 .. i0 + m - 1 (i0 = block_x x group_tokens, m <= group_tokens <= 8
+// NTT the tokens left from i0); x the n tokens' ActBlocks, n_units a token. With two sets, warps w and w + 4 load the
+// same activations at about the same time, so that L1 gives them the second time. store(row, token, v) for each row
+// below rows and each of the group's tokens, v the row's sum for the token (GLU: silu(gate) * up).
 #pragma nv_exec_check_disable
 template <GgmlType T, bool GLU, int NTT, class Ctx, class Store>
 KVGEN_HD void matvec_int_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w, const uint8_t* __restrict__ up,
                                   int64_t row_bytes, int n_units, int64_t rows, const ActBlock* __restrict__ x, int n,
-                                  int group_tokens, Store&& store) {
+                                  int group_tokens, int sets, Store&& store) {
     static_assert(int_mma_type(T) && (NTT == 1 || NTT == 2) && 8 * NTT <= int_mma_tokens(T),
                   "Q4_0 / Q8_0 / Q4_K / Q6_K, one or two 8-token tiles");
     constexpr bool kAu = T != GgmlType::Q8_0;  // 4- and 6-bit quants unsigned, Q8_0's bytes signed
@@ -263,7 +267,10 @@ KVGEN_HD void matvec_int_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w,
     static_assert(kSteps * S == kImUnits, "a turn is whole steps");
     constexpr int NT = 8 * NTT;
     const int t = ctx.thread(), warp = t / 32, lane = t % 32, gid = lane >> 2, tig = lane & 3;
-    const int64_t r0 = int64_t(ctx.block_y()) * int_mma_block_rows(GLU);
+    // the warp's set of rows, its place among the set's warps, and the set's warps
+    const int sw = kImWarps / sets, set = warp / sw, wi = warp % sw;
+    const int64_t rb = int64_t(ctx.block_y()) * sets * int_mma_block_rows(GLU);  // the block's first row
+    const int64_t r0 = rb + set * int_mma_block_rows(GLU);                       // the warp's
     const int i0 = ctx.block_x() * group_tokens, m = n - i0 < group_tokens ? n - i0 : group_tokens;
     x += int64_t(i0) * n_units;
     // The tiles that hold one of the group's tokens (a last group of up to 8 in a launch of 16-token groups: one)
@@ -317,7 +324,7 @@ KVGEN_HD void matvec_int_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w,
     // A turn: its kImUnits units' weight loads all issued first, then unit by unit the activations of the next unit
     // loaded while the products of this one are made. (The kernel waits for the one before it at its start:
     // loading the first turn's weights before that wait, as the CUDA-core products do, took sm_90 past 128 registers.)
-    for (int u0 = warp * kImUnits; u0 < n_units; u0 += kImWarps * kImUnits) {
+    for (int u0 = wi * kImUnits; u0 < n_units; u0 += sw * kImUnits) {
         ImStep<T> ws[kSteps][kImTiles];
 #pragma unroll
         for (int k = 0; k < kSteps; ++k) {
@@ -375,7 +382,8 @@ KVGEN_HD void matvec_int_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w,
         }
     }
 
-    // Every warp's sums into shared memory, [warp][tile row][token], then each output's added over the warps in order.
+    // Every warp's sums into shared memory, [warp][tile row][token], then each output's added over its set's warps in
+    // order.
     float* const part = ctx.shared();
 #pragma unroll
     for (int a = 0; a < kImTiles; ++a)
@@ -387,16 +395,18 @@ KVGEN_HD void matvec_int_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w,
                 part[(warp * kImRows + rr) * NT + i] = acc[a][j][e];
             }
     ctx.sync();
-    constexpr int kOut = int_mma_block_rows(GLU) * NT;
-    for (int o = t; o < kOut; o += 32 * kImWarps) {
-        const int rr = o / NT, i = o % NT;
+    constexpr int kSetOut = int_mma_block_rows(GLU) * NT;
+    for (int o = t; o < sets * kSetOut; o += 32 * kImWarps) {
+        const int so = o / kSetOut, rr = o % kSetOut / NT, i = o % NT;
+        const float* ps = part + so * sw * kImRows * NT;  // the set's first warp's sums
         auto sum = [&](int r) {
-            float v = part[r * NT + i];
-            for (int k = 1; k < kImWarps; ++k) v += part[(k * kImRows + r) * NT + i];
+            float v = ps[r * NT + i];
+            for (int k = 1; k < sw; ++k) v += ps[(k * kImRows + r) * NT + i];
             return v;
         };
         const float v = GLU ? silu_mul(sum(rr), sum(16 + rr)) : sum(rr);
-        if (r0 + rr < rows && i < m) store(r0 + rr, i0 + i, v);
+        const int64_t r = rb + so * int_mma_block_rows(GLU) + rr;
+        if (r < rows && i < m) store(r, i0 + i, v);
     }
 }
 

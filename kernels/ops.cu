@@ -310,18 +310,18 @@ __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
     product_block<IntRing<T, S>, 1, R, NT, RING>(ws, row_bytes, n_units, rows, x, n, stages, done);
 }
 
-// grid (groups, rows / int_mma_block_rows(GLU)) (int_mma_plan), 32 kImWarps threads: n tokens' product on the tensor
-// cores (matvec_int_mma_body) in groups of group_tokens <= 8 NTT, all in one launch: y (+)= W x through RowSplit, or
-// with GLU (up) y[i][r] = silu(gate x) * (up x) into y.y[0].
+// grid (groups, rows / (sets int_mma_block_rows(GLU))) (int_mma_plan), 32 kImWarps threads: n tokens' product on the
+// tensor cores (matvec_int_mma_body) in groups of group_tokens <= 8 NTT, all in one launch: y (+)= W x through
+// RowSplit, or with GLU (up) y[i][r] = silu(gate x) * (up x) into y.y[0].
 template <GgmlType T, bool GLU, int NTT>
 __global__ void __launch_bounds__(32 * kImWarps, 2)
     matvec_int_mma_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ up, int64_t row_bytes, int n_units,
-                          int64_t rows, const ActBlock* __restrict__ x, int n, int group_tokens, RowSplit y,
+                          int64_t rows, const ActBlock* __restrict__ x, int n, int group_tokens, int sets, RowSplit y,
                           int accumulate) {
     pdl_trigger();  // the next product may start loading its weights
     pdl_wait();
     __shared__ float part[int_mma_shared(NTT)];
-    matvec_int_mma_body<T, GLU, NTT>(DeviceThread{part}, w, up, row_bytes, n_units, rows, x, n, group_tokens,
+    matvec_int_mma_body<T, GLU, NTT>(DeviceThread{part}, w, up, row_bytes, n_units, rows, x, n, group_tokens, sets,
                                      [&](int64_t r, int i, float v) {
                                          if constexpr (GLU) {
                                              y.y[0][int64_t(i) * rows + r] = v;
@@ -809,17 +809,18 @@ bool launch_int_mma(const RowSplit& y, const DevWeight& w, const DevWeight* up, 
     if (!shape.mma || n < 2 || !int_mma_ok(w, n)) return false;
     const int n_units = int(w.cols / 32);
     const uint8_t* u = up ? up->data : nullptr;
-    const int64_t row_blocks = (w.rows + int_mma_block_rows(up != nullptr) - 1) / int_mma_block_rows(up != nullptr);
-    KVGEN_ASSERT(row_blocks <= 65535);  // the grid's y
     dispatch_int_type(w.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
         if constexpr (int_mma_type(T)) {
             const auto go = [&](auto glu) {
                 constexpr bool GLU = decltype(glu)::value;
                 int_mma_launch_of<T>(n, [&](auto ntt, ImPlan p) {
+                    const int64_t block_rows = int64_t(p.sets) * int_mma_block_rows(GLU);
+                    const int64_t row_blocks = (w.rows + block_rows - 1) / block_rows;
+                    KVGEN_ASSERT(row_blocks <= 65535);  // the grid's y
                     launch(matvec_int_mma_kernel<T, GLU, decltype(ntt)::value>,
                            dim3(unsigned(p.groups), unsigned(row_blocks)), 32 * kImWarps, pdl, s, w.data, u,
-                           w.row_bytes, n_units, w.rows, x, n, p.group_tokens, y, accumulate ? 1 : 0);
+                           w.row_bytes, n_units, w.rows, x, n, p.group_tokens, p.sets, y, accumulate ? 1 : 0);
                 });
             };
             if (up)

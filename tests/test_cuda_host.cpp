@@ -663,17 +663,19 @@ TEST_CASE("the integer products of a short prompt on the tensor cores, run on th
     // --cuda-matvec-mma on: each block's integer dot as two mma.sync m16n8k32 on the activations' high and low bytes,
     // so each Q4_0 / Q8_0 block's term is the CUDA-core product's and only the order of a row's sums differs (Q4_K: a
     // sub-block's term at once, where the CUDA cores take two halves of two sub-blocks a unit; Q6_K: a 32-value block's
-    // two halves, each a product of its own, where the CUDA cores take halves of two blocks a unit). 40 rows (a last
-    // block with rows past the matrix: 32 a block, 16 of each of gate and up), 3 units (warp 0's turn ends past the
-    // row, the other warps have none), 344 (two warps a turn fewer), 1 to 16 tokens (one tile of 8, or two; Q6_K two
-    // groups of up to 8 above 8; tokens past n in the last tile), and 17 to 64 (groups of 16, Q6_K 8, the grid's x:
-    // a last group of one token, whose second tile is skipped; 40 tokens, a last group of 8; 64, four whole groups).
+    // two halves, each a product of its own, where the CUDA cores take halves of two blocks a unit). 72 rows (a last
+    // block with rows past the matrix: 32 a block, 16 of each of gate and up; with two sets of rows a block, 64, and
+    // a last block whose second set is past the matrix), 3 units (warp 0's turn ends past the row, the other warps
+    // have none), 344 (two warps a turn fewer), 1 to 16 tokens (one tile of 8, or two; Q6_K two groups of up to 8
+    // above 8, two sets; tokens past n in the last tile), and 17 to 64 (groups of 16, Q6_K 8, the grid's x, and two
+    // sets of rows a block: a last group of one token, whose second tile is skipped; 40 tokens, a last group of 8;
+    // 64, four whole groups).
     for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
         for (const int64_t cols : {96, 768, 4096, 11008}) {
             GgmlType t;
             REQUIRE(ggml_type_from_name(name, &t));
             if (cols % ggml_type_info(t)->block_size != 0) continue;
-            const int64_t rows = 40;
+            const int64_t rows = 72;
             const RandomRows gate = random_rows(t, rows, cols, 51), up = random_rows(t, rows, cols, 52);
             for (const int n : {1, 2, 5, 8, 9, 16, 17, 40, 64}) {
                 if (cols > 4096 && n != 16) continue;  // (time)

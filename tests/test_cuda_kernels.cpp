@@ -329,8 +329,8 @@ TEST_CASE("the integer products of a short prompt: each token the same bits as i
 }
 
 TEST_CASE("the integer products of a short prompt on the tensor cores: the host emulation's bits", "[cuda][kernels]") {
-    // --cuda-matvec-mma on (sm_80 and later): 2 to 64 tokens in one launch (groups of up to 16, Q6_K 8, the grid's x;
-    // 17 a last group of one, 40 of 8), the same bits as
+    // --cuda-matvec-mma on (sm_80 and later): 2 to 64 tokens in one launch (groups of up to 16, Q6_K 8, the grid's x,
+    // and with several groups two sets of 32 rows a block; 17 a last group of one, 40 of 8), the same bits as
     // the host emulation of the kernel's body (whose CPU-only tests check the fragments' integer sums against the
     // CUDA-core products'), so this checks the m16n8k32 fragment layout on the device; and within f32 rounding of the
     // CUDA-core products. 37 rows (blocks with rows past the matrix); 1280 columns (40 units: warps 0-1 two turns of 4,

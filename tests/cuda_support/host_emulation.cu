@@ -1005,12 +1005,13 @@ namespace {
 template <GgmlType T, bool GLU>
 void int_mma_all(const DeviceRows& dev, const DeviceRows& dup, int64_t rows, int n_units, const ActBlock* x, int n,
                  std::vector<float>& y, std::vector<int>& stored) {
-    const int row_blocks = int((rows + int_mma_block_rows(GLU) - 1) / int_mma_block_rows(GLU));
     int_mma_launch_of<T>(n, [&](auto ntt, ImPlan p) {
         constexpr int NTT = decltype(ntt)::value;
+        const int64_t block_rows = int64_t(p.sets) * int_mma_block_rows(GLU);
+        const int row_blocks = int((rows + block_rows - 1) / block_rows);
         run_grid(p.groups, row_blocks, 32 * kImWarps, size_t(int_mma_shared(NTT)), [&](const HostThread& t) {
             matvec_int_mma_body<T, GLU, NTT>(t, dev.p, dup.p, dev.row_bytes, n_units, rows, x, n, p.group_tokens,
-                                             [&](int64_t r, int i, float v) {
+                                             p.sets, [&](int64_t r, int i, float v) {
                                                  const size_t at = size_t(i) * size_t(rows) + size_t(r);
                                                  y[at] = v;
                                                  ++stored[at];
