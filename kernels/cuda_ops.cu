@@ -267,7 +267,8 @@ void CudaOps::release() {
     stream_ = nullptr;
 }
 
-// note: the GPU chooses its kernels by the batch size alone (one token, 2 to 16, more); Pass does not change them.
+// note: the GPU chooses its kernels by the batch size alone (one token, 2 to 16, with --cuda-matvec-mma on 17 to 64,
+// more); Pass does not change them.
 void CudaOps::begin(const int32_t* tokens, int n, int pos0, Pass) {
     pos0_ = pos0;
     kv_stored_ = norm_folded_ = false;
@@ -333,7 +334,8 @@ const ActBlock* CudaOps::quantized(const float* in, int64_t count) {
 }
 
 void CudaOps::proj(float* out, const DevWeight& w, const float* in, int n, bool accumulate) {
-    if (int_product(w, n)) {  // one token, or a short prompt with each weight read once for 8 (16) tokens
+    if (int_product(w, n)) {  // one token, or a short prompt: each weight read once for up to 8 tokens (16, or from
+                              // DRAM once for all 64, on the tensor cores)
         matvec_int(RowSplit::one(out, w.rows), w, quantized(in, n * w.cols), n, accumulate, pdl_, stream_, nullptr,
                    mvi_);
         return;

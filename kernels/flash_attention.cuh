@@ -3,7 +3,8 @@
 // of one KV group (kFaRows / NQ queries of NQ heads that read the same K/V), and walks the cache in tiles of 64
 // positions that its four warps share through shared memory. Each warp owns 16 rows: S = Q K^T and O += P V are
 // mma.sync m16n8k16 products (f16 operands, f32 accumulation), the softmax is online (running max m, sum l) in
-// registers, and tiles past a warp's last query are skipped.
+// registers, and tiles past a warp's last query are skipped. (A block of at most 16 rows, a short prompt's, instead
+// gives each warp all of them and a quarter of each tile: flash_warp_split, WS in flash_prefill_body.)
 //
 // Exactness: an f16 cache's K and V are its values as they are. The query, scaled by 1/sqrt(head_dim) log2(e) in f32,
 // is split into an f16 high part and an f16 low part (q = hi + lo to about 2^-22), and S is both parts' products

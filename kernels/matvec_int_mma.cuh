@@ -1,5 +1,5 @@
 #pragma once
-// The integer products of a short prompt (2 to kMvMaxTokens tokens) on the tensor cores (--cuda-matvec-mma on, sm_80
+// The integer products of a short prompt (2 to kImBatchTokens tokens) on the tensor cores (--cuda-matvec-mma on, sm_80
 // and later), for Q4_0, Q8_0, Q4_K and Q6_K weights: the CUDA-core products' operands (matvec_int.cuh: the weights' own
 // blocks and the tokens' 16-bit activation blocks, ActBlock) and integer dots, but 16 rows x 8 tokens of a block's dots
 // in two mma.sync m16n8k32 (DeviceThread::mma_i8) instead of a lane's __dp2a per row and token. A 16-bit activation q

@@ -343,8 +343,9 @@ int main(int argc, char** argv) {
         "--no-cuda-graphs", [&gen](int64_t) { gen.run.cuda_graphs = false; },
         "CUDA: launch the decode step kernel by kernel instead of replaying a captured graph");
     add_cuda_choice(app, "--cuda-matvec", &gen.run.cuda_int_matvec, {"int16", "f32"}, "int16",
-                    "CUDA products of one token or a prompt of up to 16 for Q4_0, Q8_0, Q4_K, Q6_K: int16 (integer dot "
-                    "products on 16-bit activations, the default) or f32 (float activations, to compare)");
+                    "CUDA products of one token or a prompt of up to 16 (64 with --cuda-matvec-mma on) for Q4_0, "
+                    "Q8_0, Q4_K, Q6_K: int16 (integer dot products on 16-bit activations, the default) or f32 (float "
+                    "activations, to compare)");
     add_cuda_choice(
         app, "--cuda-matvec-mma", &gen.run.cuda_int_mma, {"on", "off"}, "on",
         "CUDA, sm_80 and later: on multiplies a prompt of 2 to 64 tokens by Q4_0, Q8_0, Q4_K and Q6_K weights on the "
@@ -362,7 +363,8 @@ int main(int argc, char** argv) {
         "results");
     add_cuda_choice(app, "--cuda-flash-warps", &gen.run.cuda_flash_warp_split, {"positions", "rows"}, "positions",
                     "CUDA prefill flash attention where a block's (query, head) rows are 16 at most (a prompt of up "
-                    "to 16 tokens with one query head a KV head): positions (the default) gives each of the block's "
+                    "to 16 tokens with one query head a KV head, up to 4 with four): positions (the default) gives "
+                    "each of the block's "
                     "4 warps a quarter of every tile's positions and combines their results; rows leaves the rows "
                     "to one warp over whole tiles, as for longer prompts, to compare");
     add_cuda_choice(app, "--cuda-pdl", &gen.run.cuda_pdl, {"on", "off"}, "on",
@@ -398,7 +400,8 @@ int main(int argc, char** argv) {
         "or warp (a warp over 2 rows, the kernel of every other type's f32 product, to compare; sums within "
         "f32 rounding of each other)");
     add_cuda_choice(app, "--cuda-gemm", &gen.run.cuda_mma_gemm, {"cublas", "mma"}, "mma",
-                    "CUDA prefill products (over 16 tokens) of quantized weights: cublas (the weight decoded to f16 a "
+                    "CUDA prefill products (over 16 tokens; with --cuda-matvec-mma on, over 64 for Q4_0, Q8_0, Q4_K "
+                    "and Q6_K) of quantized weights: cublas (the weight decoded to f16 a "
                     "chunk of rows at a time, --cuda-gemm-chunk, each chunk multiplied by cuBLAS, the default) or mma "
                     "(one kernel that decodes each weight tile into shared memory and multiplies it "
                     "there on the tensor cores, to compare)");

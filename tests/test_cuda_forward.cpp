@@ -299,6 +299,18 @@ TEST_CASE("CUDA short prompts on the tensor cores (--cuda-matvec-mma on) agree w
         const std::vector<float> a = copy(mma->forward(&id, 1, pos, Pass::Decode), n_vocab);
         check_logits(copy(mma16->forward(&id, 1, pos, Pass::Decode), n_vocab), a, "a decode step after them", 1e-4f);
         check_logits(copy(cores->forward(&id, 1, pos, Pass::Decode), n_vocab), a, "and with the option off");
+        // every position's logits (perplexity): the head's product of 40 tokens on the tensor cores too
+        s.all_logits = true;
+        std::unique_ptr<Backend> mma_all = cuda::make_backend(m, s), cpu_all = cpu::make_backend(m, s);
+        const int n = 40;
+        const std::vector<float> g = copy(mma_all->forward(toks.data(), n, 0, Pass::Prefill, true), n * n_vocab);
+        const std::vector<float> h = copy(cpu_all->forward(toks.data(), n, 0, Pass::Prefill, true), n * n_vocab);
+        for (int i = 0; i < n; ++i) {
+            INFO(type << ": every position's logits, position " << i);
+            check_logits(std::vector<float>(h.begin() + i * n_vocab, h.begin() + (i + 1) * n_vocab),
+                         std::vector<float>(g.begin() + i * n_vocab, g.begin() + (i + 1) * n_vocab),
+                         "the CPU vs --cuda-matvec-mma on");
+        }
     }
 }
 

@@ -1224,7 +1224,9 @@ TEST_CASE("a quantized CUDA cache: store_kv writes the CPU cache's bytes, attent
     for (const Types ty : {Types{KvType::Q8_0, KvType::Q8_0}, Types{KvType::Q4_0, KvType::Q4_0},
                            Types{KvType::Q8_0, KvType::Q4_0}, Types{KvType::F16, KvType::Q4_0},
                            Types{KvType::Q4_0, KvType::F16}}) {
-        for (const auto& [n_heads, n_kv, hd] : {std::tuple{4, 2, 64}, std::tuple{2, 1, 128}, std::tuple{8, 1, 64}}) {
+        // (one query head a KV head: a 9-token prompt's flash blocks of 9 rows split each tile among their warps)
+        for (const auto& [n_heads, n_kv, hd] :
+             {std::tuple{4, 2, 64}, std::tuple{2, 1, 128}, std::tuple{8, 1, 64}, std::tuple{2, 2, 128}}) {
             const Config c = test::attention_config(n_heads, n_kv, hd);
             const int n_ctx = 150;
             const size_t row = size_t(n_kv) * size_t(hd);

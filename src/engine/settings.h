@@ -33,8 +33,8 @@ struct Settings {
     KvType kv_type_k = KvType::F16;  // KV cache element types (--kv-type, -ctk, -ctv)
     KvType kv_type_v = KvType::F16;
     bool cuda_graphs = true;      // CUDA: capture the decode step once as a graph and replay it
-    bool cuda_int_matvec = true;  // CUDA: products of up to 16 tokens in integers (16-bit activations) for the types
-                                  // that have them
+    bool cuda_int_matvec = true;  // CUDA: products of up to 16 tokens (64 with cuda_int_mma) in integers (16-bit
+                                  // activations) for the types that have them
     bool cuda_flash_attention = true;  // CUDA: prefill attention on the tensor cores where head_dim has the kernel
     bool cuda_flash_pipeline = true;  // CUDA, an f16 cache, head_dim 128: flash attention's tiles copied by cp.async in
                                       // two stages, fragments by ldmatrix (--cuda-flash-pipeline; the same bits)
