@@ -30,6 +30,7 @@ namespace {
 static_assert(sizeof(ActBlock) == kActBlockBytes, "the memory plan's ActBlock size");
 static_assert(kImBatchTokens == kIntBatchTokens && kMvMaxTokens <= kIntBatchTokens,
               "the memory plan's tokens of an integer product");
+static_assert(kMvMaxTokens == kSplitBatchTokens, "the memory plan's tokens of a product on split activations");
 
 constexpr size_t kReserve = size_t(512) << 20;  // the CUDA context, cuBLAS's workspace and kernels
 
@@ -96,6 +97,14 @@ private:
                            : int_product(L.wq, n) && int_product(L.wk, n) && int_product(L.wv, n);
     }
     bool glu_in_int(const LayerDev& L, int n) const { return glu_fusable(L.gate, L.up) && int_product(L.gate, n); }
+    // Whether a short prompt's product with w (2 to kMvMaxTokens tokens) runs on the tensor cores on split
+    // activations (f16_split_product: an F16 weight), which to_f16_split writes into xh_, once for the products that
+    // share them; split_proj makes it, through ys_.
+    bool split_product(const DevWeight& w, int n) const {
+        return ys_ && n >= 2 && n <= kMvMaxTokens && f16_split_ok(w);
+    }
+    void split_in(const float* in, int n, int64_t cols);
+    void split_proj(const RowSplit& out, const DevWeight& w, int n, bool accumulate);
     // The residual product of one token into x_ (w, as matvec_int on the ActBlocks in), with the next RMSNorm (weight
     // norm_w) folded in where the products after it read its ActBlocks (Settings::cuda_norm_fold; then norm_folded_
     // tells the next norm that xnq_ holds them).
@@ -158,6 +167,9 @@ private:
     float *x_, *q_, *k_, *v_, *att_, *ffn_, *up_, *logits_, *xn_, *partials_, *cos_, *sin_;
     __half *xh_, *wh_;
     int64_t wh_floats_ = 0;  // wh_'s size in floats: --cuda-gemm mma's partial sums where it splits the columns
+    int64_t xh_halves_ = 0;  // xh_'s size in halves
+    float* ys_ = nullptr;    // [2 kMvMaxTokens][rows] at most: the products on split activations (null: none planned)
+    int64_t ys_floats_ = 0;
     uint8_t *k_cache_, *v_cache_;  // every layer's K rows, then V rows (KvLayout, in kv_'s types)
     float* k_offsets_;             // [n_layers][n_kv_heads][head_dim] key offsets, or null (KvLayout::k_offsets)
     int* d_step_;
@@ -235,6 +247,9 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
     cos_ = at<float>(p.cos);
     sin_ = at<float>(p.sin);
     xh_ = at<__half>(p.xh);
+    xh_halves_ = int64_t(p.xh.bytes / sizeof(__half));
+    ys_ = at<float>(p.ys);
+    ys_floats_ = int64_t(p.ys.bytes / sizeof(float));
     wh_ = at<__half>(p.wh);
     wh_floats_ = int64_t(p.wh.bytes / sizeof(float));
     if (gemm_overlap_) set_gemm_overlap_buffers(overlap_, wh_, int64_t(p.wh.bytes / sizeof(__half)));
@@ -333,6 +348,16 @@ const ActBlock* CudaOps::quantized(const float* in, int64_t count) {
     return xq_;
 }
 
+void CudaOps::split_in(const float* in, int n, int64_t cols) {
+    KVGEN_ASSERT(2 * int64_t(n) * cols <= xh_halves_);
+    to_f16_split(xh_, in, n, cols, stream_);
+}
+
+void CudaOps::split_proj(const RowSplit& out, const DevWeight& w, int n, bool accumulate) {
+    KVGEN_ASSERT(split_product(w, n) && 2 * int64_t(n) * w.rows <= ys_floats_);
+    f16_split_product(cublas_, out, w, xh_, n, accumulate, ys_, stream_);
+}
+
 void CudaOps::proj(float* out, const DevWeight& w, const float* in, int n, bool accumulate) {
     if (int_product(w, n)) {  // one token, or a short prompt: each weight read once for up to 8 tokens (16, or from
                               // DRAM once for all 64, on the tensor cores)
@@ -342,6 +367,11 @@ void CudaOps::proj(float* out, const DevWeight& w, const float* in, int n, bool 
     }
     if (n == 1) {
         matvec(out, w, in, accumulate, stream_, f16_block_, pdl_, mvi_.stages);
+        return;
+    }
+    if (split_product(w, n)) {  // a short prompt's F16 product: the weight read once, on the tensor cores
+        split_in(in, n, w.cols);
+        split_proj(RowSplit::one(out, w.rows), w, n, accumulate);
         return;
     }
     if (n <= kMvMaxTokens) {  // a short prompt: each weight read once for all its tokens
@@ -433,6 +463,19 @@ void CudaOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int 
         matvec_int(RowSplit::one(q, qd), L.wq, xin, n, false, pdl_, stream_, kv_stored_ ? &sq : nullptr, mvi_);
         matvec_int(RowSplit::one(k, kvd), L.wk, xin, n, false, pdl_, stream_, kv_stored_ ? &sk : nullptr, mvi_);
         matvec_int(RowSplit::one(v, L.wv.rows), L.wv, xin, n, false, pdl_, stream_, kv_stored_ ? &sv : nullptr, mvi_);
+        return;
+    }
+    const bool split = L.fused_qkv ? split_product(L.qkv, n)
+                                   : split_product(L.wq, n) && split_product(L.wk, n) && split_product(L.wv, n);
+    if (split) {  // a short prompt's F16 products on the activations split once for the three (one, where fused)
+        split_in(xn_, n, c_.n_embd);
+        if (L.fused_qkv) {
+            split_proj(RowSplit{{q, k, v}, {qd, qd + kvd}}, L.qkv, n, false);
+            return;
+        }
+        split_proj(RowSplit::one(q, qd), L.wq, n, false);
+        split_proj(RowSplit::one(k, kvd), L.wk, n, false);
+        split_proj(RowSplit::one(v, L.wv.rows), L.wv, n, false);
         return;
     }
     if (n <= kMvMaxTokens) {  // a short prompt's f32 products
@@ -541,7 +584,11 @@ void CudaOps::norm_swiglu(float* h, const float* x, int l, int n) {
             matvec_glu(h, L.gate, L.up, xn_, stream_, f16_block_, pdl_, mvi_.stages);
         return;
     }
-    if (n <= kMvMaxTokens) {  // a short prompt's f32 products
+    if (split_product(L.gate, n) && split_product(L.up, n)) {  // F16: the activations split once for both
+        split_in(xn_, n, c_.n_embd);
+        split_proj(RowSplit::one(h, L.gate.rows), L.gate, n, false);
+        split_proj(RowSplit::one(up_, L.up.rows), L.up, n, false);
+    } else if (n <= kMvMaxTokens) {  // a short prompt's f32 products
         proj(h, L.gate, xn_, n, false);
         proj(up_, L.up, xn_, n, false);
     } else {  // prefill: the normed activations in f16 once for both products; with --cuda-gemm mma, one kernel

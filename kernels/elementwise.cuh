@@ -181,4 +181,17 @@ KVGEN_HD void to_f16_item(int64_t j, const float* __restrict__ x, __half* __rest
     y[j] = __float2half_rn(fminf(fmaxf(x[j], -65504.0f), 65504.0f));
 }
 
+// A short prompt's activations for an F16 weight's product on the tensor cores (f16_split_product, ops.cuh), as exact
+// as f32: value j of count goes to y[j] as its f16 (saturating, as to_f16), and what that leaves, times
+// kF16SplitScale, to y[count + j], so that its low part keeps 11 bits where the value is 2^-14 and more (unscaled, a
+// value's low part of under about 2^-3 would be an f16 subnormal). x = high + low / kF16SplitScale to about 2^-22 of
+// x; f16 x f16 products are exact in the f32 sums.
+constexpr float kF16SplitScale = 2048.0f;
+KVGEN_HD void to_f16_split_item(int64_t j, int64_t count, const float* __restrict__ x, __half* __restrict__ y) {
+    const float v = fminf(fmaxf(x[j], -65504.0f), 65504.0f);
+    const __half hi = __float2half_rn(v);
+    y[j] = hi;
+    y[count + j] = __float2half_rn((v - __half2float(hi)) * kF16SplitScale);
+}
+
 }  // namespace kvgen::cuda

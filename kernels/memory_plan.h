@@ -19,6 +19,8 @@ struct Region {
 
 constexpr size_t kActBlockBytes = 80;  // sizeof(ActBlock), matvec_int.cuh
 constexpr int kIntBatchTokens = 64;    // kImBatchTokens, matvec_int_mma.cuh: the most tokens an integer product takes
+constexpr int kSplitBatchTokens = 16;  // kMvMaxTokens, matvec.cuh: the most tokens of a short prompt's product (an
+                                       // F16 weight's on split activations: f16_split_product, ops.cuh)
 
 // The prefill GEMM of a quantized weight decodes it to f16 a chunk of rows at a time (gemm_weight, ops.cuh): at most
 // chunk_elems weights, in whole steps of kGemmChunkRowStep rows (the GEMM's tiles), at least one step, the rows shared
@@ -176,7 +178,11 @@ struct MemoryPlan {
     Region xn;         // [n_batch][n_embd]: the normalized input of a projection
     Region partials;   // flash-decoding partial results, attention_partials() floats
     Region cos, sin;   // [n_batch][rope_dim / 2]
-    Region xh;         // f16 [n_batch][max(n_embd, n_heads head_dim, n_ff)]: prefill GEMM input (n_batch > 1)
+    Region xh;         // f16 [max(n_batch, 2 min(n_batch, kSplitBatchTokens))][max(n_embd, n_heads head_dim, n_ff)]:
+                       // prefill GEMM input, or a short prompt's split activations (n_batch > 1)
+    Region ys;         // f32 [2 min(n_batch, kSplitBatchTokens)][widest product: Q|K|V, n_ff, n_embd, and n_vocab when
+                       // n_logits > 1]: a short prompt's products on split activations (n_batch > 1; a model with F16
+                       // layer matrices, or an F16 output with n_logits > 1)
     Region wh;         // f16, the largest scratch gemm_weight decodes into for the prefill GEMM, gemm_scratch_elems
                        // (n_batch > 1; the output matrix counts when n_logits > 1)
     Region step;       // int [2 + n_batch]: pos0, n, the step's tokens

@@ -140,6 +140,11 @@ __global__ void gemm_split_sum_kernel(const float* __restrict__ partials, int sp
     if (j < int64_t(n) * rows) gemm_split_sum_item(j, partials, splits, n, rows, out, accumulate);
 }
 
+__global__ void f16_split_sum_kernel(const float* __restrict__ t, int n, int64_t rows, RowSplit out, bool accumulate) {
+    const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (j < int64_t(n) * rows) f16_split_sum_item(j, t, n, rows, out, accumulate);
+}
+
 template <GgmlType T>
 __global__ void get_rows_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t chunks_per_row,
                                 int64_t n_rows, const int32_t* __restrict__ tokens, int n, float* __restrict__ out) {
@@ -533,6 +538,11 @@ __global__ void swiglu_kernel(float* __restrict__ g, const float* __restrict__ u
 __global__ void to_f16_kernel(const float* __restrict__ x, __half* __restrict__ y, int64_t count) {
     const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (j < count) to_f16_item(j, x, y);
+}
+
+__global__ void to_f16_split_kernel(const float* __restrict__ x, __half* __restrict__ y, int64_t count) {
+    const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (j < count) to_f16_split_item(j, count, x, y);
 }
 
 // --- attention (attention.cuh) -----------------------------------------------------------------------------------
@@ -1135,6 +1145,26 @@ void gemm_overlap_join(GemmOverlap* o, cudaStream_t s) {
     if (!o || !o->ahead.data) return;
     KVGEN_CUDA_CHECK(cudaStreamWaitEvent(s, o->decoded[o->ahead_buf], 0));
     o->ahead = DevWeight{};
+}
+
+bool f16_split_ok(const DevWeight& w) {
+    return w.type == GgmlType::F16;
+}
+
+void to_f16_split(__half* xh, const float* x, int n, int64_t cols, cudaStream_t s) {
+    const int64_t count = int64_t(n) * cols;
+    to_f16_split_kernel<<<grid_for(count, 256), 256, 0, s>>>(x, xh, count);
+    KVGEN_CUDA_LAUNCHED("to_f16_split");
+}
+
+void f16_split_product(cublasHandle_t h, const RowSplit& out, const DevWeight& w, const __half* xh, int n,
+                       bool accumulate, float* t, cudaStream_t s) {
+    KVGEN_ASSERT(f16_split_ok(w) && n >= 1 && t);
+    // the high parts' products are t's first n rows, the low parts' the next n
+    gemm_f16_rows(h, t, w.rows, reinterpret_cast<const __half*>(w.data), xh, w.rows, 2 * n, w.cols, false);
+    const int64_t count = int64_t(n) * w.rows;
+    f16_split_sum_kernel<<<grid_for(count, 256), 256, 0, s>>>(t, n, w.rows, out, accumulate);
+    KVGEN_CUDA_LAUNCHED("f16_split_sum");
 }
 
 bool gemm_decodes_chunks(const DevWeight& w) {

@@ -167,6 +167,17 @@ void set_gemm_overlap_buffers(GemmOverlap& o, __half* scratch, int64_t elems);
 // Stream s waits for a chunk decoded ahead, if there is one, and o forgets it: before s writes the scratch otherwise,
 // and at the end of a forward (nothing of it left running on the side stream). o may be null.
 void gemm_overlap_join(GemmOverlap* o, cudaStream_t s);
+// A short prompt's product with an F16 weight (f16_split_ok) on the tensor cores, as exact as on f32 activations:
+// to_f16_split turns x [n][cols] into xh [2n][cols] halves (each value's f16, then what that leaves times
+// kF16SplitScale: elementwise.cuh's to_f16_split_item), then f16_split_product makes one cuBLAS GEMM of those 2n rows
+// with w in place into t ([2n][w.rows] floats) and adds each token's two results (f16_split_sum_item) where out says
+// (to it when accumulate). The weight is read once for all the tokens, and the tensor cores take the rest, where
+// matvec_batch's lanes load 32 bytes of activations from L1 for every weight. The cuBLAS handle must be on stream s.
+// Twin: the f32 product, within about 2^-22 of each activation.
+bool f16_split_ok(const DevWeight& w);
+void to_f16_split(__half* xh, const float* x, int n, int64_t cols, cudaStream_t s);
+void f16_split_product(cublasHandle_t h, const RowSplit& out, const DevWeight& w, const __half* xh, int n,
+                       bool accumulate, float* t, cudaStream_t s);
 // Whether gemm_weight decodes w chunk by chunk (every type with a decoder but F16, cols a multiple of 32).
 bool gemm_decodes_chunks(const DevWeight& w);
 // The prefill product of any weight: out[n][rows] = x[n][cols] . W^T (+= when accumulate) with x in f16. F16 weights

@@ -119,6 +119,55 @@ TEST_CASE("the CUDA decoders, run on the host, equal dequantize_row for every ty
         }
 }
 
+TEST_CASE("a short prompt's F16 product on split activations is as exact as the f32 product", "[cuda-host]") {
+    // Activations over 14 binary orders of magnitude and both signs, past f16's range at the ends (saturated, as
+    // to_f16 saturates them), and 0.
+    const int64_t rows = 9, cols = 256;
+    const int n = 3;
+    std::vector<float> x = test::randn(size_t(n * cols), 21);
+    for (size_t j = 0; j < x.size(); ++j) x[j] *= std::ldexp(1.0f, int(j % 15) - 7);
+    x[5] = 0.0f;
+    x[40] = 1e5f;
+    x[41] = -7e4f;
+    // each value is its f16 high part plus its low part / kF16SplitScale, to 2^-22 of it where in range
+    const std::vector<double> back = cuda::host::f16_split_values(x);
+    REQUIRE(back.size() == x.size());
+    for (size_t j = 0; j < x.size(); ++j) {
+        const float v = std::fmin(std::fmax(x[j], -65504.0f), 65504.0f);
+        INFO("x " << x[j] << " back " << back[j]);
+        // (plus half an f16 subnormal's step, divided by the scale, for values near 2^-14 and under)
+        CHECK(std::fabs(back[j] - double(v)) <= std::ldexp(std::fabs(double(v)), -22) + std::ldexp(1.0, -35));
+    }
+    // the product, each weight exact in f16: within f32 rounding of the double-precision one, where the activations
+    // rounded to f16 alone land about 2^-12 of the terms away
+    const RandomRows w = random_rows(GgmlType::F16, rows, cols, 22);
+    const std::vector<float> y0 = test::randn(size_t(n * rows), 23);
+    const std::vector<float> got = cuda::host::f16_split(w.bytes.data(), rows, cols, x, n, nullptr);
+    const std::vector<float> got_acc = cuda::host::f16_split(w.bytes.data(), rows, cols, x, n, &y0);
+    double worst = 0, worst_f16 = 0;
+    for (int i = 0; i < n; ++i) {
+        const std::vector<float> xi(x.begin() + i * cols, x.begin() + (i + 1) * cols);
+        for (int64_t r = 0; r < rows; ++r) {
+            const ExactRow e = exact_row(w.values, xi, r, cols);
+            double f16 = 0;
+            for (int64_t j = 0; j < cols; ++j)
+                f16 += double(w.values[size_t(r * cols + j)]) *
+                       double(fp16_to_fp32(fp32_to_fp16(std::fmin(std::fmax(xi[size_t(j)], -65504.0f), 65504.0f))));
+            const size_t k = size_t(i * rows + r);
+            // x[40] and x[41] saturate in both
+            const double sat = i == 0 ? double(w.values[size_t(r * cols + 40)]) * (1e5 - 65504.0) +
+                                            double(w.values[size_t(r * cols + 41)]) * (-7e4 + 65504.0)
+                                      : 0.0;
+            INFO("token " << i << " row " << r << " got " << got[k] << " want " << e.sum - sat);
+            CHECK(std::fabs(double(got[k]) - (e.sum - sat)) <= 1e-6 * e.mag);
+            CHECK(std::fabs(double(got_acc[k]) - (e.sum - sat + y0[k])) <= 1e-6 * e.mag + 1e-6 * std::fabs(y0[k]));
+            worst = std::max(worst, std::fabs(double(got[k]) - (e.sum - sat)) / e.mag);
+            worst_f16 = std::max(worst_f16, std::fabs(f16 - (e.sum - sat)) / e.mag);
+        }
+    }
+    CHECK(worst * 100 < worst_f16);
+}
+
 TEST_CASE("the prefill GEMM's chunked f16 decoding, run on the host, equals dequantize_row rounded to f16",
           "[cuda-host]") {
     for (const char* name : {"F32", "BF16", "Q4_0", "Q5_1", "Q8_0", "Q3_K", "Q4_K", "Q6_K"}) {
@@ -459,6 +508,7 @@ TEST_CASE("the CUDA memory plan places every region inside one allocation, none 
                                           p.cos,
                                           p.sin,
                                           p.xh,
+                                          p.ys,
                                           p.wh,
                                           p.step,
                                           p.xq,
@@ -485,6 +535,17 @@ TEST_CASE("the CUDA memory plan places every region inside one allocation, none 
             CHECK(p.step.bytes == size_t(2 + n_batch) * 4);
             CHECK(p.logits.bytes == size_t(n_batch) * size_t(c.n_vocab) * 4);
             CHECK((p.xh.bytes > 0) == (n_batch > 1));
+            // a short prompt's products with F16 weights: twice its tokens of activations, and the products of both
+            const int64_t wide = std::max({int64_t(c.n_embd), int64_t(c.n_heads) * c.head_dim, int64_t(c.n_ff)});
+            const int64_t split_tokens = 2 * std::min(n_batch, 16);
+            CHECK(p.xh.bytes == (n_batch > 1 ? size_t(std::max<int64_t>(n_batch, split_tokens) * wide * 2) : 0));
+            bool f16 = m.weights.output.type == GgmlType::F16;  // n_logits > 1 wherever n_batch > 1 here
+            for (const LayerWeights& L : m.weights.layers)
+                for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+                    f16 = f16 || w->type == GgmlType::F16;
+            const int64_t qkv_rows = int64_t(c.n_heads + 2 * c.n_kv_heads) * c.head_dim;
+            CHECK((p.ys.bytes > 0) == (n_batch > 1 && f16));
+            if (p.ys.bytes > 0) CHECK(p.ys.bytes >= size_t(split_tokens * std::max<int64_t>(qkv_rows, c.n_ff) * 4));
             // an integer product's input: one token's, or a short prompt's (up to 16 tokens, 64 on the tensor cores)
             const int64_t widest = std::max({int64_t(c.n_embd), int64_t(c.n_heads) * c.head_dim, int64_t(c.n_ff)});
             CHECK(p.xq.bytes == size_t(std::min(n_batch, 64)) * size_t((widest + 31) / 32) * 80);

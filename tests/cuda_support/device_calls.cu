@@ -218,6 +218,35 @@ struct GemmRig {
 };
 }  // namespace
 
+std::vector<float> f16_split(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0,
+                             int64_t first_rows) {
+    const int64_t rows = w.rows, r1 = std::min(first_rows, rows), r2 = rows - r1;
+    std::vector<float> h1(size_t(n * r1)), h2(size_t(n * r2));  // each buffer's rows, token after token
+    if (y0)
+        for (int i = 0; i < n; ++i)
+            for (int64_t r = 0; r < rows; ++r)
+                (r < r1 ? h1[size_t(i * r1 + r)] : h2[size_t(i * r2 + r - r1)]) = (*y0)[size_t(i * rows + r)];
+    Dev<uint8_t> b(device_bytes(w));
+    Dev<float> dx(x), t(size_t(2 * n) * size_t(rows)), y1(h1), y2(h2);
+    Dev<__half> xh(2 * x.size());
+    if (!y0) {
+        poison(y1);
+        poison(y2);
+    }
+    poison(t);
+    const GemmRig rig(false, nullptr, 0);
+    to_f16_split(xh.p, dx.p, n, w.cols, nullptr);
+    f16_split_product(rig.h, RowSplit{{y1.p, y2.p, y2.p}, {r1, rows}}, dev_weight(w, b), xh.p, n, y0 != nullptr, t.p,
+                      nullptr);
+    h1 = y1.get();
+    h2 = y2.get();
+    std::vector<float> out(size_t(n * rows));
+    for (int i = 0; i < n; ++i)
+        for (int64_t r = 0; r < rows; ++r)
+            out[size_t(i * rows + r)] = r < r1 ? h1[size_t(i * r1 + r)] : h2[size_t(i * r2 + r - r1)];
+    return out;
+}
+
 std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0, bool mma,
                         int sm_count, bool split, int stages, int chunk_mib, bool overlap) {
     // The backend's prefill product: activations to f16, then gemm_weight (chunks of rows decoded into the scratch).

@@ -403,6 +403,38 @@ std::vector<float> matvec_batch(GgmlType type, const uint8_t* bytes, int64_t row
     return y;
 }
 
+std::vector<double> f16_split_values(const std::vector<float>& x) {
+    const int64_t count = int64_t(x.size());
+    std::vector<__half> xh(size_t(2 * count));
+    for (int64_t j = 0; j < count; ++j) to_f16_split_item(j, count, x.data(), xh.data());
+    std::vector<double> out(x.size());
+    for (int64_t j = 0; j < count; ++j)
+        out[size_t(j)] =
+            double(__half2float(xh[size_t(j)])) + double(__half2float(xh[size_t(count + j)])) / kF16SplitScale;
+    return out;
+}
+
+std::vector<float> f16_split(const uint8_t* bytes, int64_t rows, int64_t cols, const std::vector<float>& x, int n,
+                             const std::vector<float>* y0) {
+    const int64_t count = int64_t(n) * cols;
+    std::vector<__half> xh(size_t(2 * count));
+    for (int64_t j = 0; j < count; ++j) to_f16_split_item(j, count, x.data(), xh.data());
+    const DeviceRows dev = device_rows(GgmlType::F16, bytes, rows, cols);
+    std::vector<float> t(size_t(2 * n) * size_t(rows));
+    for (int i = 0; i < 2 * n; ++i)
+        for (int64_t r = 0; r < rows; ++r) {
+            double s = 0;
+            for (int64_t j = 0; j < cols; ++j)
+                s += double(__half2float(reinterpret_cast<const __half*>(dev.p + r * dev.row_bytes)[j])) *
+                     double(__half2float(xh[size_t(i * cols + j)]));
+            t[size_t(i * rows + r)] = float(s);
+        }
+    std::vector<float> y = y0 ? *y0 : std::vector<float>(size_t(n) * size_t(rows), NAN);
+    const RowSplit out = RowSplit::one(y.data(), rows);
+    for (int64_t j = 0; j < int64_t(n) * rows; ++j) f16_split_sum_item(j, t.data(), n, rows, out, y0 != nullptr);
+    return y;
+}
+
 }  // namespace kvgen::cuda::host
 
 // --- the attention kernels' bodies on the host -----------------------------------------------------------------

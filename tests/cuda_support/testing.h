@@ -50,6 +50,10 @@ std::vector<float> matvec(const HostWeight& w, const std::vector<float>& x, cons
 // [n][rows] = x[n][cols] . W^T through the short-prompt kernel (n <= 16, each weight read once); accumulate onto y0
 // when given.
 std::vector<float> matvec_batch(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0);
+// The same product of an F16 weight on split activations (to_f16_split, f16_split_product: cuBLAS on 2n rows of
+// halves); rows [0, first_rows) go to one buffer and the rest to another, as a fused Q|K|V's go to q and k|v.
+std::vector<float> f16_split(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0,
+                             int64_t first_rows);
 // y = W x in integers: x quantized by quantize_act, then matvec_int (Q4_0, Q8_0, Q4_K, Q6_K); n tokens x [n][cols]
 // give y [n][rows]. stages: MviShape::stages (2-4: rings of shared memory, where the device has cp.async; 0: the
 // register path).
@@ -219,6 +223,13 @@ std::vector<float> matvec_int_residual_norm(GgmlType type, const uint8_t* bytes,
 // [n][rows] = x[n][cols] . W^T with the short-prompt kernel's lane body (matvec_batch_lane, NT = 16).
 std::vector<float> matvec_batch(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                                 const std::vector<float>& x, int n);
+// The same for F16 bytes on split activations (f16_split_product): x split by to_f16_split_item, the 2n rows' GEMM
+// as cuBLAS gives it (each f16 x f16 product exact, summed in double and rounded to f32 here), and each token's two
+// results added by f16_split_sum_item, onto y0 where given.
+std::vector<float> f16_split(const uint8_t* bytes, int64_t rows, int64_t cols, const std::vector<float>& x, int n,
+                             const std::vector<float>* y0);
+// Each value of x as its split gives it back: high part + low part / kF16SplitScale (to_f16_split_item), in double.
+std::vector<double> f16_split_values(const std::vector<float>& x);
 // The element-wise kernels' bodies on the host (elementwise.cuh); arguments as their cuda::testing twins. The norm
 // with blocks of `threads` threads (a multiple of 32, at most kNormThreads; the device's block is kNormThreads).
 std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps,
