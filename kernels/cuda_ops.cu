@@ -98,10 +98,10 @@ private:
     }
     bool glu_in_int(const LayerDev& L, int n) const { return glu_fusable(L.gate, L.up) && int_product(L.gate, n); }
     // Whether a short prompt's product with w (2 to kMvMaxTokens tokens) runs on the tensor cores on split
-    // activations (f16_split_product: an F16 weight), which to_f16_split writes into xh_, once for the products that
-    // share them; split_proj makes it, through ys_.
+    // activations (f16_split_product: an F16 weight, Settings::cuda_f16_split), which to_f16_split writes into xh_,
+    // once for the products that share them; split_proj makes it, through ys_.
     bool split_product(const DevWeight& w, int n) const {
-        return ys_ && n >= 2 && n <= kMvMaxTokens && f16_split_ok(w);
+        return f16_split_ && ys_ && n >= 2 && n <= kMvMaxTokens && f16_split_ok(w);
     }
     void split_in(const float* in, int n, int64_t cols);
     void split_proj(const RowSplit& out, const DevWeight& w, int n, bool accumulate);
@@ -143,6 +143,7 @@ private:
     bool glu_quantized_ = false;  // the last norm_swiglu() also wrote its output into hq_
     bool norm_fold_;              // Settings::cuda_norm_fold
     bool f16_block_;              // Settings::cuda_f16_block
+    bool f16_split_;              // Settings::cuda_f16_split
     bool norm_folded_ = false;    // the last residual product also wrote the next norm's ActBlocks into xnq_
     bool flash_;       // Settings::cuda_flash_attention
     bool flash_async_;  // Settings::cuda_flash_pipeline, where the device has the shared memory (flash_async_fits)
@@ -195,6 +196,7 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
       qkv_store_(s.cuda_qkv_store),
       norm_fold_(s.cuda_norm_fold),
       f16_block_(s.cuda_f16_block),
+      f16_split_(s.cuda_f16_split),
       flash_(s.cuda_flash_attention),
       flash_async_(false),
       flash_warp_split_(s.cuda_flash_warp_split),

@@ -101,7 +101,7 @@ MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int n_lo
         if (n_logits > 1 && m.weights.output.type == GgmlType::F16)
             split_rows = std::max(split_rows, int64_t(c.n_vocab));
     }
-    p.xh = place(n_batch > 1 ? std::max(nb, split_tokens) * std::max({e, qd, ff}) : 0, 2);
+    p.xh = place(n_batch > 1 ? std::max(nb, split_rows > 0 ? split_tokens : 0) * std::max({e, qd, ff}) : 0, 2);
     p.ys = place(split_tokens * split_rows, 4);
     p.wh = place(wh, 2);
     p.step = place(2 + nb, 4);

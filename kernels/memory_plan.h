@@ -178,8 +178,9 @@ struct MemoryPlan {
     Region xn;         // [n_batch][n_embd]: the normalized input of a projection
     Region partials;   // flash-decoding partial results, attention_partials() floats
     Region cos, sin;   // [n_batch][rope_dim / 2]
-    Region xh;         // f16 [max(n_batch, 2 min(n_batch, kSplitBatchTokens))][max(n_embd, n_heads head_dim, n_ff)]:
-                       // prefill GEMM input, or a short prompt's split activations (n_batch > 1)
+    Region xh;         // f16 [n_batch][max(n_embd, n_heads head_dim, n_ff)]: prefill GEMM input (n_batch > 1); at
+                       // least 2 min(n_batch, kSplitBatchTokens) rows where ys is planned: a short prompt's split
+                       // activations
     Region ys;         // f32 [2 min(n_batch, kSplitBatchTokens)][widest product: Q|K|V, n_ff, n_embd, and n_vocab when
                        // n_logits > 1]: a short prompt's products on split activations (n_batch > 1; a model with F16
                        // layer matrices, or an F16 output with n_logits > 1)

@@ -173,7 +173,7 @@ void gemm_overlap_join(GemmOverlap* o, cudaStream_t s);
 // with w in place into t ([2n][w.rows] floats) and adds each token's two results (f16_split_sum_item) where out says
 // (to it when accumulate). The weight is read once for all the tokens, and the tensor cores take the rest, where
 // matvec_batch's lanes load 32 bytes of activations from L1 for every weight. The cuBLAS handle must be on stream s.
-// Twin: the f32 product, within about 2^-22 of each activation.
+// Twin: the f32 product, within about 2^-22 of each activation (saturated at +-65504, as to_f16 saturates).
 bool f16_split_ok(const DevWeight& w);
 void to_f16_split(__half* xh, const float* x, int n, int64_t cols, cudaStream_t s);
 void f16_split_product(cublasHandle_t h, const RowSplit& out, const DevWeight& w, const __half* xh, int n,

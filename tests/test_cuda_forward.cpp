@@ -457,6 +457,38 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
     REQUIRE(log.text().find("graph capture failed") == std::string::npos);
 }
 
+TEST_CASE("CUDA: a short prompt's F16 products on split activations give the f32 lanes' logits", "[cuda][forward]") {
+    // Forwards of 2 to 16 tokens whose F16 products go to cuBLAS on the activations split into f16 high and low parts
+    // (--cuda-f16-prompt split, the default) against the f32 kernel (lanes): within f32 rounding of each other, with a
+    // batch of 8 (a memory plan for 16 split rows), the fused Q|K|V, gate and up, the residual products and, with every
+    // position's logits, the F16 head.
+    const Model m = synth_model("F16");
+    const int n_vocab = m.config.n_vocab;
+    Settings s = test_settings(128);
+    s.n_batch = 8;
+    Settings lanes_s = s;
+    lanes_s.cuda_f16_split = false;
+    std::unique_ptr<Backend> split = cuda::make_backend(m, s), lanes = cuda::make_backend(m, lanes_s),
+                             cpu_b = cpu::make_backend(m, s);
+    const std::vector<int32_t> toks = {1, 504, 3158, 282, 1649, 314, 42, 1000, 77, 2048, 15, 600};
+    for (const auto& [i0, k] : {std::pair{0, 8}, std::pair{8, 2}, std::pair{10, 2}}) {
+        INFO("tokens " << i0 << " + " << k);
+        const std::vector<float> a = copy(split->forward(toks.data() + i0, k, i0, Pass::Prefill), n_vocab);
+        check_logits(copy(lanes->forward(toks.data() + i0, k, i0, Pass::Prefill), n_vocab), a, "split vs lanes", 1e-4f);
+        check_logits(copy(cpu_b->forward(toks.data() + i0, k, i0, Pass::Prefill), n_vocab), a, "the CPU vs split");
+    }
+    s.all_logits = true;
+    std::unique_ptr<Backend> split_all = cuda::make_backend(m, s), cpu_all = cpu::make_backend(m, s);
+    const int n = 8;
+    const std::vector<float> g = copy(split_all->forward(toks.data(), n, 0, Pass::Prefill, true), n * n_vocab);
+    const std::vector<float> h = copy(cpu_all->forward(toks.data(), n, 0, Pass::Prefill, true), n * n_vocab);
+    for (int i = 0; i < n; ++i) {
+        INFO("every position's logits, position " << i);
+        check_logits(std::vector<float>(h.begin() + i * n_vocab, h.begin() + (i + 1) * n_vocab),
+                     std::vector<float>(g.begin() + i * n_vocab, g.begin() + (i + 1) * n_vocab), "the CPU vs split");
+    }
+}
+
 TEST_CASE("CUDA: a short prompt's first-layer K/V rows are the bits its tokens' decode steps write", "[cuda][forward]") {
     // Up to the first cache store a prompt token meets the same kernels' arithmetic as a generated one: the embedding,
     // RMSNorm row by row, the integer products (a token's sums in the one-token order, in launches of up to 8), RoPE.

@@ -219,31 +219,44 @@ struct GemmRig {
 }  // namespace
 
 std::vector<float> f16_split(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0,
-                             int64_t first_rows) {
-    const int64_t rows = w.rows, r1 = std::min(first_rows, rows), r2 = rows - r1;
-    std::vector<float> h1(size_t(n * r1)), h2(size_t(n * r2));  // each buffer's rows, token after token
+                             int64_t first_rows, int64_t second_rows) {
+    const int64_t rows = w.rows, r1 = std::min(first_rows, rows), r2 = std::min(second_rows, rows - r1);
+    const int64_t ends[3] = {r1, r1 + r2, rows}, widths[3] = {r1, r2, rows - r1 - r2};
+    // each buffer's rows, token after token, as RowSplit::at puts them
+    auto place = [&](int64_t i, int64_t r, int* part) {
+        *part = r < ends[0] ? 0 : r < ends[1] ? 1 : 2;
+        return size_t(i * widths[*part] + r - (*part == 0 ? 0 : ends[*part - 1]));
+    };
+    std::vector<std::vector<float>> h(3);
+    for (int p = 0; p < 3; ++p) h[size_t(p)].assign(size_t(n * widths[p]), 0.0f);
     if (y0)
-        for (int i = 0; i < n; ++i)
-            for (int64_t r = 0; r < rows; ++r)
-                (r < r1 ? h1[size_t(i * r1 + r)] : h2[size_t(i * r2 + r - r1)]) = (*y0)[size_t(i * rows + r)];
+        for (int64_t i = 0; i < n; ++i)
+            for (int64_t r = 0; r < rows; ++r) {
+                int p = 0;
+                const size_t at = place(i, r, &p);
+                h[size_t(p)][at] = (*y0)[size_t(i * rows + r)];
+            }
     Dev<uint8_t> b(device_bytes(w));
-    Dev<float> dx(x), t(size_t(2 * n) * size_t(rows)), y1(h1), y2(h2);
+    Dev<float> dx(x), t(size_t(2 * n) * size_t(rows)), y1(h[0]), y2(h[1]), y3(h[2]);
     Dev<__half> xh(2 * x.size());
     if (!y0) {
         poison(y1);
         poison(y2);
+        poison(y3);
     }
     poison(t);
     const GemmRig rig(false, nullptr, 0);
     to_f16_split(xh.p, dx.p, n, w.cols, nullptr);
-    f16_split_product(rig.h, RowSplit{{y1.p, y2.p, y2.p}, {r1, rows}}, dev_weight(w, b), xh.p, n, y0 != nullptr, t.p,
-                      nullptr);
-    h1 = y1.get();
-    h2 = y2.get();
+    f16_split_product(rig.h, RowSplit{{y1.p, y2.p, y3.p}, {ends[0], ends[1]}}, dev_weight(w, b), xh.p, n, y0 != nullptr,
+                      t.p, nullptr);
+    h = {y1.get(), y2.get(), y3.get()};
     std::vector<float> out(size_t(n * rows));
-    for (int i = 0; i < n; ++i)
-        for (int64_t r = 0; r < rows; ++r)
-            out[size_t(i * rows + r)] = r < r1 ? h1[size_t(i * r1 + r)] : h2[size_t(i * r2 + r - r1)];
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t r = 0; r < rows; ++r) {
+            int p = 0;
+            const size_t at = place(i, r, &p);
+            out[size_t(i * rows + r)] = h[size_t(p)][at];
+        }
     return out;
 }
 

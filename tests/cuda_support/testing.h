@@ -51,9 +51,10 @@ std::vector<float> matvec(const HostWeight& w, const std::vector<float>& x, cons
 // when given.
 std::vector<float> matvec_batch(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0);
 // The same product of an F16 weight on split activations (to_f16_split, f16_split_product: cuBLAS on 2n rows of
-// halves); rows [0, first_rows) go to one buffer and the rest to another, as a fused Q|K|V's go to q and k|v.
+// halves); rows [0, first_rows) go to one buffer, the next second_rows to another and the rest to a third, as a
+// fused Q|K|V's go to q, k and v.
 std::vector<float> f16_split(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0,
-                             int64_t first_rows);
+                             int64_t first_rows, int64_t second_rows);
 // y = W x in integers: x quantized by quantize_act, then matvec_int (Q4_0, Q8_0, Q4_K, Q6_K); n tokens x [n][cols]
 // give y [n][rows]. stages: MviShape::stages (2-4: rings of shared memory, where the device has cp.async; 0: the
 // register path).
