@@ -98,10 +98,12 @@ private:
     }
     bool glu_in_int(const LayerDev& L, int n) const { return glu_fusable(L.gate, L.up) && int_product(L.gate, n); }
     // Whether a short prompt's product with w (2 to kMvMaxTokens tokens) runs on the tensor cores on split
-    // activations (f16_split_product: an F16 weight, Settings::cuda_f16_split), which to_f16_split writes into xh_,
+    // activations (Settings::cuda_prompt_split; split_prompt_type: F16 by f16_split_product, the others through
+    // gemm_weight_mma where it takes them), which to_f16_split writes into xh_,
     // once for the products that share them; split_proj makes it, through ys_.
     bool split_product(const DevWeight& w, int n) const {
-        return f16_split_ && ys_ && n >= 2 && n <= kMvMaxTokens && f16_split_ok(w);
+        return prompt_split_ && ys_ && n >= 2 && n <= kMvMaxTokens && split_prompt_type(w.type) &&
+               (f16_split_ok(w) || (gemm_mma_ok(w) && !has_int_matvec(w.type)));
     }
     void split_in(const float* in, int n, int64_t cols);
     void split_proj(const RowSplit& out, const DevWeight& w, int n, bool accumulate);
@@ -143,7 +145,7 @@ private:
     bool glu_quantized_ = false;  // the last norm_swiglu() also wrote its output into hq_
     bool norm_fold_;              // Settings::cuda_norm_fold
     bool f16_block_;              // Settings::cuda_f16_block
-    bool f16_split_;              // Settings::cuda_f16_split
+    bool prompt_split_;           // Settings::cuda_prompt_split
     bool norm_folded_ = false;    // the last residual product also wrote the next norm's ActBlocks into xnq_
     bool flash_;       // Settings::cuda_flash_attention
     bool flash_async_;  // Settings::cuda_flash_pipeline, where the device has the shared memory (flash_async_fits)
@@ -196,7 +198,7 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
       qkv_store_(s.cuda_qkv_store),
       norm_fold_(s.cuda_norm_fold),
       f16_block_(s.cuda_f16_block),
-      f16_split_(s.cuda_f16_split),
+      prompt_split_(s.cuda_prompt_split),
       flash_(s.cuda_flash_attention),
       flash_async_(false),
       flash_warp_split_(s.cuda_flash_warp_split),
@@ -357,7 +359,14 @@ void CudaOps::split_in(const float* in, int n, int64_t cols) {
 
 void CudaOps::split_proj(const RowSplit& out, const DevWeight& w, int n, bool accumulate) {
     KVGEN_ASSERT(split_product(w, n) && 2 * int64_t(n) * w.rows <= ys_floats_);
-    f16_split_product(cublas_, out, w, xh_, n, accumulate, ys_, stream_);
+    if (f16_split_ok(w)) {
+        f16_split_product(cublas_, out, w, xh_, n, accumulate, ys_, stream_);
+        return;
+    }
+    // the 2n rows' products into ys_ (partial sums, where the kernel splits the columns, in wh_), then added up
+    gemm_overlap_join(gemm_overlap_ ? &overlap_ : nullptr, stream_);
+    gemm_weight_mma(RowSplit::one(ys_, w.rows), w, xh_, 2 * n, false, mma_dev_, scratch(), wh_floats_, stream_);
+    f16_split_sum(out, ys_, n, w.rows, accumulate, stream_);
 }
 
 void CudaOps::proj(float* out, const DevWeight& w, const float* in, int n, bool accumulate) {
@@ -371,7 +380,8 @@ void CudaOps::proj(float* out, const DevWeight& w, const float* in, int n, bool 
         matvec(out, w, in, accumulate, stream_, f16_block_, pdl_, mvi_.stages);
         return;
     }
-    if (split_product(w, n)) {  // a short prompt's F16 product: the weight read once, on the tensor cores
+    if (split_product(w, n)) {  // a short prompt's product on split activations: the weight read once, on the tensor
+                                // cores
         split_in(in, n, w.cols);
         split_proj(RowSplit::one(out, w.rows), w, n, accumulate);
         return;
@@ -469,7 +479,7 @@ void CudaOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int 
     }
     const bool split = L.fused_qkv ? split_product(L.qkv, n)
                                    : split_product(L.wq, n) && split_product(L.wk, n) && split_product(L.wv, n);
-    if (split) {  // a short prompt's F16 products on the activations split once for the three (one, where fused)
+    if (split) {  // a short prompt's products on the activations split once for the three (one, where fused)
         split_in(xn_, n, c_.n_embd);
         if (L.fused_qkv) {
             split_proj(RowSplit{{q, k, v}, {qd, qd + kvd}}, L.qkv, n, false);
@@ -586,7 +596,7 @@ void CudaOps::norm_swiglu(float* h, const float* x, int l, int n) {
             matvec_glu(h, L.gate, L.up, xn_, stream_, f16_block_, pdl_, mvi_.stages);
         return;
     }
-    if (split_product(L.gate, n) && split_product(L.up, n)) {  // F16: the activations split once for both
+    if (split_product(L.gate, n) && split_product(L.up, n)) {  // the activations split once for both
         split_in(xn_, n, c_.n_embd);
         split_proj(RowSplit::one(h, L.gate.rows), L.gate, n, false);
         split_proj(RowSplit::one(up_, L.up.rows), L.up, n, false);

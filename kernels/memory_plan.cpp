@@ -90,15 +90,15 @@ MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int n_lo
             for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
                 wh = std::max(wh, scratch(*w));
     if (n_logits > 1) wh = std::max(wh, scratch(m.weights.output));
-    // A short prompt's products with F16 weights take their activations split in two (f16_split_product): twice its
-    // tokens in xh, and the products of both halves in ys.
+    // A short prompt's products with weights of a split_prompt_type take their activations split in two
+    // (f16_split_product): twice its tokens in xh, and the products of both halves in ys.
     const int64_t split_tokens = 2 * std::min(nb, int64_t(kSplitBatchTokens));
     int64_t split_rows = 0;
     if (n_batch > 1) {
         for (const LayerWeights& L : m.weights.layers)
             for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
-                if (w->type == GgmlType::F16) split_rows = std::max({split_rows, qd + 2 * kvd, ff, e});
-        if (n_logits > 1 && m.weights.output.type == GgmlType::F16)
+                if (split_prompt_type(w->type)) split_rows = std::max({split_rows, qd + 2 * kvd, ff, e});
+        if (n_logits > 1 && split_prompt_type(m.weights.output.type))
             split_rows = std::max(split_rows, int64_t(c.n_vocab));
     }
     p.xh = place(n_batch > 1 ? std::max(nb, split_rows > 0 ? split_tokens : 0) * std::max({e, qd, ff}) : 0, 2);

@@ -19,8 +19,16 @@ struct Region {
 
 constexpr size_t kActBlockBytes = 80;  // sizeof(ActBlock), matvec_int.cuh
 constexpr int kIntBatchTokens = 64;    // kImBatchTokens, matvec_int_mma.cuh: the most tokens an integer product takes
-constexpr int kSplitBatchTokens = 16;  // kMvMaxTokens, matvec.cuh: the most tokens of a short prompt's product (an
-                                       // F16 weight's on split activations: f16_split_product, ops.cuh)
+constexpr int kSplitBatchTokens = 16;  // kMvMaxTokens, matvec.cuh: the most tokens of a short prompt's product on
+                                       // split activations (f16_split_product, ops.cuh)
+// The weight types whose short-prompt products take split activations on the tensor cores (Settings::
+// cuda_prompt_split): F16 by cuBLAS in place; BF16 and the quantized types without integer products (matvec_int.cuh's
+// has_int_matvec) through the prefill kernel that decodes each weight tile into shared memory (gemm_weight_mma) where
+// their rows are whole 32-weight chunks. Not F32, whose f16 tiles would round the weights.
+constexpr bool split_prompt_type(GgmlType t) {
+    return t == GgmlType::F16 || t == GgmlType::BF16 || t == GgmlType::Q4_1 || t == GgmlType::Q5_0 ||
+           t == GgmlType::Q5_1 || t == GgmlType::Q2_K || t == GgmlType::Q3_K || t == GgmlType::Q5_K;
+}
 
 // The prefill GEMM of a quantized weight decodes it to f16 a chunk of rows at a time (gemm_weight, ops.cuh): at most
 // chunk_elems weights, in whole steps of kGemmChunkRowStep rows (the GEMM's tiles), at least one step, the rows shared
@@ -182,8 +190,8 @@ struct MemoryPlan {
                        // least 2 min(n_batch, kSplitBatchTokens) rows where ys is planned: a short prompt's split
                        // activations
     Region ys;         // f32 [2 min(n_batch, kSplitBatchTokens)][widest product: Q|K|V, n_ff, n_embd, and n_vocab when
-                       // n_logits > 1]: a short prompt's products on split activations (n_batch > 1; a model with F16
-                       // layer matrices, or an F16 output with n_logits > 1)
+                       // n_logits > 1]: a short prompt's products on split activations (n_batch > 1; a model with
+                       // layer matrices of a split_prompt_type, or such an output with n_logits > 1)
     Region wh;         // f16, the largest scratch gemm_weight decodes into for the prefill GEMM, gemm_scratch_elems
                        // (n_batch > 1; the output matrix counts when n_logits > 1)
     Region step;       // int [2 + n_batch]: pos0, n, the step's tokens

@@ -1162,8 +1162,12 @@ void f16_split_product(cublasHandle_t h, const RowSplit& out, const DevWeight& w
     KVGEN_ASSERT(f16_split_ok(w) && n >= 1 && t);
     // the high parts' products are t's first n rows, the low parts' the next n
     gemm_f16_rows(h, t, w.rows, reinterpret_cast<const __half*>(w.data), xh, w.rows, 2 * n, w.cols, false);
-    const int64_t count = int64_t(n) * w.rows;
-    f16_split_sum_kernel<<<grid_for(count, 256), 256, 0, s>>>(t, n, w.rows, out, accumulate);
+    f16_split_sum(out, t, n, w.rows, accumulate, s);
+}
+
+void f16_split_sum(const RowSplit& out, const float* t, int n, int64_t rows, bool accumulate, cudaStream_t s) {
+    const int64_t count = int64_t(n) * rows;
+    f16_split_sum_kernel<<<grid_for(count, 256), 256, 0, s>>>(t, n, rows, out, accumulate);
     KVGEN_CUDA_LAUNCHED("f16_split_sum");
 }
 

@@ -174,10 +174,13 @@ void gemm_overlap_join(GemmOverlap* o, cudaStream_t s);
 // (to it when accumulate). The weight is read once for all the tokens, and the tensor cores take the rest, where
 // matvec_batch's lanes load 32 bytes of activations from L1 for every weight. The cuBLAS handle must be on stream s.
 // Twin: the f32 product, within about 2^-22 of each activation (saturated at +-65504, as to_f16 saturates).
+// Other weights multiply the same split rows elsewhere (gemm_weight_mma: a weight decoded tile by tile into shared
+// memory) into t, and f16_split_sum adds each token's two results where out says.
 bool f16_split_ok(const DevWeight& w);
 void to_f16_split(__half* xh, const float* x, int n, int64_t cols, cudaStream_t s);
 void f16_split_product(cublasHandle_t h, const RowSplit& out, const DevWeight& w, const __half* xh, int n,
                        bool accumulate, float* t, cudaStream_t s);
+void f16_split_sum(const RowSplit& out, const float* t, int n, int64_t rows, bool accumulate, cudaStream_t s);
 // Whether gemm_weight decodes w chunk by chunk (every type with a decoder but F16, cols a multiple of 32).
 bool gemm_decodes_chunks(const DevWeight& w);
 // The prefill product of any weight: out[n][rows] = x[n][cols] . W^T (+= when accumulate) with x in f16. F16 weights

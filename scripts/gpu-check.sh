@@ -24,7 +24,7 @@
 #      cache tiles loaded through registers, not copied in two stages), pp16 at those depths with --cuda-flash-warps
 #      rows (SHAPE-T-flashrows: a short prompt's block over each whole tile by one warp, not a quarter by each), and pp512 / tg128 at those depths with --kv-type q8_0 and q4_0 (SHAPE-T-kvq8_0, -kvq4_0), tg128 with q8_0/f16 (-kvq8_0-f16);
 #      for every file, tg128 with --cuda-pdl off (SHAPE-T-nopdl: the decode products launched without programmatic
-#      dependent launch), for F16 pp16 and tg128 with --cuda-f16-matvec warp --cuda-f16-prompt lanes (SHAPE-F16-warpf16:
+#      dependent launch), for F16 pp16 and tg128 with --cuda-f16-matvec warp --cuda-short-prompt lanes (SHAPE-F16-warpf16:
 #      one token's products by a warp over 2 rows instead of a block of warps over 4, a short prompt's by the f32
 #      lanes instead of cuBLAS on split activations) and tg128 with --cuda-matvec-stages 0 (SHAPE-F16-ring0, as below), for Q4_0, Q8_0
 #      and Q4_K_M pp16 and tg128 with --cuda-matvec-stages 0 (SHAPE-T-ring0: the products' weights through registers,
@@ -360,9 +360,9 @@ for shape in "${shapes[@]}"; do
             # one token's F16 products by a warp over 2 rows (the default: blocks over 4), and a short prompt's by the
             # f32 lanes (the default: cuBLAS on split activations)
             cp "$work/speed/$name.inspect.json" "$work/speed/$name-warpf16.inspect.json"
-            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-f16-matvec warp --cuda-f16-prompt lanes \
+            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-f16-matvec warp --cuda-short-prompt lanes \
                 -p 16 -n 128 -d 0 -r 2 -o json >"$work/speed/$name-warpf16.bench.json" 2>>"$out/log.txt" ||
-                log "$name: bench with --cuda-f16-matvec warp --cuda-f16-prompt lanes failed"
+                log "$name: bench with --cuda-f16-matvec warp --cuda-short-prompt lanes failed"
         fi
         if [[ $t == F16 ]]; then  # its one-token products' weights through registers (the default: rings)
             cp "$work/speed/$name.inspect.json" "$work/speed/$name-ring0.inspect.json"

@@ -130,8 +130,8 @@ expect_error "generate: --cuda-matvec-mma yes" "--cuda-matvec-mma: yes not in" "
     --cuda-matvec-mma yes
 expect_error "generate: --cuda-flash-warps cols" "--cuda-flash-warps: cols not in" "$kvgen" -m "$ref" -p hi \
     --cuda-flash-warps cols
-expect_error "generate: --cuda-f16-prompt f32" "--cuda-f16-prompt: f32 not in" "$kvgen" -m "$ref" -p hi \
-    --cuda-f16-prompt f32
+expect_error "generate: --cuda-short-prompt f32" "--cuda-short-prompt: f32 not in" "$kvgen" -m "$ref" -p hi \
+    --cuda-short-prompt f32
 expect_ok "generate: --cuda-matvec-mma on on the CPU" "." "$kvgen" -m "$ref" -p "The KV cache" -n 2 --temp 0 -t 1 \
     --cuda-matvec-mma on
 expect_error "generate: --math fast on the GPU" "exact mode only" "$kvgen" -m "$ref" -p hi --math fast --device cuda

@@ -457,35 +457,42 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
     REQUIRE(log.text().find("graph capture failed") == std::string::npos);
 }
 
-TEST_CASE("CUDA: a short prompt's F16 products on split activations give the f32 lanes' logits", "[cuda][forward]") {
-    // Forwards of 2 to 16 tokens whose F16 products go to cuBLAS on the activations split into f16 high and low parts
-    // (--cuda-f16-prompt split, the default) against the f32 kernel (lanes): within f32 rounding of each other, with a
-    // batch of 8 (a memory plan for 16 split rows), the fused Q|K|V, gate and up, the residual products and, with every
-    // position's logits, the F16 head.
-    const Model m = synth_model("F16");
-    const int n_vocab = m.config.n_vocab;
-    Settings s = test_settings(128);
-    s.n_batch = 8;
-    Settings lanes_s = s;
-    lanes_s.cuda_f16_split = false;
-    std::unique_ptr<Backend> split = cuda::make_backend(m, s), lanes = cuda::make_backend(m, lanes_s),
-                             cpu_b = cpu::make_backend(m, s);
-    const std::vector<int32_t> toks = {1, 504, 3158, 282, 1649, 314, 42, 1000, 77, 2048, 15, 600};
-    for (const auto& [i0, k] : {std::pair{0, 8}, std::pair{8, 2}, std::pair{10, 2}}) {
-        INFO("tokens " << i0 << " + " << k);
-        const std::vector<float> a = copy(split->forward(toks.data() + i0, k, i0, Pass::Prefill), n_vocab);
-        check_logits(copy(lanes->forward(toks.data() + i0, k, i0, Pass::Prefill), n_vocab), a, "split vs lanes", 1e-4f);
-        check_logits(copy(cpu_b->forward(toks.data() + i0, k, i0, Pass::Prefill), n_vocab), a, "the CPU vs split");
-    }
-    s.all_logits = true;
-    std::unique_ptr<Backend> split_all = cuda::make_backend(m, s), cpu_all = cpu::make_backend(m, s);
-    const int n = 8;
-    const std::vector<float> g = copy(split_all->forward(toks.data(), n, 0, Pass::Prefill, true), n * n_vocab);
-    const std::vector<float> h = copy(cpu_all->forward(toks.data(), n, 0, Pass::Prefill, true), n * n_vocab);
-    for (int i = 0; i < n; ++i) {
-        INFO("every position's logits, position " << i);
-        check_logits(std::vector<float>(h.begin() + i * n_vocab, h.begin() + (i + 1) * n_vocab),
-                     std::vector<float>(g.begin() + i * n_vocab, g.begin() + (i + 1) * n_vocab), "the CPU vs split");
+TEST_CASE("CUDA: a short prompt's products on split activations give the f32 lanes' logits", "[cuda][forward]") {
+    // Forwards of 2 to 16 tokens whose products take the activations split into f16 high and low parts
+    // (--cuda-short-prompt split, the default) against the f32 kernel (lanes), with a batch of 8 (a memory plan for 16
+    // split rows), the fused Q|K|V, gate and up, the residual products and, with every position's logits, the head:
+    // F16 by cuBLAS within f32 rounding of the lanes; BF16 (exact in f16) and Q5_K, Q3_K, Q4_1 through the kernel
+    // that decodes weight tiles to f16, within the f16 rounding of their weights (BF16's exact, so closer).
+    for (const auto& [type, rel] : {std::pair{"F16", 1e-4f}, std::pair{"BF16", 1e-4f}, std::pair{"Q5_K", 2e-3f},
+                                    std::pair{"Q3_K", 2e-3f}, std::pair{"Q4_1", 2e-3f}}) {
+        INFO(type);
+        const Model m = synth_model(type);
+        const int n_vocab = m.config.n_vocab;
+        Settings s = test_settings(128);
+        s.n_batch = 8;
+        Settings lanes_s = s;
+        lanes_s.cuda_prompt_split = false;
+        std::unique_ptr<Backend> split = cuda::make_backend(m, s), lanes = cuda::make_backend(m, lanes_s),
+                                 cpu_b = cpu::make_backend(m, s);
+        const std::vector<int32_t> toks = {1, 504, 3158, 282, 1649, 314, 42, 1000, 77, 2048, 15, 600};
+        for (const auto& [i0, k] : {std::pair{0, 8}, std::pair{8, 2}, std::pair{10, 2}}) {
+            INFO("tokens " << i0 << " + " << k);
+            const std::vector<float> a = copy(split->forward(toks.data() + i0, k, i0, Pass::Prefill), n_vocab);
+            check_logits(copy(lanes->forward(toks.data() + i0, k, i0, Pass::Prefill), n_vocab), a, "split vs lanes",
+                         rel);
+            check_logits(copy(cpu_b->forward(toks.data() + i0, k, i0, Pass::Prefill), n_vocab), a, "the CPU vs split");
+        }
+        s.all_logits = true;
+        std::unique_ptr<Backend> split_all = cuda::make_backend(m, s), cpu_all = cpu::make_backend(m, s);
+        const int n = 8;
+        const std::vector<float> g = copy(split_all->forward(toks.data(), n, 0, Pass::Prefill, true), n * n_vocab);
+        const std::vector<float> h = copy(cpu_all->forward(toks.data(), n, 0, Pass::Prefill, true), n * n_vocab);
+        for (int i = 0; i < n; ++i) {
+            INFO("every position's logits, position " << i);
+            check_logits(std::vector<float>(h.begin() + i * n_vocab, h.begin() + (i + 1) * n_vocab),
+                         std::vector<float>(g.begin() + i * n_vocab, g.begin() + (i + 1) * n_vocab),
+                         "the CPU vs split");
+        }
     }
 }
 

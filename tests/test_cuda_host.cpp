@@ -165,6 +165,42 @@ TEST_CASE("a short prompt's F16 product on split activations is as exact as the 
     CHECK(worst * 100 < worst_f16);
 }
 
+TEST_CASE("a short prompt's product on split activations through the weight-tile kernel", "[cuda-host]") {
+    // BF16 and the quantized types without integer products: the 2n split rows through gemm_mma, then each token's
+    // two results added: the product of the tile decoder's f16 weights with the activations to about 2^-22 of each
+    // (two ways of splitting the columns among blocks, and accumulating).
+    for (const char* name : {"BF16", "Q4_1", "Q5_0", "Q3_K", "Q5_K"}) {
+        INFO(name);
+        GgmlType t;
+        REQUIRE(ggml_type_from_name(name, &t));
+        REQUIRE(cuda::split_prompt_type(t));
+        const int64_t rows = 40, cols = 512;
+        const int n = 5;
+        const RandomRows w = random_rows(t, rows, cols, 31);
+        const std::vector<float> wh = cuda::host::dequantize_rows(t, w.bytes.data(), cols, 0, rows);  // as f16
+        std::vector<float> x = test::randn(size_t(n * cols), 32);
+        for (size_t j = 0; j < x.size(); ++j) x[j] *= std::ldexp(1.0f, int(j % 9) - 4);
+        const std::vector<float> y0 = test::randn(size_t(n * rows), 33);
+        for (const int splits : {1, 3}) {
+            INFO("splits " << splits);
+            const std::vector<float> got =
+                cuda::host::f16_split_tiled(t, w.bytes.data(), rows, cols, x, n, nullptr, splits);
+            const std::vector<float> acc =
+                cuda::host::f16_split_tiled(t, w.bytes.data(), rows, cols, x, n, &y0, splits);
+            for (int i = 0; i < n; ++i) {
+                const std::vector<float> xi(x.begin() + i * cols, x.begin() + (i + 1) * cols);
+                for (int64_t r = 0; r < rows; ++r) {
+                    const ExactRow e = exact_row(wh, xi, r, cols);
+                    const size_t k = size_t(i * rows + r);
+                    INFO("token " << i << " row " << r << " got " << got[k] << " want " << e.sum);
+                    CHECK(std::fabs(double(got[k]) - e.sum) <= 1e-6 * e.mag);
+                    CHECK(std::fabs(double(acc[k]) - (e.sum + y0[k])) <= 1e-6 * e.mag + 1e-6 * std::fabs(y0[k]));
+                }
+            }
+        }
+    }
+}
+
 TEST_CASE("the prefill GEMM's chunked f16 decoding, run on the host, equals dequantize_row rounded to f16",
           "[cuda-host]") {
     for (const char* name : {"F32", "BF16", "Q4_0", "Q5_1", "Q8_0", "Q3_K", "Q4_K", "Q6_K"}) {
@@ -532,14 +568,16 @@ TEST_CASE("the CUDA memory plan places every region inside one allocation, none 
             CHECK(p.step.bytes == size_t(2 + n_batch) * 4);
             CHECK(p.logits.bytes == size_t(n_batch) * size_t(c.n_vocab) * 4);
             CHECK((p.xh.bytes > 0) == (n_batch > 1));
-            // a short prompt's products with F16 weights: twice its tokens of activations, and the products of both
+            // a short prompt's products on split activations (F16 here): twice its tokens of activations, and the
+            // products of both
             const int64_t wide = std::max({int64_t(c.n_embd), int64_t(c.n_heads) * c.head_dim, int64_t(c.n_ff)});
             const int64_t split_tokens = 2 * std::min(n_batch, 16);
             bool f16_layers = false;
             for (const LayerWeights& L : m.weights.layers)
                 for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
-                    f16_layers = f16_layers || w->type == GgmlType::F16;
-            const bool f16_head = m.weights.output.type == GgmlType::F16;  // n_logits > 1 wherever n_batch > 1 here
+                    f16_layers = f16_layers || cuda::split_prompt_type(w->type);
+            // n_logits > 1 wherever n_batch > 1 here
+            const bool f16_head = cuda::split_prompt_type(m.weights.output.type);
             const bool f16 = f16_layers || f16_head;
             CHECK(p.xh.bytes ==
                   (n_batch > 1 ? size_t(std::max<int64_t>(n_batch, f16 ? split_tokens : 0) * wide * 2) : 0));

@@ -403,6 +403,22 @@ std::vector<float> matvec_batch(GgmlType type, const uint8_t* bytes, int64_t row
     return y;
 }
 
+std::vector<float> f16_split_tiled(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
+                                   const std::vector<float>& x, int n, const std::vector<float>* y0, int splits) {
+    const int64_t count = int64_t(n) * cols;
+    std::vector<__half> xh(size_t(2 * count));
+    for (int64_t j = 0; j < count; ++j) to_f16_split_item(j, count, x.data(), xh.data());
+    // gemm_mma takes floats and rounds them to f16: these are f16 values already, so it gives back the same halves
+    std::vector<float> x2(xh.size());
+    for (size_t i = 0; i < xh.size(); ++i) x2[i] = __half2float(xh[i]);
+    const std::vector<float> t =
+        gemm_mma(type, bytes, rows, cols, x2, 2 * n, nullptr, 64, nullptr, rows, rows, splits, 2);
+    std::vector<float> y = y0 ? *y0 : std::vector<float>(size_t(n) * size_t(rows), NAN);
+    const RowSplit out = RowSplit::one(y.data(), rows);
+    for (int64_t j = 0; j < int64_t(n) * rows; ++j) f16_split_sum_item(j, t.data(), n, rows, out, y0 != nullptr);
+    return y;
+}
+
 std::vector<double> f16_split_values(const std::vector<float>& x) {
     const int64_t count = int64_t(x.size());
     std::vector<__half> xh(size_t(2 * count));

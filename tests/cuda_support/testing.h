@@ -231,6 +231,11 @@ std::vector<float> f16_split(const uint8_t* bytes, int64_t rows, int64_t cols, c
                              const std::vector<float>* y0);
 // Each value of x as its split gives it back: high part + low part / kF16SplitScale (to_f16_split_item), in double.
 std::vector<double> f16_split_values(const std::vector<float>& x);
+// A short prompt's product on split activations for the types the tile kernel takes (CudaOps::split_proj): x split
+// by to_f16_split_item, the 2n rows through gemm_mma (tiles of 64 tokens, `splits` ways, two stages), each token's two
+// results added by f16_split_sum_item, onto y0 where given.
+std::vector<float> f16_split_tiled(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
+                                   const std::vector<float>& x, int n, const std::vector<float>* y0, int splits);
 // The element-wise kernels' bodies on the host (elementwise.cuh); arguments as their cuda::testing twins. The norm
 // with blocks of `threads` threads (a multiple of 32, at most kNormThreads; the device's block is kNormThreads).
 std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps,
