@@ -73,7 +73,8 @@ private:
     // out[n][w.rows] = in[n][w.cols] . W^T (+= when accumulate).
     void proj(float* out, const DevWeight& w, const float* in, int n, bool accumulate);
     void proj_f16(const RowSplit& out, const DevWeight& w, int n, bool accumulate);
-    // wh_ as floats: the partial sums of --cuda-gemm mma's split products. wh_ is also the cuBLAS path's decoding
+    // wh_ as floats: the partial sums of --cuda-gemm mma's split products (and of a short prompt's on split
+    // activations through the same kernel). wh_ is also the cuBLAS path's decoding
     // scratch, which weights that gemm_mma_ok refuses use in that mode too: the mma path joins the side stream's
     // decoding first (gemm_overlap_join), the rest is one product after the other on stream_.
     float* scratch() const { return reinterpret_cast<float*>(wh_); }
@@ -98,11 +99,12 @@ private:
     }
     bool glu_in_int(const LayerDev& L, int n) const { return glu_fusable(L.gate, L.up) && int_product(L.gate, n); }
     // Whether a short prompt's product with w (2 to kMvMaxTokens tokens) runs on the tensor cores on split
-    // activations (Settings::cuda_prompt_split; split_prompt_type: F16 by f16_split_product, the others through
-    // gemm_weight_mma where it takes them), which to_f16_split writes into xh_,
-    // once for the products that share them; split_proj makes it, through ys_.
+    // activations (Settings::cuda_prompt_split: auto, products of at least kSplitMinWeights weights; split_prompt_type:
+    // F16 by f16_split_product, the others through gemm_weight_mma, whatever --cuda-gemm says), which to_f16_split
+    // writes into xh_, once for the products that share them; split_proj makes it, through ys_.
     bool split_product(const DevWeight& w, int n) const {
-        return prompt_split_ && ys_ && n >= 2 && n <= kMvMaxTokens && split_prompt_type(w.type) &&
+        return prompt_split_ != 0 && (prompt_split_ > 0 || w.rows * w.cols >= kSplitMinWeights) && ys_ && n >= 2 &&
+               n <= kMvMaxTokens && split_prompt_type(w.type) &&
                (f16_split_ok(w) || (gemm_mma_ok(w) && !has_int_matvec(w.type)));
     }
     void split_in(const float* in, int n, int64_t cols);
@@ -145,7 +147,7 @@ private:
     bool glu_quantized_ = false;  // the last norm_swiglu() also wrote its output into hq_
     bool norm_fold_;              // Settings::cuda_norm_fold
     bool f16_block_;              // Settings::cuda_f16_block
-    bool prompt_split_;           // Settings::cuda_prompt_split
+    int prompt_split_;            // Settings::cuda_prompt_split
     bool norm_folded_ = false;    // the last residual product also wrote the next norm's ActBlocks into xnq_
     bool flash_;       // Settings::cuda_flash_attention
     bool flash_async_;  // Settings::cuda_flash_pipeline, where the device has the shared memory (flash_async_fits)

@@ -97,8 +97,8 @@ MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int n_lo
     if (n_batch > 1) {
         for (const LayerWeights& L : m.weights.layers)
             for (const WeightView* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
-                if (split_prompt_type(w->type)) split_rows = std::max({split_rows, qd + 2 * kvd, ff, e});
-        if (n_logits > 1 && split_prompt_type(m.weights.output.type))
+                if (split_prompt_weight(w->type, w->cols)) split_rows = std::max({split_rows, qd + 2 * kvd, ff, e});
+        if (n_logits > 1 && split_prompt_weight(m.weights.output.type, m.weights.output.cols))
             split_rows = std::max(split_rows, int64_t(c.n_vocab));
     }
     p.xh = place(n_batch > 1 ? std::max(nb, split_rows > 0 ? split_tokens : 0) * std::max({e, qd, ff}) : 0, 2);

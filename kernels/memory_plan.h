@@ -29,6 +29,13 @@ constexpr bool split_prompt_type(GgmlType t) {
     return t == GgmlType::F16 || t == GgmlType::BF16 || t == GgmlType::Q4_1 || t == GgmlType::Q5_0 ||
            t == GgmlType::Q5_1 || t == GgmlType::Q2_K || t == GgmlType::Q3_K || t == GgmlType::Q5_K;
 }
+constexpr bool split_prompt_weight(GgmlType t, int64_t cols) {
+    return split_prompt_type(t) && (t == GgmlType::F16 || cols % 32 == 0);
+}
+// --cuda-short-prompt auto splits products of at least this many weights (a 2048 x 2048 matrix: TinyLlama-1.1B's
+// smallest, every LLaMA-7B one). Below that a product takes a few microseconds either way, and the split's two more
+// launches (the split and the sum) would cost about what it saves: SmolLM2-135M's largest is 576 x 1536.
+constexpr int64_t kSplitMinWeights = int64_t(1) << 22;
 
 // The prefill GEMM of a quantized weight decodes it to f16 a chunk of rows at a time (gemm_weight, ops.cuh): at most
 // chunk_elems weights, in whole steps of kGemmChunkRowStep rows (the GEMM's tiles), at least one step, the rows shared
@@ -190,8 +197,9 @@ struct MemoryPlan {
                        // least 2 min(n_batch, kSplitBatchTokens) rows where ys is planned: a short prompt's split
                        // activations
     Region ys;         // f32 [2 min(n_batch, kSplitBatchTokens)][widest product: Q|K|V, n_ff, n_embd, and n_vocab when
-                       // n_logits > 1]: a short prompt's products on split activations (n_batch > 1; a model with
-                       // layer matrices of a split_prompt_type, or such an output with n_logits > 1)
+                       // n_logits > 1]: a short prompt's products on split activations (f16_split_product and
+                       // f16_split_sum; n_batch > 1, a model with layer matrices that split_prompt_weight takes, or
+                       // such an output with n_logits > 1)
     Region wh;         // f16, the largest scratch gemm_weight decodes into for the prefill GEMM, gemm_scratch_elems
                        // (n_batch > 1; the output matrix counts when n_logits > 1)
     Region step;       // int [2 + n_batch]: pos0, n, the step's tokens

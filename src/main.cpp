@@ -399,12 +399,18 @@ int main(int argc, char** argv) {
         "CUDA, one token of F16 weights: block (a block of warps over 4 rows, 16-byte loads, the default) "
         "or warp (a warp over 2 rows, the kernel of every other type's f32 product, to compare; sums within "
         "f32 rounding of each other)");
-    add_cuda_choice(app, "--cuda-short-prompt", &gen.run.cuda_prompt_split, {"split", "lanes"}, "split",
-                    "CUDA, 2 to 16 tokens of F16, BF16, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K or Q5_K weights: split (the "
-                    "activations split into f16 high and low parts, each weight read once on the tensor cores: F16 "
-                    "by cuBLAS, the others decoded to f16 tile by tile in shared memory; the default) or lanes (the "
-                    "f32 kernel whose lanes reload each token's activations for every weight, to compare; F16 within "
-                    "f32 rounding, the others within the f16 rounding of their weights)");
+    app.add_option_function<std::string>(
+           "--cuda-short-prompt",
+           [&gen](const std::string& v) { gen.run.cuda_prompt_split = v == "auto"    ? -1
+                                                                      : v == "split" ? 1
+                                                                                     : 0; },
+           "CUDA, 2 to 16 tokens of F16, BF16, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K or Q5_K weights: split (the activations "
+           "split into f16 high and low parts, each weight read once on the tensor cores: F16 by cuBLAS, the others "
+           "decoded to f16 tile by tile in shared memory), lanes (the f32 kernel whose lanes reload each token's "
+           "activations for every weight), or auto (the default: split for products of at least 4M weights, where "
+           "reading them costs more than the split's two extra launches); F16 within f32 rounding of the lanes, the "
+           "others within the f16 rounding of their weights")
+        ->check(CLI::IsMember({"auto", "split", "lanes"}));
     add_cuda_choice(app, "--cuda-gemm", &gen.run.cuda_mma_gemm, {"cublas", "mma"}, "mma",
                     "CUDA prefill products (over 16 tokens; with --cuda-matvec-mma on, over 64 for Q4_0, Q8_0, Q4_K "
                     "and Q6_K) of quantized weights: cublas (the weight decoded to f16 a "

@@ -145,10 +145,12 @@ TEST_CASE("the bench backend column names the CUDA options that differ from the 
     t.cuda_f16_block = false;
     t.cuda_int_matvec = t.cuda_flash_attention = t.cuda_qkv_store = t.cuda_norm_fold = true;
     CHECK(cuda_options_name(t) == "--cuda-f16-matvec warp");
-    CHECK(Settings{}.cuda_prompt_split);
-    t.cuda_prompt_split = false;
+    CHECK(Settings{}.cuda_prompt_split == -1);  // auto
+    t.cuda_prompt_split = 0;
     CHECK(cuda_options_name(t) == "--cuda-f16-matvec warp --cuda-short-prompt lanes");
-    t.cuda_prompt_split = true;
+    t.cuda_prompt_split = 1;
+    CHECK(cuda_options_name(t) == "--cuda-f16-matvec warp --cuda-short-prompt split");
+    t.cuda_prompt_split = -1;
     t.cuda_int_mma = true;  // after the stages, before the K/V store, as the fields are
     CHECK(cuda_options_name(t) == "--cuda-matvec-mma on --cuda-f16-matvec warp");
     CHECK_FALSE(Settings{}.cuda_int_mma);

@@ -459,10 +459,11 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
 
 TEST_CASE("CUDA: a short prompt's products on split activations give the f32 lanes' logits", "[cuda][forward]") {
     // Forwards of 2 to 16 tokens whose products take the activations split into f16 high and low parts
-    // (--cuda-short-prompt split, the default) against the f32 kernel (lanes), with a batch of 8 (a memory plan for 16
-    // split rows), the fused Q|K|V, gate and up, the residual products and, with every position's logits, the head:
-    // F16 by cuBLAS within f32 rounding of the lanes; BF16 (exact in f16) and Q5_K, Q3_K, Q4_1 through the kernel
-    // that decodes weight tiles to f16, within the f16 rounding of their weights (BF16's exact, so closer).
+    // (--cuda-short-prompt split) against the f32 kernel (lanes), with a batch of 8 (a memory plan for 16 split
+    // rows) and of 16, the fused Q|K|V, gate and up, the residual products and, with every position's logits, the
+    // head: F16 by cuBLAS within f32 rounding of the lanes; BF16 (exact in f16 here) and Q5_K, Q3_K, Q4_1 through the
+    // kernel that decodes weight tiles to f16, within the f16 rounding of their weights. These models' products are
+    // all under kSplitMinWeights, so auto (the default) gives the lanes' bits.
     for (const auto& [type, rel] : {std::pair{"F16", 1e-4f}, std::pair{"BF16", 1e-4f}, std::pair{"Q5_K", 2e-3f},
                                     std::pair{"Q3_K", 2e-3f}, std::pair{"Q4_1", 2e-3f}}) {
         INFO(type);
@@ -470,18 +471,25 @@ TEST_CASE("CUDA: a short prompt's products on split activations give the f32 lan
         const int n_vocab = m.config.n_vocab;
         Settings s = test_settings(128);
         s.n_batch = 8;
-        Settings lanes_s = s;
-        lanes_s.cuda_prompt_split = false;
+        Settings lanes_s = s, auto_s = s;
+        s.cuda_prompt_split = 1;
+        lanes_s.cuda_prompt_split = 0;
         std::unique_ptr<Backend> split = cuda::make_backend(m, s), lanes = cuda::make_backend(m, lanes_s),
-                                 cpu_b = cpu::make_backend(m, s);
-        const std::vector<int32_t> toks = {1, 504, 3158, 282, 1649, 314, 42, 1000, 77, 2048, 15, 600};
+                                 by_size = cuda::make_backend(m, auto_s), cpu_b = cpu::make_backend(m, s);
+        const std::vector<int32_t> toks = {1, 504, 3158, 282, 1649, 314, 42, 1000, 77, 2048, 15, 600, 9, 88, 700, 5};
         for (const auto& [i0, k] : {std::pair{0, 8}, std::pair{8, 2}, std::pair{10, 2}}) {
             INFO("tokens " << i0 << " + " << k);
             const std::vector<float> a = copy(split->forward(toks.data() + i0, k, i0, Pass::Prefill), n_vocab);
-            check_logits(copy(lanes->forward(toks.data() + i0, k, i0, Pass::Prefill), n_vocab), a, "split vs lanes",
-                         rel);
+            const std::vector<float> b = copy(lanes->forward(toks.data() + i0, k, i0, Pass::Prefill), n_vocab);
+            check_logits(b, a, "split vs lanes", rel);
             check_logits(copy(cpu_b->forward(toks.data() + i0, k, i0, Pass::Prefill), n_vocab), a, "the CPU vs split");
+            REQUIRE(copy(by_size->forward(toks.data() + i0, k, i0, Pass::Prefill), n_vocab) == b);
         }
+        // 16 tokens at once: every split row the plan holds
+        s.n_batch = lanes_s.n_batch = 16;
+        check_logits(copy(cuda::make_backend(m, lanes_s)->forward(toks.data(), 16, 0, Pass::Prefill), n_vocab),
+                     copy(cuda::make_backend(m, s)->forward(toks.data(), 16, 0, Pass::Prefill), n_vocab),
+                     "split vs lanes, 16 tokens", rel);
         s.all_logits = true;
         std::unique_ptr<Backend> split_all = cuda::make_backend(m, s), cpu_all = cpu::make_backend(m, s);
         const int n = 8;

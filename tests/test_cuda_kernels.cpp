@@ -21,6 +21,7 @@
 #include "testing.h"
 
 #include "device.h"
+#include "memory_plan.h"
 
 using namespace kvgen;
 using test::kv_rows_differing;
@@ -224,6 +225,20 @@ TEST_CASE("decode matvec and prefill GEMM match a double-precision product for e
                 want_g[size_t(i * rows + r)] = float(s);
             }
         require_close(ct::gemm(w, x, n, &y0), want_g, 1e-5 * mag * double(cols) / 32);
+        if (t != GgmlType::F16 && cuda::split_prompt_type(t)) {
+            // a short prompt's product on split activations through the weight-tile kernel: the f16-rounded weights
+            // with the activations to about 2^-22 (the columns split 2 ways for 132 SMs, and not)
+            std::vector<float> want_s(size_t(n * rows));
+            for (int i = 0; i < n; ++i)
+                for (int64_t r = 0; r < rows; ++r) {
+                    double s = y0[size_t(i * rows + r)];
+                    for (int64_t j = 0; j < cols; ++j)
+                        s += double(fp16_to_fp32(fp32_to_fp16(wf[size_t(r * cols + j)]))) * x[size_t(i * cols + j)];
+                    want_s[size_t(i * rows + r)] = float(s);
+                }
+            require_close(ct::f16_split_tiled(w, x, n, &y0, 132), want_s, 1e-5 * mag * double(cols) / 32);
+            require_close(ct::f16_split_tiled(w, x, n, &y0, 1), want_s, 1e-5 * mag * double(cols) / 32);
+        }
         require_close(ct::gemm(w, x, n, &y0, true), want_g, 1e-5 * mag * double(cols) / 32);  // --cuda-gemm mma
     }
 }

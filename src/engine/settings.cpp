@@ -51,7 +51,9 @@ std::string cuda_options_name(const Settings& s) {
     if (s.cuda_f16_block != d.cuda_f16_block)
         add(s.cuda_f16_block ? "--cuda-f16-matvec block" : "--cuda-f16-matvec warp");
     if (s.cuda_prompt_split != d.cuda_prompt_split)
-        add(s.cuda_prompt_split ? "--cuda-short-prompt split" : "--cuda-short-prompt lanes");
+        add(s.cuda_prompt_split < 0    ? "--cuda-short-prompt auto"
+            : s.cuda_prompt_split == 1 ? "--cuda-short-prompt split"
+                                       : "--cuda-short-prompt lanes");
     if (s.cuda_mma_gemm != d.cuda_mma_gemm) add(s.cuda_mma_gemm ? "--cuda-gemm mma" : "--cuda-gemm cublas");
     if (s.cuda_gemm_chunk_mib != d.cuda_gemm_chunk_mib)
         add("--cuda-gemm-chunk " + (s.cuda_gemm_chunk_mib < 0 ? "auto" : std::to_string(s.cuda_gemm_chunk_mib)));

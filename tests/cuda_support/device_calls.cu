@@ -260,6 +260,28 @@ std::vector<float> f16_split(const HostWeight& w, const std::vector<float>& x, i
     return out;
 }
 
+std::vector<float> f16_split_tiled(const HostWeight& w, const std::vector<float>& x, int n,
+                                   const std::vector<float>* y0, int sm_count) {
+    // CudaOps::split_proj's tile path: the split rows' product into t (partial sums, where the columns split, in a
+    // scratch of up to 8 splits), then each token's two results added.
+    const int64_t rows = w.rows;
+    Dev<uint8_t> b(device_bytes(w));
+    Dev<float> dx(x), t(size_t(2 * n) * size_t(rows)), partials(size_t(8 * 2 * n) * size_t(rows));
+    Dev<__half> xh(2 * x.size());
+    Dev<float> y(size_t(n) * size_t(rows));
+    if (y0)
+        KVGEN_CUDA_CHECK(cudaMemcpy(y.p, y0->data(), y0->size() * 4, cudaMemcpyHostToDevice));
+    else
+        poison(y);
+    poison(t);
+    poison(partials);
+    to_f16_split(xh.p, dx.p, n, w.cols, nullptr);
+    gemm_weight_mma(RowSplit::one(t.p, rows), dev_weight(w, b), xh.p, 2 * n, false, mma_device(sm_count, 2), partials.p,
+                    int64_t(partials.n), nullptr);
+    f16_split_sum(RowSplit::one(y.p, rows), t.p, n, rows, y0 != nullptr, nullptr);
+    return y.get();
+}
+
 std::vector<float> gemm(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0, bool mma,
                         int sm_count, bool split, int stages, int chunk_mib, bool overlap) {
     // The backend's prefill product: activations to f16, then gemm_weight (chunks of rows decoded into the scratch).

@@ -55,6 +55,10 @@ std::vector<float> matvec_batch(const HostWeight& w, const std::vector<float>& x
 // fused Q|K|V's go to q, k and v.
 std::vector<float> f16_split(const HostWeight& w, const std::vector<float>& x, int n, const std::vector<float>* y0,
                              int64_t first_rows, int64_t second_rows);
+// The same on the weight-tile kernel (BF16 and the quantized types split_prompt_type takes): gemm_weight_mma on the 2n
+// split rows, its columns split as sm_count SMs call for (mma_device), then f16_split_sum.
+std::vector<float> f16_split_tiled(const HostWeight& w, const std::vector<float>& x, int n,
+                                   const std::vector<float>* y0, int sm_count);
 // y = W x in integers: x quantized by quantize_act, then matvec_int (Q4_0, Q8_0, Q4_K, Q6_K); n tokens x [n][cols]
 // give y [n][rows]. stages: MviShape::stages (2-4: rings of shared memory, where the device has cp.async; 0: the
 // register path).
