@@ -86,6 +86,22 @@ std::vector<float> copy(const float* p, int n) {
     return std::vector<float>(p, p + n);
 }
 
+// Every position's logits (Settings::all_logits) of the first n tokens of toks from a CUDA backend against a CPU
+// one's, position by position, as check_logits.
+void check_all_logits(const Model& m, const Settings& s, const std::vector<int32_t>& toks, int n,
+                      const std::string& where) {
+    const int n_vocab = m.config.n_vocab;
+    const std::vector<float> g =
+        copy(cuda::make_backend(m, s)->forward(toks.data(), n, 0, Pass::Prefill, true), n * n_vocab);
+    const std::vector<float> h =
+        copy(cpu::make_backend(m, s)->forward(toks.data(), n, 0, Pass::Prefill, true), n * n_vocab);
+    for (int i = 0; i < n; ++i) {
+        INFO("every position's logits, position " << i);
+        check_logits(std::vector<float>(h.begin() + i * n_vocab, h.begin() + (i + 1) * n_vocab),
+                     std::vector<float>(g.begin() + i * n_vocab, g.begin() + (i + 1) * n_vocab), where);
+    }
+}
+
 // Settings of a test's backends: a context of n_ctx positions, 2 CPU threads, no upload progress.
 Settings test_settings(int n_ctx) {
     Settings s;
@@ -301,16 +317,8 @@ TEST_CASE("CUDA short prompts on the tensor cores (--cuda-matvec-mma on) agree w
         check_logits(copy(cores->forward(&id, 1, pos, Pass::Decode), n_vocab), a, "and with the option off");
         // every position's logits (perplexity): the head's product of 40 tokens on the tensor cores too
         s.all_logits = true;
-        std::unique_ptr<Backend> mma_all = cuda::make_backend(m, s), cpu_all = cpu::make_backend(m, s);
-        const int n = 40;
-        const std::vector<float> g = copy(mma_all->forward(toks.data(), n, 0, Pass::Prefill, true), n * n_vocab);
-        const std::vector<float> h = copy(cpu_all->forward(toks.data(), n, 0, Pass::Prefill, true), n * n_vocab);
-        for (int i = 0; i < n; ++i) {
-            INFO(type << ": every position's logits, position " << i);
-            check_logits(std::vector<float>(h.begin() + i * n_vocab, h.begin() + (i + 1) * n_vocab),
-                         std::vector<float>(g.begin() + i * n_vocab, g.begin() + (i + 1) * n_vocab),
-                         "the CPU vs --cuda-matvec-mma on");
-        }
+        INFO(type);
+        check_all_logits(m, s, toks, 40, "the CPU vs --cuda-matvec-mma on");
     }
 }
 
@@ -491,16 +499,7 @@ TEST_CASE("CUDA: a short prompt's products on split activations give the f32 lan
                      copy(cuda::make_backend(m, s)->forward(toks.data(), 16, 0, Pass::Prefill), n_vocab),
                      "split vs lanes, 16 tokens", rel);
         s.all_logits = true;
-        std::unique_ptr<Backend> split_all = cuda::make_backend(m, s), cpu_all = cpu::make_backend(m, s);
-        const int n = 8;
-        const std::vector<float> g = copy(split_all->forward(toks.data(), n, 0, Pass::Prefill, true), n * n_vocab);
-        const std::vector<float> h = copy(cpu_all->forward(toks.data(), n, 0, Pass::Prefill, true), n * n_vocab);
-        for (int i = 0; i < n; ++i) {
-            INFO("every position's logits, position " << i);
-            check_logits(std::vector<float>(h.begin() + i * n_vocab, h.begin() + (i + 1) * n_vocab),
-                         std::vector<float>(g.begin() + i * n_vocab, g.begin() + (i + 1) * n_vocab),
-                         "the CPU vs split");
-        }
+        check_all_logits(m, s, toks, 8, "the CPU vs split");
     }
 }
 
