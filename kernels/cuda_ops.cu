@@ -99,13 +99,12 @@ private:
     }
     bool glu_in_int(const LayerDev& L, int n) const { return glu_fusable(L.gate, L.up) && int_product(L.gate, n); }
     // Whether a short prompt's product with w (2 to kMvMaxTokens tokens) runs on the tensor cores on split
-    // activations (Settings::cuda_prompt_split: auto, products of at least kSplitMinWeights weights; split_prompt_type:
-    // F16 by f16_split_product, the others through gemm_weight_mma, whatever --cuda-gemm says), which to_f16_split
-    // writes into xh_, once for the products that share them; split_proj makes it, through ys_.
+    // activations (Settings::cuda_prompt_split: auto, products of at least kSplitMinWeights weights;
+    // split_prompt_weight: F16 by f16_split_product, the others through gemm_weight_mma, whatever --cuda-gemm says),
+    // which to_f16_split writes into xh_, once for the products that share them; split_proj makes it, through ys_.
     bool split_product(const DevWeight& w, int n) const {
         return prompt_split_ != 0 && (prompt_split_ > 0 || w.rows * w.cols >= kSplitMinWeights) && ys_ && n >= 2 &&
-               n <= kMvMaxTokens && split_prompt_type(w.type) &&
-               (f16_split_ok(w) || (gemm_mma_ok(w) && !has_int_matvec(w.type)));
+               n <= kMvMaxTokens && split_prompt_weight(w.type, w.cols);  // the memory plan's test
     }
     void split_in(const float* in, int n, int64_t cols);
     void split_proj(const RowSplit& out, const DevWeight& w, int n, bool accumulate);

@@ -181,8 +181,8 @@ KVGEN_HD void to_f16_item(int64_t j, const float* __restrict__ x, __half* __rest
     y[j] = __float2half_rn(fminf(fmaxf(x[j], -65504.0f), 65504.0f));
 }
 
-// A short prompt's activations for an F16 weight's product on the tensor cores (f16_split_product, ops.cuh), as exact
-// as f32: value j of count goes to y[j] as its f16 (saturating, as to_f16), and what that leaves, times
+// A short prompt's activations for a product on the tensor cores (f16_split_product, ops.cuh; split_prompt_type), as
+// exact as f32: value j of count goes to y[j] as its f16 (saturating, as to_f16), and what that leaves, times
 // kF16SplitScale, to y[count + j], so that its low part keeps 11 bits where the value is 2^-14 and more (unscaled, a
 // value's low part of under about 2^-3 would be an f16 subnormal). x = high + low / kF16SplitScale to about 2^-22 of
 // x; f16 x f16 products are exact in the f32 sums.
