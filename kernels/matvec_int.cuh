@@ -859,8 +859,9 @@ KVGEN_HD void matvec_ring(const Ctx& ctx, uint8_t* ring, int stages, const uint8
     }
 }
 
-// --- F16 weights, one token, f32 activations -------------------------------------------------------------------
-// The integer products' block scheme for F16 rows (which keep exact f32 products with the f32 activations): a block
+// --- F16 and BF16 weights, one token, f32 activations ---------------------------------------------------------
+// The integer products' block scheme for 16-bit float rows, F16 or BF16 (T; both keep exact f32 products with the
+// f32 activations, each weight widened to f32 exactly): a block
 // of mvi_warps(n_units) warps shares R rows of NM matrices (NM = 2: SwiGLU's gate and up), its threads striding over
 // their units of 32 weights, each unit's 64 bytes four 16-byte loads a row, all of a unit's rows' loads issued before
 // the first is used, the first unit's before pdl_wait; the unit's 32 activations are eight 16-byte loads (L1) shared
@@ -870,12 +871,22 @@ KVGEN_HD void matvec_ring(const Ctx& ctx, uint8_t* ring, int stages, const uint8
 constexpr int kMvF16Rows = 4;  // rows a block of one matrix; SwiGLU: 2 of each of gate and up
 
 struct F16Unit {
-    uint4 q[4];  // 32 halves
+    uint4 q[4];  // 32 halves (F16 or BF16 bits)
 };
+// A 16-bit float row's weight as f32: T is F16 or BF16.
+template <GgmlType T>
+KVGEN_HD float half_weight(uint16_t h) {
+    static_assert(T == GgmlType::F16 || T == GgmlType::BF16, "16-bit float rows");
+    if constexpr (T == GgmlType::F16)
+        return half_bits(h);
+    else
+        return Bf16ToFloat::of(h);
+}
 KVGEN_HD void load_f16_unit(const uint8_t* __restrict__ row, int u, F16Unit& w) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) w.q[k] = ld16(row + 64 * u + 16 * k);
 }
+template <GgmlType T>
 KVGEN_HD float f16_unit_dot(const F16Unit& w, const float (&xv)[32], float acc) {
     uint32_t h[16];
 #pragma unroll
@@ -883,24 +894,24 @@ KVGEN_HD float f16_unit_dot(const F16Unit& w, const float (&xv)[32], float acc) 
     float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
     for (int i = 0; i < 16; ++i) {  // word i: weight 2i in its low half, 2i + 1 in its high half
-        s0 = fmaf(half_bits(uint16_t(h[i] & 0xffffu)), xv[2 * i], s0);
-        s1 = fmaf(half_bits(uint16_t(h[i] >> 16)), xv[2 * i + 1], s1);
+        s0 = fmaf(half_weight<T>(uint16_t(h[i] & 0xffffu)), xv[2 * i], s0);
+        s1 = fmaf(half_weight<T>(uint16_t(h[i] >> 16)), xv[2 * i + 1], s1);
     }
     return acc + (s0 + s1);
 }
 
 // Unit u's 32 activations (eight 16-byte loads) dotted with each row's unit, added to acc.
-template <int NM, int R>
+template <GgmlType T, int NM, int R>
 KVGEN_HD void f16_unit_dots(const F16Unit (&wu)[NM][R], int u, const float* __restrict__ x, float (&acc)[NM][R][1]) {
     float xv[32];
     load_chunk(x + int64_t(u) * 32, xv);
 #pragma unroll
     for (int m = 0; m < NM; ++m)
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[m][r][0] = f16_unit_dot(wu[m][r], xv, acc[m][r][0]);
+        for (int r = 0; r < R; ++r) acc[m][r][0] = f16_unit_dot<T>(wu[m][r], xv, acc[m][r][0]);
 }
 
-template <int NM, int R>
+template <GgmlType T, int NM, int R>
 KVGEN_HD void matvec_f16_thread(const uint8_t* const (&w)[NM], int64_t row_bytes, int n_units, int64_t rows, int64_t r0,
                                 int t, int n_threads, const float* __restrict__ x, float (&acc)[NM][R][1]) {
     const uint8_t* row[NM][R];
@@ -914,7 +925,7 @@ KVGEN_HD void matvec_f16_thread(const uint8_t* const (&w)[NM], int64_t row_bytes
             for (int r = 0; r < R; ++r) load_f16_unit(row[m][r], u, wu[m][r]);
     pdl_wait();
     while (u < n_units) {
-        f16_unit_dots(wu, u, x, acc);
+        f16_unit_dots<T>(wu, u, x, acc);
         u += n_threads;
         if (u < n_units)
 #pragma unroll
@@ -924,8 +935,9 @@ KVGEN_HD void matvec_f16_thread(const uint8_t* const (&w)[NM], int64_t row_bytes
     }
 }
 
-// The F16 products' steps through a ring (matvec_ring, --cuda-matvec-stages): a unit's 64 bytes of a row in four
-// 16-byte pieces, its 32 activations loaded and dotted as matvec_f16_thread does, one token: the same bits.
+// The F16 (BF16: T) products' steps through a ring (matvec_ring, --cuda-matvec-stages): a unit's 64 bytes of a row
+// in four 16-byte pieces, its 32 activations loaded and dotted as matvec_f16_thread does, one token: the same bits.
+template <GgmlType T>
 struct F16Ring {
     static constexpr int steps = 1, n16 = 4, n4 = 0;
     using Weights = F16Unit;
@@ -941,12 +953,12 @@ struct F16Ring {
     KVGEN_HD static void dots(const F16Unit (&wu)[NM][R], int u, int, const float* __restrict__ x, int,
                               float (&acc)[NM][R][NT]) {
         static_assert(NT == 1, "F16 rings take one token");
-        f16_unit_dots(wu, u, x, acc);
+        f16_unit_dots<T>(wu, u, x, acc);
     }
     template <int NM, int R, int NT>
     KVGEN_HD static void thread(const uint8_t* const (&w)[NM], int64_t row_bytes, int n_units, int64_t rows, int64_t r0,
                                 int t, int n_threads, const float* __restrict__ x, int, float (&acc)[NM][R][NT]) {
-        matvec_f16_thread<NM, R>(w, row_bytes, n_units, rows, r0, t, n_threads, x, acc);
+        matvec_f16_thread<T, NM, R>(w, row_bytes, n_units, rows, r0, t, n_threads, x, acc);
     }
 };
 

@@ -377,11 +377,11 @@ __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
     product_block<IntRing<T, S>, 2, R, NT, RING>(ws, row_bytes, n_units, rows, x, n, stages, done);
 }
 
-// Without RING: grid = rows / R, block = 32 mvi_warps(n_units) threads: one token's product of F16 rows
+// Without RING: grid = rows / R, block = 32 mvi_warps(n_units) threads: one token's product of F16 or BF16 (T) rows
 // (matvec_f16_thread), R rows of one matrix (y (+)= W x through RowSplit), or with up (NM = 2) R rows of each of gate
 // and up, y = silu(gate x) * (up x). With RING, as many blocks as the SMs hold, each taking its groups of R rows
 // through a ring (F16Ring; matvec_int_kernel says how).
-template <int NM, int R, bool RING>
+template <GgmlType T, int NM, int R, bool RING>
 __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
     matvec_f16_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ up, int64_t row_bytes, int n_units,
                       int64_t rows, const float* __restrict__ x, RowSplit y, int accumulate, int stages) {
@@ -402,10 +402,10 @@ __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
     };
     if constexpr (NM == 1) {
         const uint8_t* const ws[1] = {w};
-        product_block<F16Ring, 1, R, 1, RING>(ws, row_bytes, n_units, rows, x, 1, stages, done);
+        product_block<F16Ring<T>, 1, R, 1, RING>(ws, row_bytes, n_units, rows, x, 1, stages, done);
     } else {
         const uint8_t* const ws[2] = {w, up};
-        product_block<F16Ring, 2, R, 1, RING>(ws, row_bytes, n_units, rows, x, 1, stages, done);
+        product_block<F16Ring<T>, 2, R, 1, RING>(ws, row_bytes, n_units, rows, x, 1, stages, done);
     }
 }
 
@@ -658,9 +658,10 @@ void get_rows(float* out, const DevWeight& emb, const int32_t* d_tokens, int n, 
 }
 
 namespace {
-// F16 rows of whole units through matvec_f16_kernel (up: SwiGLU's), launched after launch() below.
+// F16 and BF16 rows of whole units through matvec_f16_kernel (up: SwiGLU's), launched after launch() below.
 bool f16_block_ok(const DevWeight& w) {
-    return w.type == GgmlType::F16 && w.cols % 32 == 0 && w.row_bytes < (int64_t(1) << 31);
+    return (w.type == GgmlType::F16 || w.type == GgmlType::BF16) && w.cols % 32 == 0 &&
+           w.row_bytes < (int64_t(1) << 31);
 }
 // stages: MviShape::stages (0: the register path).
 void launch_f16(const RowSplit& y, const DevWeight& w, const DevWeight* up, const float* x, bool accumulate, bool pdl,
@@ -798,18 +799,26 @@ void launch_f16(const RowSplit& y, const DevWeight& w, const DevWeight* up, cons
     const unsigned threads = unsigned(32 * mvi_warps(n_units));
     const uint8_t* u = up ? up->data : nullptr;
     const int acc = up || !accumulate ? 0 : 1;
-    const auto go = [&](auto nm) {
+    const auto go = [&](auto type, auto nm) {
+        constexpr GgmlType T = decltype(type)::value;
         constexpr int NM = decltype(nm)::value, R = kMvF16Rows / NM;
-        if (stages > 0 && launch_ring<F16Ring>(matvec_f16_kernel<NM, R, true>, threads, NM * R, stages, w.rows, R, pdl,
-                                               s, w.data, u, w.row_bytes, n_units, w.rows, x, y, acc, stages))
+        if (stages > 0 && launch_ring<F16Ring<T>>(matvec_f16_kernel<T, NM, R, true>, threads, NM * R, stages, w.rows, R,
+                                                  pdl, s, w.data, u, w.row_bytes, n_units, w.rows, x, y, acc, stages))
             return;
-        launch(matvec_f16_kernel<NM, R, false>, grid_for(w.rows, R), threads, pdl, s, w.data, u, w.row_bytes, n_units,
-               w.rows, x, y, acc, 0);
+        launch(matvec_f16_kernel<T, NM, R, false>, grid_for(w.rows, R), threads, pdl, s, w.data, u, w.row_bytes,
+               n_units, w.rows, x, y, acc, 0);
     };
-    if (up)
-        go(std::integral_constant<int, 2>{});
+    const auto of = [&](auto type) {
+        if (up)
+            go(type, std::integral_constant<int, 2>{});
+        else
+            go(type, std::integral_constant<int, 1>{});
+    };
+    KVGEN_ASSERT(f16_block_ok(w) && (!up || up->type == w.type));
+    if (w.type == GgmlType::BF16)
+        of(TypeTag<GgmlType::BF16>{});
     else
-        go(std::integral_constant<int, 1>{});
+        of(TypeTag<GgmlType::F16>{});
     KVGEN_CUDA_LAUNCHED("matvec_f16");
 }
 // An n-token product (2 to kImBatchTokens) on the tensor cores where shape.mma and the type allow it (int_mma_ok):

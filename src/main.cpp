@@ -396,7 +396,7 @@ int main(int argc, char** argv) {
                     "within a rounding step of the activations)");
     add_cuda_choice(
         app, "--cuda-f16-matvec", &gen.run.cuda_f16_block, {"block", "warp"}, "block",
-        "CUDA, one token of F16 weights: block (a block of warps over 4 rows, 16-byte loads, the default) "
+        "CUDA, one token of F16 or BF16 weights: block (a block of warps over 4 rows, 16-byte loads, the default) "
         "or warp (a warp over 2 rows, the kernel of every other type's f32 product, to compare; sums within "
         "f32 rounding of each other)");
     app.add_option_function<std::string>(

@@ -963,40 +963,45 @@ TEST_CASE("the SwiGLU product quantizes its output for the down projection: the 
     }
 }
 
-TEST_CASE("F16 decode products by blocks of warps over 4 rows, run on the host, match the exact product",
+TEST_CASE("F16 and BF16 decode products by blocks of warps over 4 rows, run on the host, match the exact product",
           "[cuda-host]") {
     // 96 columns: one warp, most lanes idle; 4096: 4 warps, one unit a thread; 11008: 6 warps x 2 passes. 9 rows: the
     // last block of 4 has rows past the matrix (gate and up: blocks of 2 of each).
     const int64_t rows = 9;
-    for (const int64_t cols : {96, 4096, 11008}) {
-        INFO("cols " << cols);
-        const RandomRows w = random_rows(GgmlType::F16, rows, cols, 3), up = random_rows(GgmlType::F16, rows, cols, 4);
-        const std::vector<float> x = test::randn(size_t(cols), 5, 2.0f);
-        const std::vector<float> y = cuda::host::matvec_f16(w.bytes.data(), rows, cols, x);
-        const std::vector<float> g = cuda::host::matvec_f16(w.bytes.data(), rows, cols, x, up.bytes.data());
-        const std::vector<float> lanes = cuda::host::matvec(GgmlType::F16, w.bytes.data(), rows, cols, x);
-        for (int64_t r = 0; r < rows; ++r) {
-            INFO("row " << r);
-            const ExactRow e = exact_row(w.values, x, r, cols), eu = exact_row(up.values, x, r, cols);
-            CHECK(std::fabs(y[size_t(r)] - e.sum) <= 1e-6 * e.mag);
-            CHECK(std::fabs(y[size_t(r)] - lanes[size_t(r)]) <= 2e-6 * e.mag);  // the warp kernel's sums
-            const double want = e.sum / (1.0 + std::exp(-e.sum)) * eu.sum;
-            CHECK(std::fabs(g[size_t(r)] - want) <=
-                  1e-5 * (e.mag * std::fabs(eu.sum) + eu.mag * std::fabs(e.sum)) + 1e-7);
+    for (const GgmlType t : {GgmlType::F16, GgmlType::BF16})
+        for (const int64_t cols : {96, 4096, 11008}) {
+            INFO(ggml_type_name(t) << " cols " << cols);
+            const RandomRows w = random_rows(t, rows, cols, 3), up = random_rows(t, rows, cols, 4);
+            const std::vector<float> x = test::randn(size_t(cols), 5, 2.0f);
+            const std::vector<float> y = cuda::host::matvec_f16(t, w.bytes.data(), rows, cols, x);
+            const std::vector<float> g = cuda::host::matvec_f16(t, w.bytes.data(), rows, cols, x, up.bytes.data());
+            const std::vector<float> lanes = cuda::host::matvec(t, w.bytes.data(), rows, cols, x);
+            for (int64_t r = 0; r < rows; ++r) {
+                INFO("row " << r);
+                const ExactRow e = exact_row(w.values, x, r, cols), eu = exact_row(up.values, x, r, cols);
+                CHECK(std::fabs(y[size_t(r)] - e.sum) <= 1e-6 * e.mag);
+                CHECK(std::fabs(y[size_t(r)] - lanes[size_t(r)]) <= 2e-6 * e.mag);  // the warp kernel's sums
+                const double want = e.sum / (1.0 + std::exp(-e.sum)) * eu.sum;
+                CHECK(std::fabs(g[size_t(r)] - want) <=
+                      1e-5 * (e.mag * std::fabs(eu.sum) + eu.mag * std::fabs(e.sum)) + 1e-7);
+            }
+            // Through rings of shared memory (--cuda-matvec-stages), 37 rows (10 groups of 4, 19 of 2 + 2, over 3
+            // blocks): the register path's bits.
+            const int64_t more = 37;
+            const RandomRows w37 = random_rows(t, more, cols, 6), u37 = random_rows(t, more, cols, 7);
+            const std::vector<float> y37 = cuda::host::matvec_f16(t, w37.bytes.data(), more, cols, x);
+            const std::vector<float> g37 = cuda::host::matvec_f16(t, w37.bytes.data(), more, cols, x, u37.bytes.data());
+            for (const int stages : {2, 3, 4}) {
+                INFO("stages " << stages);
+                CHECK(cuda::host::matvec_f16(t, w37.bytes.data(), more, cols, x, nullptr, stages) == y37);
+                CHECK(cuda::host::matvec_f16(t, w37.bytes.data(), more, cols, x, u37.bytes.data(), stages) == g37);
+            }
         }
-        // Through rings of shared memory (--cuda-matvec-stages), 37 rows (10 groups of 4, 19 of 2 + 2, over 3
-        // blocks): the register path's bits.
-        const int64_t more = 37;
-        const RandomRows w37 = random_rows(GgmlType::F16, more, cols, 6),
-                         u37 = random_rows(GgmlType::F16, more, cols, 7);
-        const std::vector<float> y37 = cuda::host::matvec_f16(w37.bytes.data(), more, cols, x);
-        const std::vector<float> g37 = cuda::host::matvec_f16(w37.bytes.data(), more, cols, x, u37.bytes.data());
-        for (const int stages : {2, 3, 4}) {
-            INFO("stages " << stages);
-            CHECK(cuda::host::matvec_f16(w37.bytes.data(), more, cols, x, nullptr, stages) == y37);
-            CHECK(cuda::host::matvec_f16(w37.bytes.data(), more, cols, x, u37.bytes.data(), stages) == g37);
-        }
-    }
+    // A BF16 row is not read as F16: the same bytes give other sums.
+    const RandomRows b = random_rows(GgmlType::BF16, rows, 4096, 8);
+    const std::vector<float> x = test::randn(4096, 9, 2.0f);
+    CHECK(cuda::host::matvec_f16(GgmlType::BF16, b.bytes.data(), rows, 4096, x) !=
+          cuda::host::matvec_f16(GgmlType::F16, b.bytes.data(), rows, 4096, x));
 }
 
 TEST_CASE("a residual product folds the next RMSNorm in: the blocks rmsnorm quantizes, within a rounding step",

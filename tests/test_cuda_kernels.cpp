@@ -283,36 +283,38 @@ TEST_CASE("the integer decode products on blocks of 3 to 8 warps and of several 
         }
 }
 
-TEST_CASE("F16 decode products by blocks of warps: the host emulation's bits, the warp kernel's within rounding",
-          "[cuda][kernels]") {
+TEST_CASE(
+    "F16 and BF16 decode products by blocks of warps: the host emulation's bits, the warp kernel's within "
+    "rounding",
+    "[cuda][kernels]") {
     // 4096 columns: 4 warps; 11008: 6 x 2 passes; 13824: 7 x 2. 4099 rows: the last block past the matrix.
-    for (const int64_t cols : {4096, 11008, 13824}) {
-        INFO("cols " << cols);
-        const int64_t rows = 4099;
-        const std::vector<uint8_t> b = random_weights(GgmlType::F16, rows, cols, 71),
-                                   b_up = random_weights(GgmlType::F16, rows, cols, 72);
-        const ct::HostWeight w{GgmlType::F16, rows, cols, &b}, wu{GgmlType::F16, rows, cols, &b_up};
-        const std::vector<float> x = randn(size_t(cols), 73), y0 = randn(size_t(rows), 74);
-        const std::vector<float> y = ct::matvec(w, x, nullptr);
-        CHECK(y == kvgen::cuda::host::matvec_f16(b.data(), rows, cols, x));
-        const std::vector<float> warp = ct::matvec(w, x, nullptr, false);
-        require_close(y, warp, 1e-5 * max_abs(warp));
-        // accumulate onto y0: y0 + y, one rounding
-        const std::vector<float> acc = ct::matvec(w, x, &y0);
-        for (size_t r = 0; r < acc.size(); ++r) REQUIRE(acc[r] == y0[r] + y[r]);
-        // gate and up in one block: each row's sum the bits of its product alone (the same threads' shares and
-        // order), then the swiglu kernel's arithmetic
-        const std::vector<float> g = ct::matvec_glu(w, wu, x);
-        CHECK(g == ct::swiglu(y, ct::matvec(wu, x, nullptr)));
-        require_close(g, ct::matvec_glu(w, wu, x, false), 1e-5 * max_abs(g));
-        // through rings of shared memory (--cuda-matvec-stages; 1025 groups of 4 rows, several a block): the bits
-        for (const int stages : {2, 3, 4}) {
-            INFO("stages " << stages);
-            CHECK(ct::matvec(w, x, nullptr, true, stages) == y);
-            CHECK(ct::matvec(w, x, &y0, true, stages) == acc);
-            CHECK(ct::matvec_glu(w, wu, x, true, stages) == g);
+    for (const GgmlType t : {GgmlType::F16, GgmlType::BF16})
+        for (const int64_t cols : {4096, 11008, 13824}) {
+            INFO(ggml_type_name(t) << " cols " << cols);
+            const int64_t rows = 4099;
+            const std::vector<uint8_t> b = random_weights(t, rows, cols, 71), b_up = random_weights(t, rows, cols, 72);
+            const ct::HostWeight w{t, rows, cols, &b}, wu{t, rows, cols, &b_up};
+            const std::vector<float> x = randn(size_t(cols), 73), y0 = randn(size_t(rows), 74);
+            const std::vector<float> y = ct::matvec(w, x, nullptr);
+            CHECK(y == kvgen::cuda::host::matvec_f16(t, b.data(), rows, cols, x));
+            const std::vector<float> warp = ct::matvec(w, x, nullptr, false);
+            require_close(y, warp, 1e-5 * max_abs(warp));
+            // accumulate onto y0: y0 + y, one rounding
+            const std::vector<float> acc = ct::matvec(w, x, &y0);
+            for (size_t r = 0; r < acc.size(); ++r) REQUIRE(acc[r] == y0[r] + y[r]);
+            // gate and up in one block: each row's sum the bits of its product alone (the same threads' shares and
+            // order), then the swiglu kernel's arithmetic
+            const std::vector<float> g = ct::matvec_glu(w, wu, x);
+            CHECK(g == ct::swiglu(y, ct::matvec(wu, x, nullptr)));
+            require_close(g, ct::matvec_glu(w, wu, x, false), 1e-5 * max_abs(g));
+            // through rings of shared memory (--cuda-matvec-stages; 1025 groups of 4 rows, several a block): the bits
+            for (const int stages : {2, 3, 4}) {
+                INFO("stages " << stages);
+                CHECK(ct::matvec(w, x, nullptr, true, stages) == y);
+                CHECK(ct::matvec(w, x, &y0, true, stages) == acc);
+                CHECK(ct::matvec_glu(w, wu, x, true, stages) == g);
+            }
         }
-    }
 }
 
 TEST_CASE("the integer products of a short prompt: each token the same bits as its product alone", "[cuda][kernels]") {

@@ -56,8 +56,8 @@ struct Settings {
                                  // themselves, without a launch of their own (--cuda-kv-store)
     bool cuda_norm_fold = true;  // CUDA, one token: each RMSNorm after the first folded into the integer residual
                                  // product before it, without a launch of its own (--cuda-norm)
-    bool cuda_f16_block = true;  // CUDA, one token: F16 products by blocks of warps over 4 rows (matvec_f16_kernel),
-                                 // not a warp per 2 rows (--cuda-f16-matvec)
+    bool cuda_f16_block = true;  // CUDA, one token: F16 and BF16 products by blocks of warps over 4 rows
+                                 // (matvec_f16_kernel), not a warp per 2 rows (--cuda-f16-matvec)
     int cuda_prompt_split = -1;  // CUDA, 2-16 tokens: products with F16, BF16 and the quantized types without
                                  // integer products on the tensor cores, on activations split into f16 high and low
                                  // parts (f16_split_product): -1 auto (those of at least kSplitMinWeights weights), 1

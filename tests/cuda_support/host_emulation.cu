@@ -324,33 +324,41 @@ int matvec_int_warps(int n_units) {
     return mvi_warps(n_units);
 }
 
-std::vector<float> matvec_f16(const uint8_t* bytes, int64_t rows, int64_t cols, const std::vector<float>& x,
-                              const uint8_t* up, int stages) {
+std::vector<float> matvec_f16(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
+                              const std::vector<float>& x, const uint8_t* up, int stages) {
     if (cols % 32 != 0) throw Error("matvec_f16: rows of whole 32-weight units");
+    if (type != GgmlType::F16 && type != GgmlType::BF16) throw Error("matvec_f16: F16 or BF16 rows");
     std::vector<DeviceRows> dev;
-    dev.push_back(device_rows(GgmlType::F16, bytes, rows, cols));
-    if (up) dev.push_back(device_rows(GgmlType::F16, up, rows, cols));
+    dev.push_back(device_rows(type, bytes, rows, cols));
+    if (up) dev.push_back(device_rows(type, up, rows, cols));
     const int n_units = int(cols / 32), threads = 32 * mvi_warps(n_units);
     std::vector<std::vector<float>> y(dev.size(), std::vector<float>(size_t(rows), NAN));
-    const auto go = [&](auto nm) {  // matvec_f16_kernel<NM, kMvF16Rows / NM>
+    const auto go = [&](auto tag, auto nm) {  // matvec_f16_kernel<T, NM, kMvF16Rows / NM>
+        constexpr GgmlType T = decltype(tag)::value;
         constexpr int NM = decltype(nm)::value, R = kMvF16Rows / NM;
-        if (stages > 0) return ring_launch<F16Ring, NM, 1, R>(dev, rows, cols, x.data(), 1, stages, y);
+        if (stages > 0) return ring_launch<F16Ring<T>, NM, 1, R>(dev, rows, cols, x.data(), 1, stages, y);
         const uint8_t* p[NM];
         for (int m = 0; m < NM; ++m) p[m] = dev[size_t(m)].p;
         std::vector<float> acc(size_t(threads) * NM * R);  // [thread][m][r]
         for (int64_t r0 = 0; r0 < rows; r0 += R) {
             for (int t = 0; t < threads; ++t) {
                 float share[NM][R][1];
-                matvec_f16_thread<NM, R>(p, dev[0].row_bytes, n_units, rows, r0, t, threads, x.data(), share);
+                matvec_f16_thread<T, NM, R>(p, dev[0].row_bytes, n_units, rows, r0, t, threads, x.data(), share);
                 std::memcpy(&acc[size_t(t) * NM * R], share, sizeof(share));
             }
             block_sums<NM, 1, R>(acc.data(), threads, r0, rows, 1, y);
         }
     };
-    if (up)
-        go(std::integral_constant<int, 2>{});
+    const auto of = [&](auto tag) {
+        if (up)
+            go(tag, std::integral_constant<int, 2>{});
+        else
+            go(tag, std::integral_constant<int, 1>{});
+    };
+    if (type == GgmlType::BF16)
+        of(TypeTag<GgmlType::BF16>{});
     else
-        go(std::integral_constant<int, 1>{});
+        of(TypeTag<GgmlType::F16>{});
     if (!up) return y[0];
     std::vector<float> out(static_cast<size_t>(rows));
     for (size_t r = 0; r < out.size(); ++r) {

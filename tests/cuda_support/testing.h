@@ -195,11 +195,11 @@ std::vector<HostActBlock> quantize_act_items(const std::vector<float>& x);
 // (matvec_ring, --cuda-matvec-stages) in a few blocks that take several row groups each, 0: through registers.
 std::vector<float> matvec_int(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                               const std::vector<float>& x, int n = 1, bool pairs = true, int stages = 0);
-// y = W x for F16 rows (the GGUF bytes; cols a multiple of 32) with matvec_f16_kernel's blocks (matvec_f16_thread,
-// kMvF16Rows rows a block) and block_rows_sum's order; with up, silu(W x) * (Up x), 2 rows of each a block; stages
-// as matvec_int's (F16Ring).
-std::vector<float> matvec_f16(const uint8_t* bytes, int64_t rows, int64_t cols, const std::vector<float>& x,
-                              const uint8_t* up = nullptr, int stages = 0);
+// y = W x for F16 or BF16 (type) rows (the GGUF bytes; cols a multiple of 32) with matvec_f16_kernel's blocks
+// (matvec_f16_thread, kMvF16Rows rows a block) and block_rows_sum's order; with up, silu(W x) * (Up x), 2 rows of
+// each a block; stages as matvec_int's (F16Ring).
+std::vector<float> matvec_f16(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
+                              const std::vector<float>& x, const uint8_t* up = nullptr, int stages = 0);
 // y = W x (with up: silu(W x) * (Up x)) in integers on the tensor cores, matvec_int_mma_body's blocks for n tokens
 // (2 to 64 on the device, here 1 to 64) x [n][cols] in the device's launch (int_mma_launch_of: groups of up to 16
 // tokens, Q6_K 8), y [n][rows]; Q4_0, Q8_0, Q4_K, Q6_K. Throws where an output is stored other than once.
