@@ -86,10 +86,11 @@ private:
     // Whether a product with w of up to kMvMaxTokens tokens runs in integers, and `in` (count floats) quantized for
     // it into xq_.
     bool use_int(const DevWeight& w) const { return int_matvec_ && int_matvec_ok(w); }
-    // Whether an n-token product with w runs in integers: up to kMvMaxTokens tokens where use_int, and with
+    // Whether an n-token product with w runs in integers: up to kMvMaxTokens tokens where use_int, unless a short
+    // prompt's product takes split activations (split_product: Q5_K, the one type both take, goes there), and with
     // --cuda-matvec-mma on up to kImBatchTokens of the types the tensor cores take (int_mma_ok).
     bool int_product(const DevWeight& w, int n) const {
-        return use_int(w) && (n <= kMvMaxTokens || (mvi_.mma && int_mma_ok(w, n)));
+        return use_int(w) && (n <= kMvMaxTokens || (mvi_.mma && int_mma_ok(w, n))) && !split_product(w, n);
     }
     // Whether layer l's Q|K|V products (its SwiGLU products) of n tokens run in integers, on the ActBlocks the norm
     // before them writes.

@@ -1,6 +1,6 @@
 #pragma once
-// Decode products in integers, for Q4_0, Q8_0, Q4_K and Q6_K weights. The input vector is quantized once per product
-// to 16-bit integers in blocks of 32 (ActBlock: x ~ d * q, |q| <= 32512, the CPU's activation rounding, see
+// Decode products in integers, for Q4_0, Q8_0, Q4_K, Q5_K and Q6_K weights. The input vector is quantized once per
+// product to 16-bit integers in blocks of 32 (ActBlock: x ~ d * q, |q| <= 32512, the CPU's activation rounding, see
 // src/cpu/vecdot.h), and each lane dots a unit of 32 weights' small integers with their int16 activations by __dp2a
 // (two int16 x int8 products per instruction), converting to float once per unit. Weights come in 16-byte loads
 // from the device layout (weight_layout.h); the activations' rounding (1 part in 32512 of a block's largest value)
@@ -102,7 +102,8 @@ KVGEN_HD void quantize_act_warp(const Ctx& ctx, float v, int lane, ActBlock& a) 
 
 // Whether a type has an integer decode product.
 KVGEN_HD bool has_int_matvec(GgmlType t) {
-    return t == GgmlType::Q4_0 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K || t == GgmlType::Q6_K;
+    return t == GgmlType::Q4_0 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K || t == GgmlType::Q5_K ||
+           t == GgmlType::Q6_K;
 }
 
 // c + a.lo16 * b.byte[k] + a.hi16 * b.byte[k + 1], signed, with k = 0 (lo) or 2 (hi).
@@ -182,11 +183,15 @@ KVGEN_HD void words_of(const uint4& v, uint32_t* w) {
 //         sub-block 2 (k / 2), high nibbles the same values of sub-block 2 (k / 2) + 1; the pair's scale word
 //         (sc[2p], sc[2p + 1], m[2p], m[2p + 1] for p = k / 2) and the super-block's d and dmin, two 4-byte loads
 //         shared by 2 and 8 units.
+//   Q5_K  (its GGUF blocks, 176 bytes: 16-byte multiples) super-block u / 8, k = u % 8: Q4_K's unit, plus the 16
+//         bytes 16 (k % 2) of qh (bits 2 (k / 2) and 2 (k / 2) + 1: the fifth bits of its two sub-blocks' values),
+//         and the block's first 16 bytes (d, dmin and the 12 packed bytes of scales and mins), unpacked into Q4_K's
+//         scale word of the pair as they are loaded.
 //   Q6_K  super-block u / 8, k = u % 8: half h = k / 4, g = k % 2, ql bytes 64 h + 32 ((k / 2) % 2) + 16 g (16),
 //         qh bytes 128 + 32 h + 16 g (16): values 16 g .. + 15 of quarter (k / 2) % 2 (low nibbles) and of the
 //         quarter two further (high nibbles).
 // For the k-quants the unit's 32 activations come from two blocks (two 16-value halves), whose sums of q carry the
-// mins (Q4_K) and the offset of 32 (Q6_K's 6-bit values go in unsigned, 0..63).
+// mins (Q4_K, Q5_K) and the offset of 32 (Q6_K's 6-bit values go in unsigned, 0..63).
 template <GgmlType T>
 KVGEN_HD void load_unit_acts(const ActBlock* __restrict__ x, int u, UnitActs& a) {
     if constexpr (T == GgmlType::Q4_0 || T == GgmlType::Q8_0) {
@@ -197,8 +202,9 @@ KVGEN_HD void load_unit_acts(const ActBlock* __restrict__ x, int u, UnitActs& a)
         a.s[0] = a.s[1] = b.s;
     } else {
         const int k = u % 8, g = k % 2;
-        const int b0 = (u / 8) * 8 + (T == GgmlType::Q4_K ? 2 * (k / 2) : 4 * (k / 4) + (k / 2) % 2);
-        const int b1 = b0 + (T == GgmlType::Q4_K ? 1 : 2);
+        constexpr bool pairs = T == GgmlType::Q4_K || T == GgmlType::Q5_K;  // sub-blocks 2p and 2p + 1
+        const int b0 = (u / 8) * 8 + (pairs ? 2 * (k / 2) : 4 * (k / 4) + (k / 2) % 2);
+        const int b1 = b0 + (pairs ? 1 : 2);
         load_act_half(x[b0], 8 * g, a.xw, 0);
         load_act_half(x[b1], 8 * g, a.xw, 8);
         a.d[0] = x[b0].d;
@@ -266,6 +272,18 @@ KVGEN_HD void load_unit(const uint8_t* __restrict__ row, int u, int n_units, Uni
     w.sm = ld_u32(row + q4k_scales_at(n_super) + 16 * sb + 4 * (k / 2));
     w.dd = ld_u32(row + q4k_d_at(n_super) + 4 * sb);
 }
+// A Q4_K or Q5_K unit's sum from its values (lo: the first sub-block's 16, hi: the second's, 4 to a word, unsigned),
+// the pair's scale word sm and the super-block's d and dmin (dd).
+KVGEN_HD float k_pair_dot(const uint32_t (&lo)[4], const uint32_t (&hi)[4], uint32_t sm, uint32_t dd, const UnitActs& a,
+                          float acc) {
+    const float d = half_bits(uint16_t(dd & 0xffffu)), dmin = half_bits(uint16_t(dd >> 16));
+    const int dot0 = int(sm & 0xffu) * dot_words<4>(lo, a.xw);
+    const int dot1 = int((sm >> 8) & 0xffu) * dot_words<4>(hi, a.xw + 8);
+    const int min0 = int((sm >> 16) & 0xffu) * a.s[0], min1 = int(sm >> 24) * a.s[1];
+    const float sd = fmaf(a.d[0], float(dot0), a.d[1] * float(dot1));
+    const float sms = fmaf(a.d[0], float(min0), a.d[1] * float(min1));
+    return acc + fmaf(d, sd, -(dmin * sms));
+}
 KVGEN_HD float unit_dot(const UnitWeights<GgmlType::Q4_K>& w, int, const UnitActs& a, float acc) {
     uint32_t v[4], lo[4], hi[4];
     words_of(w.q, v);
@@ -274,13 +292,51 @@ KVGEN_HD float unit_dot(const UnitWeights<GgmlType::Q4_K>& w, int, const UnitAct
         lo[m] = v[m] & 0x0f0f0f0fu;
         hi[m] = (v[m] >> 4) & 0x0f0f0f0fu;
     }
-    const float d = half_bits(uint16_t(w.dd & 0xffffu)), dmin = half_bits(uint16_t(w.dd >> 16));
-    const int dot0 = int(w.sm & 0xffu) * dot_words<4>(lo, a.xw);
-    const int dot1 = int((w.sm >> 8) & 0xffu) * dot_words<4>(hi, a.xw + 8);
-    const int min0 = int((w.sm >> 16) & 0xffu) * a.s[0], min1 = int(w.sm >> 24) * a.s[1];
-    const float sd = fmaf(a.d[0], float(dot0), a.d[1] * float(dot1));
-    const float sm = fmaf(a.d[0], float(min0), a.d[1] * float(min1));
-    return acc + fmaf(d, sd, -(dmin * sm));
+    return k_pair_dot(lo, hi, w.sm, w.dd, a, acc);
+}
+
+// Q5_K's block on the device: its GGUF bytes.
+constexpr int kQ5kBlockBytes = 176, kQ5kQhAt = 16, kQ5kQsAt = 48;
+// The scale word of sub-blocks 2p and 2p + 1 (sc[2p], sc[2p + 1], m[2p], m[2p + 1], as Q4_K's plane holds it) from a
+// Q5_K (or Q4_K) block's first 16 bytes, v.y .. v.w the 12 packed bytes: 6-bit scale and min j in the low bits of
+// bytes j and j + 4 for j < 4; for j >= 4, their low 4 bits in byte j + 4 (scale low, min high nibble) and their top 2
+// bits in the top bits of bytes j - 4 (scale) and j (min).
+KVGEN_HD uint32_t k5_scale_word(const uint4& v, int p) {
+    const int sh = 16 * (p % 2);
+    if (p < 2) return ((v.y >> sh) & 0x3f3fu) | (((v.z >> sh) & 0x3f3fu) << 16);
+    const uint32_t lo = v.w >> sh, top_s = v.y >> sh, top_m = v.z >> sh;
+    const uint32_t sc = (lo & 0x0f0fu) | ((top_s >> 2) & 0x3030u);
+    const uint32_t mn = ((lo >> 4) & 0x0f0fu) | ((top_m >> 2) & 0x3030u);
+    return sc | (mn << 16);
+}
+
+template <>
+struct UnitWeights<GgmlType::Q5_K> {
+    uint4 q;      // 16 bytes of qs
+    uint4 h;      // 16 bytes of qh
+    uint32_t sm;  // the pair's scales and mins
+    uint32_t dd;  // the super-block's d and dmin
+};
+KVGEN_HD UnitWeights<GgmlType::Q5_K> q5k_unit(const uint4& q, const uint4& h, const uint4& head, int u) {
+    return UnitWeights<GgmlType::Q5_K>{q, h, k5_scale_word(head, (u % 8) / 2), head.x};
+}
+KVGEN_HD void load_unit(const uint8_t* __restrict__ row, int u, int, UnitWeights<GgmlType::Q5_K>& w) {
+    const uint8_t* b = row + int64_t(kQ5kBlockBytes) * (u / 8);
+    const int k = u % 8;
+    w = q5k_unit(ld16(b + kQ5kQsAt + 16 * k), ld16(b + kQ5kQhAt + 16 * (k % 2)), ld16(b), u);
+}
+KVGEN_HD float unit_dot(const UnitWeights<GgmlType::Q5_K>& w, int u, const UnitActs& a, float acc) {
+    const int j0 = 2 * ((u % 8) / 2);  // the first sub-block: its fifth bits are bit j0 of each qh byte
+    uint32_t v[4], hv[4], lo[4], hi[4];
+    words_of(w.q, v);
+    words_of(w.h, hv);
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {  // the 5-bit values, 0..31
+        const uint32_t hs = hv[m] >> j0;
+        lo[m] = (v[m] & 0x0f0f0f0fu) | ((hs << 4) & 0x10101010u);
+        hi[m] = ((v[m] >> 4) & 0x0f0f0f0fu) | ((hs << 3) & 0x10101010u);
+    }
+    return k_pair_dot(lo, hi, w.sm, w.dd, a, acc);
 }
 
 template <>
@@ -375,12 +431,13 @@ constexpr int kMviMaxWarps = 8;
 constexpr int kMviMaxTokens = 8;
 // Rows per block of each of NM matrices for NT tokens. One token: 4 of one matrix, 2 of each of gate and up. Several
 // tokens: fewer where a thread's rows' weights and sums would not fit in 128 registers (ptxas sm_90, no spills): at
-// most 32 sums, Q6_K 16, and Q4_K 2 rows of one matrix for 8 tokens (4 rows spill 144 bytes there; for 4 tokens, 4 rows
-// of one matrix or 2 of each of gate and up take 128 registers, no spills, since Q4_K's planar layout).
+// most 32 sums, Q6_K and Q5_K 16, Q4_K 2 rows of one matrix for 8 tokens (4 rows spill 144 bytes there; for 4 tokens,
+// 4 rows of one matrix or 2 of each of gate and up take 128 registers, no spills, since Q4_K's planar layout), Q5_K 2
+// for 4 tokens too (4 rows: 72 bytes of stack).
 template <GgmlType T>
 KVGEN_HD constexpr int mvi_rows(int nm, int nt) {
-    const int rows = (nt > 4 && T == GgmlType::Q4_K ? 2 : 4) / nm;
-    const int fit = (nt > 1 && T == GgmlType::Q6_K ? 16 : 32) / (nm * nt);
+    const int rows = ((nt > 4 && T == GgmlType::Q4_K) || (nt > 1 && T == GgmlType::Q5_K) ? 2 : 4) / nm;
+    const int fit = (nt > 1 && (T == GgmlType::Q6_K || T == GgmlType::Q5_K) ? 16 : 32) / (nm * nt);
     return fit < 1 ? 1 : fit < rows ? fit : rows;
 }
 constexpr int kMviRows = mvi_rows<GgmlType::Q4_0>(1, 1);     // one token: rows per block of one matrix (4, any type)
@@ -711,6 +768,21 @@ struct RingStep<GgmlType::Q6_K, 1> {
     }
 };
 
+template <>
+struct RingStep<GgmlType::Q5_K, 1> {
+    static constexpr int n16 = 3, n4 = 0;
+    KVGEN_HD static void sources(const uint8_t* row, int u, int, const uint8_t* (&p16)[n16], const uint8_t* (&)[1]) {
+        const uint8_t* b = row + int64_t(kQ5kBlockBytes) * (u / 8);
+        const int k = u % 8;
+        p16[0] = b + kQ5kQsAt + 16 * k;
+        p16[1] = b + kQ5kQhAt + 16 * (k % 2);
+        p16[2] = b;
+    }
+    KVGEN_HD static UnitWeights<GgmlType::Q5_K> make(const uint4 (&v)[n16], const uint32_t (&)[1], int u) {
+        return q5k_unit(v[0], v[1], v[2], u);
+    }
+};
+
 // A ring's steps as matvec_ring takes them, for the integer products: RingStep's pieces, StepWeights' registers,
 // steps of S units, and step_dots' sums. (F16Ring, below, is the F16 products'.) Each such policy P has steps (units
 // a step), n16 and n4 (its pieces; n4 may be 0), Weights, sources and make (RingStep's), thread (the register path's
@@ -974,6 +1046,9 @@ bool dispatch_int_type(GgmlType t, F&& f) {
             return true;
         case GgmlType::Q4_K:
             f(TypeTag<GgmlType::Q4_K>{});
+            return true;
+        case GgmlType::Q5_K:
+            f(TypeTag<GgmlType::Q5_K>{});
             return true;
         case GgmlType::Q6_K:
             f(TypeTag<GgmlType::Q6_K>{});

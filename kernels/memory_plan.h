@@ -22,9 +22,10 @@ constexpr int kIntBatchTokens = 64;    // kImBatchTokens, matvec_int_mma.cuh: th
 constexpr int kSplitBatchTokens = 16;  // kMvMaxTokens, matvec.cuh: the most tokens of a short prompt's product on
                                        // split activations (f16_split_product, ops.cuh)
 // The weight types whose short-prompt products take split activations on the tensor cores (Settings::
-// cuda_prompt_split): F16 by cuBLAS in place; BF16 and the quantized types without integer products (matvec_int.cuh's
-// has_int_matvec) through the prefill kernel that decodes each weight tile into shared memory (gemm_weight_mma) where
-// their rows are whole 32-weight chunks. Not F32, whose f16 tiles would round the weights.
+// cuda_prompt_split): F16 by cuBLAS in place; BF16, Q5_K and the quantized types without integer products
+// (matvec_int.cuh's has_int_matvec; Q5_K has them, for one token, or for a short prompt where its products do not take
+// split activations) through the prefill kernel that decodes each weight tile into shared memory (gemm_weight_mma)
+// where their rows are whole 32-weight chunks. Not F32, whose f16 tiles would round the weights.
 constexpr bool split_prompt_type(GgmlType t) {
     return t == GgmlType::F16 || t == GgmlType::BF16 || t == GgmlType::Q4_1 || t == GgmlType::Q5_0 ||
            t == GgmlType::Q5_1 || t == GgmlType::Q2_K || t == GgmlType::Q3_K || t == GgmlType::Q5_K;

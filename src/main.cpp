@@ -344,7 +344,8 @@ int main(int argc, char** argv) {
         "CUDA: launch the decode step kernel by kernel instead of replaying a captured graph");
     add_cuda_choice(app, "--cuda-matvec", &gen.run.cuda_int_matvec, {"int16", "f32"}, "int16",
                     "CUDA products of one token or a prompt of up to 16 (64 with --cuda-matvec-mma on) for Q4_0, "
-                    "Q8_0, Q4_K, Q6_K: int16 (integer dot products on 16-bit activations, the default) or f32 (float "
+                    "Q8_0, Q4_K, Q5_K (one token), Q6_K: int16 (integer dot products on 16-bit activations, the "
+                    "default) or f32 (float "
                     "activations, to compare)");
     add_cuda_choice(
         app, "--cuda-matvec-mma", &gen.run.cuda_int_mma, {"on", "off"}, "on",

@@ -658,7 +658,7 @@ TEST_CASE("the integer decode product, run on the host: the CPU's activation rou
     CHECK(cuda::host::matvec_int_warps(512) == 8);
     CHECK(cuda::host::matvec_int_warps(640) == 7);
     CHECK(cuda::host::matvec_int_warps(513) == 6);
-    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
+    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
         for (const int64_t n_cols : {96, 768, 2816, 4096, 16384, 20480}) {
             GgmlType t;
             REQUIRE(ggml_type_from_name(name, &t));
@@ -719,7 +719,7 @@ TEST_CASE("the integer products of a short prompt, run on the host: each token t
     // 2 to 16 tokens go in launches of up to 8 (4 rows a block; SwiGLU 2 of each), 4 tokens or fewer by a kernel of 4;
     // blocks of 1, 3 and 4 warps; 9 rows, so the last block has rows past the matrix.
     const int n_max = 16;
-    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
+    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
         for (const int64_t cols : {96, 768, 2816, 4096}) {
             GgmlType t;
             REQUIRE(ggml_type_from_name(name, &t));
@@ -840,7 +840,7 @@ TEST_CASE("the integer products through rings of shared memory, run on the host:
     // token and prompts of 5 and 13 (launches of 4 and 8); blocks of 1, 3, 4 and 6 warps, threads with no step of a
     // group (2816 columns: 88 units for 96 threads), with one, and with two (11008 columns: 344 units for 192 threads;
     // Q4_0's pairs at 20480 columns: 320 steps for 160), an odd unit left over (96 columns).
-    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
+    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
         for (const int64_t cols : {96, 768, 2816, 4096, 11008, 20480}) {
             GgmlType t;
             REQUIRE(ggml_type_from_name(name, &t));
@@ -899,7 +899,7 @@ TEST_CASE("the Q|K|V product's epilogue rotates Q and K and stores K and V: the 
     // One product over Q|K|V, and Q, K and V as three products (a Q4_K_M file's Q6_K V); one token and prompts in one
     // and two launches (NT 1, 4, 8), blocks of 2 and 4 rows; a partial rotation; positions 0 and 37 (13 tokens: the
     // second launch's from position 45).
-    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
+    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
         for (int rope_dim : {64, 32})
             for (int n : {1, 3, 8, 13}) {
                 GgmlType t;
@@ -949,7 +949,7 @@ TEST_CASE("the SwiGLU product quantizes its output for the down projection: the 
     // run in a shuffled order).
     const int64_t rows = 96, cols = 768;
     const std::vector<float> x = test::randn(size_t(cols), 17, 2.0f);
-    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"}) {
+    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}) {
         INFO(name);
         GgmlType t;
         REQUIRE(ggml_type_from_name(name, &t));
@@ -1012,7 +1012,7 @@ TEST_CASE("a residual product folds the next RMSNorm in: the blocks rmsnorm quan
     const float eps = 1e-5f;
     const std::vector<float> x = test::randn(size_t(cols), 21, 2.0f), residual = test::randn(size_t(rows), 22, 3.0f);
     const std::vector<float> norm_w = test::randn(size_t(rows), 23, 1.0f);
-    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"}) {
+    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}) {
         INFO(name);
         GgmlType t;
         REQUIRE(ggml_type_from_name(name, &t));

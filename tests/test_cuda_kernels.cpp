@@ -246,7 +246,7 @@ TEST_CASE("decode matvec and prefill GEMM match a double-precision product for e
 TEST_CASE("the integer decode products on blocks of 3 to 8 warps and of several passes", "[cuda][kernels]") {
     // 2816 columns: 3 warps, the last partly idle; 4096: 4; 13824: 7 x 2 passes; 16384: 8 x 2; 16416: 6 x 3; 20480:
     // 7 x 3 (mvi_warps). Gate and up of SwiGLU: 2 rows each per block.
-    for (const char* name : {"Q4_0", "Q4_K", "Q6_K"})
+    for (const char* name : {"Q4_0", "Q4_K", "Q5_K", "Q6_K"})
         for (const int64_t cols : {2816, 4096, 13824, 16384, 16416, 20480}) {
             GgmlType t;
             if (!whole_blocks(name, cols, &t)) continue;
@@ -322,7 +322,7 @@ TEST_CASE("the integer products of a short prompt: each token the same bits as i
     // rows past the matrix); 1280 columns: 2 warps, 11008: 6 x 2 passes. The products are also the host emulation's
     // bits, so the CPU-only tests' checks of the emulation hold for the device.
     const int n_max = 16;
-    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
+    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
         for (const int64_t cols : {1280, 11008}) {
             GgmlType t;
             if (!whole_blocks(name, cols, &t)) continue;
@@ -400,7 +400,7 @@ TEST_CASE("the integer SwiGLU product quantizes its output for the down projecti
     // quantize_act of the output, and the counters)
     const int64_t rows = 96, cols = 4096;
     const std::vector<float> x = test::randn(size_t(cols), 23, 1.0f);
-    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"}) {
+    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}) {
         GgmlType t;
         REQUIRE(ggml_type_from_name(name, &t));
         INFO(name);
@@ -419,7 +419,7 @@ TEST_CASE("the integer products through rings of shared memory: the register pat
     // counters, the last group's scaling), and 5 tokens. On a device without cp.async (sm_75) the copies are loads
     // and stores: the same bits still.
     const int64_t rows = 8192;
-    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
+    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
         for (const int64_t cols : {4096, 11008}) {
             GgmlType t;
             if (!whole_blocks(name, cols, &t)) continue;
@@ -449,7 +449,7 @@ TEST_CASE("a residual product folds the next RMSNorm in: the host emulation's bi
     // in which the device's blocks finish.
     const int64_t cols = 1024;
     const std::vector<float> x = test::randn(size_t(cols), 61, 1.0f);
-    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
+    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
         for (const int64_t rows : {4096, 5120})
             for (const bool wide : {false, true}) {
                 GgmlType t;
@@ -722,7 +722,7 @@ TEST_CASE("the Q|K|V products' epilogue stores K and V as rope_store_kv's launch
           "[cuda][kernels]") {
     // One product over Q|K|V and three products (a Q4_K_M file's Q6_K V); a token and prompts of one and two launches;
     // a partial rotation; positions 0, 1000 and 700 (the second launch's tokens from position 708).
-    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
+    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
         for (int rope_dim : {128, 64})
             for (int n : {1, 5, 12}) {
                 GgmlType t;
