@@ -107,8 +107,11 @@ private:
         return prompt_split_ != 0 && (prompt_split_ > 0 || w.rows * w.cols >= kSplitMinWeights) && ys_ && n >= 2 &&
                n <= kMvMaxTokens && split_prompt_weight(w.type, w.cols);  // the memory plan's test
     }
+    // to_f16_split of in [n][cols] into xh_; split_out: xh_ for n rows of cols, for a kernel that writes them itself
+    // (the RMSNorm before Q|K|V and before gate and up, SwiGLU's up product for the down projection).
     void split_in(const float* in, int n, int64_t cols);
-    void split_proj(const RowSplit& out, const DevWeight& w, int n, bool accumulate);
+    __half* split_out(int n, int64_t cols) const;
+    void split_proj(const RowSplit& out, const DevWeight& w, int n, bool accumulate, SplitSumTail tail = {});
     // The residual product of one token into x_ (w, as matvec_int on the ActBlocks in), with the next RMSNorm (weight
     // norm_w) folded in where the products after it read its ActBlocks (Settings::cuda_norm_fold; then norm_folded_
     // tells the next norm that xnq_ holds them).
@@ -149,6 +152,7 @@ private:
     bool f16_block_;              // Settings::cuda_f16_block
     int prompt_split_;            // Settings::cuda_prompt_split
     bool norm_folded_ = false;    // the last residual product also wrote the next norm's ActBlocks into xnq_
+    bool h_split_ = false;        // the last norm_swiglu() also wrote its output, split, into xh_ (split_out)
     bool flash_;       // Settings::cuda_flash_attention
     bool flash_async_;  // Settings::cuda_flash_pipeline, where the device has the shared memory (flash_async_fits)
     bool flash_warp_split_;  // Settings::cuda_flash_warp_split
@@ -292,7 +296,7 @@ void CudaOps::release() {
 // more); Pass does not change them.
 void CudaOps::begin(const int32_t* tokens, int n, int pos0, Pass) {
     pos0_ = pos0;
-    kv_stored_ = norm_folded_ = false;
+    kv_stored_ = norm_folded_ = h_split_ = false;
     sets_offsets_ = kv_.k_offsets() && pos0 < kKvOffsetPositions && pos0 + n >= kKvOffsetPositions;
     h_step_[0] = pos0;
     h_step_[1] = n;
@@ -355,20 +359,24 @@ const ActBlock* CudaOps::quantized(const float* in, int64_t count) {
 }
 
 void CudaOps::split_in(const float* in, int n, int64_t cols) {
-    KVGEN_ASSERT(2 * int64_t(n) * cols <= xh_halves_);
-    to_f16_split(xh_, in, n, cols, stream_);
+    to_f16_split(split_out(n, cols), in, n, cols, stream_);
 }
 
-void CudaOps::split_proj(const RowSplit& out, const DevWeight& w, int n, bool accumulate) {
+__half* CudaOps::split_out(int n, int64_t cols) const {
+    KVGEN_ASSERT(2 * int64_t(n) * cols <= xh_halves_);
+    return xh_;
+}
+
+void CudaOps::split_proj(const RowSplit& out, const DevWeight& w, int n, bool accumulate, SplitSumTail tail) {
     KVGEN_ASSERT(split_product(w, n) && 2 * int64_t(n) * w.rows <= ys_floats_);
     if (f16_split_ok(w)) {
-        f16_split_product(cublas_, out, w, xh_, n, accumulate, ys_, stream_);
+        f16_split_product(cublas_, out, w, xh_, n, accumulate, ys_, stream_, tail);
         return;
     }
     // the 2n rows' products into ys_ (partial sums, where the kernel splits the columns, in wh_), then added up
     gemm_overlap_join(gemm_overlap_ ? &overlap_ : nullptr, stream_);
     gemm_weight_mma(RowSplit::one(ys_, w.rows), w, xh_, 2 * n, false, mma_dev_, scratch(), wh_floats_, stream_);
-    f16_split_sum(out, ys_, n, w.rows, accumulate, stream_);
+    f16_split_sum(out, ys_, n, w.rows, accumulate, stream_, tail);
 }
 
 void CudaOps::proj(float* out, const DevWeight& w, const float* in, int n, bool accumulate) {
@@ -436,7 +444,7 @@ const DevWeight* CudaOps::gemm_next(const DevWeight& w, int n) const {
 void CudaOps::embed(float* x, int n) {
     // A forward starts here: nothing is left folded or stored by a step that did not finish (a capture that failed
     // halfway, after which run() launches the same step again without begin()).
-    kv_stored_ = norm_folded_ = false;
+    kv_stored_ = norm_folded_ = h_split_ = false;
     get_rows(x, w_.embd, d_step_ + 2, n, stream_);
     // note: the step's RoPE tables are made here, once, for every layer's rope_store_kv; inside the recorded step,
     // since they depend on the position in device memory.
@@ -448,11 +456,16 @@ void CudaOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int 
     // In integers (one token or a short prompt) the norm quantizes the input once for all three products; one
     // product over the rows of all three where they share a type (one token's also in f32).
     const bool in_int = qkv_in_int(L, n);
+    // a short prompt's products on the activations split once for the three (one, where fused), by the norm
+    const bool split =
+        !in_int && (L.fused_qkv ? split_product(L.qkv, n)
+                                : split_product(L.wq, n) && split_product(L.wk, n) && split_product(L.wv, n));
     const ActBlock* xin = nullptr;
     if (in_int)
         xin = norm_int(x, L.attn_norm, n);
     else
-        rmsnorm(xn_, nullptr, x, L.attn_norm, n, c_.n_embd, c_.rms_eps, pdl_, stream_);
+        rmsnorm(xn_, nullptr, x, L.attn_norm, n, c_.n_embd, c_.rms_eps, pdl_, stream_,
+                split ? split_out(n, c_.n_embd) : nullptr);
     // Over an f16 cache the integer products also rotate Q and K and store K and V (rope_store_kv then has nothing
     // left to do); a quantized cache stores whole rows, in rope_store_kv's launch.
     // (not where the prompt's Q goes to the tensor cores, whose products have no such epilogue: rope_store_kv then)
@@ -479,10 +492,7 @@ void CudaOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int 
         matvec_int(RowSplit::one(v, L.wv.rows), L.wv, xin, n, false, pdl_, stream_, kv_stored_ ? &sv : nullptr, mvi_);
         return;
     }
-    const bool split = L.fused_qkv ? split_product(L.qkv, n)
-                                   : split_product(L.wq, n) && split_product(L.wk, n) && split_product(L.wv, n);
-    if (split) {  // a short prompt's products on the activations split once for the three (one, where fused)
-        split_in(xn_, n, c_.n_embd);
+    if (split) {
         if (L.fused_qkv) {
             split_proj(RowSplit{{q, k, v}, {qd, qd + kvd}}, L.qkv, n, false);
             return;
@@ -586,11 +596,15 @@ void CudaOps::norm_swiglu(float* h, const float* x, int l, int n) {
     const bool fused = in_int || (n == 1 && pair);
     // one token's down projection input quantized by the product that makes it, where both run in integers
     glu_quantized_ = n == 1 && in_int && hq_ && use_int(L.down);
+    // a short prompt's gate and up products on the activations split once for both, by the norm
+    const bool split = !fused && split_product(L.gate, n) && split_product(L.up, n);
+    h_split_ = false;
     const ActBlock* xin = nullptr;
     if (in_int)
         xin = norm_int(x, L.ffn_norm, n);
     else
-        rmsnorm(xn_, nullptr, x, L.ffn_norm, n, c_.n_embd, c_.rms_eps, pdl_, stream_);
+        rmsnorm(xn_, nullptr, x, L.ffn_norm, n, c_.n_embd, c_.rms_eps, pdl_, stream_,
+                split ? split_out(n, c_.n_embd) : nullptr);
     if (fused) {
         if (in_int)
             matvec_glu_int(h, glu_quantized_ ? hq_ : nullptr, hq_counters_, L.gate, L.up, xin, n, pdl_, stream_, mvi_);
@@ -598,11 +612,16 @@ void CudaOps::norm_swiglu(float* h, const float* x, int l, int n) {
             matvec_glu(h, L.gate, L.up, xn_, stream_, f16_block_, pdl_, mvi_.stages);
         return;
     }
-    if (split_product(L.gate, n) && split_product(L.up, n)) {  // the activations split once for both
-        split_in(xn_, n, c_.n_embd);
+    if (split) {
+        // the up product's sums meet the gate's in h as the swiglu kernel would, and where the down projection takes
+        // split activations too, h goes into xh_ split (its input read: the sum runs after the up product)
+        h_split_ = split_product(L.down, n) && L.down.cols == L.gate.rows;
         split_proj(RowSplit::one(h, L.gate.rows), L.gate, n, false);
-        split_proj(RowSplit::one(up_, L.up.rows), L.up, n, false);
-    } else if (n <= kMvMaxTokens) {  // a short prompt's f32 products
+        split_proj(RowSplit::one(h, L.up.rows), L.up, n, false,
+                   SplitSumTail{true, h_split_ ? split_out(n, L.gate.rows) : nullptr});
+        return;
+    }
+    if (n <= kMvMaxTokens) {  // a short prompt's f32 products
         proj(h, L.gate, xn_, n, false);
         proj(up_, L.up, xn_, n, false);
     } else {  // prefill: the normed activations in f16 once for both products; with --cuda-gemm mma, one kernel
@@ -626,6 +645,11 @@ void CudaOps::down_proj_add(float* x, const float* h, int l, int n) {
     const bool next_int = last ? use_int(w_.output) : qkv_in_int(w_.layers[size_t(l) + 1], 1);
     if (n == 1 && glu_quantized_) {  // hq_: h as quantized by the SwiGLU product
         residual_int(down, hq_, norm_w, next_int);
+        return;
+    }
+    if (h_split_) {  // xh_: h as split by the SwiGLU product
+        h_split_ = false;
+        split_proj(RowSplit::one(x, down.rows), down, n, true);
         return;
     }
     if (n == 1 && use_int(down)) {

@@ -29,6 +29,32 @@ KVGEN_HD void get_rows_item(int64_t g, const uint8_t* __restrict__ w, int64_t ro
     for (int k = 0; k < 8; ++k) o4[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
 }
 
+// A short prompt's activations for a product on the tensor cores (f16_split_product, ops.cuh; split_prompt_type), as
+// exact as f32: value j of count goes to y[j] as its f16 (saturating, as to_f16), and what that leaves, times
+// kF16SplitScale, to y[count + j], so that its low part keeps 11 bits where the value is 2^-14 and more (unscaled, a
+// value's low part of under about 2^-3 would be an f16 subnormal). x = high + low / kF16SplitScale to about 2^-22 of
+// x; f16 x f16 products are exact in the f32 sums.
+constexpr float kF16SplitScale = 2048.0f;
+// Value x split into y[j] (its f16) and y[count + j] (the rest, scaled), as to_f16_split_item does for x[j]: also the
+// epilogue of the kernels that make a short prompt's next split input (rmsnorm_body, f16_split_sum_item).
+KVGEN_HD void f16_split_store(float x, int64_t j, int64_t count, __half* __restrict__ y) {
+    const float v = fminf(fmaxf(x, -65504.0f), 65504.0f);
+    const __half hi = __float2half_rn(v);
+    y[j] = hi;
+    y[count + j] = __float2half_rn((v - __half2float(hi)) * kF16SplitScale);
+}
+KVGEN_HD void to_f16_split_item(int64_t j, int64_t count, const float* __restrict__ x, __half* __restrict__ y) {
+    f16_split_store(x[j], j, count, y);
+}
+// What f16_split_sum does with each token's sum s past writing it: with glu (SwiGLU's up product), out (one buffer)
+// holds the gate product's sums, and each becomes silu_mul(gate, s), the swiglu kernel's arithmetic, without its
+// launch; with xh, the value written is also split into xh ([2n][rows], f16_split_store) as the next product's
+// input, without to_f16_split's launch.
+struct SplitSumTail {
+    bool glu = false;
+    __half* xh = nullptr;
+};
+
 // The threads rmsnorm_kernel gives a row, and the order of its sum of squares: thread t of kNormThreads sums x[j]^2
 // for j = t, t + kNormThreads, ... one after another (fused multiply-adds, written out so that the host rounds them as
 // the device does), each warp's 32 sums by the butterfly, then the kNormWarps warps' sums by the butterfly of one
@@ -43,11 +69,14 @@ static_assert(kNormWarps == 32, "the warps' sums are one warp's butterfly");
 // xq (dim a multiple of 32), the row is also written as ActBlocks for the integer products, the quantization folded
 // in: the values j = t + k block_threads of one warp are one block of 32, whose largest magnitude and integer sums
 // (whole and first half) are warp reductions (the same integers as quantize_act of the f32 output). A 4096-wide row
-// in a block of kNormThreads: 4 values a thread, 4 of the row's 128 ActBlocks a warp.
+// in a block of kNormThreads: 4 values a thread, 4 of the row's 128 ActBlocks a warp. With xh, the rows are also
+// split for a short prompt's products (f16_split_store; xh_count the rows' values, n dim), as to_f16_split of the
+// output would, without its launch.
 #pragma nv_exec_check_disable
 template <class Ctx>
 KVGEN_HD void rmsnorm_body(const Ctx& ctx, int block_threads, const float* __restrict__ x, const float* __restrict__ w,
-                           float* __restrict__ out, ActBlock* __restrict__ xq, int dim, float eps) {
+                           float* __restrict__ out, ActBlock* __restrict__ xq, int dim, float eps,
+                           __half* __restrict__ xh = nullptr, int64_t xh_count = 0) {
     const float* xi = x + int64_t(ctx.block_x()) * dim;
     float* oi = out + int64_t(ctx.block_x()) * dim;
     const int t = ctx.thread(), lane = t % 32;
@@ -76,6 +105,10 @@ KVGEN_HD void rmsnorm_body(const Ctx& ctx, int block_threads, const float* __res
         for (int k = 0; k < kNormUnroll; ++k) v[k] = xi[j + k * block_threads] * inv * w[j + k * block_threads];
 #pragma unroll
         for (int k = 0; k < kNormUnroll; ++k) oi[j + k * block_threads] = v[k];
+        if (xh)
+#pragma unroll
+            for (int k = 0; k < kNormUnroll; ++k)
+                f16_split_store(v[k], int64_t(ctx.block_x()) * dim + j + k * block_threads, xh_count, xh);
         if (qi)
 #pragma unroll
             for (int k = 0; k < kNormUnroll; ++k) {
@@ -86,6 +119,7 @@ KVGEN_HD void rmsnorm_body(const Ctx& ctx, int block_threads, const float* __res
     for (; j < dim; j += block_threads) {
         const float v = xi[j] * inv * w[j];
         oi[j] = v;
+        if (xh) f16_split_store(v, int64_t(ctx.block_x()) * dim + j, xh_count, xh);
         if (qi) quantize_act_warp(ctx, v, j % 32, qi[j / 32]);
     }
 }
@@ -179,19 +213,6 @@ KVGEN_HD void swiglu_item(int64_t j, float* __restrict__ g, const float* __restr
 
 KVGEN_HD void to_f16_item(int64_t j, const float* __restrict__ x, __half* __restrict__ y) {
     y[j] = __float2half_rn(fminf(fmaxf(x[j], -65504.0f), 65504.0f));
-}
-
-// A short prompt's activations for a product on the tensor cores (f16_split_product, ops.cuh; split_prompt_type), as
-// exact as f32: value j of count goes to y[j] as its f16 (saturating, as to_f16), and what that leaves, times
-// kF16SplitScale, to y[count + j], so that its low part keeps 11 bits where the value is 2^-14 and more (unscaled, a
-// value's low part of under about 2^-3 would be an f16 subnormal). x = high + low / kF16SplitScale to about 2^-22 of
-// x; f16 x f16 products are exact in the f32 sums.
-constexpr float kF16SplitScale = 2048.0f;
-KVGEN_HD void to_f16_split_item(int64_t j, int64_t count, const float* __restrict__ x, __half* __restrict__ y) {
-    const float v = fminf(fmaxf(x[j], -65504.0f), 65504.0f);
-    const __half hi = __float2half_rn(v);
-    y[j] = hi;
-    y[count + j] = __float2half_rn((v - __half2float(hi)) * kF16SplitScale);
 }
 
 }  // namespace kvgen::cuda

@@ -140,9 +140,10 @@ __global__ void gemm_split_sum_kernel(const float* __restrict__ partials, int sp
     if (j < int64_t(n) * rows) gemm_split_sum_item(j, partials, splits, n, rows, out, accumulate);
 }
 
-__global__ void f16_split_sum_kernel(const float* __restrict__ t, int n, int64_t rows, RowSplit out, bool accumulate) {
+__global__ void f16_split_sum_kernel(const float* __restrict__ t, int n, int64_t rows, RowSplit out, bool accumulate,
+                                     SplitSumTail tail) {
     const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (j < int64_t(n) * rows) f16_split_sum_item(j, t, n, rows, out, accumulate);
+    if (j < int64_t(n) * rows) f16_split_sum_item(j, t, n, rows, out, accumulate, tail);
 }
 
 template <GgmlType T>
@@ -431,14 +432,14 @@ __global__ void __launch_bounds__(kMvWarps* kWarp)
 
 __global__ void __launch_bounds__(kNormThreads)
     rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,
-                   ActBlock* __restrict__ xq, int dim, float eps) {
+                   ActBlock* __restrict__ xq, int dim, float eps, __half* __restrict__ xh) {
     pdl_trigger();  // the product that reads xq may start loading its weights
     // w depends on no kernel: under programmatic launch its lines (one a thread, 128 bytes) are on their way to L1
     // while the kernel that writes x still runs; x is read, and out and xq written, only after pdl_wait
     for (int j = 32 * int(threadIdx.x); j < dim; j += 32 * int(blockDim.x)) prefetch_l1(w + j);
     pdl_wait();
     __shared__ float part[kNormWarps];
-    rmsnorm_body(DeviceThread{part}, int(blockDim.x), x, w, out, xq, dim, eps);
+    rmsnorm_body(DeviceThread{part}, int(blockDim.x), x, w, out, xq, dim, eps, xh, int64_t(gridDim.x) * dim);
 }
 
 __global__ void rope_tables_kernel(const int* __restrict__ d_pos0, int n, int half,
@@ -981,9 +982,9 @@ void matvec_glu(float* y, const DevWeight& gate, const DevWeight& up, const floa
 }
 
 void rmsnorm(float* out, ActBlock* xq, const float* x, const float* w, int n, int dim, float eps, bool pdl,
-             cudaStream_t s) {
+             cudaStream_t s, __half* xh) {
     KVGEN_ASSERT(xq == nullptr || dim % 32 == 0);
-    launch(rmsnorm_kernel, unsigned(n), unsigned(kNormThreads), pdl, s, x, w, out, xq, dim, eps);
+    launch(rmsnorm_kernel, unsigned(n), unsigned(kNormThreads), pdl, s, x, w, out, xq, dim, eps, xh);
     KVGEN_CUDA_LAUNCHED("rmsnorm");
 }
 
@@ -1167,16 +1168,18 @@ void to_f16_split(__half* xh, const float* x, int n, int64_t cols, cudaStream_t 
 }
 
 void f16_split_product(cublasHandle_t h, const RowSplit& out, const DevWeight& w, const __half* xh, int n,
-                       bool accumulate, float* t, cudaStream_t s) {
+                       bool accumulate, float* t, cudaStream_t s, SplitSumTail tail) {
     KVGEN_ASSERT(f16_split_ok(w) && n >= 1 && t);
     // the high parts' products are t's first n rows, the low parts' the next n
     gemm_f16_rows(h, t, w.rows, reinterpret_cast<const __half*>(w.data), xh, w.rows, 2 * n, w.cols, false);
-    f16_split_sum(out, t, n, w.rows, accumulate, s);
+    f16_split_sum(out, t, n, w.rows, accumulate, s, tail);
 }
 
-void f16_split_sum(const RowSplit& out, const float* t, int n, int64_t rows, bool accumulate, cudaStream_t s) {
+void f16_split_sum(const RowSplit& out, const float* t, int n, int64_t rows, bool accumulate, cudaStream_t s,
+                   SplitSumTail tail) {
+    KVGEN_ASSERT(!tail.glu || (out.end[0] == rows && !accumulate));  // SwiGLU: one buffer, the gate's sums
     const int64_t count = int64_t(n) * rows;
-    f16_split_sum_kernel<<<grid_for(count, 256), 256, 0, s>>>(t, n, rows, out, accumulate);
+    f16_split_sum_kernel<<<grid_for(count, 256), 256, 0, s>>>(t, n, rows, out, accumulate, tail);
     KVGEN_CUDA_LAUNCHED("f16_split_sum");
 }
 

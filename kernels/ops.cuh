@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "elementwise.cuh"
 #include "engine/kv_layout.h"
 #include "gguf/ggml_types.h"
 #include "matvec.cuh"
@@ -92,10 +93,11 @@ void matvec_glu(float* y, const DevWeight& gate, const DevWeight& up, const floa
                 bool f16_block = true, bool pdl = false, int stages = 0);
 
 // out = rmsnorm(x) * w for n rows of dim; with xq (may be null; dim a multiple of 32), each row also as dim / 32
-// ActBlocks, quantized in the same kernel. pdl: a programmatic dependent launch (as matvec_int), which fetches w
-// while the kernel before it still runs. Twins: cpu::rmsnorm, then quantize_act of the output.
+// ActBlocks, quantized in the same kernel; with xh (may be null), the rows also split as to_f16_split makes them
+// ([2n][dim] halves). pdl: a programmatic dependent launch (as matvec_int), which fetches w while the kernel before
+// it still runs. Twins: cpu::rmsnorm, then quantize_act (to_f16_split) of the output.
 void rmsnorm(float* out, ActBlock* xq, const float* x, const float* w, int n, int dim, float eps, bool pdl,
-             cudaStream_t s);
+             cudaStream_t s, __half* xh = nullptr);
 
 // cos/sin tables [n][rope_dim / 2] for positions *d_pos0 + i, theta from rope_theta (engine/rope.h) on a RopeFreqs'
 // arrays in device memory (factors may be null). Twin: cpu::rope_tables.
@@ -175,12 +177,15 @@ void gemm_overlap_join(GemmOverlap* o, cudaStream_t s);
 // matvec_batch's lanes load 32 bytes of activations from L1 for every weight. The cuBLAS handle must be on stream s.
 // Twin: the f32 product, within about 2^-22 of each activation (saturated at +-65504, as to_f16 saturates).
 // Other weights multiply the same split rows elsewhere (gemm_weight_mma: a weight decoded tile by tile into shared
-// memory) into t, and f16_split_sum adds each token's two results where out says.
+// memory) into t, and f16_split_sum adds each token's two results where out says. tail: SwiGLU's epilogue and the
+// next product's split input made in the same launch (SplitSumTail, elementwise.cuh); tail.xh may be the xh the
+// product read (the GEMM is done when the sum starts).
 bool f16_split_ok(const DevWeight& w);
 void to_f16_split(__half* xh, const float* x, int n, int64_t cols, cudaStream_t s);
 void f16_split_product(cublasHandle_t h, const RowSplit& out, const DevWeight& w, const __half* xh, int n,
-                       bool accumulate, float* t, cudaStream_t s);
-void f16_split_sum(const RowSplit& out, const float* t, int n, int64_t rows, bool accumulate, cudaStream_t s);
+                       bool accumulate, float* t, cudaStream_t s, SplitSumTail tail = {});
+void f16_split_sum(const RowSplit& out, const float* t, int n, int64_t rows, bool accumulate, cudaStream_t s,
+                   SplitSumTail tail = {});
 // Whether gemm_weight decodes w chunk by chunk (every type with a decoder but F16, cols a multiple of 32).
 bool gemm_decodes_chunks(const DevWeight& w);
 // The prefill product of any weight: out[n][rows] = x[n][cols] . W^T (+= when accumulate) with x in f16. F16 weights

@@ -287,12 +287,14 @@ KVGEN_HD void gemm_split_sum_item(int64_t j, const float* __restrict__ partials,
 
 // Element j of [n][rows] of a product on split activations (to_f16_split_item): t holds [2n][rows], the n tokens'
 // products with their high parts, then with their low parts; each token's two added (the low one divided by
-// kF16SplitScale, exactly) and written (added when accumulate) where out says.
+// kF16SplitScale, exactly) and written (added when accumulate) where out says, then as tail says.
 KVGEN_HD void f16_split_sum_item(int64_t j, const float* __restrict__ t, int n, int64_t rows, const RowSplit& out,
-                                 bool accumulate) {
+                                 bool accumulate, SplitSumTail tail = {}) {
     const float s = t[j] + t[int64_t(n) * rows + j] * (1.0f / kF16SplitScale);
     float* const o = out.at(j % rows, j / rows, rows);
-    *o = accumulate ? *o + s : s;
+    const float v = tail.glu ? silu_mul(*o, s) : accumulate ? *o + s : s;
+    *o = v;
+    if (tail.xh) f16_split_store(v, j, int64_t(n) * rows, tail.xh);
 }
 
 }  // namespace kvgen::cuda

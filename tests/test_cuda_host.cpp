@@ -1561,6 +1561,38 @@ TEST_CASE("the CUDA element-wise bodies, run on the host, match the CPU ops", "[
                 CHECK(cuda::host::rmsnorm_quantized(x, w, n, dim, 1e-5f, threads) == both);
             }
         }
+        // The split folded into the norm (a short prompt's Q|K|V, gate and up): the same rows, and the halves
+        // to_f16_split makes of them.
+        for (int threads : {32, 256, 1024}) {
+            INFO(threads << " threads, split");
+            const std::vector<float> split = cuda::host::rmsnorm_split(x, w, n, dim, 1e-5f, threads);
+            const std::vector<float> rows(split.begin(), split.begin() + n * dim);
+            CHECK(rows == cuda::host::rmsnorm(x, w, n, dim, 1e-5f));
+            CHECK(std::vector<float>(split.begin() + n * dim, split.end()) == cuda::host::split_halves(rows));
+        }
+    }
+    // A split product's sums (f16_split_sum_item): as SwiGLU's up product, silu(gate) * up, the swiglu kernel's
+    // bits, and the next product's split input, to_f16_split's halves of those values; with values past f16's range
+    // (saturated as to_f16_split saturates them).
+    {
+        const int n = 5;
+        const int64_t rows = 96;
+        std::vector<float> t = test::randn(size_t(2 * n * rows), 31, 3.0f);
+        t[7] = 9e4f;  // the high part's product far past 65504
+        const std::vector<float> gate = test::randn(size_t(n * rows), 32, 2.0f);
+        const std::vector<float> zeros(size_t(n * rows), 0.0f);
+        const std::vector<float> up = cuda::host::f16_split_sum(t, n, rows, zeros, false, false, false);
+        const std::vector<float> glu = cuda::host::f16_split_sum(t, n, rows, gate, false, true, true);
+        std::vector<float> want = gate;
+        cpu::swiglu(want.data(), up.data(), int64_t(want.size()));
+        const std::vector<float> rows_got(glu.begin(), glu.begin() + n * rows);
+        CHECK(rows_got == want);
+        CHECK(std::vector<float>(glu.begin() + n * rows, glu.end()) == cuda::host::split_halves(want));
+        // a plain (accumulating) sum with the split: the split of what it wrote
+        const std::vector<float> acc = cuda::host::f16_split_sum(t, n, rows, gate, true, false, true);
+        const std::vector<float> acc_rows(acc.begin(), acc.begin() + n * rows);
+        CHECK(acc_rows == cuda::host::f16_split_sum(t, n, rows, gate, true, false, false));
+        CHECK(std::vector<float>(acc.begin() + n * rows, acc.end()) == cuda::host::split_halves(acc_rows));
     }
     // RoPE (plain, linear scaling, frequency factors with a partial rotation) and the rotated K store
     for (int variant = 0; variant < 3; ++variant) {

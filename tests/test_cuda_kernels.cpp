@@ -815,6 +815,23 @@ TEST_CASE("rmsnorm and swiglu match the CPU ops", "[cuda][kernels]") {
     const std::vector<float> x4k = randn(size_t(64 * 4096), 41, 2.0f), w4k = randn(4096, 43);
     REQUIRE(ct::rmsnorm_quantized(x4k, w4k, 64, 4096, 1e-5f) ==
             kvgen::cuda::host::rmsnorm_quantized(x4k, w4k, 64, 4096, 1e-5f));
+    // The split folded in (a short prompt's products on split activations): the host emulation's rows and halves.
+    REQUIRE(ct::rmsnorm_split(x, w, n, dim, 1e-5f) == kvgen::cuda::host::rmsnorm_split(x, w, n, dim, 1e-5f));
+    REQUIRE(ct::rmsnorm_split(x4k, w4k, 16, 4096, 1e-5f) ==
+            kvgen::cuda::host::rmsnorm_split(std::vector<float>(x4k.begin(), x4k.begin() + 16 * 4096), w4k, 16, 4096,
+                                             1e-5f));
+    // A split product's sums with SwiGLU and the next split folded in, and accumulated with the split: the host's
+    {
+        const int ns = 7;
+        const int64_t rows = 11008;
+        const std::vector<float> t = randn(size_t(2 * ns * rows), 47, 3.0f), y0 = randn(size_t(ns * rows), 53, 2.0f);
+        for (const bool glu : {false, true})
+            for (const bool split : {false, true}) {
+                INFO("glu " << glu << " split " << split);
+                REQUIRE(ct::f16_split_sum(t, ns, rows, y0, !glu, glu, split) ==
+                        kvgen::cuda::host::f16_split_sum(t, ns, rows, y0, !glu, glu, split));
+            }
+    }
 
     const std::vector<float> g = randn(4099, 31, 4.0f), u = randn(4099, 37);
     std::vector<float> sw = g;

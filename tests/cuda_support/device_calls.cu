@@ -439,6 +439,33 @@ std::vector<float> swiglu(const std::vector<float>& gate, const std::vector<floa
     return g.get();
 }
 
+std::vector<float> rmsnorm_split(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps) {
+    Dev<float> dx(x), dw(w), out(x.size());
+    Dev<__half> xh(2 * x.size());
+    poison(out);
+    poison(xh);
+    kvgen::cuda::rmsnorm(out.p, nullptr, dx.p, dw.p, n, dim, eps, false, nullptr, xh.p);
+    std::vector<float> r = out.get();
+    const std::vector<float> h = halves_to_floats(xh.get());
+    r.insert(r.end(), h.begin(), h.end());
+    return r;
+}
+
+std::vector<float> f16_split_sum(const std::vector<float>& t, int n, int64_t rows, const std::vector<float>& y0,
+                                 bool accumulate, bool glu, bool split) {
+    Dev<float> dt(t), y(y0);
+    Dev<__half> xh(size_t(2 * n * rows));
+    poison(xh);
+    kvgen::cuda::f16_split_sum(RowSplit::one(y.p, rows), dt.p, n, rows, accumulate, nullptr,
+                               SplitSumTail{glu, split ? xh.p : nullptr});
+    std::vector<float> r = y.get();
+    if (split) {
+        const std::vector<float> h = halves_to_floats(xh.get());
+        r.insert(r.end(), h.begin(), h.end());
+    }
+    return r;
+}
+
 std::vector<float> matvec_qkv(const HostWeight& w, const std::vector<float>& x, int64_t q_rows, int64_t k_rows) {
     Dev<uint8_t> b(device_bytes(w));
     Dev<float> dx(x), q{size_t(q_rows)}, k{size_t(k_rows)}, v{size_t(w.rows - q_rows - k_rows)};

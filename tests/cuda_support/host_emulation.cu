@@ -1429,6 +1429,39 @@ std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>
     return out;
 }
 
+std::vector<float> rmsnorm_split(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps,
+                                 int threads) {
+    if (threads % 32 != 0 || threads < 32 || threads > kNormThreads) throw Error("rmsnorm: a block of 32 k threads");
+    std::vector<float> out(x.size(), NAN);
+    std::vector<__half> xh(2 * x.size(), __float2half(NAN));
+    run_grid(n, 1, threads, kNormWarps, [&](const HostThread& t) {
+        rmsnorm_body(t, threads, x.data(), w.data(), out.data(), nullptr, dim, eps, xh.data(), int64_t(x.size()));
+    });
+    for (const __half h : xh) out.push_back(__half2float(h));
+    return out;
+}
+
+std::vector<float> split_halves(const std::vector<float>& x) {
+    const int64_t count = int64_t(x.size());
+    std::vector<__half> xh(size_t(2 * count));
+    for (int64_t j = 0; j < count; ++j) to_f16_split_item(j, count, x.data(), xh.data());
+    std::vector<float> out;
+    for (const __half h : xh) out.push_back(__half2float(h));
+    return out;
+}
+
+std::vector<float> f16_split_sum(const std::vector<float>& t, int n, int64_t rows, const std::vector<float>& y0,
+                                 bool accumulate, bool glu, bool split) {
+    std::vector<float> y = y0;
+    std::vector<__half> xh(size_t(2 * n * rows), __float2half(NAN));
+    const RowSplit out = RowSplit::one(y.data(), rows);
+    for (int64_t j = 0; j < int64_t(n) * rows; ++j)
+        f16_split_sum_item(j, t.data(), n, rows, out, accumulate, SplitSumTail{glu, split ? xh.data() : nullptr});
+    if (split)
+        for (const __half h : xh) y.push_back(__half2float(h));
+    return y;
+}
+
 std::vector<float> rmsnorm_quantized(const std::vector<float>& x, const std::vector<float>& w, int n, int dim,
                                      float eps, int threads) {
     if (threads % 32 != 0 || threads < 32 || threads > kNormThreads) throw Error("rmsnorm: a block of 32 k threads");

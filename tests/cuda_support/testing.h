@@ -100,6 +100,13 @@ std::vector<float> gemm_glu_mma(const HostWeight& gate, const HostWeight& up, co
 
 std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps);
 std::vector<float> swiglu(const std::vector<float>& gate, const std::vector<float>& up);
+// rmsnorm with the split for a short prompt's products folded in: the f32 rows [n][dim], then the 2 n dim halves
+// (high parts, then low parts) as floats.
+std::vector<float> rmsnorm_split(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps);
+// f16_split_sum of t ([2n][rows]) onto out = y0 ([n][rows]; accumulate, or with glu SwiGLU's gate sums), the next
+// input split where split: the rows, then (split) the 2 n rows halves as floats.
+std::vector<float> f16_split_sum(const std::vector<float>& t, int n, int64_t rows, const std::vector<float>& y0,
+                                 bool accumulate, bool glu, bool split);
 // rmsnorm with the quantization folded in: the f32 rows [n][dim], then each ActBlock as d, s, h[0], h[1], q[0..31]
 // (36 floats).
 std::vector<float> rmsnorm_quantized(const std::vector<float>& x, const std::vector<float>& w, int n, int dim,
@@ -246,6 +253,12 @@ std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>
                            int threads = 256);
 std::vector<float> rmsnorm_quantized(const std::vector<float>& x, const std::vector<float>& w, int n, int dim,
                                      float eps, int threads = 256);
+std::vector<float> rmsnorm_split(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps,
+                                 int threads = 256);
+std::vector<float> f16_split_sum(const std::vector<float>& t, int n, int64_t rows, const std::vector<float>& y0,
+                                 bool accumulate, bool glu, bool split);
+// to_f16_split_item's halves of x (high parts, then low parts) as floats.
+std::vector<float> split_halves(const std::vector<float>& x);
 std::vector<float> rope(const std::vector<float>& x, int n, int n_heads, int pos0, const Config& c,
                         const std::vector<float>& freq_factors);
 // rope_store_kv's query over a quantized K (head_dim 64 or 128): each row turned by RoPE and into K's basis by a warp
