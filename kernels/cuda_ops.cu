@@ -102,7 +102,9 @@ private:
     // Whether a short prompt's product with w (2 to kMvMaxTokens tokens) runs on the tensor cores on split
     // activations (Settings::cuda_prompt_split: auto, products of at least kSplitMinWeights weights;
     // split_prompt_weight: F16 by f16_split_product, the others through gemm_weight_mma, whatever --cuda-gemm says),
-    // which to_f16_split writes into xh_, once for the products that share them; split_proj makes it, through ys_.
+    // which are written into xh_ once for the products that share them (by the RMSNorm kernel before Q|K|V and before
+    // gate and up, by the up product's sums for the down projection, by to_f16_split for the output projection);
+    // split_proj makes it, through ys_.
     bool split_product(const DevWeight& w, int n) const {
         return prompt_split_ != 0 && (prompt_split_ > 0 || w.rows * w.cols >= kSplitMinWeights) && ys_ && n >= 2 &&
                n <= kMvMaxTokens && split_prompt_weight(w.type, w.cols);  // the memory plan's test

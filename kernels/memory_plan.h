@@ -34,8 +34,9 @@ constexpr bool split_prompt_weight(GgmlType t, int64_t cols) {
     return split_prompt_type(t) && (t == GgmlType::F16 || cols % 32 == 0);
 }
 // --cuda-short-prompt auto splits products of at least this many weights (a 2048 x 2048 matrix: TinyLlama-1.1B's
-// smallest, every LLaMA-7B one). Below that a product takes a few microseconds either way, and the split's two more
-// launches (the split and the sum) would cost about what it saves: SmolLM2-135M's largest is 576 x 1536.
+// smallest, every LLaMA-7B one). Below that a product takes a few microseconds either way, and the split's extra
+// launches (the sum, and for the output projection the split) would cost about what it saves: SmolLM2-135M's largest
+// is 576 x 1536. (Chosen before the norm and SwiGLU took the split into their own launches; not yet measured.)
 constexpr int64_t kSplitMinWeights = int64_t(1) << 22;
 
 // The prefill GEMM of a quantized weight decodes it to f16 a chunk of rows at a time (gemm_weight, ops.cuh): at most

@@ -344,7 +344,8 @@ int main(int argc, char** argv) {
         "CUDA: launch the decode step kernel by kernel instead of replaying a captured graph");
     add_cuda_choice(app, "--cuda-matvec", &gen.run.cuda_int_matvec, {"int16", "f32"}, "int16",
                     "CUDA products of one token or a prompt of up to 16 (64 with --cuda-matvec-mma on) for Q4_0, "
-                    "Q8_0, Q4_K, Q5_K (one token), Q6_K: int16 (integer dot products on 16-bit activations, the "
+                    "Q8_0, Q4_K, Q5_K (where its short prompt's products do not take split activations), Q6_K: int16 "
+                    "(integer dot products on 16-bit activations, the "
                     "default) or f32 (float "
                     "activations, to compare)");
     add_cuda_choice(
@@ -408,9 +409,9 @@ int main(int argc, char** argv) {
            "CUDA, 2 to 16 tokens of F16, BF16, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K or Q5_K weights: split (the activations "
            "split into f16 high and low parts, each weight read once on the tensor cores: F16 by cuBLAS, the others "
            "decoded to f16 tile by tile in shared memory), lanes (the f32 kernel whose lanes reload each token's "
-           "activations for every weight), or auto (the default: split for products of at least 4M weights, where "
-           "reading them costs more than the split's two extra launches); F16 within f32 rounding of the lanes, the "
-           "others within the f16 rounding of their weights")
+           "activations for every weight; Q5_K: the integer kernel), or auto (the default: split for products of at "
+           "least 4M weights, where reading them costs more than the split's extra launches); F16 within f32 "
+           "rounding of the lanes, the others within the f16 rounding of their weights")
         ->check(CLI::IsMember({"auto", "split", "lanes"}));
     add_cuda_choice(app, "--cuda-gemm", &gen.run.cuda_mma_gemm, {"cublas", "mma"}, "mma",
                     "CUDA prefill products (over 16 tokens; with --cuda-matvec-mma on, over 64 for Q4_0, Q8_0, Q4_K "

@@ -467,11 +467,11 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
 
 TEST_CASE("CUDA: a short prompt's products on split activations give the f32 lanes' logits", "[cuda][forward]") {
     // Forwards of 2 to 16 tokens whose products take the activations split into f16 high and low parts
-    // (--cuda-short-prompt split) against the f32 kernel (lanes), with a batch of 8 (a memory plan for 16 split
-    // rows) and of 16, the fused Q|K|V, gate and up, the residual products and, with every position's logits, the
-    // head: F16 by cuBLAS within f32 rounding of the lanes; BF16 (exact in f16 here) and Q5_K, Q3_K, Q4_1 through the
-    // kernel that decodes weight tiles to f16, within the f16 rounding of their weights. These models' products are
-    // all under kSplitMinWeights, so auto (the default) gives the lanes' bits.
+    // (--cuda-short-prompt split) against lanes (the f32 kernel; Q5_K's integer one), with a batch of 8 (a memory plan
+    // for 16 split rows) and of 16, the fused Q|K|V, gate and up, the residual products and, with every position's
+    // logits, the head: F16 by cuBLAS within f32 rounding of the lanes; BF16 (exact in f16 here) and Q5_K, Q3_K, Q4_1
+    // through the kernel that decodes weight tiles to f16, within the f16 rounding of their weights. These models'
+    // products are all under kSplitMinWeights, so auto (the default) gives the lanes' bits.
     for (const auto& [type, rel] : {std::pair{"F16", 1e-4f}, std::pair{"BF16", 1e-4f}, std::pair{"Q5_K", 2e-3f},
                                     std::pair{"Q3_K", 2e-3f}, std::pair{"Q4_1", 2e-3f}}) {
         INFO(type);

@@ -817,9 +817,9 @@ TEST_CASE("rmsnorm and swiglu match the CPU ops", "[cuda][kernels]") {
             kvgen::cuda::host::rmsnorm_quantized(x4k, w4k, 64, 4096, 1e-5f));
     // The split folded in (a short prompt's products on split activations): the host emulation's rows and halves.
     REQUIRE(ct::rmsnorm_split(x, w, n, dim, 1e-5f) == kvgen::cuda::host::rmsnorm_split(x, w, n, dim, 1e-5f));
-    REQUIRE(ct::rmsnorm_split(x4k, w4k, 16, 4096, 1e-5f) ==
-            kvgen::cuda::host::rmsnorm_split(std::vector<float>(x4k.begin(), x4k.begin() + 16 * 4096), w4k, 16, 4096,
-                                             1e-5f));
+    const std::vector<float> x16(x4k.begin(), x4k.begin() + 16 * 4096);  // 16 rows: a short prompt's most
+    REQUIRE(ct::rmsnorm_split(x16, w4k, 16, 4096, 1e-5f) ==
+            kvgen::cuda::host::rmsnorm_split(x16, w4k, 16, 4096, 1e-5f));
     // A split product's sums with SwiGLU and the next split folded in, and accumulated with the split: the host's
     {
         const int ns = 7;

@@ -58,10 +58,11 @@ struct Settings {
                                  // product before it, without a launch of its own (--cuda-norm)
     bool cuda_f16_block = true;  // CUDA, one token: F16 and BF16 products by blocks of warps over 4 rows
                                  // (matvec_f16_kernel), not a warp per 2 rows (--cuda-f16-matvec)
-    int cuda_prompt_split = -1;  // CUDA, 2-16 tokens: products with F16, BF16 and the quantized types without
+    int cuda_prompt_split = -1;  // CUDA, 2-16 tokens: products with F16, BF16, Q5_K and the quantized types without
                                  // integer products on the tensor cores, on activations split into f16 high and low
                                  // parts (f16_split_product): -1 auto (those of at least kSplitMinWeights weights), 1
-                                 // all, 0 none (the f32 lanes of matvec_batch) (--cuda-short-prompt)
+                                 // all, 0 none (the f32 lanes of matvec_batch; Q5_K: the integer kernel)
+                                 // (--cuda-short-prompt)
     bool cuda_mma_gemm = false;  // CUDA: prefill products of quantized weights in one kernel, each weight tile decoded
                                  // into shared memory and multiplied there (--cuda-gemm mma), instead of cuBLAS
     int cuda_gemm_chunk_mib = -1;   // CUDA: MiB of f16 a quantized weight's prefill product decodes at a time for
