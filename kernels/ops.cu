@@ -435,7 +435,7 @@ __global__ void __launch_bounds__(kNormThreads)
                    ActBlock* __restrict__ xq, int dim, float eps, __half* __restrict__ xh) {
     pdl_trigger();  // the product that reads xq may start loading its weights
     // w depends on no kernel: under programmatic launch its lines (one a thread, 128 bytes) are on their way to L1
-    // while the kernel that writes x still runs; x is read, and out and xq written, only after pdl_wait
+    // while the kernel that writes x still runs; x is read, and out, xq and xh written, only after pdl_wait
     for (int j = 32 * int(threadIdx.x); j < dim; j += 32 * int(blockDim.x)) prefetch_l1(w + j);
     pdl_wait();
     __shared__ float part[kNormWarps];
