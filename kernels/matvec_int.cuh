@@ -1007,6 +1007,15 @@ KVGEN_HD void matvec_f16_thread(const uint8_t* const (&w)[NM], int64_t row_bytes
     }
 }
 
+// Calls f(TypeTag<BF16>{}) for BF16, else f(TypeTag<F16>{}): the 16-bit float rows' kernels of type T.
+template <typename F>
+void with_half_type(GgmlType t, F&& f) {
+    if (t == GgmlType::BF16)
+        f(TypeTag<GgmlType::BF16>{});
+    else
+        f(TypeTag<GgmlType::F16>{});
+}
+
 // The F16 (BF16: T) products' steps through a ring (matvec_ring, --cuda-matvec-stages): a unit's 64 bytes of a row
 // in four 16-byte pieces, its 32 activations loaded and dotted as matvec_f16_thread does, one token: the same bits.
 template <GgmlType T>

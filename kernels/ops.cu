@@ -816,10 +816,7 @@ void launch_f16(const RowSplit& y, const DevWeight& w, const DevWeight* up, cons
             go(type, std::integral_constant<int, 1>{});
     };
     KVGEN_ASSERT(f16_block_ok(w) && (!up || up->type == w.type));
-    if (w.type == GgmlType::BF16)
-        of(TypeTag<GgmlType::BF16>{});
-    else
-        of(TypeTag<GgmlType::F16>{});
+    with_half_type(w.type, of);
     KVGEN_CUDA_LAUNCHED("matvec_f16");
 }
 // An n-token product (2 to kImBatchTokens) on the tensor cores where shape.mma and the type allow it (int_mma_ok):

@@ -355,10 +355,7 @@ std::vector<float> matvec_f16(GgmlType type, const uint8_t* bytes, int64_t rows,
         else
             go(tag, std::integral_constant<int, 1>{});
     };
-    if (type == GgmlType::BF16)
-        of(TypeTag<GgmlType::BF16>{});
-    else
-        of(TypeTag<GgmlType::F16>{});
+    with_half_type(type, of);
     if (!up) return y[0];
     std::vector<float> out(static_cast<size_t>(rows));
     for (size_t r = 0; r < out.size(); ++r) {
@@ -428,13 +425,9 @@ std::vector<float> f16_split_tiled(GgmlType type, const uint8_t* bytes, int64_t 
 }
 
 std::vector<double> f16_split_values(const std::vector<float>& x) {
-    const int64_t count = int64_t(x.size());
-    std::vector<__half> xh(size_t(2 * count));
-    for (int64_t j = 0; j < count; ++j) to_f16_split_item(j, count, x.data(), xh.data());
+    const std::vector<float> h = split_halves(x);
     std::vector<double> out(x.size());
-    for (int64_t j = 0; j < count; ++j)
-        out[size_t(j)] =
-            double(__half2float(xh[size_t(j)])) + double(__half2float(xh[size_t(count + j)])) / kF16SplitScale;
+    for (size_t j = 0; j < x.size(); ++j) out[j] = double(h[j]) + double(h[x.size() + j]) / kF16SplitScale;
     return out;
 }
 
@@ -1419,24 +1412,28 @@ std::vector<HostActBlock> quantize_act(const std::vector<float>& x) {
     return host_blocks(a);
 }
 
-std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps,
-                           int threads) {
+namespace {
+// rmsnorm_kernel's grid on the host (blocks of `threads`), out [n][dim], with xq and xh where not null.
+std::vector<float> rmsnorm_grid(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps,
+                                int threads, ActBlock* xq, __half* xh) {
     if (threads % 32 != 0 || threads < 32 || threads > kNormThreads) throw Error("rmsnorm: a block of 32 k threads");
     std::vector<float> out(x.size(), NAN);
     run_grid(n, 1, threads, kNormWarps, [&](const HostThread& t) {
-        rmsnorm_body(t, threads, x.data(), w.data(), out.data(), nullptr, dim, eps);
+        rmsnorm_body(t, threads, x.data(), w.data(), out.data(), xq, dim, eps, xh, int64_t(x.size()));
     });
     return out;
+}
+}  // namespace
+
+std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps,
+                           int threads) {
+    return rmsnorm_grid(x, w, n, dim, eps, threads, nullptr, nullptr);
 }
 
 std::vector<float> rmsnorm_split(const std::vector<float>& x, const std::vector<float>& w, int n, int dim, float eps,
                                  int threads) {
-    if (threads % 32 != 0 || threads < 32 || threads > kNormThreads) throw Error("rmsnorm: a block of 32 k threads");
-    std::vector<float> out(x.size(), NAN);
     std::vector<__half> xh(2 * x.size(), __float2half(NAN));
-    run_grid(n, 1, threads, kNormWarps, [&](const HostThread& t) {
-        rmsnorm_body(t, threads, x.data(), w.data(), out.data(), nullptr, dim, eps, xh.data(), int64_t(x.size()));
-    });
+    std::vector<float> out = rmsnorm_grid(x, w, n, dim, eps, threads, nullptr, xh.data());
     for (const __half h : xh) out.push_back(__half2float(h));
     return out;
 }
@@ -1464,12 +1461,8 @@ std::vector<float> f16_split_sum(const std::vector<float>& t, int n, int64_t row
 
 std::vector<float> rmsnorm_quantized(const std::vector<float>& x, const std::vector<float>& w, int n, int dim,
                                      float eps, int threads) {
-    if (threads % 32 != 0 || threads < 32 || threads > kNormThreads) throw Error("rmsnorm: a block of 32 k threads");
-    std::vector<float> out(x.size(), NAN);
     std::vector<ActBlock> xq(x.size() / 32);
-    run_grid(n, 1, threads, kNormWarps, [&](const HostThread& t) {
-        rmsnorm_body(t, threads, x.data(), w.data(), out.data(), xq.data(), dim, eps);
-    });
+    std::vector<float> out = rmsnorm_grid(x, w, n, dim, eps, threads, xq.data(), nullptr);
     for (const ActBlock& a : xq) {
         out.push_back(a.d);
         out.push_back(float(a.s));
