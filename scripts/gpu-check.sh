@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A whole check of a GPU machine (about 8 minutes on one H200, the default budget's bound; --quick: about 2).
 # Builds Release for the visible GPU, runs the [cuda] tests, compares CPU and CUDA generations, benchmarks, profiles
-# per kernel, and writes OUTDIR/report.md + OUTDIR/report.json.
+# per kernel, and writes OUTDIR/report.md + OUTDIR/report.json (with each variant below beside the default run of the
+# same file, test by test: "Variants against the defaults").
 #
 # usage: scripts/gpu-check.sh [--quick] [--types T,T] OUTDIR
 #
@@ -326,6 +327,20 @@ profile_prefill() {
     log "$name profiled per kernel ($((SECONDS - start)) s, $( ((rc == 0)) && echo ok || echo "failed, exit $rc"))"
 }
 
+# variant SUFFIX FLAG... -- ARG...: the file being benchmarked ($f, named $name) benched again with FLAGs (and the
+# bench's ARGs: prompts, tokens, depths) as $name-SUFFIX: its inspect facts copied, its flags kept beside them for
+# the report's comparison with the default (gpu_report.py: "Variants against the defaults").
+variant() {
+    local suffix=$1 flags=()
+    shift
+    while [[ $1 != -- ]]; do flags+=("$1"); shift; done
+    shift
+    cp "$work/speed/$name.inspect.json" "$work/speed/$name-$suffix.inspect.json"
+    printf '%s\n%s\n' "$name" "${flags[*]}" >"$work/speed/$name-$suffix.flags"  # the default run's name, the flags
+    bounded "$kvgen" -m "$f" --bench --device "$dev" "${flags[@]}" "$@" -r 2 -o json \
+        >"$work/speed/$name-$suffix.bench.json" 2>>"$out/log.txt" || log "$name: bench with ${flags[*]} failed"
+}
+
 mkdir -p "$work/speed" "$work/ncu"
 ring0_profiled=0 prefill_profiled=0
 for shape in "${shapes[@]}"; do
@@ -348,109 +363,55 @@ for shape in "${shapes[@]}"; do
         bounded "$kvgen" -m "$f" --bench --device "$dev" -p "$prompts" -n 128 -d "$depths" -r 2 -o json \
             >"$work/speed/$name.bench.json" 2>>"$out/log.txt" || log "$name: bench failed"
         if ((quick)); then  # the products of up to 16 tokens on f32 activations, to compare with the integer ones
-            cp "$work/speed/$name.inspect.json" "$work/speed/$name-f32matvec.inspect.json"
-            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-matvec f32 -p 4,16 -n 128 -d 0 -r 2 -o json \
-                >"$work/speed/$name-f32matvec.bench.json" 2>>"$out/log.txt" || log "$name: f32 matvec bench failed"
+            variant f32matvec --cuda-matvec f32 -- -p 4,16 -n 128 -d 0
         fi
-        # the decode products launched without programmatic dependent launch (--cuda-pdl off), to compare
-        cp "$work/speed/$name.inspect.json" "$work/speed/$name-nopdl.inspect.json"
-        bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-pdl off -p 0 -n 128 -d 0 -r 2 -o json \
-            >"$work/speed/$name-nopdl.bench.json" 2>>"$out/log.txt" || log "$name: bench with --cuda-pdl off failed"
+        # the decode products launched without programmatic dependent launch
+        variant nopdl --cuda-pdl off -- -p 0 -n 128 -d 0
         if [[ $t == F16 ]]; then
             # one token's F16 products by a warp over 2 rows (the default: blocks over 4), and a short prompt's by the
             # f32 lanes (the default: cuBLAS on split activations)
-            cp "$work/speed/$name.inspect.json" "$work/speed/$name-warpf16.inspect.json"
-            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-f16-matvec warp --cuda-short-prompt lanes \
-                -p 16 -n 128 -d 0 -r 2 -o json >"$work/speed/$name-warpf16.bench.json" 2>>"$out/log.txt" ||
-                log "$name: bench with --cuda-f16-matvec warp --cuda-short-prompt lanes failed"
-        fi
-        if [[ $t == F16 ]]; then  # its one-token products' weights through registers (the default: rings)
-            cp "$work/speed/$name.inspect.json" "$work/speed/$name-ring0.inspect.json"
-            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-matvec-stages 0 -p 0 -n 128 -d 0 -r 2 -o json \
-                >"$work/speed/$name-ring0.bench.json" 2>>"$out/log.txt" || log "$name: bench without rings failed"
+            variant warpf16 --cuda-f16-matvec warp --cuda-short-prompt lanes -- -p 16 -n 128 -d 0
+            # its one-token products' weights through registers (the default: rings)
+            variant ring0 --cuda-matvec-stages 0 -- -p 0 -n 128 -d 0
         fi
         if [[ $t == Q4_0 || $t == Q8_0 || $t == Q4_K_M ]]; then
             # the integer products' weights through registers, a block a row group (the default: rings of 3 stages)
-            cp "$work/speed/$name.inspect.json" "$work/speed/$name-ring0.inspect.json"
-            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-matvec-stages 0 -p 16 -n 128 -d 0 -r 2 -o json \
-                >"$work/speed/$name-ring0.bench.json" 2>>"$out/log.txt" || log "$name: bench without rings failed"
+            variant ring0 --cuda-matvec-stages 0 -- -p 16 -n 128 -d 0
             # and so with 4 rows a block of one token's products (8 there by default)
-            cp "$work/speed/$name.inspect.json" "$work/speed/$name-rows4.inspect.json"
-            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-matvec-stages 0 --cuda-matvec-rows 4 -p 0 -n 128 \
-                -d 0 -r 2 -o json >"$work/speed/$name-rows4.bench.json" 2>>"$out/log.txt" ||
-                log "$name: bench with 4 rows failed"
+            variant rows4 --cuda-matvec-stages 0 --cuda-matvec-rows 4 -- -p 0 -n 128 -d 0
             if [[ $t == "${speed_types[0]}" ]]; then  # rings of 2 and 4 stages
-                for st in 2 4; do
-                    cp "$work/speed/$name.inspect.json" "$work/speed/$name-ring$st.inspect.json"
-                    bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-matvec-stages "$st" -p 0 -n 128 -d 0 \
-                        -r 2 -o json >"$work/speed/$name-ring$st.bench.json" 2>>"$out/log.txt" ||
-                        log "$name: bench with $st stages failed"
-                done
+                for st in 2 4; do variant "ring$st" --cuda-matvec-stages "$st" -- -p 0 -n 128 -d 0; done
             fi
         fi
         if [[ $t == Q4_0 ]]; then  # a lane's step one Q4_0 block of a row (the default: two)
-            cp "$work/speed/$name.inspect.json" "$work/speed/$name-unit32.inspect.json"
-            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-matvec-unit 32 -p 16 -n 128 -d 0 -r 2 -o json \
-                >"$work/speed/$name-unit32.bench.json" 2>>"$out/log.txt" ||
-                log "$name: bench with 32-weight steps failed"
+            variant unit32 --cuda-matvec-unit 32 -- -p 16 -n 128 -d 0
         fi
         if [[ $t == Q4_0 || $t == Q8_0 || $t == Q4_K_M ]]; then  # a short prompt's products on the tensor cores
-            cp "$work/speed/$name.inspect.json" "$work/speed/$name-intmma.inspect.json"
-            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-matvec-mma on -p 4,16,64 -n 0 -d 0 -r 2 -o json \
-                >"$work/speed/$name-intmma.bench.json" 2>>"$out/log.txt" ||
-                log "$name: bench with --cuda-matvec-mma on failed"
+            variant intmma --cuda-matvec-mma on -- -p 4,16,64 -n 0 -d 0
         fi
-        if [[ $t != F16 ]]; then  # the prefill products in one kernel, each weight tile decoded in shared memory
-            cp "$work/speed/$name.inspect.json" "$work/speed/$name-mmagemm.inspect.json"
-            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-gemm mma -p 512 -n 0 -d 0 -r 2 -o json \
-                >"$work/speed/$name-mmagemm.bench.json" 2>>"$out/log.txt" ||
-                log "$name: bench with --cuda-gemm mma failed"
-            for mib in 16 0; do  # cuBLAS on fixed chunks of decoded rows (0: the whole matrix) instead of auto
-                cp "$work/speed/$name.inspect.json" "$work/speed/$name-chunk$mib.inspect.json"
-                bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-gemm-chunk "$mib" -p 512 -n 0 -d 0 -r 2 \
-                    -o json >"$work/speed/$name-chunk$mib.bench.json" 2>>"$out/log.txt" ||
-                    log "$name: bench with --cuda-gemm-chunk $mib failed"
-            done
-            cp "$work/speed/$name.inspect.json" "$work/speed/$name-nooverlap.inspect.json"
-            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-gemm-overlap off -p 512 -n 0 -d 0 -r 2 -o json \
-                >"$work/speed/$name-nooverlap.bench.json" 2>>"$out/log.txt" ||
-                log "$name: bench with --cuda-gemm-overlap off failed"
-        fi
-        if [[ $t != F16 ]]; then  # RoPE and the K/V store in a launch of their own, not the Q|K|V products' epilogue
-            cp "$work/speed/$name.inspect.json" "$work/speed/$name-storekernel.inspect.json"
-            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-kv-store kernel -p 16 -n 128 -d 0 -r 2 -o json \
-                >"$work/speed/$name-storekernel.bench.json" 2>>"$out/log.txt" ||
-                log "$name: bench with --cuda-kv-store kernel failed"
+        if [[ $t != F16 ]]; then
+            # the prefill products in one kernel, each weight tile decoded in shared memory
+            variant mmagemm --cuda-gemm mma -- -p 512 -n 0 -d 0
+            # cuBLAS on fixed chunks of decoded rows (0: the whole matrix) instead of auto
+            for mib in 16 0; do variant "chunk$mib" --cuda-gemm-chunk "$mib" -- -p 512 -n 0 -d 0; done
+            variant nooverlap --cuda-gemm-overlap off -- -p 512 -n 0 -d 0
+            # RoPE and the K/V store in a launch of their own, not the Q|K|V products' epilogue
+            variant storekernel --cuda-kv-store kernel -- -p 16 -n 128 -d 0
             # each RMSNorm in a launch of its own, not folded into the residual product before it
-            cp "$work/speed/$name.inspect.json" "$work/speed/$name-normkernel.inspect.json"
-            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-norm kernel -p 0 -n 128 -d 0 -r 2 -o json \
-                >"$work/speed/$name-normkernel.bench.json" 2>>"$out/log.txt" ||
-                log "$name: bench with --cuda-norm kernel failed"
+            variant normkernel --cuda-norm kernel -- -p 0 -n 128 -d 0
         fi
-        # the first type: prefill attention on the CUDA cores, to compare with the tensor cores
         if [[ $t == "${speed_types[0]}" ]]; then
-            cp "$work/speed/$name.inspect.json" "$work/speed/$name-warpattn.inspect.json"
-            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-attention warp -p 16,512 -n 0 \
-                -d "0,$attn_depth" -r 2 -o json >"$work/speed/$name-warpattn.bench.json" 2>>"$out/log.txt" ||
-                log "$name: bench with --cuda-attention warp failed"
+            # prefill attention on the CUDA cores, to compare with the tensor cores
+            variant warpattn --cuda-attention warp -- -p 16,512 -n 0 -d "0,$attn_depth"
             # flash attention's tiles loaded through registers, not copied in two stages by cp.async
-            cp "$work/speed/$name.inspect.json" "$work/speed/$name-flashsync.inspect.json"
-            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-flash-pipeline off -p 512 -n 0 \
-                -d "0,$attn_depth" -r 2 -o json >"$work/speed/$name-flashsync.bench.json" 2>>"$out/log.txt" ||
-                log "$name: bench with --cuda-flash-pipeline off failed"
+            variant flashsync --cuda-flash-pipeline off -- -p 512 -n 0 -d "0,$attn_depth"
             # a short prompt's flash attention with one warp over each whole tile, not the four warps a quarter each
-            cp "$work/speed/$name.inspect.json" "$work/speed/$name-flashrows.inspect.json"
-            bounded "$kvgen" -m "$f" --bench --device "$dev" --cuda-flash-warps rows -p 16 -n 0 \
-                -d "0,$attn_depth" -r 2 -o json >"$work/speed/$name-flashrows.bench.json" 2>>"$out/log.txt" ||
-                log "$name: bench with --cuda-flash-warps rows failed"
+            variant flashrows --cuda-flash-warps rows -- -p 16 -n 0 -d "0,$attn_depth"
             # a quantized KV cache: decode and prefill at depth; a q8_0 K beside an f16 V (-ctk q8_0 alone), decode
             for kvt in q8_0 q4_0 q8_0/f16; do
-                kvn=kv${kvt//\//-} kvp=512
+                kvp=512
                 [[ $kvt == */* ]] && kvp=0
-                cp "$work/speed/$name.inspect.json" "$work/speed/$name-$kvn.inspect.json"
-                bounded "$kvgen" -m "$f" --bench --device "$dev" --kv-type "$kvt" -p "$kvp" -n 128 \
-                    -d "0,$attn_depth" -r 2 -o json >"$work/speed/$name-$kvn.bench.json" 2>>"$out/log.txt" ||
-                    log "$name: bench with --kv-type $kvt failed"
+                variant "kv${kvt//\//-}" --kv-type "$kvt" -- -p "$kvp" -n 128 -d "0,$attn_depth"
             done
             if ((quick)); then  # and the tensor cores at that depth (the full run has it in its depths)
                 bounded "$kvgen" -m "$f" --bench --device "$dev" -p 16,512 -n 0 -d "$attn_depth" -r 2 -o json \

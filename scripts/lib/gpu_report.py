@@ -79,6 +79,30 @@ for ij in sorted(glob.glob(f"{work}/speed/*.inspect.json")):
             row["tests"].append(e)
     rep["speed"].append(row)
 
+# variants (gpu-check.sh's `variant`): a run of the same file with other flags, SHAPE-T-SUFFIX, whose .flags file names
+# the default run and the flags; each of its tests beside the default run's same test (prompt or generation, depth)
+rep["variants"] = []
+speed_by_model = {r["model"]: r for r in rep["speed"]}
+for r in rep["speed"]:
+    fp = f"{work}/speed/{r['model']}.flags"
+    if not os.path.exists(fp):
+        continue
+    lines = open(fp).read().split("\n")
+    base, flags = lines[0], lines[1] if len(lines) > 1 else ""
+    if base not in speed_by_model:
+        continue
+    default = {e["test"]: e for e in speed_by_model[base]["tests"]}
+    for e in r["tests"]:
+        d = default.get(e["test"])
+        if d is None or d["tok_s"] <= 0:
+            continue
+        # a difference within twice the two runs' spread together is not told apart from noise
+        noise = 2 * math.sqrt(e["stddev"] ** 2 + d["stddev"] ** 2)
+        rep["variants"].append({"variant": r["model"][len(base) + 1:], "model": base, "flags": flags,
+                                "test": e["test"], "default_tok_s": d["tok_s"], "tok_s": e["tok_s"],
+                                "ratio": e["tok_s"] / d["tok_s"],
+                                "within_noise": abs(e["tok_s"] - d["tok_s"]) <= noise})
+
 # 77: the test binary found no GPU (a dry run's case; on the GPU machine, a failure all the same)
 cuda_word = {0: "passed", 77: "skipped: no GPU found (exit 77)"}.get(int(cuda_rc), f"FAILED (exit {cuda_rc})")
 # the first case that failed (or was running when the binary died), which gpu-check.sh reruns under compute-sanitizer
@@ -147,6 +171,16 @@ for r in rep["speed"]:
         bw = f"{e['gb_s']:.0f} | {e['pct_peak']:.0f}%" if "gb_s" in e else " | "
         L.append(f"| {r['model']} | {r['weight_bytes_per_token'] / 1e9:.2f} | {e['test']} | "
                  f"{e['tok_s']:.1f} ± {e['stddev']:.1f} | {bw} |")
+if rep["variants"]:
+    L += ["", "## Variants against the defaults", "",
+          "Each variant is the same file benchmarked with other flags; ratio = the variant's t/s over the default's in "
+          "the same test (above 1: the variant is faster). \"noise\": the two differ by no more than twice their "
+          "runs' spread together.", "",
+          "| model | variant | flags | test | default t/s | variant t/s | ratio |",
+          "| --- | --- | --- | --- | ---: | ---: | ---: |"]
+    for v in rep["variants"]:
+        L.append(f"| {v['model']} | {v['variant']} | `{v['flags']}` | {v['test']} | {v['default_tok_s']:.1f} | "
+                 f"{v['tok_s']:.1f} | {v['ratio']:.3f}{' (noise)' if v['within_noise'] else ''} |")
 for name, md in per_kernel_md.items():
     what = ("the first kernels of a prefill of about 500 tokens" if name.endswith("-prefill")
             else "a 3-token prompt and 3 generated tokens")
