@@ -25,12 +25,14 @@
 #      cache tiles loaded through registers, not copied in two stages), pp16 at those depths with --cuda-flash-warps
 #      rows (SHAPE-T-flashrows: a short prompt's block over each whole tile by one warp, not a quarter by each), and pp512 / tg128 at those depths with --kv-type q8_0 and q4_0 (SHAPE-T-kvq8_0, -kvq4_0), tg128 with q8_0/f16 (-kvq8_0-f16);
 #      for every file, tg128 with --cuda-pdl off (SHAPE-T-nopdl: the decode products launched without programmatic
-#      dependent launch), for F16 pp16 and tg128 with --cuda-f16-matvec warp --cuda-short-prompt lanes (SHAPE-F16-warpf16:
-#      one token's products by a warp over 2 rows instead of a block of warps over 4, a short prompt's by the f32
-#      lanes instead of cuBLAS on split activations) and tg128 with --cuda-matvec-stages 0 (SHAPE-F16-ring0, as below), for Q4_0, Q8_0
-#      and Q4_K_M pp16 and tg128 with --cuda-matvec-stages 0 (SHAPE-T-ring0: the products' weights through registers,
+#      dependent launch), for F16 and BF16 pp16 and tg128 with --cuda-f16-matvec warp --cuda-short-prompt lanes
+#      (SHAPE-T-warpf16: one token's products by a warp over 2 rows instead of a block of warps over 4, a short
+#      prompt's by the f32 lanes instead of cuBLAS on split activations) and tg128 with --cuda-matvec-stages 0
+#      (SHAPE-T-ring0, as below), for Q5_K pp16 with --cuda-short-prompt lanes (SHAPE-Q5_K-lanes: a short prompt's
+#      products in integers, not on split activations), for Q4_0, Q8_0, Q4_K_M and Q5_K pp16 and tg128 with
+#      --cuda-matvec-stages 0 (SHAPE-T-ring0: the products' weights through registers,
 #      a block a row group, not through rings of shared memory in blocks that stay; with --quick also the per-kernel
-#      table of the first of Q8_0 and Q4_K_M), tg128 with
+#      table of the first of Q8_0 and Q4_K_M), for Q4_0, Q8_0 and Q4_K_M tg128 with
 #      --cuda-matvec-stages 0 --cuda-matvec-rows 4 (SHAPE-T-rows4: that path with 4 rows a block of the one-token
 #      products instead of 8), and for the first type tg128 with --cuda-matvec-stages 2 and 4 (SHAPE-T-ring2, -ring4:
 #      rings of 2 and 4 stages instead of 3),
@@ -55,7 +57,8 @@
 #                 shape in each --types with pp4, pp16, pp64, pp512 and tg128 at depth 0 (pp4, pp16 and tg128 also with
 #                 --cuda-matvec f32, pp512 with --cuda-gemm mma), for the first type pp16 and pp512 at depth 4096, and the per-kernel table; no
 #                 stage 2 or 4
-#   --types T,T   weight types of stage 3 (default F16,Q8_0,Q4_0,Q4_K_M; with --quick, Q4_K_M)
+#   --types T,T   weight types of stage 3 (default F16,Q8_0,Q4_0,Q4_K_M; with --quick, Q4_K_M); any type kvgen-synth
+#                 writes, such as BF16 and Q5_K
 #
 # Later stages are skipped, and the report says so, when the time budget (KVGEN_GPU_BUDGET_S, default 420; 240 with
 # --quick) runs out; any one command is stopped 60 s past it, and the report is rewritten after every stage (marked
@@ -367,16 +370,21 @@ for shape in "${shapes[@]}"; do
         fi
         # the decode products launched without programmatic dependent launch
         variant nopdl --cuda-pdl off -- -p 0 -n 128 -d 0
-        if [[ $t == F16 ]]; then
-            # one token's F16 products by a warp over 2 rows (the default: blocks over 4), and a short prompt's by the
-            # f32 lanes (the default: cuBLAS on split activations)
+        if [[ $t == F16 || $t == BF16 ]]; then
+            # one token's F16 (BF16) products by a warp over 2 rows (the default: blocks over 4), and a short prompt's
+            # by the f32 lanes (the default: cuBLAS on split activations)
             variant warpf16 --cuda-f16-matvec warp --cuda-short-prompt lanes -- -p 16 -n 128 -d 0
             # its one-token products' weights through registers (the default: rings)
             variant ring0 --cuda-matvec-stages 0 -- -p 0 -n 128 -d 0
         fi
-        if [[ $t == Q4_0 || $t == Q8_0 || $t == Q4_K_M ]]; then
+        if [[ $t == Q4_0 || $t == Q8_0 || $t == Q4_K_M || $t == Q5_K ]]; then
             # the integer products' weights through registers, a block a row group (the default: rings of 3 stages)
             variant ring0 --cuda-matvec-stages 0 -- -p 16 -n 128 -d 0
+        fi
+        if [[ $t == Q5_K ]]; then  # a short prompt's products in integers (the default: split activations)
+            variant lanes --cuda-short-prompt lanes -- -p 16 -n 0 -d 0
+        fi
+        if [[ $t == Q4_0 || $t == Q8_0 || $t == Q4_K_M ]]; then
             # and so with 4 rows a block of one token's products (8 there by default)
             variant rows4 --cuda-matvec-stages 0 --cuda-matvec-rows 4 -- -p 0 -n 128 -d 0
             if [[ $t == "${speed_types[0]}" ]]; then  # rings of 2 and 4 stages
