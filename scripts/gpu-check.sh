@@ -23,7 +23,9 @@
 #      4096 with --cuda-attention warp (the CUDA-core prefill attention) beside the default tensor-core one
 #      (SHAPE-T-warpattn), pp512 at those depths with --cuda-flash-pipeline off (SHAPE-T-flashsync: flash attention's
 #      cache tiles loaded through registers, not copied in two stages), pp16 at those depths with --cuda-flash-warps
-#      rows (SHAPE-T-flashrows: a short prompt's block over each whole tile by one warp, not a quarter by each), and pp512 / tg128 at those depths with --kv-type q8_0 and q4_0 (SHAPE-T-kvq8_0, -kvq4_0), tg128 with q8_0/f16 (-kvq8_0-f16);
+#      rows (SHAPE-T-flashrows: a short prompt's block over each whole tile by one warp, not a quarter by each), and
+#      pp512 / tg128 at those depths with --kv-type q8_0 and q4_0 (SHAPE-T-kvq8_0, -kvq4_0), tg128 with q8_0/f16
+#      (-kvq8_0-f16);
 #      for every file, tg128 with --cuda-pdl off (SHAPE-T-nopdl: the decode products launched without programmatic
 #      dependent launch), for F16 and BF16 pp16 and tg128 with --cuda-f16-matvec warp --cuda-short-prompt lanes
 #      (SHAPE-T-warpf16: one token's products by a warp over 2 rows instead of a block of warps over 4, a short
@@ -55,8 +57,8 @@
 #
 #   --quick       the loop while tuning kernels (about 2 minutes): the incremental build, the [cuda] tests, the 7B
 #                 shape in each --types with pp4, pp16, pp64, pp512 and tg128 at depth 0 (pp4, pp16 and tg128 also with
-#                 --cuda-matvec f32, pp512 with --cuda-gemm mma), for the first type pp16 and pp512 at depth 4096, and the per-kernel table; no
-#                 stage 2 or 4
+#                 --cuda-matvec f32, pp512 with --cuda-gemm mma), for the first type pp16 and pp512 at depth 4096,
+#                 and the per-kernel table; no stage 2 or 4
 #   --types T,T   weight types of stage 3 (default F16,Q8_0,Q4_0,Q4_K_M; with --quick, Q4_K_M); any type kvgen-synth
 #                 writes, such as BF16 and Q5_K
 #
@@ -65,12 +67,12 @@
 # partial until the end), so a run cut short still leaves its figures. OUTDIR gets at most 8 files: log.txt,
 # cuda-tests.txt (read its first failure: a device fault fails every later test case too; that case is rerun alone
 # under compute-sanitizer's memcheck, where the tool is, and its output ends the file), report.md, report.json,
-# ncu-SHAPE-TYPE.csv.gz per profile, kv-results.md. KVGEN_GPU_CHECK_DRY=1 rehearses the script on a machine without a GPU (CPU device, tiny
-# shapes): it checks the script, not the GPU; there KVGEN_GPU_CHECK_NCU_CSV=FILE (an earlier ncu CSV, .gz or not)
-# stands in for the profile. Needs the test-data folder (../shared, ./shared or .shared, or KVGEN_SHARED; on a lent
-# machine that receives the checkout alone, copy it into the checkout as ./shared): its testdata/ holds the reference
-# models, and its device-deps/, when there, prebuilt libraries for a machine without a package registry (unpacked
-# into build-gpu/deps).
+# ncu-SHAPE-TYPE.csv.gz per profile, kv-results.md. KVGEN_GPU_CHECK_DRY=1 rehearses the script on a machine without a
+# GPU (CPU device, tiny shapes): it checks the script, not the GPU; there KVGEN_GPU_CHECK_NCU_CSV=FILE (an earlier
+# ncu CSV, .gz or not) stands in for the profile. Needs the test-data folder (../shared, ./shared or .shared, or
+# KVGEN_SHARED; on a lent machine that receives the checkout alone, copy it into the checkout as ./shared): its
+# testdata/ holds the reference models, and its device-deps/, when there, prebuilt libraries for a machine without a
+# package registry (unpacked into build-gpu/deps).
 set -euo pipefail
 
 # shellcheck source=lib/catch_spec.sh source-path=SCRIPTDIR
