@@ -395,7 +395,10 @@ KVGEN_HD void load_pair(const uint8_t* __restrict__ row, int s, int n_units, Pai
     w.d = ld_u32(row + 16 * n_units + 4 * s);
 }
 KVGEN_HD float pair_dot(const PairWeights<GgmlType::Q4_0>& w, int u, const UnitActs& a, float acc) {
-    const int h = u % 2;
+    // note: u & 1, not u % 2: for step_dots' u = 2 s + h the compiler then sees h, a constant of the unrolled loop, and
+    // keeps w.q in registers (with u % 2, whose sign follows a signed s, every thread's PairWeights went to the stack:
+    // sm_90, 96-384 bytes a thread, each step's weights stored to local memory and loaded back)
+    const int h = u & 1;
     return unit_dot(UnitWeights<GgmlType::Q4_0>{w.q[h], uint16_t(w.d >> (16 * h))}, u, a, acc);
 }
 
@@ -443,7 +446,7 @@ KVGEN_HD constexpr int mvi_rows(int nm, int nt) {
 constexpr int kMviRows = mvi_rows<GgmlType::Q4_0>(1, 1);     // one token: rows per block of one matrix (4, any type)
 constexpr int kMviGluRows = mvi_rows<GgmlType::Q4_0>(2, 1);  // one token: of each of gate and up (2)
 // By default (--cuda-matvec-rows 8), one token's products of the types whose threads then still fit in 128 registers
-// without spilling (sm_90: Q4_0 94, 114 in steps of two units; Q8_0 115; Q4_K 100; Q6_K would spill) take twice the
+// without spilling (sm_90: Q4_0 94, 124 in steps of two units; Q8_0 115; Q4_K 100; Q6_K would spill) take twice the
 // rows a block: each thread has twice the 16-byte loads in flight, and the launch has half the blocks (H200, 7B tg128:
 // Q4_0 +1.4%, Q8_0 +4.7%). A row's sum is the same bits whatever the rows a block: its threads' shares and their
 // reduction do not depend on them.
@@ -461,8 +464,8 @@ struct MviShape {
                         // (matvec_int_mma.cuh; --cuda-matvec-mma on, sm_80 and later)
 };
 // Rows a block of NM matrices of a pair type takes for NT tokens with steps of two units: a thread then holds twice
-// each row's weights, so 8 tokens take 2 rows (sm_90, Q4_0: 80 registers; one token with 8 rows 114, 4 tokens with 4
-// rows 112; no spills).
+// each row's weights, so 8 tokens take 2 rows (sm_90, Q4_0, the register path: 86 registers; one token with 8 rows
+// 124, 4 tokens with 4 rows 128; no stack).
 template <GgmlType T>
 KVGEN_HD constexpr int mvi_pair_rows(int nm, int nt) {
     const int rows = mvi_rows<T>(nm, nt), cap = nm == 1 ? 2 : 1;
