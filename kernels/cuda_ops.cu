@@ -161,6 +161,8 @@ private:
     bool mma_gemm_;    // Settings::cuda_mma_gemm
     int64_t gemm_chunk_;  // Settings::cuda_gemm_chunk_mib in weights (0: whole matrices; kGemmChunkAuto)
     bool gemm_overlap_;   // Settings::cuda_gemm_overlap: gemm_weight decodes on overlap_.side
+    bool l2_prefetch_;    // Settings::cuda_l2_prefetch on a device that has the bulk prefetch (sm_90 and later)
+    int64_t l2_bytes_ = 0;  // the device's L2 cache
     GemmOverlap overlap_;  // its stream and events (made in the constructor, freed by release)
     // The step begin() announced: its first position, and whether it writes the last of the first kKvOffsetPositions
     // rows of a K with offsets and so sets them (engine/kv_offset.h).
@@ -212,11 +214,16 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
       flash_warp_split_(s.cuda_flash_warp_split),
       mma_gemm_(s.cuda_mma_gemm),
       gemm_chunk_(gemm_chunk_elems_of_mib(s.cuda_gemm_chunk_mib)),
-      gemm_overlap_(s.cuda_gemm_overlap) {
+      gemm_overlap_(s.cuda_gemm_overlap),
+      l2_prefetch_(false) {
     KVGEN_CUDA_CHECK(cudaSetDevice(device_));
     int major = 0;
     KVGEN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
     pdl_ = s.cuda_pdl && major >= 9 && CUDART_VERSION >= 12030;  // (graphs take PDL edges from 12.3)
+    int l2 = 0;
+    KVGEN_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device_));
+    l2_bytes_ = l2;
+    l2_prefetch_ = s.cuda_l2_prefetch && major >= 9 && l2_bytes_ > 0;
     mvi_.stages = major >= 8 && ring_stages_ok(s.cuda_matvec_stages) ? s.cuda_matvec_stages : 0;
     mvi_.mma = s.cuda_int_mma && major >= 8;
     mma_dev_ = gemm_mma_device(device_);
@@ -550,9 +557,14 @@ void CudaOps::attention(float* out, const float* q, int l, int n) {
     KVGEN_ASSERT(wo.cols == int64_t(c_.n_heads) * c_.head_dim);  // out_proj_add reads all of out's blocks
     att_quantized_ = n == 1 && c_.head_dim % 32 == 0 && use_int(wo);
     const bool turns_back = kv_type_quantized(kv_.v_type);
+    // the output projection's weight fetched into L2 while one token's attention leaves the memory bus idle
+    const L2Prefetch pf = n == 1 && l2_prefetch_
+                              ? decode_l2_prefetch(wo.data, wo.rows * wo.row_bytes, l2_bytes_,
+                                                   kv_.n_kv_heads * (kv_.k_row_bytes() + kv_.v_row_bytes()))
+                              : L2Prefetch{};
     if (n == 1)
         attention_decode(out, att_quantized_ && !turns_back ? xq_ : nullptr, partials_, counters_, q, layer_k(l),
-                         layer_v(l), layer_offsets(l), d_step_, c_.n_heads, kv_, splits_, stream_, pdl_);
+                         layer_v(l), layer_offsets(l), d_step_, c_.n_heads, kv_, splits_, stream_, pdl_, pf);
     else  // a short prompt over a deep cache: its positions split among more blocks
         attention_prefill(out, q, layer_k(l), layer_v(l), layer_offsets(l), d_step_, n, c_.n_heads, kv_, flash_,
                           flash_async_, flash_warp_split_,

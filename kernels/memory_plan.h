@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/hd.h"
 #include "engine/kv_layout.h"
 #include "model/weights.h"
 
@@ -137,6 +138,49 @@ constexpr int kFlashAsyncBlocksPerSm = 2;
 inline bool flash_async_fits(int head_dim, const GemmMmaDevice& d) {
     return head_dim == 128 && kFlashAsyncBytes <= d.shared_per_block &&
            kFlashAsyncBlocksPerSm * (kFlashAsyncBytes + kSharedReservePerBlock) <= d.shared_per_sm;
+}
+
+// One token's decode attention at a shallow depth reads a few cache rows a head and waits on its own latency while
+// the memory bus idles; the output projection after it then streams its whole weight from DRAM. So decode attention's
+// blocks first ask the L2 cache to fetch that weight (--cuda-prefetch on; cp.async.bulk.prefetch.L2 on sm_90 and
+// later, a hint that changes no value), and the projection reads it back from L2. decode_l2_prefetch plans it for a
+// weight of `bytes` at `data` on a device with l2_bytes of L2: at most a third of the L2 (where the weight is larger,
+// its first bytes, the rows its first blocks take), 16-byte aligned in whole 16-byte pieces, and only at positions
+// whose cache rows of one layer (cache_bytes_per_position each, what attention streams through L2 beside it) take
+// at most another third (max_pos). A weight of under 16 whole bytes, or a cache that outgrows that at position 0:
+// none (bytes 0).
+struct L2Prefetch {
+    const uint8_t* data = nullptr;
+    int64_t bytes = 0;  // a multiple of 16 from data, itself a multiple of 16; 0: nothing
+    int max_pos = -1;   // the last position (the step's *d_pos0) at which it is fetched
+};
+constexpr int64_t kL2PrefetchChunk = 4096;  // bytes a prefetch instruction asks for (the last one fewer)
+inline L2Prefetch decode_l2_prefetch(const uint8_t* data, int64_t bytes, int64_t l2_bytes,
+                                     int64_t cache_bytes_per_position) {
+    const int64_t third = l2_bytes / 3;
+    const uintptr_t at = reinterpret_cast<uintptr_t>(data), start = (at + 15) / 16 * 16;
+    const int64_t whole = bytes - int64_t(start - at) < 16 ? 0 : (bytes - int64_t(start - at)) / 16 * 16;
+    const int64_t positions = cache_bytes_per_position > 0 ? third / cache_bytes_per_position : 0;
+    L2Prefetch p;
+    if (whole <= 0 || positions < 1) return p;
+    p.data = reinterpret_cast<const uint8_t*>(start);
+    p.bytes = std::min(whole, third / 16 * 16);
+    p.max_pos = int(std::min<int64_t>(positions - 1, INT32_MAX));
+    return p;
+}
+// A launch's share of such a prefetch for one thread: the range in kL2PrefetchChunk pieces, piece c to block
+// c % blocks and that block's thread c / blocks % threads, so that every block (every SM it runs on) asks for about
+// as many as the others; f(offset, bytes) for each of this thread's pieces. Every piece is one thread's, once.
+#ifdef __CUDACC__
+#pragma nv_exec_check_disable
+#endif
+template <class F>
+KVGEN_HD void l2_prefetch_pieces(int64_t bytes, int blocks, int threads, int block, int thread, F&& f) {
+    const int64_t pieces = (bytes + kL2PrefetchChunk - 1) / kL2PrefetchChunk, step = int64_t(blocks) * threads;
+    for (int64_t c = block + int64_t(thread) * blocks; c < pieces; c += step) {
+        const int64_t off = c * kL2PrefetchChunk;
+        f(off, bytes - off < kL2PrefetchChunk ? bytes - off : kL2PrefetchChunk);
+    }
 }
 
 // Tokens per block for n tokens and `rows` rows on device d: 128, which decodes each weight tile once for twice as

@@ -548,16 +548,36 @@ __global__ void to_f16_split_kernel(const float* __restrict__ x, __half* __restr
 
 // --- attention (attention.cuh) -----------------------------------------------------------------------------------
 
+// This block's thread's pieces of pf (l2_prefetch_pieces) asked of the L2 cache, where the step's position is at most
+// pf.max_pos (sm_90 and later with CUDA 12: cp.async.bulk.prefetch.L2; elsewhere nothing). The position is the
+// step's copy into d_pos0, made before the step's first kernel, so it may be read before pdl_wait.
+__device__ __forceinline__ void l2_prefetch_share(const L2Prefetch& pf, const int* d_pos0) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && __CUDACC_VER_MAJOR__ >= 12
+    if (pf.bytes == 0 || *d_pos0 > pf.max_pos) return;
+    l2_prefetch_pieces(pf.bytes, int(gridDim.x * gridDim.y), int(blockDim.x), int(blockIdx.y * gridDim.x + blockIdx.x),
+                       int(threadIdx.x), [&](int64_t off, int64_t bytes) {
+                           asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pf.data + off),
+                                        "r"(uint32_t(bytes)));
+                       });
+#else
+    (void)pf;
+    (void)d_pos0;
+#endif
+}
+
 template <int NQ, int E, AttnCache C>
 __global__ void __launch_bounds__(kAttnThreads, kAttnMinBlocks<NQ, C>)
     attention_decode_kernel(const float* __restrict__ q, const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc,
                             const float* __restrict__ k_offsets, const int* __restrict__ d_pos0, int n_rep, KvLayout kv,
                             int splits, float scale, float* __restrict__ partials, int* __restrict__ counters,
-                            float* __restrict__ out, ActBlock* __restrict__ xq) {
+                            float* __restrict__ out, ActBlock* __restrict__ xq, L2Prefetch prefetch) {
     pdl_trigger();  // the output projection, which reads xq, may start loading its weights
+    // Its weight on its way into L2 while the memory bus would idle: what decode attention reads at a shallow depth
+    // is a few rows a head, and before pdl_wait the kernel before it may still be streaming its last weights.
+    l2_prefetch_share(prefetch, d_pos0);
     // Launched as a programmatic dependent launch after the kernel that writes q and the step's cache rows (the
     // Q|K|V product, or the store or rotation), its blocks are set up while that kernel's last ones run; nothing is
-    // read before it has finished.
+    // read before it has finished but the position, which the step's copy wrote before its first kernel.
     pdl_wait();
     __shared__ float sm[kAttnDecodeShared<NQ, E>];
     attention_decode_body<NQ, E, C>(DeviceThread{sm}, q, kc, vc, k_offsets, d_pos0, n_rep, kv, splits, scale, partials,
@@ -1394,8 +1414,9 @@ int attention_counters(int n_heads, const KvLayout& kv) {
 
 void attention_decode(float* out, ActBlock* xq, float* partials, int* counters, const float* q, const uint8_t* k_cache,
                       const uint8_t* v_cache, const float* k_offsets, const int* d_pos0, int n_heads,
-                      const KvLayout& kv, int splits, cudaStream_t s, bool pdl) {
+                      const KvLayout& kv, int splits, cudaStream_t s, bool pdl, const L2Prefetch& prefetch) {
     KVGEN_ASSERT(kv_cache_supported(kv));
+    KVGEN_ASSERT(prefetch.bytes % 16 == 0 && reinterpret_cast<uintptr_t>(prefetch.data) % 16 == 0);
     KVGEN_ASSERT(!xq || kv.head_dim % 32 == 0);
     KVGEN_ASSERT((k_offsets != nullptr) == kv.k_offsets());
     const int n_rep = n_heads / kv.n_kv_heads;
@@ -1405,7 +1426,7 @@ void attention_decode(float* out, ActBlock* xq, float* partials, int* counters, 
         const dim3 grid(unsigned(n_heads / NQ), unsigned(splits));
         dispatch_attention_cache<NQ, E>(kv, [&](auto cache) {
             launch(attention_decode_kernel<NQ, E, decltype(cache)::value>, grid, kAttnThreads, pdl, s, q, k_cache,
-                   v_cache, k_offsets, d_pos0, n_rep, kv, splits, scale, partials, counters, out, xq);
+                   v_cache, k_offsets, d_pos0, n_rep, kv, splits, scale, partials, counters, out, xq, prefetch);
         });
     });
     if (!ok) {

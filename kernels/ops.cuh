@@ -246,12 +246,15 @@ int attention_prefill_splits(int n_heads, const KvLayout& kv, int n, int pos0, i
 // the first launch; they are left at zero), else by a second kernel. q, out: [n_heads][head_dim]. With xq (may be null;
 // head_dim a multiple of 32) out is also written as n_heads * head_dim / 32 ActBlocks, quantized where each value is
 // made (the output projection's integer input). pdl: a programmatic dependent launch (sm_90; waits for the kernel
-// before it in pdl_wait before reading anything).
+// before it in pdl_wait before reading anything). prefetch (decode_l2_prefetch, memory_plan.h; sm_90): the bytes
+// the blocks ask the L2 cache for before that wait, shared among them (l2_prefetch_pieces), at positions up to
+// its max_pos.
 // Twins: cpu::attention with n = 1, then quantize_act of the output.
 int attention_counters(int n_heads, const KvLayout& kv);
 void attention_decode(float* out, ActBlock* xq, float* partials, int* counters, const float* q, const uint8_t* k_cache,
                       const uint8_t* v_cache, const float* k_offsets, const int* d_pos0, int n_heads,
-                      const KvLayout& kv, int splits, cudaStream_t s, bool pdl = false);
+                      const KvLayout& kv, int splits, cudaStream_t s, bool pdl = false,
+                      const L2Prefetch& prefetch = {});
 // n queries at positions *d_pos0 + i, each over cache positions 0 ..= its own (causal). With tensor_cores, head_dim
 // 64 and 128 run flash attention on the tensor cores (flash_attention.cuh); other head_dims, or without, a warp per
 // query on the CUDA cores (attention_prefill_body, an f16 cache only: a quantized one always takes flash attention).

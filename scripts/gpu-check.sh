@@ -27,11 +27,13 @@
 #      pp512 / tg128 at those depths with --kv-type q8_0 and q4_0 (SHAPE-T-kvq8_0, -kvq4_0), tg128 with q8_0/f16
 #      (-kvq8_0-f16);
 #      for every file, tg128 with --cuda-pdl off (SHAPE-T-nopdl: the decode products launched without programmatic
-#      dependent launch), for F16 and BF16 pp16 and tg128 with --cuda-f16-matvec warp --cuda-short-prompt lanes
-#      (SHAPE-T-warpf16: one token's products by a warp over 2 rows instead of a block of warps over 4, a short
-#      prompt's by the f32 lanes instead of cuBLAS on split activations) and tg128 with --cuda-matvec-stages 0
-#      (SHAPE-T-ring0, as below), for Q5_K pp16 with --cuda-short-prompt lanes (SHAPE-Q5_K-lanes: a short prompt's
-#      products in integers, not on split activations), for Q4_0, Q8_0, Q4_K_M and Q5_K pp16 and tg128 with
+#      dependent launch) and with --cuda-prefetch off (SHAPE-T-noprefetch: the output projection's weight read from
+#      memory, not asked of the L2 cache by decode attention), for F16 and BF16 pp16 and tg128 with --cuda-f16-matvec
+#      warp --cuda-short-prompt lanes (SHAPE-T-warpf16: one token's products by a warp over 2 rows instead of a block
+#      of warps over 4, a short prompt's by the f32 lanes instead of cuBLAS on split activations) and tg128 with
+#      --cuda-matvec-stages 0 (SHAPE-T-ring0, as below), for Q5_K pp16 with --cuda-short-prompt lanes
+#      (SHAPE-Q5_K-lanes: a short prompt's products in integers, not on split activations), for Q4_0, Q8_0, Q4_K_M
+#      and Q5_K pp16 and tg128 with
 #      --cuda-matvec-stages 0 (SHAPE-T-ring0: the products' weights through registers,
 #      a block a row group, not through rings of shared memory in blocks that stay; with --quick also the per-kernel
 #      table of the first of Q8_0 and Q4_K_M), for Q4_0, Q8_0 and Q4_K_M tg128 with
@@ -372,6 +374,8 @@ for shape in "${shapes[@]}"; do
         fi
         # the decode products launched without programmatic dependent launch
         variant nopdl --cuda-pdl off -- -p 0 -n 128 -d 0
+        # the output projection's weight read from memory, not fetched into L2 while decode attention runs
+        variant noprefetch --cuda-prefetch off -- -p 0 -n 128 -d 0
         if [[ $t == F16 || $t == BF16 ]]; then
             # one token's F16 (BF16) products by a warp over 2 rows (the default: blocks over 4), and a short prompt's
             # by the f32 lanes (the default: cuBLAS on split activations)

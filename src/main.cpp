@@ -436,6 +436,11 @@ int main(int argc, char** argv) {
                     "CUDA, --cuda-gemm cublas: on (the default) decodes a weight's next chunk, or the next "
                     "product's first, on a second stream while cuBLAS multiplies the one before, into the other of "
                     "two buffers; off decodes and multiplies in turn on one stream, to compare; the same results");
+    add_cuda_choice(app, "--cuda-prefetch", &gen.run.cuda_l2_prefetch, {"on", "off"}, "on",
+                    "CUDA, sm_90 and later, one token: on (the default) has decode attention ask the L2 cache for the "
+                    "output projection's weight while it runs, at depths where the layer's cache rows leave room, so "
+                    "that the projection reads it from L2; off leaves the projection to read it from memory, to "
+                    "compare; the same results");
     std::string math = "exact";
     app.add_option("--math", math,
                    "CPU products of quantized weights: exact (activations rounded to 16 bits, the default), fast "

@@ -125,6 +125,10 @@ TEST_CASE("the bench backend column names the CUDA options that differ from the 
     s = Settings{};
     s.cuda_gemm_overlap = false;
     CHECK(cuda_options_name(s) == "--cuda-gemm-overlap off");
+    CHECK(Settings{}.cuda_l2_prefetch);
+    s.cuda_l2_prefetch = false;
+    CHECK(cuda_options_name(s) == "--cuda-gemm-overlap off --cuda-prefetch off");
+    s.cuda_l2_prefetch = true;
     s.cuda_matvec_unit = 32;
     CHECK(cuda_options_name(s) == "--cuda-matvec-unit 32 --cuda-gemm-overlap off");
     s.cuda_flash_pipeline = false;

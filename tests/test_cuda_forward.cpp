@@ -387,6 +387,11 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
             std::unique_ptr<Backend> pdl_launch = cuda::make_backend(m, go);
             go.cuda_graphs = true;
             std::unique_ptr<Backend> pdl_graph = cuda::make_backend(m, go);
+            // Without decode attention's prefetch of the output projection's weight into L2 (--cuda-prefetch off;
+            // on elsewhere, as the default; sm_90): a hint, the same bits
+            Settings no_prefetch_s = go;
+            no_prefetch_s.cuda_l2_prefetch = false;
+            std::unique_ptr<Backend> no_prefetch = cuda::make_backend(m, no_prefetch_s);
             // RoPE and the K/V store in their own launch (--cuda-kv-store kernel) instead of the integer Q|K|V
             // products' epilogue: the same bits
             go.cuda_pdl = false;
@@ -430,6 +435,7 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
             REQUIRE(a == b);
             REQUIRE(copy(pdl_launch->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
             REQUIRE(copy(pdl_graph->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
+            REQUIRE(copy(no_prefetch->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
             REQUIRE(copy(store_launch->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
             REQUIRE(copy(narrow->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
             REQUIRE(copy(registers->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
@@ -446,6 +452,7 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
                 REQUIRE(a == b);  // the same kernels on the same data: bit for bit
                 REQUIRE(copy(pdl_launch->forward(&id, 1, pos, Pass::Decode), n_vocab) == a);
                 REQUIRE(copy(pdl_graph->forward(&id, 1, pos, Pass::Decode), n_vocab) == a);
+                REQUIRE(copy(no_prefetch->forward(&id, 1, pos, Pass::Decode), n_vocab) == a);
                 REQUIRE(copy(store_launch->forward(&id, 1, pos, Pass::Decode), n_vocab) == a);
                 REQUIRE(copy(narrow->forward(&id, 1, pos, Pass::Decode), n_vocab) == a);
                 REQUIRE(copy(registers->forward(&id, 1, pos, Pass::Decode), n_vocab) == a);

@@ -415,6 +415,58 @@ TEST_CASE("the prefill GEMM's chunks stay within the L2-sized scratch, in whole 
     CHECK(cuda::gemm_scratch_elems(GgmlType::F16, 11008, 4096, cuda::kGemmChunkElems, true) == 0);
 }
 
+TEST_CASE("decode attention's L2 prefetch: what is planned, and every piece asked for once by one thread",
+          "[cuda-host]") {
+    using cuda::decode_l2_prefetch;
+    using cuda::L2Prefetch;
+    alignas(16) static uint8_t buf[1 << 12];
+    const int64_t l2 = int64_t(50) << 20, third = l2 / 3;
+    // LLaMA-2-7B Q4_0's output projection (4096 rows of 2304 bytes), an f16 cache of 32 KV heads of 128: the whole
+    // weight, at positions whose 16 KiB a layer fill at most a third of the L2
+    const int64_t per_pos = 32 * (256 + 256);
+    L2Prefetch p = decode_l2_prefetch(buf, 4096 * 2304, l2, per_pos);
+    CHECK(p.data == buf);
+    CHECK(p.bytes == 4096 * 2304);
+    CHECK(p.max_pos == third / per_pos - 1);
+    CHECK(int64_t(p.max_pos + 1) * per_pos <= third);
+    CHECK(int64_t(p.max_pos + 2) * per_pos > third);
+    // a weight larger than a third: its first bytes, whole 16-byte pieces
+    p = decode_l2_prefetch(buf, 8192 * 4608, l2, per_pos);
+    CHECK(p.bytes == third / 16 * 16);
+    // an unaligned start and end: the 16-byte pieces inside
+    p = decode_l2_prefetch(buf + 3, 100, l2, per_pos);
+    CHECK(p.data == buf + 16);
+    CHECK(p.bytes == 80);
+    CHECK(decode_l2_prefetch(buf + 3, 20, l2, per_pos).bytes == 0);  // no whole piece inside
+    CHECK(decode_l2_prefetch(buf, 0, l2, per_pos).bytes == 0);
+    CHECK(decode_l2_prefetch(buf, 4096, l2, third + 1).bytes == 0);  // one position's rows over the third
+    CHECK(decode_l2_prefetch(buf, 4096, 0, per_pos).bytes == 0);     // no L2
+    // every piece of a range exactly once, each within it, 16-byte multiples, spread over the blocks
+    for (const int64_t bytes : {int64_t(16), int64_t(4096), int64_t(4112), int64_t(9437184), int64_t(17476272)})
+        for (const auto& [blocks, threads] : {std::pair<int, int>{1, 1}, {544, 128}, {32, 128}, {3, 5}, {1000, 32}}) {
+            INFO(bytes << " bytes, " << blocks << " x " << threads);
+            const int64_t pieces = (bytes + cuda::kL2PrefetchChunk - 1) / cuda::kL2PrefetchChunk;
+            std::vector<int> seen(size_t(pieces), 0);
+            std::vector<int64_t> per_block(size_t(blocks), 0);
+            int64_t total = 0;
+            bool ok = true;
+            for (int b = 0; b < blocks; ++b)
+                for (int t = 0; t < threads; ++t)
+                    cuda::l2_prefetch_pieces(bytes, blocks, threads, b, t, [&](int64_t off, int64_t n) {
+                        ok = ok && off % cuda::kL2PrefetchChunk == 0 && n > 0 && n % 16 == 0 && off + n <= bytes &&
+                             (n == cuda::kL2PrefetchChunk || off + n == bytes);
+                        seen[size_t(off / cuda::kL2PrefetchChunk)] += 1;
+                        per_block[size_t(b)] += 1;
+                        total += n;
+                    });
+            CHECK(ok);
+            CHECK(total == bytes);
+            CHECK(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }));
+            const auto [lo, hi] = std::minmax_element(per_block.begin(), per_block.end());
+            CHECK(*hi - *lo <= 1);
+        }
+}
+
 TEST_CASE("the prefill GEMM's auto chunks come from the tokens and the SMs, within the scratch planned",
           "[cuda-host]") {
     using cuda::gemm_chunk_rows;

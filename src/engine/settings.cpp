@@ -59,6 +59,8 @@ std::string cuda_options_name(const Settings& s) {
         add("--cuda-gemm-chunk " + (s.cuda_gemm_chunk_mib < 0 ? "auto" : std::to_string(s.cuda_gemm_chunk_mib)));
     if (s.cuda_gemm_overlap != d.cuda_gemm_overlap)
         add(s.cuda_gemm_overlap ? "--cuda-gemm-overlap on" : "--cuda-gemm-overlap off");
+    if (s.cuda_l2_prefetch != d.cuda_l2_prefetch)
+        add(s.cuda_l2_prefetch ? "--cuda-prefetch on" : "--cuda-prefetch off");
     return out;
 }
 
