@@ -557,9 +557,12 @@ void CudaOps::attention(float* out, const float* q, int l, int n) {
     KVGEN_ASSERT(wo.cols == int64_t(c_.n_heads) * c_.head_dim);  // out_proj_add reads all of out's blocks
     att_quantized_ = n == 1 && c_.head_dim % 32 == 0 && use_int(wo);
     const bool turns_back = kv_type_quantized(kv_.v_type);
-    // the output projection's weight fetched into L2 while one token's attention leaves the memory bus idle
+    // the output projection's weight, and the first rows of gate's and up's, fetched into L2 while one token's
+    // attention leaves the memory bus idle
+    const LayerDev& L = w_.layers[size_t(l)];
+    auto whole = [](const DevWeight& w) { return L2Range{w.data, w.rows * w.row_bytes}; };
     const L2Prefetch pf = n == 1 && l2_prefetch_
-                              ? decode_l2_prefetch(wo.data, wo.rows * wo.row_bytes, l2_bytes_,
+                              ? decode_l2_prefetch({whole(wo), whole(L.gate), whole(L.up)}, l2_bytes_,
                                                    kv_.n_kv_heads * (kv_.k_row_bytes() + kv_.v_row_bytes()))
                               : L2Prefetch{};
     if (n == 1)

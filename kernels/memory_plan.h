@@ -141,45 +141,71 @@ inline bool flash_async_fits(int head_dim, const GemmMmaDevice& d) {
 }
 
 // One token's decode attention at a shallow depth reads a few cache rows a head and waits on its own latency while
-// the memory bus idles; the output projection after it then streams its whole weight from DRAM. So decode attention's
-// blocks first ask the L2 cache to fetch that weight (--cuda-prefetch on; cp.async.bulk.prefetch.L2 on sm_90 and
-// later, a hint that changes no value), and the projection reads it back from L2. decode_l2_prefetch plans it for a
-// weight of `bytes` at `data` on a device with l2_bytes of L2: at most a third of the L2 (where the weight is larger,
-// its first bytes, the rows its first blocks take), 16-byte aligned in whole 16-byte pieces, and only at positions
-// whose cache rows of one layer (cache_bytes_per_position each, what attention streams through L2 beside it) take
-// at most another third (max_pos). A weight of under 16 whole bytes, or a cache that outgrows that at position 0:
-// none (bytes 0).
-struct L2Prefetch {
+// the memory bus idles; the products after it then stream their weights from DRAM. So decode attention's blocks first
+// ask the L2 cache to fetch them (--cuda-prefetch on; cp.async.bulk.prefetch.L2 on sm_90 and later, a hint that
+// changes no value): the output projection's weight, and the first rows of gate's and up's, which the SwiGLU
+// product's first blocks take while the output projection's blocks still hold the GPU. decode_l2_prefetch plans it
+// for the weights in the order they are read, on a device with l2_bytes of L2: a third of the L2 in all, the first
+// weight as much of it as it needs (its first bytes where it is larger: the rows its first blocks take) and the
+// others what is left in equal shares, each the 16-byte aligned whole 16-byte pieces inside; and only at positions
+// whose cache rows of one layer (cache_bytes_per_position each, what attention streams through L2 beside them) take
+// at most another third (max_pos). None (max_pos -1, every range empty) where the cache outgrows that at position 0
+// or no range has a whole piece.
+struct L2Range {
     const uint8_t* data = nullptr;
-    int64_t bytes = 0;  // a multiple of 16 from data, itself a multiple of 16; 0: nothing
-    int max_pos = -1;   // the last position (the step's *d_pos0) at which it is fetched
+    int64_t bytes = 0;  // L2Prefetch's: a multiple of 16 from data, itself a multiple of 16; 0: nothing
 };
-constexpr int64_t kL2PrefetchChunk = 4096;  // bytes a prefetch instruction asks for (the last one fewer)
-inline L2Prefetch decode_l2_prefetch(const uint8_t* data, int64_t bytes, int64_t l2_bytes,
+constexpr int kL2PrefetchRanges = 3;
+struct L2Prefetch {
+    L2Range range[kL2PrefetchRanges];
+    int max_pos = -1;  // the last position (the step's *d_pos0) at which they are fetched
+};
+constexpr int64_t kL2PrefetchChunk = 4096;  // bytes a prefetch instruction asks for (a range's last one fewer)
+inline L2Range l2_aligned_inside(const L2Range& w) {
+    const uintptr_t at = reinterpret_cast<uintptr_t>(w.data), start = (at + 15) / 16 * 16;
+    const int64_t rest = w.bytes - int64_t(start - at);
+    return rest < 16 ? L2Range{} : L2Range{reinterpret_cast<const uint8_t*>(start), rest / 16 * 16};
+}
+inline L2Prefetch decode_l2_prefetch(const std::vector<L2Range>& weights, int64_t l2_bytes,
                                      int64_t cache_bytes_per_position) {
-    const int64_t third = l2_bytes / 3;
-    const uintptr_t at = reinterpret_cast<uintptr_t>(data), start = (at + 15) / 16 * 16;
-    const int64_t whole = bytes - int64_t(start - at) < 16 ? 0 : (bytes - int64_t(start - at)) / 16 * 16;
+    const int64_t third = l2_bytes / 3 / 16 * 16;
     const int64_t positions = cache_bytes_per_position > 0 ? third / cache_bytes_per_position : 0;
     L2Prefetch p;
-    if (whole <= 0 || positions < 1) return p;
-    p.data = reinterpret_cast<const uint8_t*>(start);
-    p.bytes = std::min(whole, third / 16 * 16);
+    const int n = int(std::min<size_t>(weights.size(), kL2PrefetchRanges));
+    if (positions < 1 || n == 0) return p;
+    const L2Range first = l2_aligned_inside(weights[0]);
+    p.range[0] = {first.data, std::min(first.bytes, third)};
+    const int64_t share = n > 1 ? (third - p.range[0].bytes) / (n - 1) / 16 * 16 : 0;
+    for (int i = 1; i < n; ++i) {
+        const L2Range w = l2_aligned_inside(weights[size_t(i)]);
+        if (w.bytes > 0 && share > 0) p.range[i] = {w.data, std::min(w.bytes, share)};
+    }
+    if (p.range[0].bytes + p.range[1].bytes + p.range[2].bytes == 0) return L2Prefetch{};
     p.max_pos = int(std::min<int64_t>(positions - 1, INT32_MAX));
     return p;
 }
-// A launch's share of such a prefetch for one thread: the range in kL2PrefetchChunk pieces, piece c to block
-// c % blocks and that block's thread c / blocks % threads, so that every block (every SM it runs on) asks for about
-// as many as the others; f(offset, bytes) for each of this thread's pieces. Every piece is one thread's, once.
+// A launch's share of such a prefetch for one thread: every range in kL2PrefetchChunk pieces, numbered on from one
+// range to the next, piece c to block c % blocks and that block's thread c / blocks % threads, so that every block
+// (every SM it runs on) asks for about as many as the others; f(range, offset, bytes) for each of this thread's
+// pieces, the range a constant of an unrolled loop. Every piece is one thread's, once.
 #ifdef __CUDACC__
 #pragma nv_exec_check_disable
 #endif
 template <class F>
-KVGEN_HD void l2_prefetch_pieces(int64_t bytes, int blocks, int threads, int block, int thread, F&& f) {
-    const int64_t pieces = (bytes + kL2PrefetchChunk - 1) / kL2PrefetchChunk, step = int64_t(blocks) * threads;
-    for (int64_t c = block + int64_t(thread) * blocks; c < pieces; c += step) {
-        const int64_t off = c * kL2PrefetchChunk;
-        f(off, bytes - off < kL2PrefetchChunk ? bytes - off : kL2PrefetchChunk);
+KVGEN_HD void l2_prefetch_pieces(const L2Prefetch& p, int blocks, int threads, int block, int thread, F&& f) {
+    const int64_t step = int64_t(blocks) * threads, base = block + int64_t(thread) * blocks;
+    int64_t first = 0;  // the number of the range's first piece
+#ifdef __CUDACC__
+#pragma unroll
+#endif
+    for (int r = 0; r < kL2PrefetchRanges; ++r) {
+        const int64_t bytes = p.range[r].bytes, pieces = (bytes + kL2PrefetchChunk - 1) / kL2PrefetchChunk;
+        for (int64_t c = base < first ? base + (first - base + step - 1) / step * step : base; c < first + pieces;
+             c += step) {
+            const int64_t off = (c - first) * kL2PrefetchChunk;
+            f(r, off, bytes - off < kL2PrefetchChunk ? bytes - off : kL2PrefetchChunk);
+        }
+        first += pieces;
     }
 }
 

@@ -553,10 +553,10 @@ __global__ void to_f16_split_kernel(const float* __restrict__ x, __half* __restr
 // step's copy into d_pos0, made before the step's first kernel, so it may be read before pdl_wait.
 __device__ __forceinline__ void l2_prefetch_share(const L2Prefetch& pf, const int* d_pos0) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && __CUDACC_VER_MAJOR__ >= 12
-    if (pf.bytes == 0 || *d_pos0 > pf.max_pos) return;
-    l2_prefetch_pieces(pf.bytes, int(gridDim.x * gridDim.y), int(blockDim.x), int(blockIdx.y * gridDim.x + blockIdx.x),
-                       int(threadIdx.x), [&](int64_t off, int64_t bytes) {
-                           asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pf.data + off),
+    if (pf.max_pos < 0 || *d_pos0 > pf.max_pos) return;
+    l2_prefetch_pieces(pf, int(gridDim.x * gridDim.y), int(blockDim.x), int(blockIdx.y * gridDim.x + blockIdx.x),
+                       int(threadIdx.x), [&](int r, int64_t off, int64_t bytes) {
+                           asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pf.range[r].data + off),
                                         "r"(uint32_t(bytes)));
                        });
 #else
@@ -572,8 +572,9 @@ __global__ void __launch_bounds__(kAttnThreads, kAttnMinBlocks<NQ, C>)
                             int splits, float scale, float* __restrict__ partials, int* __restrict__ counters,
                             float* __restrict__ out, ActBlock* __restrict__ xq, L2Prefetch prefetch) {
     pdl_trigger();  // the output projection, which reads xq, may start loading its weights
-    // Its weight on its way into L2 while the memory bus would idle: what decode attention reads at a shallow depth
-    // is a few rows a head, and before pdl_wait the kernel before it may still be streaming its last weights.
+    // The next products' weights on their way into L2 while the memory bus would idle: what decode attention reads at
+    // a shallow depth is a few rows a head, and before pdl_wait the kernel before it may still be streaming its last
+    // weights.
     l2_prefetch_share(prefetch, d_pos0);
     // Launched as a programmatic dependent launch after the kernel that writes q and the step's cache rows (the
     // Q|K|V product, or the store or rotation), its blocks are set up while that kernel's last ones run; nothing is
@@ -1416,7 +1417,8 @@ void attention_decode(float* out, ActBlock* xq, float* partials, int* counters, 
                       const uint8_t* v_cache, const float* k_offsets, const int* d_pos0, int n_heads,
                       const KvLayout& kv, int splits, cudaStream_t s, bool pdl, const L2Prefetch& prefetch) {
     KVGEN_ASSERT(kv_cache_supported(kv));
-    KVGEN_ASSERT(prefetch.bytes % 16 == 0 && reinterpret_cast<uintptr_t>(prefetch.data) % 16 == 0);
+    for (const L2Range& r : prefetch.range)
+        KVGEN_ASSERT(r.bytes % 16 == 0 && reinterpret_cast<uintptr_t>(r.data) % 16 == 0);
     KVGEN_ASSERT(!xq || kv.head_dim % 32 == 0);
     KVGEN_ASSERT((k_offsets != nullptr) == kv.k_offsets());
     const int n_rep = n_heads / kv.n_kv_heads;

@@ -246,7 +246,7 @@ int attention_prefill_splits(int n_heads, const KvLayout& kv, int n, int pos0, i
 // the first launch; they are left at zero), else by a second kernel. q, out: [n_heads][head_dim]. With xq (may be null;
 // head_dim a multiple of 32) out is also written as n_heads * head_dim / 32 ActBlocks, quantized where each value is
 // made (the output projection's integer input). pdl: a programmatic dependent launch (sm_90; waits for the kernel
-// before it in pdl_wait before reading anything). prefetch (decode_l2_prefetch, memory_plan.h; sm_90): the bytes
+// before it in pdl_wait before reading anything). prefetch (decode_l2_prefetch, memory_plan.h; sm_90): the ranges
 // the blocks ask the L2 cache for before that wait, shared among them (l2_prefetch_pieces), at positions up to
 // its max_pos.
 // Twins: cpu::attention with n = 1, then quantize_act of the output.

@@ -27,32 +27,29 @@
 #      pp512 / tg128 at those depths with --kv-type q8_0 and q4_0 (SHAPE-T-kvq8_0, -kvq4_0), tg128 with q8_0/f16
 #      (-kvq8_0-f16);
 #      for every file, tg128 with --cuda-pdl off (SHAPE-T-nopdl: the decode products launched without programmatic
-#      dependent launch) and with --cuda-prefetch off (SHAPE-T-noprefetch: the output projection's weight read from
-#      memory, not asked of the L2 cache by decode attention), for F16 and BF16 pp16 and tg128 with --cuda-f16-matvec
-#      warp --cuda-short-prompt lanes (SHAPE-T-warpf16: one token's products by a warp over 2 rows instead of a block
-#      of warps over 4, a short prompt's by the f32 lanes instead of cuBLAS on split activations) and tg128 with
-#      --cuda-matvec-stages 0 (SHAPE-T-ring0, as below), for Q5_K pp16 with --cuda-short-prompt lanes
-#      (SHAPE-Q5_K-lanes: a short prompt's products in integers, not on split activations), for Q4_0, Q8_0, Q4_K_M
-#      and Q5_K pp16 and tg128 with
-#      --cuda-matvec-stages 0 (SHAPE-T-ring0: the products' weights through registers,
-#      a block a row group, not through rings of shared memory in blocks that stay; with --quick also the per-kernel
-#      table of the first of Q8_0 and Q4_K_M), for Q4_0, Q8_0 and Q4_K_M tg128 with
-#      --cuda-matvec-stages 0 --cuda-matvec-rows 4 (SHAPE-T-rows4: that path with 4 rows a block of the one-token
-#      products instead of 8), and for the first type tg128 with --cuda-matvec-stages 2 and 4 (SHAPE-T-ring2, -ring4:
-#      rings of 2 and 4 stages instead of 3),
-#      for Q4_0 pp16 and tg128 with --cuda-matvec-unit 32 (SHAPE-Q4_0-unit32: a lane's step one block of a row, not
-#      two; with --quick also its per-kernel table),
-#      for Q4_0, Q8_0 and Q4_K_M pp4, pp16 and pp64 with --cuda-matvec-mma on (SHAPE-T-intmma: a short prompt's
-#      products on the tensor cores in one launch, not on the CUDA cores 8 tokens a launch, nor at 64 tokens the GEMM),
-#      and for the quantized ones pp512 with --cuda-gemm mma (SHAPE-T-mmagemm: the prefill products in one kernel
-#      that decodes each weight tile into shared memory, against cuBLAS on decoded chunks), pp512 with
-#      --cuda-gemm-chunk 16 and 0 (SHAPE-T-chunk16, -chunk0: cuBLAS on fixed 16 MiB chunks of decoded rows and on
-#      whole matrices, against the default auto, chunks from the tokens and the SMs), pp512 with
-#      --cuda-gemm-overlap off (SHAPE-T-nooverlap: each chunk decoded and multiplied in turn on one stream, not the
-#      next, or the next product's first, decoded on a second while one is multiplied) and pp16 and tg128 with
+#      dependent launch) and with --cuda-prefetch off (SHAPE-T-noprefetch: the output projection's and gate's and up's
+#      first weights read from memory, not asked of the L2 cache by decode attention), for F16 and BF16 pp16 and tg128
+#      with --cuda-f16-matvec warp --cuda-short-prompt lanes (SHAPE-T-warpf16: one token's products by a warp over 2
+#      rows instead of a block of warps over 4, a short prompt's by the f32 lanes instead of cuBLAS on split
+#      activations) and tg128 with --cuda-matvec-stages 0 (SHAPE-T-ring0, as below), for Q5_K pp16 with
+#      --cuda-short-prompt lanes (SHAPE-Q5_K-lanes: a short prompt's products in integers, not on split activations),
+#      for Q4_0, Q8_0, Q4_K_M and Q5_K pp16 and tg128 with --cuda-matvec-stages 0 (SHAPE-T-ring0: the products' weights
+#      through registers, a block a row group, not through rings of shared memory in blocks that stay; with --quick also
+#      the per-kernel table of the first of Q8_0 and Q4_K_M), for Q4_0, Q8_0 and Q4_K_M tg128 with --cuda-matvec-stages
+#      0 --cuda-matvec-rows 4 (SHAPE-T-rows4: that path with 4 rows a block of the one-token products instead of 8), and
+#      for the first type tg128 with --cuda-matvec-stages 2 and 4 (SHAPE-T-ring2, -ring4: rings of 2 and 4 stages
+#      instead of 3), for Q4_0 pp16 and tg128 with --cuda-matvec-unit 32 (SHAPE-Q4_0-unit32: a lane's step one block of
+#      a row, not two; with --quick also its per-kernel table), for Q4_0, Q8_0 and Q4_K_M pp4, pp16 and pp64 with
+#      --cuda-matvec-mma on (SHAPE-T-intmma: a short prompt's products on the tensor cores in one launch, not on the
+#      CUDA cores 8 tokens a launch, nor at 64 tokens the GEMM), and for the quantized ones pp512 with --cuda-gemm mma
+#      (SHAPE-T-mmagemm: the prefill products in one kernel that decodes each weight tile into shared memory, against
+#      cuBLAS on decoded chunks), pp512 with --cuda-gemm-chunk 16 and 0 (SHAPE-T-chunk16, -chunk0: cuBLAS on fixed 16
+#      MiB chunks of decoded rows and on whole matrices, against the default auto, chunks from the tokens and the SMs),
+#      pp512 with --cuda-gemm-overlap off (SHAPE-T-nooverlap: each chunk decoded and multiplied in turn on one stream,
+#      not the next, or the next product's first, decoded on a second while one is multiplied) and pp16 and tg128 with
 #      --cuda-kv-store kernel (SHAPE-T-storekernel: RoPE and the K/V store in their own launch, not in the Q|K|V
-#      products), and tg128 with --cuda-norm kernel (SHAPE-T-normkernel: each RMSNorm in its own launch, not folded
-#      into the residual product before it);
+#      products), and tg128 with --cuda-norm kernel (SHAPE-T-normkernel: each RMSNorm in its own launch, not folded into
+#      the residual product before it);
 #   4. the KV cache comparison (scripts/bench-kv.sh, --device cuda) on the first shape's Q4_K_M file (7B; without
 #      Q4_K_M in --types, the first type's): 128, 256, 512 tokens, and where the cached and recomputed tokens part
 #      (step, top-2 logit margin, logit difference).
@@ -374,7 +371,8 @@ for shape in "${shapes[@]}"; do
         fi
         # the decode products launched without programmatic dependent launch
         variant nopdl --cuda-pdl off -- -p 0 -n 128 -d 0
-        # the output projection's weight read from memory, not fetched into L2 while decode attention runs
+        # the output projection's and gate's and up's first weights read from memory, not fetched into L2 while decode
+        # attention runs
         variant noprefetch --cuda-prefetch off -- -p 0 -n 128 -d 0
         if [[ $t == F16 || $t == BF16 ]]; then
             # one token's F16 (BF16) products by a warp over 2 rows (the default: blocks over 4), and a short prompt's

@@ -438,9 +438,9 @@ int main(int argc, char** argv) {
                     "two buffers; off decodes and multiplies in turn on one stream, to compare; the same results");
     add_cuda_choice(app, "--cuda-prefetch", &gen.run.cuda_l2_prefetch, {"on", "off"}, "on",
                     "CUDA, sm_90 and later, one token: on (the default) has decode attention ask the L2 cache for the "
-                    "output projection's weight while it runs, at depths where the layer's cache rows leave room, so "
-                    "that the projection reads it from L2; off leaves the projection to read it from memory, to "
-                    "compare; the same results");
+                    "output projection's weight and the first rows of gate's and up's while it runs, at depths where "
+                    "the layer's cache rows leave room, so that those products read them from L2; off leaves them to "
+                    "read from memory, to compare; the same results");
     std::string math = "exact";
     app.add_option("--math", math,
                    "CPU products of quantized weights: exact (activations rounded to 16 bits, the default), fast "

@@ -419,49 +419,78 @@ TEST_CASE("decode attention's L2 prefetch: what is planned, and every piece aske
           "[cuda-host]") {
     using cuda::decode_l2_prefetch;
     using cuda::L2Prefetch;
+    using cuda::L2Range;
     alignas(16) static uint8_t buf[1 << 12];
-    const int64_t l2 = int64_t(50) << 20, third = l2 / 3;
-    // LLaMA-2-7B Q4_0's output projection (4096 rows of 2304 bytes), an f16 cache of 32 KV heads of 128: the whole
-    // weight, at positions whose 16 KiB a layer fill at most a third of the L2
-    const int64_t per_pos = 32 * (256 + 256);
-    L2Prefetch p = decode_l2_prefetch(buf, 4096 * 2304, l2, per_pos);
-    CHECK(p.data == buf);
-    CHECK(p.bytes == 4096 * 2304);
+    const uint8_t *wo = buf, *gate = buf + 1024, *up = buf + 2048;  // only their addresses are used
+    const int64_t l2 = int64_t(50) << 20, third = l2 / 3 / 16 * 16;
+    // LLaMA-2-7B Q4_0 (rows of 2304 bytes for 4096 columns), an f16 cache of 32 KV heads of 128: the whole output
+    // projection, gate and up each half of what is left of a third of the L2, at positions whose 16 KiB a layer fill
+    // at most another third
+    const int64_t per_pos = 32 * (256 + 256), wo_bytes = 4096 * 2304, ff_bytes = 11008 * 2304;
+    L2Prefetch p = decode_l2_prefetch({{wo, wo_bytes}, {gate, ff_bytes}, {up, ff_bytes}}, l2, per_pos);
+    CHECK(p.range[0].data == wo);
+    CHECK(p.range[0].bytes == wo_bytes);
+    const int64_t share = (third - wo_bytes) / 2 / 16 * 16;
+    CHECK(p.range[1].data == gate);
+    CHECK(p.range[1].bytes == share);
+    CHECK(p.range[2].data == up);
+    CHECK(p.range[2].bytes == share);
+    CHECK(p.range[0].bytes + p.range[1].bytes + p.range[2].bytes <= third);
     CHECK(p.max_pos == third / per_pos - 1);
     CHECK(int64_t(p.max_pos + 1) * per_pos <= third);
     CHECK(int64_t(p.max_pos + 2) * per_pos > third);
-    // a weight larger than a third: its first bytes, whole 16-byte pieces
-    p = decode_l2_prefetch(buf, 8192 * 4608, l2, per_pos);
-    CHECK(p.bytes == third / 16 * 16);
-    // an unaligned start and end: the 16-byte pieces inside
-    p = decode_l2_prefetch(buf + 3, 100, l2, per_pos);
-    CHECK(p.data == buf + 16);
-    CHECK(p.bytes == 80);
-    CHECK(decode_l2_prefetch(buf + 3, 20, l2, per_pos).bytes == 0);  // no whole piece inside
-    CHECK(decode_l2_prefetch(buf, 0, l2, per_pos).bytes == 0);
-    CHECK(decode_l2_prefetch(buf, 4096, l2, third + 1).bytes == 0);  // one position's rows over the third
-    CHECK(decode_l2_prefetch(buf, 4096, 0, per_pos).bytes == 0);     // no L2
-    // every piece of a range exactly once, each within it, 16-byte multiples, spread over the blocks
-    for (const int64_t bytes : {int64_t(16), int64_t(4096), int64_t(4112), int64_t(9437184), int64_t(17476272)})
+    // a first weight larger than a third: its first bytes, and nothing left for the others
+    p = decode_l2_prefetch({{wo, 8192 * 4608}, {gate, ff_bytes}, {up, ff_bytes}}, l2, per_pos);
+    CHECK(p.range[0].bytes == third);
+    CHECK(p.range[1].bytes == 0);
+    CHECK(p.range[2].bytes == 0);
+    // small weights whole; unaligned starts and ends: the 16-byte pieces inside
+    p = decode_l2_prefetch({{wo + 3, 100}, {gate + 1, 15}, {up, 4096}}, l2, per_pos);
+    CHECK(p.range[0].data == wo + 16);
+    CHECK(p.range[0].bytes == 80);
+    CHECK(p.range[1].bytes == 0);  // no whole piece inside
+    CHECK(p.range[2].data == up);
+    CHECK(p.range[2].bytes == 4096);
+    CHECK(decode_l2_prefetch({{wo, 4096}}, l2, third + 1).range[0].bytes == 0);  // one position's rows over a third
+    CHECK(decode_l2_prefetch({{wo, 4096}}, 0, per_pos).range[0].bytes == 0);     // no L2
+    for (const L2Prefetch& none : {decode_l2_prefetch({{wo, 4096}}, l2, third + 1),
+                                   decode_l2_prefetch({{wo + 1, 15}, {gate + 1, 15}}, l2, per_pos)})
+        CHECK(none.max_pos == -1);
+    // a first weight without a whole piece: the others still share the third
+    p = decode_l2_prefetch({{wo + 1, 15}, {gate, 4096}}, l2, per_pos);
+    CHECK(p.range[0].bytes == 0);
+    CHECK(p.range[1].bytes == 4096);
+    CHECK(p.max_pos >= 0);
+    // every piece of every range exactly once, each within its range, whole 16-byte pieces, spread over the blocks
+    const std::vector<std::vector<int64_t>> layouts = {
+        {16}, {4096, 4112}, {9437184, 3706880, 3706880}, {17476272, 0, 4096}, {0, 0, 48}};
+    for (const std::vector<int64_t>& sizes : layouts)
         for (const auto& [blocks, threads] : {std::pair<int, int>{1, 1}, {544, 128}, {32, 128}, {3, 5}, {1000, 32}}) {
-            INFO(bytes << " bytes, " << blocks << " x " << threads);
-            const int64_t pieces = (bytes + cuda::kL2PrefetchChunk - 1) / cuda::kL2PrefetchChunk;
-            std::vector<int> seen(size_t(pieces), 0);
-            std::vector<int64_t> per_block(size_t(blocks), 0);
-            int64_t total = 0;
+            INFO(sizes.size() << " ranges, the first " << sizes[0] << " bytes, " << blocks << " x " << threads);
+            L2Prefetch q;
+            std::vector<std::vector<int>> seen;
+            for (size_t r = 0; r < sizes.size(); ++r) {
+                q.range[r] = L2Range{buf, sizes[r]};
+                seen.emplace_back(size_t((sizes[r] + cuda::kL2PrefetchChunk - 1) / cuda::kL2PrefetchChunk), 0);
+            }
+            seen.resize(cuda::kL2PrefetchRanges);
+            std::vector<int64_t> per_block(size_t(blocks), 0), total(cuda::kL2PrefetchRanges, 0);
             bool ok = true;
             for (int b = 0; b < blocks; ++b)
                 for (int t = 0; t < threads; ++t)
-                    cuda::l2_prefetch_pieces(bytes, blocks, threads, b, t, [&](int64_t off, int64_t n) {
+                    cuda::l2_prefetch_pieces(q, blocks, threads, b, t, [&](int r, int64_t off, int64_t n) {
+                        const int64_t bytes = q.range[r].bytes;
                         ok = ok && off % cuda::kL2PrefetchChunk == 0 && n > 0 && n % 16 == 0 && off + n <= bytes &&
                              (n == cuda::kL2PrefetchChunk || off + n == bytes);
-                        seen[size_t(off / cuda::kL2PrefetchChunk)] += 1;
+                        if (ok) seen[size_t(r)][size_t(off / cuda::kL2PrefetchChunk)] += 1;
                         per_block[size_t(b)] += 1;
-                        total += n;
+                        total[size_t(r)] += n;
                     });
             CHECK(ok);
-            CHECK(total == bytes);
-            CHECK(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }));
+            for (size_t r = 0; r < size_t(cuda::kL2PrefetchRanges); ++r) {
+                CHECK(total[r] == q.range[r].bytes);
+                CHECK(std::all_of(seen[r].begin(), seen[r].end(), [](int c) { return c == 1; }));
+            }
             const auto [lo, hi] = std::minmax_element(per_block.begin(), per_block.end());
             CHECK(*hi - *lo <= 1);
         }

@@ -72,7 +72,8 @@ struct Settings {
                                     // while cuBLAS multiplies this one, into the other of two buffers of scratch
                                     // (--cuda-gemm-overlap)
     bool cuda_l2_prefetch = true;   // CUDA (sm_90+), one token: decode attention asks the L2 cache for the output
-                                    // projection's weight while it runs (decode_l2_prefetch; --cuda-prefetch)
+                                    // projection's weight and gate's and up's first rows while it runs
+                                    // (decode_l2_prefetch; --cuda-prefetch)
     bool progress = true;         // CUDA: weight upload progress on stderr
     bool all_logits = false;      // logits for every position of a batch, not only the last (perplexity)
     MathMode math = MathMode::Exact;  // --math
