@@ -276,6 +276,19 @@ TEST_CASE("the integer decode products on blocks of 3 to 8 warps and of several 
             require_close(y, want, 1e-4 * mag);
             // every multiply-add of the sums is written out (unit_dot), so the device's are the host emulation's
             CHECK(y == kvgen::cuda::host::matvec_int(t, b.data(), rows, cols, x));
+            if (t == GgmlType::Q4_0) {  // and in steps of one unit (--cuda-matvec-unit 32): its own bits
+                const std::vector<float> one = ct::matvec_int(w, x, 1, 0, false, false);
+                CHECK(one == kvgen::cuda::host::matvec_int(t, b.data(), rows, cols, x, 1, false));
+                require_close(one, y, 1e-5 * mag);  // the same unit dots, added in another order
+                const std::vector<float> x4 = randn(size_t(4 * cols), 37);  // 4 tokens, one launch
+                CHECK(ct::matvec_int(w, x4, 4, 0, false, false) ==
+                      kvgen::cuda::host::matvec_int(t, b.data(), rows, cols, x4, 4, false));
+                // (SwiGLU's silu goes through expf, the device's within 2 ulp of the host library's: against the
+                // device's steps of two units, within what the sums' rounding moves silu(g) u, as above)
+                const std::vector<float> gs = ct::matvec_int(w, x4, 4), us = ct::matvec_int(wu, x4, 4);
+                require_close(ct::matvec_glu_int(w, wu, x4, 4, 0, false, false), ct::matvec_glu_int(w, wu, x4, 4),
+                              1e-5 * mag * 2 * (max_abs(us) + max_abs(gs)));
+            }
             // silu(g) u moves by at most 1.1 |u| dg + |g| du
             std::vector<float> g = want;
             cpu::swiglu(g.data(), up.data(), rows);

@@ -119,20 +119,21 @@ std::vector<float> matvec_batch(const HostWeight& w, const std::vector<float>& x
     return y.get();
 }
 
-std::vector<float> matvec_int(const HostWeight& w, const std::vector<float>& x, int n, int stages, bool mma) {
+std::vector<float> matvec_int(const HostWeight& w, const std::vector<float>& x, int n, int stages, bool mma,
+                              bool pairs) {
     Dev<uint8_t> b(device_bytes(w));
     Dev<float> dx(x), y(size_t(n) * size_t(w.rows));
     Dev<ActBlock> xq(x.size() / 32);
     poison(y);
     quantize_act(xq.p, dx.p, int64_t(x.size()), nullptr);
     kvgen::cuda::matvec_int(RowSplit::one(y.p, w.rows), dev_weight(w, b), xq.p, n, false, false, nullptr, nullptr,
-                            MviShape{false, true, stages, mma});
+                            MviShape{false, pairs, stages, mma});
     return y.get();
 }
 
 std::vector<float> matvec_glu_int(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x, int n,
-                                  int stages, bool mma) {
-    const MviShape shape{false, true, stages, mma};
+                                  int stages, bool mma, bool pairs) {
+    const MviShape shape{false, pairs, stages, mma};
     Dev<uint8_t> g(device_bytes(gate)), u(device_bytes(up));
     Dev<float> dx(x), y(size_t(n) * size_t(gate.rows));
     Dev<ActBlock> xq(x.size() / 32);

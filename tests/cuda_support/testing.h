@@ -63,12 +63,12 @@ std::vector<float> f16_split_tiled(const HostWeight& w, const std::vector<float>
 // give y [n][rows]. stages: MviShape::stages (2-4: rings of shared memory, where the device has cp.async; 0: the
 // register path).
 // mma: n of 2 to 16 tokens of Q4_0 / Q8_0 / Q4_K / Q6_K on the tensor cores (MviShape::mma; the device must be sm_80 or
-// later).
+// later). pairs: Q4_0 in steps of two units (MviShape::pairs, --cuda-matvec-unit 64, the default), else one.
 std::vector<float> matvec_int(const HostWeight& w, const std::vector<float>& x, int n = 1, int stages = 0,
-                              bool mma = false);
-// silu(gate x) * (up x) through the fused integer kernel; n tokens, stages and mma as matvec_int.
+                              bool mma = false, bool pairs = true);
+// silu(gate x) * (up x) through the fused integer kernel; n tokens, stages, mma and pairs as matvec_int.
 std::vector<float> matvec_glu_int(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x, int n = 1,
-                                  int stages = 0, bool mma = false);
+                                  int stages = 0, bool mma = false, bool pairs = true);
 // silu(gate x) * (up x) through the fused decode kernel (F16: the block kernel unless f16_block is false).
 std::vector<float> matvec_glu(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x,
                               bool f16_block = true, int stages = 0);
