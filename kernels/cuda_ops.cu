@@ -161,8 +161,9 @@ private:
     bool mma_gemm_;    // Settings::cuda_mma_gemm
     int64_t gemm_chunk_;  // Settings::cuda_gemm_chunk_mib in weights (0: whole matrices; kGemmChunkAuto)
     bool gemm_overlap_;   // Settings::cuda_gemm_overlap: gemm_weight decodes on overlap_.side
-    bool l2_prefetch_;    // Settings::cuda_l2_prefetch on a device that has the bulk prefetch (sm_90 and later)
-    int64_t l2_bytes_ = 0;  // the device's L2 cache
+    // Settings::cuda_l2_prefetch on a device that has the bulk prefetch (sm_90 and later): what one token's decode
+    // attention of each layer asks the L2 cache for (decode_l2_prefetch, planned once), else empty
+    std::vector<L2Prefetch> l2_prefetch_;
     GemmOverlap overlap_;  // its stream and events (made in the constructor, freed by release)
     // The step begin() announced: its first position, and whether it writes the last of the first kKvOffsetPositions
     // rows of a K with offsets and so sets them (engine/kv_offset.h).
@@ -214,16 +215,13 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
       flash_warp_split_(s.cuda_flash_warp_split),
       mma_gemm_(s.cuda_mma_gemm),
       gemm_chunk_(gemm_chunk_elems_of_mib(s.cuda_gemm_chunk_mib)),
-      gemm_overlap_(s.cuda_gemm_overlap),
-      l2_prefetch_(false) {
+      gemm_overlap_(s.cuda_gemm_overlap) {
     KVGEN_CUDA_CHECK(cudaSetDevice(device_));
     int major = 0;
     KVGEN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
     pdl_ = s.cuda_pdl && major >= 9 && CUDART_VERSION >= 12030;  // (graphs take PDL edges from 12.3)
-    int l2 = 0;
+    int l2 = 0;                                                  // the L2 cache's bytes
     KVGEN_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device_));
-    l2_bytes_ = l2;
-    l2_prefetch_ = s.cuda_l2_prefetch && major >= 9 && l2_bytes_ > 0;
     mvi_.stages = major >= 8 && ring_stages_ok(s.cuda_matvec_stages) ? s.cuda_matvec_stages : 0;
     mvi_.mma = s.cuda_int_mma && major >= 8;
     mma_dev_ = gemm_mma_device(device_);
@@ -242,6 +240,14 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
         KVGEN_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&h_step_), p.step.bytes));
         KVGEN_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&h_logits_), p.logits.bytes));
         w_ = upload_model(model, p, base_, device_, s.progress, stream_);
+        if (s.cuda_l2_prefetch && major >= 9 && l2 > 0) {
+            // the output projection's weight, then the first rows of gate's and up's, which the products after one
+            // token's attention read
+            auto whole = [](const DevWeight& w) { return L2Range{w.data, w.rows * w.row_bytes}; };
+            for (const LayerDev& L : w_.layers)
+                l2_prefetch_.push_back(decode_l2_prefetch({whole(L.wo), whole(L.gate), whole(L.up)}, l2,
+                                                          kv_.n_kv_heads * (kv_.k_row_bytes() + kv_.v_row_bytes())));
+        }
         KVGEN_CUDA_CHECK(cudaMemsetAsync(base_ + p.k_cache.offset, 0, p.k_cache.bytes, stream_));
         KVGEN_CUDA_CHECK(cudaMemsetAsync(base_ + p.v_cache.offset, 0, p.v_cache.bytes, stream_));
         KVGEN_CUDA_CHECK(cudaMemsetAsync(base_ + p.k_offsets.offset, 0, p.k_offsets.bytes, stream_));
@@ -557,14 +563,8 @@ void CudaOps::attention(float* out, const float* q, int l, int n) {
     KVGEN_ASSERT(wo.cols == int64_t(c_.n_heads) * c_.head_dim);  // out_proj_add reads all of out's blocks
     att_quantized_ = n == 1 && c_.head_dim % 32 == 0 && use_int(wo);
     const bool turns_back = kv_type_quantized(kv_.v_type);
-    // the output projection's weight, and the first rows of gate's and up's, fetched into L2 while one token's
-    // attention leaves the memory bus idle
-    const LayerDev& L = w_.layers[size_t(l)];
-    auto whole = [](const DevWeight& w) { return L2Range{w.data, w.rows * w.row_bytes}; };
-    const L2Prefetch pf = n == 1 && l2_prefetch_
-                              ? decode_l2_prefetch({whole(wo), whole(L.gate), whole(L.up)}, l2_bytes_,
-                                                   kv_.n_kv_heads * (kv_.k_row_bytes() + kv_.v_row_bytes()))
-                              : L2Prefetch{};
+    // the next products' weights fetched into L2 while one token's attention leaves the memory bus idle
+    const L2Prefetch pf = n == 1 && !l2_prefetch_.empty() ? l2_prefetch_[size_t(l)] : L2Prefetch{};
     if (n == 1)
         attention_decode(out, att_quantized_ && !turns_back ? xq_ : nullptr, partials_, counters_, q, layer_k(l),
                          layer_v(l), layer_offsets(l), d_step_, c_.n_heads, kv_, splits_, stream_, pdl_, pf);
