@@ -482,10 +482,13 @@ void CudaOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int 
         rmsnorm(xn_, nullptr, x, L.attn_norm, n, c_.n_embd, c_.rms_eps, pdl_, stream_,
                 split ? split_out(n, c_.n_embd) : nullptr);
     // Over an f16 cache the integer products also rotate Q and K and store K and V (rope_store_kv then has nothing
-    // left to do); a quantized cache stores whole rows, in rope_store_kv's launch.
-    // (not where the prompt's Q goes to the tensor cores, whose products have no such epilogue: rope_store_kv then)
+    // left to do), and so do the sums of the products on split activations; a quantized cache stores whole rows, in
+    // rope_store_kv's launch.
+    // (not where the prompt's Q goes to the integer tensor cores, whose products have no such epilogue: rope_store_kv
+    // then)
     const bool qkv_mma = mvi_.mma && n > 1 && int_mma_type(L.wq.type);
-    kv_stored_ = in_int && qkv_store_ && kv_.k_type == KvType::F16 && kv_.v_type == KvType::F16 && !qkv_mma;
+    kv_stored_ =
+        qkv_store_ && kv_.k_type == KvType::F16 && kv_.v_type == KvType::F16 && ((in_int && !qkv_mma) || split);
     const int64_t qd = L.wq.rows, kvd = L.wk.rows;
     auto store = [&](int64_t q_end, int64_t k_end) {
         return QkvStore{reinterpret_cast<__half*>(layer_k(l)), reinterpret_cast<__half*>(layer_v(l)), q_end, k_end,
@@ -508,13 +511,14 @@ void CudaOps::norm_qkv(float* q, float* k, float* v, const float* x, int l, int 
         return;
     }
     if (split) {
+        auto tail = [&](const QkvStore& st) { return SplitSumTail{false, nullptr, kv_stored_ ? st : QkvStore{}}; };
         if (L.fused_qkv) {
-            split_proj(RowSplit{{q, k, v}, {qd, qd + kvd}}, L.qkv, n, false);
+            split_proj(RowSplit{{q, k, v}, {qd, qd + kvd}}, L.qkv, n, false, tail(store(qd, qd + kvd)));
             return;
         }
-        split_proj(RowSplit::one(q, qd), L.wq, n, false);
-        split_proj(RowSplit::one(k, kvd), L.wk, n, false);
-        split_proj(RowSplit::one(v, L.wv.rows), L.wv, n, false);
+        split_proj(RowSplit::one(q, qd), L.wq, n, false, tail(store(qd, qd)));
+        split_proj(RowSplit::one(k, kvd), L.wk, n, false, tail(store(0, kvd)));
+        split_proj(RowSplit::one(v, L.wv.rows), L.wv, n, false, tail(store(0, 0)));
         return;
     }
     if (n <= kMvMaxTokens) {  // a short prompt's f32 products

@@ -49,10 +49,13 @@ KVGEN_HD void to_f16_split_item(int64_t j, int64_t count, const float* __restric
 // What f16_split_sum does with each token's sum s past writing it: with glu (SwiGLU's up product), out (one buffer)
 // holds the gate product's sums, and each becomes silu_mul(gate, s), the swiglu kernel's arithmetic, without its
 // launch; with xh, the value written is also split into xh ([2n][rows], f16_split_store) as the next product's
-// input, without to_f16_split's launch.
+// input, without to_f16_split's launch; with qkv.kc (an f16 cache; neither glu nor xh nor accumulate), the sums are a
+// Q|K|V product's rows as QkvStore says: Q rotated and written where out says, K rotated and V stored into the cache,
+// rope_store_kv's arithmetic without its launch (f16_split_sum_qkv_item, two values at a time).
 struct SplitSumTail {
     bool glu = false;
     __half* xh = nullptr;
+    QkvStore qkv;
 };
 
 // The threads rmsnorm_kernel gives a row, and the order of its sum of squares: thread t of kNormThreads sums x[j]^2

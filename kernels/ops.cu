@@ -146,6 +146,11 @@ __global__ void f16_split_sum_kernel(const float* __restrict__ t, int n, int64_t
     if (j < int64_t(n) * rows) f16_split_sum_item(j, t, n, rows, out, accumulate, tail);
 }
 
+__global__ void f16_split_sum_qkv_kernel(const float* __restrict__ t, int n, int64_t rows, RowSplit out, QkvStore st) {
+    const int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (p < int64_t(n) * rows / 2) f16_split_sum_qkv_item(p, t, n, rows, out, st);
+}
+
 template <GgmlType T>
 __global__ void get_rows_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t chunks_per_row,
                                 int64_t n_rows, const int32_t* __restrict__ tokens, int n, float* __restrict__ out) {
@@ -1197,6 +1202,14 @@ void f16_split_sum(const RowSplit& out, const float* t, int n, int64_t rows, boo
                    SplitSumTail tail) {
     KVGEN_ASSERT(!tail.glu || (out.end[0] == rows && !accumulate));  // SwiGLU: one buffer, the gate's sums
     const int64_t count = int64_t(n) * rows;
+    if (tail.qkv.kc) {  // RoPE and the K/V store: a thread a pair
+        const QkvStore& st = tail.qkv;
+        KVGEN_ASSERT(!tail.glu && !tail.xh && !accumulate && st.vc && rows % 2 == 0 && st.q_end % 2 == 0 &&
+                     st.k_end % 2 == 0 && st.kv.head_dim % 2 == 0);
+        f16_split_sum_qkv_kernel<<<grid_for(count / 2, 256), 256, 0, s>>>(t, n, rows, out, st);
+        KVGEN_CUDA_LAUNCHED("f16_split_sum_qkv");
+        return;
+    }
     f16_split_sum_kernel<<<grid_for(count, 256), 256, 0, s>>>(t, n, rows, out, accumulate, tail);
     KVGEN_CUDA_LAUNCHED("f16_split_sum");
 }

@@ -178,8 +178,8 @@ void gemm_overlap_join(GemmOverlap* o, cudaStream_t s);
 // Twin: the f32 product, within about 2^-22 of each activation (saturated at +-65504, as to_f16 saturates).
 // Other weights multiply the same split rows elsewhere (gemm_weight_mma: a weight decoded tile by tile into shared
 // memory) into t, and f16_split_sum adds each token's two results where out says. tail: SwiGLU's epilogue and the
-// next product's split input made in the same launch (SplitSumTail, elementwise.cuh); tail.xh may be the xh the
-// product read (the GEMM is done when the sum starts).
+// next product's split input, or a Q|K|V product's RoPE and K/V store, made in the same launch (SplitSumTail,
+// elementwise.cuh); tail.xh may be the xh the product read (the GEMM is done when the sum starts).
 bool f16_split_ok(const DevWeight& w);
 void to_f16_split(__half* xh, const float* x, int n, int64_t cols, cudaStream_t s);
 void f16_split_product(cublasHandle_t h, const RowSplit& out, const DevWeight& w, const __half* xh, int n,

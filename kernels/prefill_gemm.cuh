@@ -297,4 +297,29 @@ KVGEN_HD void f16_split_sum_item(int64_t j, const float* __restrict__ t, int n, 
     if (tail.xh) f16_split_store(v, j, int64_t(n) * rows, tail.xh);
 }
 
+// Pair p of f16_split_sum with tail.qkv: elements 2p and 2p + 1 of [n][rows], one RoPE pair (rows, q_end and k_end
+// even: heads start at even rows), each summed as f16_split_sum_item sums it, then as qkv_store_row: a query's pair
+// turned (below half_rope) and written where out says, a key's turned and a value's as they are stored as f16 at
+// position *d_pos0 + i (rope_item's and store_kv_item's arithmetic, so the bits of rope_store_kv's launch).
+KVGEN_HD void f16_split_sum_qkv_item(int64_t p, const float* __restrict__ t, int n, int64_t rows, const RowSplit& out,
+                                     const QkvStore& st) {
+    const int64_t j = 2 * p, plane = int64_t(n) * rows;
+    float a = t[j] + t[plane + j] * (1.0f / kF16SplitScale);
+    float b = t[j + 1] + t[plane + j + 1] * (1.0f / kF16SplitScale);
+    const int64_t row = j % rows;
+    const int i = int(j / rows);
+    const bool query = row < st.q_end, value = row >= st.k_end;
+    const int64_t local = query ? row : row - (value ? st.k_end : st.q_end);
+    const int hd = st.kv.head_dim, d = int(local % hd), pair = d / 2;
+    if (!value && pair < st.half_rope)
+        rope_pair(a, b, st.cos_t[int64_t(i) * st.half_rope + pair], st.sin_t[int64_t(i) * st.half_rope + pair]);
+    if (query) {
+        *out.at(row, i, rows) = a;
+        *out.at(row + 1, i, rows) = b;
+        return;
+    }
+    const int64_t dst = st.kv.row(int(local / hd), *st.d_pos0 + i) + d;
+    *reinterpret_cast<__half2*>((value ? st.vc : st.kc) + dst) = __floats2half2_rn(a, b);
+}
+
 }  // namespace kvgen::cuda

@@ -48,8 +48,9 @@
 #      pp512 with --cuda-gemm-overlap off (SHAPE-T-nooverlap: each chunk decoded and multiplied in turn on one stream,
 #      not the next, or the next product's first, decoded on a second while one is multiplied) and pp16 and tg128 with
 #      --cuda-kv-store kernel (SHAPE-T-storekernel: RoPE and the K/V store in their own launch, not in the Q|K|V
-#      products), and tg128 with --cuda-norm kernel (SHAPE-T-normkernel: each RMSNorm in its own launch, not folded into
-#      the residual product before it);
+#      products; for F16 pp16 alone, not in the sums of the products on split activations), and tg128 with
+#      --cuda-norm kernel (SHAPE-T-normkernel: each RMSNorm in its own launch, not folded into the residual product
+#      before it);
 #   4. the KV cache comparison (scripts/bench-kv.sh, --device cuda) on the first shape's Q4_K_M file (7B; without
 #      Q4_K_M in --types, the first type's): 128, 256, 512 tokens, and where the cached and recomputed tokens part
 #      (step, top-2 logit margin, logit difference).
@@ -378,6 +379,9 @@ for shape in "${shapes[@]}"; do
             # one token's F16 (BF16) products by a warp over 2 rows (the default: blocks over 4), and a short prompt's
             # by the f32 lanes (the default: cuBLAS on split activations)
             variant warpf16 --cuda-f16-matvec warp --cuda-short-prompt lanes -- -p 16 -n 128 -d 0
+            # a short prompt's RoPE and K/V store in a launch of their own, not the split products' sums (BF16: with
+            # the quantized types below)
+            if [[ $t == F16 ]]; then variant storekernel --cuda-kv-store kernel -- -p 16 -n 0 -d 0; fi
             # its one-token products' weights through registers (the default: rings)
             variant ring0 --cuda-matvec-stages 0 -- -p 0 -n 128 -d 0
         fi

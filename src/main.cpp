@@ -390,8 +390,9 @@ int main(int argc, char** argv) {
                     "results");
     add_cuda_choice(
         app, "--cuda-kv-store", &gen.run.cuda_qkv_store, {"product", "kernel"}, "product",
-        "CUDA with an f16 KV cache: product (the integer Q|K|V products of up to 16 tokens rotate Q and K "
-        "and store K and V themselves, the default) or kernel (a launch of its own after them, to compare)");
+        "CUDA with an f16 KV cache: product (the Q|K|V products of up to 16 tokens, integer or on split "
+        "activations, rotate Q and K and store K and V themselves, the default) or kernel (a launch of its own "
+        "after them, to compare; the same results)");
     add_cuda_choice(app, "--cuda-norm", &gen.run.cuda_norm_fold, {"product", "kernel"}, "product",
                     "CUDA, one token: product (each RMSNorm after the first folded into the integer product that adds "
                     "to the residual before it, the default) or kernel (a launch of its own, to compare; results "

@@ -486,7 +486,8 @@ TEST_CASE("CUDA: a short prompt's products on split activations give the f32 lan
     // for 16 split rows) and of 16, the fused Q|K|V, gate and up, the residual products and, with every position's
     // logits, the head: F16 by cuBLAS within f32 rounding of the lanes; BF16 (exact in f16 here) and Q5_K, Q3_K, Q4_1
     // through the kernel that decodes weight tiles to f16, within the f16 rounding of their weights. These models'
-    // products are all under kSplitMinWeights, so auto (the default) gives the lanes' bits.
+    // products are all under kSplitMinWeights, so auto (the default) gives the lanes' bits. The Q|K|V products' sums
+    // rotate Q and K and store K and V (an f16 cache): with --cuda-kv-store kernel, a launch of its own, the same bits.
     for (const auto& [type, rel] : {std::pair{"F16", 1e-4f}, std::pair{"BF16", 1e-4f}, std::pair{"Q5_K", 2e-3f},
                                     std::pair{"Q3_K", 2e-3f}, std::pair{"Q4_1", 2e-3f}}) {
         INFO(type);
@@ -497,14 +498,18 @@ TEST_CASE("CUDA: a short prompt's products on split activations give the f32 lan
         Settings lanes_s = s, auto_s = s;
         s.cuda_prompt_split = 1;
         lanes_s.cuda_prompt_split = 0;
+        Settings kernel_s = s;
+        kernel_s.cuda_qkv_store = false;
         std::unique_ptr<Backend> split = cuda::make_backend(m, s), lanes = cuda::make_backend(m, lanes_s),
-                                 by_size = cuda::make_backend(m, auto_s), cpu_b = cpu::make_backend(m, s);
+                                 by_size = cuda::make_backend(m, auto_s), cpu_b = cpu::make_backend(m, s),
+                                 store_kernel = cuda::make_backend(m, kernel_s);
         const std::vector<int32_t> toks = {1, 504, 3158, 282, 1649, 314, 42, 1000, 77, 2048, 15, 600, 9, 88, 700, 5};
         for (const auto& [i0, k] : {std::pair{0, 8}, std::pair{8, 2}, std::pair{10, 2}}) {
             INFO("tokens " << i0 << " + " << k);
             const std::vector<float> a = copy(split->forward(toks.data() + i0, k, i0, Pass::Prefill), n_vocab);
             const std::vector<float> b = copy(lanes->forward(toks.data() + i0, k, i0, Pass::Prefill), n_vocab);
             check_logits(b, a, "split vs lanes", rel);
+            REQUIRE(copy(store_kernel->forward(toks.data() + i0, k, i0, Pass::Prefill), n_vocab) == a);
             check_logits(copy(cpu_b->forward(toks.data() + i0, k, i0, Pass::Prefill), n_vocab), a, "the CPU vs split");
             REQUIRE(copy(by_size->forward(toks.data() + i0, k, i0, Pass::Prefill), n_vocab) == b);
         }

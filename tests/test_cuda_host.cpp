@@ -1024,6 +1024,48 @@ TEST_CASE("the Q|K|V product's epilogue rotates Q and K and stores K and V: the 
             }
 }
 
+TEST_CASE("the sums of a Q|K|V product on split activations rotate Q and K and store K and V: rope_store_kv's bits",
+          "[cuda-host]") {
+    // f16_split_sum with QkvStore as its tail against the plain sums, then RoPE and the store as their own kernels'
+    // bodies do them: one product over Q|K|V, and Q, K and V as three; a partial rotation; 2 to 16 tokens at positions
+    // 0 and 37.
+    for (int rope_dim : {64, 32})
+        for (int n : {2, 5, 16}) {
+            Config c = test::attention_config(4, 2, 64);
+            c.rope_dim = rope_dim;
+            const int64_t qd = 256, kvd = 128, rows = qd + 2 * kvd;
+            const int n_ctx = 64, pos0 = n == 5 ? 37 : 0;
+            INFO("rope_dim " << rope_dim << " n " << n << " pos0 " << pos0);
+            const std::vector<float> t = test::randn(size_t(2 * n * rows), uint32_t(40 + n), 3.0f);
+            const std::vector<float> sums =
+                cuda::host::f16_split_sum(t, n, rows, std::vector<float>(size_t(n * rows), 0.0f), false, false, false);
+            // rows [r0, r1) of each of t's 2n rows (sums': n), as the product of those rows alone gives them
+            auto rows_of = [&](const std::vector<float>& y, int m, int64_t r0, int64_t r1) {
+                std::vector<float> out;
+                for (int i = 0; i < m; ++i) out.insert(out.end(), y.begin() + i * rows + r0, y.begin() + i * rows + r1);
+                return out;
+            };
+            const std::vector<float> want_q = cuda::host::rope(rows_of(sums, n, 0, qd), n, c.n_heads, pos0, c, {});
+            const std::vector<float> want_k = cuda::host::store_k(c, rows_of(sums, n, qd, qd + kvd), pos0, n, n_ctx);
+            std::vector<float> want_v = rows_of(sums, n, qd + kvd, rows);
+            for (float& e : want_v) e = fp16_to_fp32(fp32_to_fp16(e));
+            const cuda::host::QkvStored one =
+                cuda::host::f16_split_sum_qkv_store(t, n, rows, c, pos0, n_ctx, qd, qd + kvd);
+            CHECK(one.q == want_q);
+            CHECK(one.k == want_k);
+            CHECK(one.v == want_v);
+            const auto sq =
+                cuda::host::f16_split_sum_qkv_store(rows_of(t, 2 * n, 0, qd), n, qd, c, pos0, n_ctx, qd, qd);
+            const auto sk =
+                cuda::host::f16_split_sum_qkv_store(rows_of(t, 2 * n, qd, qd + kvd), n, kvd, c, pos0, n_ctx, 0, kvd);
+            const auto sv =
+                cuda::host::f16_split_sum_qkv_store(rows_of(t, 2 * n, qd + kvd, rows), n, kvd, c, pos0, n_ctx, 0, 0);
+            CHECK(sq.q == want_q);
+            CHECK(sk.k == want_k);
+            CHECK(sv.v == want_v);
+        }
+}
+
 TEST_CASE("the SwiGLU product quantizes its output for the down projection: the blocks quantize_act makes of it",
           "[cuda-host]") {
     // 96 rows: three 32-row groups of 16 blocks each, the last block of a group to finish quantizing it (the blocks

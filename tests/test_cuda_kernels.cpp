@@ -765,6 +765,44 @@ TEST_CASE("the Q|K|V products' epilogue stores K and V as rope_store_kv's launch
             }
 }
 
+TEST_CASE("the sums of the Q|K|V products on split activations store K and V as the host emulation does, bit for bit",
+          "[cuda][kernels]") {
+    // f16_split_sum with QkvStore (a short prompt's Q|K|V on the tensor cores over an f16 cache): one product over
+    // Q|K|V and three; a partial rotation; 2, 8 and 16 tokens at positions 0, 1000 and 700. The host test checks the
+    // emulation against the plain sums and rope_store_kv's arithmetic.
+    for (int rope_dim : {128, 64})
+        for (int n : {2, 8, 16}) {
+            Config c = test::attention_config(8, 2, 128);
+            c.rope_dim = rope_dim;
+            const int64_t qd = 8 * 128, kvd = 2 * 128, rows = qd + 2 * kvd;
+            const int pos0 = n == 2 ? 0 : n == 8 ? 1000 : 700, n_ctx = 2048;
+            INFO("rope_dim " << rope_dim << " n " << n << " pos0 " << pos0);
+            const std::vector<float> t = randn(size_t(2 * n * rows), uint32_t(61 + n), 3.0f);
+            auto rows_of = [&](int64_t r0, int64_t r1) {  // each of t's 2n rows' [r0, r1)
+                std::vector<float> out;
+                for (int i = 0; i < 2 * n; ++i)
+                    out.insert(out.end(), t.begin() + i * rows + r0, t.begin() + i * rows + r1);
+                return out;
+            };
+            struct Case {
+                const char* what;
+                std::vector<float> t;
+                int64_t rows, q_end, k_end;
+            };
+            for (const Case& k :
+                 {Case{"Q|K|V", t, rows, qd, qd + kvd}, Case{"Q", rows_of(0, qd), qd, qd, qd},
+                  Case{"K", rows_of(qd, qd + kvd), kvd, 0, kvd}, Case{"V", rows_of(qd + kvd, rows), kvd, 0, 0}}) {
+                INFO(k.what);
+                const ct::QkvStored got = ct::f16_split_sum_qkv_store(k.t, n, k.rows, c, pos0, n_ctx, k.q_end, k.k_end);
+                const ct::QkvStored want =
+                    kvgen::cuda::host::f16_split_sum_qkv_store(k.t, n, k.rows, c, pos0, n_ctx, k.q_end, k.k_end);
+                REQUIRE(got.q == want.q);
+                REQUIRE(got.k == want.k);
+                REQUIRE(got.v == want.v);
+            }
+        }
+}
+
 TEST_CASE("quantize_act makes the CPU's activation blocks bit for bit", "[cuda][kernels]") {
     // A warp per block: the largest magnitude and the sums of q (each half, both) by shuffles. Among the blocks an
     // all-zero one (d = 0), one value throughout, and halves far apart.

@@ -52,8 +52,9 @@ struct Settings {
     bool cuda_int_mma = false;   // CUDA (sm_80+): integer products of 2-64 tokens of Q4_0 / Q8_0 / Q4_K / Q6_K on the
                                  // tensor cores in one launch (groups of up to 16 tokens, Q6_K 8, a block; 8-bit mma
                                  // on the activations' two bytes; --cuda-matvec-mma)
-    bool cuda_qkv_store = true;  // CUDA, an f16 cache: the integer Q|K|V products rotate Q and K and store K and V
-                                 // themselves, without a launch of their own (--cuda-kv-store)
+    bool cuda_qkv_store = true;  // CUDA, an f16 cache: the Q|K|V products (integer, or the sums of a short prompt's
+                                 // on split activations) rotate Q and K and store K and V themselves, without a
+                                 // launch of their own (--cuda-kv-store)
     bool cuda_norm_fold = true;  // CUDA, one token: each RMSNorm after the first folded into the integer residual
                                  // product before it, without a launch of its own (--cuda-norm)
     bool cuda_f16_block = true;  // CUDA, one token: F16 and BF16 products by blocks of warps over 4 rows

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstring>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 #include "attention.cuh"
@@ -586,6 +587,32 @@ std::pair<QkvStored, QkvStored> qkv_store(const HostWeight& wq, const HostWeight
         return out;
     };
     return {run(true), run(false)};
+}
+
+QkvStored f16_split_sum_qkv_store(const std::vector<float>& t, int n, int64_t rows, const Config& c, int pos0,
+                                  int n_ctx, int64_t q_end, int64_t k_end) {
+    RopeDev r(n, pos0, c, {});
+    const KvLayout kv = KvLayout::of(c, n_ctx, KvType::F16);
+    Dev<float> dt(t), q(size_t(n) * size_t(q_end)), unused(size_t(n) * size_t(rows));
+    Dev<__half> kc(size_t(kv.layer_elems())), vc(size_t(kv.layer_elems()));
+    poison(q);
+    poison(unused);  // RowSplit's k and v: never written
+    poison(kc);
+    poison(vc);
+    const QkvStore st{kc.p, vc.p, q_end, k_end, r.cos_t.p, r.sin_t.p, r.pos.p, c.rope_dim / 2, kv};
+    kvgen::cuda::f16_split_sum(RowSplit{{q.p, unused.p, unused.p}, {q_end, k_end}}, dt.p, n, rows, false, nullptr,
+                               SplitSumTail{false, nullptr, st});
+    for (float u : unused.get())
+        if (!std::isnan(u)) throw Error("f16_split_sum with QkvStore wrote RowSplit's k or v");
+    QkvStored out;
+    out.q = q.get();
+    const std::vector<float> kh = halves_to_floats(kc.get()), vh = halves_to_floats(vc.get());
+    for (const auto& [cache, dst, seg] :
+         {std::tuple{&kh, &out.k, k_end - q_end}, std::tuple{&vh, &out.v, rows - k_end}})
+        for (int i = 0; i < n; ++i)
+            for (int h = 0; h < int(seg / c.head_dim); ++h)
+                for (int j = 0; j < c.head_dim; ++j) dst->push_back((*cache)[size_t(kv.row(h, pos0 + i) + j)]);
+    return out;
 }
 
 std::vector<float> rope_q_after_store(const Config& c, const std::vector<float>& q, int pos0, int n) {

@@ -1536,6 +1536,19 @@ std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos
     return out;
 }
 
+namespace {
+// The rows of seg_rows / head_dim heads of one layer's f16 cache for the n positions from pos0, [n][heads][head_dim].
+std::vector<float> cache_rows(const std::vector<__half>& cache, const KvLayout& kv, int n, int pos0, int64_t seg_rows) {
+    const int heads = int(seg_rows / kv.head_dim);
+    std::vector<float> r(size_t(n) * size_t(seg_rows));
+    for (int i = 0; i < n; ++i)
+        for (int h = 0; h < heads; ++h)
+            for (int d = 0; d < kv.head_dim; ++d)
+                r[(size_t(i) * heads + h) * kv.head_dim + d] = __half2float(cache[size_t(kv.row(h, pos0 + i) + d)]);
+    return r;
+}
+}  // namespace
+
 QkvStored matvec_int_qkv_store(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                                const std::vector<float>& x, int n, const Config& c, int pos0, int n_ctx, int64_t q_end,
                                int64_t k_end) {
@@ -1571,18 +1584,27 @@ QkvStored matvec_int_qkv_store(GgmlType type, const uint8_t* bytes, int64_t rows
     if (!ok) throw Error(fmt::format("no integer product for {}", ggml_type_name(type)));
     for (float u : unused)
         if (!std::isnan(u)) throw Error("matvec_int with QkvStore wrote RowSplit's k or v");
-    // the cache rows of the product's key and value heads, [n][heads][head_dim]
-    auto rows_of = [&](const std::vector<__half>& cache, int64_t seg_rows) {
-        const int heads = int(seg_rows / c.head_dim);
-        std::vector<float> r(size_t(n) * size_t(seg_rows));
-        for (int i = 0; i < n; ++i)
-            for (int h = 0; h < heads; ++h)
-                for (int d = 0; d < c.head_dim; ++d)
-                    r[(size_t(i) * heads + h) * c.head_dim + d] = __half2float(cache[size_t(kv.row(h, pos0 + i) + d)]);
-        return r;
-    };
-    out.k = rows_of(kc, k_end - q_end);
-    out.v = rows_of(vc, rows - k_end);
+    out.k = cache_rows(kc, kv, n, pos0, k_end - q_end);
+    out.v = cache_rows(vc, kv, n, pos0, rows - k_end);
+    return out;
+}
+
+QkvStored f16_split_sum_qkv_store(const std::vector<float>& t, int n, int64_t rows, const Config& c, int pos0,
+                                  int n_ctx, int64_t q_end, int64_t k_end) {
+    std::vector<float> cs, sn;
+    host_rope_tables(n, pos0, c, {}, &cs, &sn);
+    const KvLayout kv = KvLayout::of(c, n_ctx, KvType::F16);
+    std::vector<__half> kc(size_t(kv.layer_elems()), __float2half(NAN)), vc(kc);
+    QkvStored out;
+    out.q.assign(size_t(n) * size_t(q_end), NAN);
+    std::vector<float> unused(size_t(n) * size_t(rows), NAN);  // RowSplit's k and v: never written
+    const RowSplit split{{out.q.data(), unused.data(), unused.data()}, {q_end, k_end}};
+    const QkvStore st{kc.data(), vc.data(), q_end, k_end, cs.data(), sn.data(), &pos0, c.rope_dim / 2, kv};
+    for (int64_t p = 0; p < int64_t(n) * rows / 2; ++p) f16_split_sum_qkv_item(p, t.data(), n, rows, split, st);
+    for (float u : unused)
+        if (!std::isnan(u)) throw Error("f16_split_sum with QkvStore wrote RowSplit's k or v");
+    out.k = cache_rows(kc, kv, n, pos0, k_end - q_end);
+    out.v = cache_rows(vc, kv, n, pos0, rows - k_end);
     return out;
 }
 

@@ -127,6 +127,10 @@ std::vector<float> rotate_rows_quantized(const std::vector<float>& x, int head_d
 std::pair<QkvStored, QkvStored> qkv_store(const HostWeight& wq, const HostWeight& wk, const HostWeight& wv,
                                           bool one_product, const std::vector<float>& x, int n, const Config& c,
                                           int pos0, int n_ctx);
+// f16_split_sum of t ([2n][rows]) with RoPE and the f16 K/V store as its tail (SplitSumTail::qkv) over a cache of
+// n_ctx positions with c's heads at positions pos0..: rows [0, q_end) queries, [q_end, k_end) keys, the rest values.
+QkvStored f16_split_sum_qkv_store(const std::vector<float>& t, int n, int64_t rows, const Config& c, int pos0,
+                                  int n_ctx, int64_t q_end, int64_t k_end);
 // W x through matvec_split with rows [0, q_rows) to one buffer, the next k_rows to a second and the rest to a third,
 // read back and concatenated (= W x when the split is right).
 std::vector<float> matvec_qkv(const HostWeight& w, const std::vector<float>& x, int64_t q_rows, int64_t k_rows);
@@ -271,6 +275,10 @@ using testing::QkvStored;
 QkvStored matvec_int_qkv_store(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                                const std::vector<float>& x, int n, const Config& c, int pos0, int n_ctx, int64_t q_end,
                                int64_t k_end);
+// The sums of a Q|K|V product on split activations (f16_split_sum of t [2n][rows]) with RoPE and the f16 K/V store
+// as their tail (SplitSumTail::qkv, f16_split_sum_qkv_item), rows as in matvec_int_qkv_store.
+QkvStored f16_split_sum_qkv_store(const std::vector<float>& t, int n, int64_t rows, const Config& c, int pos0,
+                                  int n_ctx, int64_t q_end, int64_t k_end);
 std::vector<float> store_k(const Config& c, const std::vector<float>& k, int pos0, int n, int n_ctx);
 std::vector<float> get_rows(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                             const std::vector<int32_t>& ids);
