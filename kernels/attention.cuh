@@ -415,11 +415,14 @@ KVGEN_HD int attention_active_splits(int n_pos, int splits) {
 }
 
 // Head h's output from its splits' partials (the first `active` of `splits`): out[h] = sum of o_s e^(m_s - M) / sum
-// of l_s e^(m_s - M), the splits taken in order (so the result does not depend on which block runs it).
+// of l_s e^(m_s - M), the splits taken in order (so the result does not depend on which block runs it). xq: also
+// quantized for one token's integer product; xh: also split (f16_split_store) into xh [2][xh_count] for a short
+// prompt's product on split activations.
 #pragma nv_exec_check_disable
 template <class Ctx>
 KVGEN_HD void combine_head(const Ctx& ctx, int block_threads, const float* __restrict__ partials, int splits,
-                           int active, int hd, int h, float* __restrict__ out, ActBlock* __restrict__ xq) {
+                           int active, int hd, int h, float* __restrict__ out, ActBlock* __restrict__ xq,
+                           __half* __restrict__ xh = nullptr, int64_t xh_count = 0) {
     const float* p = partials + int64_t(h) * splits * (hd + 2);
     float mx = -INFINITY;
     for (int s = 0; s < active; ++s) mx = fmaxf(mx, ctx.load_other(p + int64_t(s) * (hd + 2) + hd));
@@ -437,6 +440,7 @@ KVGEN_HD void combine_head(const Ctx& ctx, int block_threads, const float* __res
             if (ms != -INFINITY) acc += ctx.load_other(ps + j) * expf(ms - mx);
         }
         out[int64_t(h) * hd + j] = acc / sum;
+        if (xh) f16_split_store(acc / sum, int64_t(h) * hd + j, xh_count, xh);
         // note: hd and block_threads are multiples of 32 with xq, so a warp holds one whole block of the output
         if (xq) quantize_act_warp(ctx, acc / sum, j % 32, xq[(int64_t(h) * hd + j) / 32]);
     }

@@ -155,6 +155,7 @@ private:
     int prompt_split_;            // Settings::cuda_prompt_split
     bool norm_folded_ = false;    // the last residual product also wrote the next norm's ActBlocks into xnq_
     bool h_split_ = false;        // the last norm_swiglu() also wrote its output, split, into xh_ (split_out)
+    bool att_split_ = false;      // the last attention() also wrote its output, split, into xh_ (split_out)
     bool flash_;       // Settings::cuda_flash_attention
     bool flash_async_;  // Settings::cuda_flash_pipeline, where the device has the shared memory (flash_async_fits)
     bool flash_warp_split_;  // Settings::cuda_flash_warp_split
@@ -311,7 +312,7 @@ void CudaOps::release() {
 // more); Pass does not change them.
 void CudaOps::begin(const int32_t* tokens, int n, int pos0, Pass) {
     pos0_ = pos0;
-    kv_stored_ = norm_folded_ = h_split_ = false;
+    kv_stored_ = norm_folded_ = h_split_ = att_split_ = false;
     sets_offsets_ = kv_.k_offsets() && pos0 < kKvOffsetPositions && pos0 + n >= kKvOffsetPositions;
     h_step_[0] = pos0;
     h_step_[1] = n;
@@ -459,7 +460,7 @@ const DevWeight* CudaOps::gemm_next(const DevWeight& w, int n) const {
 void CudaOps::embed(float* x, int n) {
     // A forward starts here: nothing is left folded or stored by a step that did not finish (a capture that failed
     // halfway, after which run() launches the same step again without begin()).
-    kv_stored_ = norm_folded_ = h_split_ = false;
+    kv_stored_ = norm_folded_ = h_split_ = att_split_ = false;
     get_rows(x, w_.embd, d_step_ + 2, n, stream_);
     // note: the step's RoPE tables are made here, once, for every layer's rope_store_kv; inside the recorded step,
     // since they depend on the position in device memory.
@@ -566,16 +567,19 @@ void CudaOps::attention(float* out, const float* q, int l, int n) {
     const DevWeight& wo = w_.layers[size_t(l)].wo;
     KVGEN_ASSERT(wo.cols == int64_t(c_.n_heads) * c_.head_dim);  // out_proj_add reads all of out's blocks
     att_quantized_ = n == 1 && c_.head_dim % 32 == 0 && use_int(wo);
+    att_split_ = false;
     const bool turns_back = kv_type_quantized(kv_.v_type);
     // the next products' weights fetched into L2 while one token's attention leaves the memory bus idle
     const L2Prefetch pf = n == 1 && !l2_prefetch_.empty() ? l2_prefetch_[size_t(l)] : L2Prefetch{};
     if (n == 1)
         attention_decode(out, att_quantized_ && !turns_back ? xq_ : nullptr, partials_, counters_, q, layer_k(l),
                          layer_v(l), layer_offsets(l), d_step_, c_.n_heads, kv_, splits_, stream_, pdl_, pf);
-    else  // a short prompt over a deep cache: its positions split among more blocks
-        attention_prefill(out, q, layer_k(l), layer_v(l), layer_offsets(l), d_step_, n, c_.n_heads, kv_, flash_,
-                          flash_async_, flash_warp_split_,
-                          attention_prefill_splits(c_.n_heads, kv_, n, pos0_, sm_count_), partials_, stream_);
+    else  // a short prompt over a deep cache: its positions split among more blocks; the output also split for an
+          // output projection on split activations (flash attention writes it: att_split_)
+        att_split_ = attention_prefill(out, q, layer_k(l), layer_v(l), layer_offsets(l), d_step_, n, c_.n_heads, kv_,
+                                       flash_, flash_async_, flash_warp_split_,
+                                       attention_prefill_splits(c_.n_heads, kv_, n, pos0_, sm_count_), partials_,
+                                       stream_, !turns_back && split_product(wo, n) ? split_out(n, wo.cols) : nullptr);
     if (turns_back) kv_rotate_rows(out, rows, c_.head_dim, stream_, pdl_, att_quantized_ ? xq_ : nullptr);
 }
 
@@ -589,6 +593,11 @@ void CudaOps::out_proj_add(float* x, const float* att, int l, int n) {
     }
     if (n == 1 && use_int(wo)) {
         residual_int(wo, quantized(att, wo.cols), L.ffn_norm, glu_in_int(L, 1));
+        return;
+    }
+    if (att_split_) {  // att split by attention into xh_
+        att_split_ = false;
+        split_proj(RowSplit::one(x, wo.rows), wo, n, true);
         return;
     }
     proj(x, wo, att, n, true);  // the residual add is the product's accumulate

@@ -210,7 +210,9 @@ KVGEN_HD void flash_copy_tile(const Ctx& ctx, __half* kd, const uint8_t* kg, con
 // kKvOffsetPositions on (engine/kv_offset.h) before they are rounded to f16, so every row of the tile holds k.
 // splits > 1: block_y = query block x splits + split; the split takes its share of the tiles its query block reads
 // and writes each row's partial result to partials [n][n_heads][splits][HD + 2] (o unnormalized, m, l; m in natural
-// log units, as combine_head reads it) instead of out; a split with no tile writes m = -inf, l = 0.
+// log units, as combine_head reads it) instead of out; a split with no tile writes m = -inf, l = 0. xh (not null: a
+// short prompt's output projection on split activations): out also written split into xh [2n][n_heads HD] as
+// to_f16_split would split it, without its launch (with splits > 1, by combine_head).
 //
 // WS (flash_warp_split: the block's rows are 16 at most): every warp takes those rows and a quarter of each tile's
 // positions (16: two n-tiles of S, one k-step of P V), with a running max, sum and output of its own; at the end the
@@ -231,7 +233,7 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
                                  const uint8_t* __restrict__ vc, const float* __restrict__ k_offsets,
                                  const int* __restrict__ d_pos0, int n, int n_heads, int n_rep, const KvLayout& kv,
                                  float scale, float* __restrict__ out, int splits = 1,
-                                 float* __restrict__ partials = nullptr) {
+                                 float* __restrict__ partials = nullptr, __half* __restrict__ xh = nullptr) {
     constexpr int KS = kFaKStride<HD>, VS = kFaVStride;
     constexpr int DK = HD / 16;       // k-steps of Q K^T
     constexpr int DN = HD / 8;        // n-tiles of O
@@ -542,11 +544,17 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
             continue;
         }
         const float inv = 1.0f / sum[r];
-        float* op = out + (int64_t(qi[r]) * n_heads + hh[r]) * HD + 2 * tig;
+        const int64_t at = (int64_t(qi[r]) * n_heads + hh[r]) * HD + 2 * tig;
+        float* op = out + at;
 #pragma unroll
         for (int nt = 0; nt < DN; ++nt) {
-            op[8 * nt] = o[nt][2 * r] * inv;
-            op[8 * nt + 1] = o[nt][2 * r + 1] * inv;
+            const float a = o[nt][2 * r] * inv, b = o[nt][2 * r + 1] * inv;
+            op[8 * nt] = a;
+            op[8 * nt + 1] = b;
+            if (xh) {  // the output projection's split input (f16_split_store)
+                f16_split_store(a, at + 8 * nt, int64_t(n) * n_heads * HD, xh);
+                f16_split_store(b, at + 8 * nt + 1, int64_t(n) * n_heads * HD, xh);
+            }
         }
     }
 }

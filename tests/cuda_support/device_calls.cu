@@ -760,11 +760,26 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
     int device = 0;
     KVGEN_CUDA_CHECK(cudaGetDevice(&device));
     const bool async = flash_async && flash_async_fits(c.head_dim, gemm_mma_device(device));
-    attention_prefill(out.p, dq.p, kc.p, vc.p, koff, pos.p, n, c.n_heads, kv, tensor_cores, async, warp_split, sp,
-                      partials.p, nullptr);
+    // The output also split for the output projection where the backend asks for it (an f16 V; flash attention
+    // writes it), checked against to_f16_split of the output; elsewhere left untouched.
+    const bool split = !kv_type_quantized(vt);
+    Dev<__half> xh(split ? size_t(2 * rows) * c.head_dim : 0), want(xh.n);
+    poison(xh);
+    const bool wrote = attention_prefill(out.p, dq.p, kc.p, vc.p, koff, pos.p, n, c.n_heads, kv, tensor_cores, async,
+                                         warp_split, sp, partials.p, nullptr, split ? xh.p : nullptr);
     const std::vector<float> tail = partials.get();
     for (size_t i = n_partials; i < tail.size(); ++i)
         if (!std::isnan(tail[i])) throw Error("attention_prefill: a write past its partials");
+    if (split) {
+        const std::vector<float> got = halves_to_floats(xh.get());
+        if (wrote) {
+            to_f16_split(want.p, out.p, int(rows), c.head_dim, nullptr);
+            if (std::memcmp(got.data(), halves_to_floats(want.get()).data(), got.size() * sizeof(float)) != 0)
+                throw Error("attention_prefill: the split output differs from to_f16_split of the output");
+        } else if (std::any_of(got.begin(), got.end(), [](float e) { return !std::isnan(e); })) {
+            throw Error("attention_prefill: a split output written where it says none was");
+        }
+    }
     if (kv_type_quantized(vt)) kv_rotate_rows(out.p, rows, c.head_dim, nullptr);
     return out.get();
 }

@@ -1327,12 +1327,16 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q_in, co
             const int sp = splits > 1 ? splits : 1, gy = (n + kFaRows / NQ - 1) / (kFaRows / NQ) * sp;
             std::vector<float> partials(sp > 1 ? size_t(n) * size_t(c.n_heads) * size_t(sp) * size_t(hd + 2) : 0,
                                         NAN);
+            // the output also split for the output projection where the backend asks for it (an f16 V): by the
+            // flash kernel, or with splits by the combine
+            const bool split = !kv_type_quantized(vt);
+            std::vector<__half> xh(split ? 2 * q.size() : 0, __float2half(NAN));
             const auto grid = [&](auto lo, auto async, auto ws) {
                 constexpr bool LO = decltype(lo)::value, ASYNC = decltype(async)::value, WS = decltype(ws)::value;
                 run_grid(c.n_heads / NQ, gy, kFaThreads, size_t(kFaShared<HD, LO, ASYNC>), [&](const HostThread& t) {
-                    flash_prefill_body<HD, NQ, LO, HostThread, ASYNC, WS>(t, q.data(), kc, vc, koff, &pos0, n,
-                                                                          c.n_heads, n_rep, kv, scale, out.data(), sp,
-                                                                          partials.data());
+                    flash_prefill_body<HD, NQ, LO, HostThread, ASYNC, WS>(
+                        t, q.data(), kc, vc, koff, &pos0, n, c.n_heads, n_rep, kv, scale, out.data(), sp,
+                        partials.data(), split && sp == 1 ? xh.data() : nullptr);
                 });
             };
             const auto by_split = [&](auto lo, auto async) {  // as attention_prefill launches it
@@ -1349,8 +1353,16 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q_in, co
                 by_split(std::false_type{}, std::false_type{});
             if (sp > 1)
                 run_grid(n * c.n_heads, 1, 128, 0, [&](const HostThread& t) {
-                    combine_head(t, 128, partials.data(), sp, sp, hd, t.block_x(), out.data(), nullptr);
+                    combine_head(t, 128, partials.data(), sp, sp, hd, t.block_x(), out.data(), nullptr,
+                                 split ? xh.data() : nullptr, int64_t(q.size()));
                 });
+            if (split) {
+                std::vector<float> halves;
+                for (const __half h : xh) halves.push_back(__half2float(h));
+                const std::vector<float> want = split_halves(out);
+                if (std::memcmp(halves.data(), want.data(), want.size() * sizeof(float)) != 0)
+                    throw Error("flash attention: the split output differs from to_f16_split of the output");
+            }
         })) {
         unrotate();
         return out;
