@@ -514,10 +514,12 @@ TEST_CASE("CUDA: a short prompt's products on split activations give the f32 lan
             REQUIRE(copy(by_size->forward(toks.data() + i0, k, i0, Pass::Prefill), n_vocab) == b);
         }
         // 16 tokens at once: every split row the plan holds
-        s.n_batch = lanes_s.n_batch = 16;
-        check_logits(copy(cuda::make_backend(m, lanes_s)->forward(toks.data(), 16, 0, Pass::Prefill), n_vocab),
-                     copy(cuda::make_backend(m, s)->forward(toks.data(), 16, 0, Pass::Prefill), n_vocab),
+        s.n_batch = lanes_s.n_batch = kernel_s.n_batch = 16;
+        const std::vector<float> a16 =
+            copy(cuda::make_backend(m, s)->forward(toks.data(), 16, 0, Pass::Prefill), n_vocab);
+        check_logits(copy(cuda::make_backend(m, lanes_s)->forward(toks.data(), 16, 0, Pass::Prefill), n_vocab), a16,
                      "split vs lanes, 16 tokens", rel);
+        REQUIRE(copy(cuda::make_backend(m, kernel_s)->forward(toks.data(), 16, 0, Pass::Prefill), n_vocab) == a16);
         s.all_logits = true;
         check_all_logits(m, s, toks, 8, "the CPU vs split");
     }

@@ -765,11 +765,12 @@ TEST_CASE("the Q|K|V products' epilogue stores K and V as rope_store_kv's launch
             }
 }
 
-TEST_CASE("the sums of the Q|K|V products on split activations store K and V as the host emulation does, bit for bit",
+TEST_CASE("the sums of the Q|K|V products on split activations store K and V as rope_store_kv's launch does",
           "[cuda][kernels]") {
-    // f16_split_sum with QkvStore (a short prompt's Q|K|V on the tensor cores over an f16 cache): one product over
-    // Q|K|V and three; a partial rotation; 2, 8 and 16 tokens at positions 0, 1000 and 700. The host test checks the
-    // emulation against the plain sums and rope_store_kv's arithmetic.
+    // f16_split_sum with QkvStore (a short prompt's Q|K|V on the tensor cores over an f16 cache) against the plain
+    // sums then rope_store_kv's launch, on the same RoPE tables, bit for bit; Q, K and V as three products give the
+    // one product's rows. A partial rotation; 2, 8 and 16 tokens at positions 0, 1000 and 700. (The host test checks
+    // the emulation of the same item against the plain sums and rope_store_kv's arithmetic.)
     for (int rope_dim : {128, 64})
         for (int n : {2, 8, 16}) {
             Config c = test::attention_config(8, 2, 128);
@@ -784,22 +785,14 @@ TEST_CASE("the sums of the Q|K|V products on split activations store K and V as 
                     out.insert(out.end(), t.begin() + i * rows + r0, t.begin() + i * rows + r1);
                 return out;
             };
-            struct Case {
-                const char* what;
-                std::vector<float> t;
-                int64_t rows, q_end, k_end;
-            };
-            for (const Case& k :
-                 {Case{"Q|K|V", t, rows, qd, qd + kvd}, Case{"Q", rows_of(0, qd), qd, qd, qd},
-                  Case{"K", rows_of(qd, qd + kvd), kvd, 0, kvd}, Case{"V", rows_of(qd + kvd, rows), kvd, 0, 0}}) {
-                INFO(k.what);
-                const ct::QkvStored got = ct::f16_split_sum_qkv_store(k.t, n, k.rows, c, pos0, n_ctx, k.q_end, k.k_end);
-                const ct::QkvStored want =
-                    kvgen::cuda::host::f16_split_sum_qkv_store(k.t, n, k.rows, c, pos0, n_ctx, k.q_end, k.k_end);
-                REQUIRE(got.q == want.q);
-                REQUIRE(got.k == want.k);
-                REQUIRE(got.v == want.v);
-            }
+            const ct::QkvStored fold = ct::f16_split_sum_qkv_store(t, n, rows, c, pos0, n_ctx, qd, qd + kvd);
+            const ct::QkvStored launch = ct::f16_split_sum_qkv_store(t, n, rows, c, pos0, n_ctx, qd, qd + kvd, true);
+            REQUIRE(fold.q == launch.q);
+            REQUIRE(fold.k == launch.k);
+            REQUIRE(fold.v == launch.v);
+            REQUIRE(ct::f16_split_sum_qkv_store(rows_of(0, qd), n, qd, c, pos0, n_ctx, qd, qd).q == fold.q);
+            REQUIRE(ct::f16_split_sum_qkv_store(rows_of(qd, qd + kvd), n, kvd, c, pos0, n_ctx, 0, kvd).k == fold.k);
+            REQUIRE(ct::f16_split_sum_qkv_store(rows_of(qd + kvd, rows), n, kvd, c, pos0, n_ctx, 0, 0).v == fold.v);
         }
 }
 

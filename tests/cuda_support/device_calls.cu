@@ -590,28 +590,42 @@ std::pair<QkvStored, QkvStored> qkv_store(const HostWeight& wq, const HostWeight
 }
 
 QkvStored f16_split_sum_qkv_store(const std::vector<float>& t, int n, int64_t rows, const Config& c, int pos0,
-                                  int n_ctx, int64_t q_end, int64_t k_end) {
+                                  int n_ctx, int64_t q_end, int64_t k_end, bool launch) {
     RopeDev r(n, pos0, c, {});
     const KvLayout kv = KvLayout::of(c, n_ctx, KvType::F16);
-    Dev<float> dt(t), q(size_t(n) * size_t(q_end)), unused(size_t(n) * size_t(rows));
+    const int64_t kd = k_end - q_end, vd = rows - k_end;
+    Dev<float> dt(t), q(size_t(n) * size_t(q_end)), k(size_t(n) * size_t(kd)), v(size_t(n) * size_t(vd));
     Dev<__half> kc(size_t(kv.layer_elems())), vc(size_t(kv.layer_elems()));
     poison(q);
-    poison(unused);  // RowSplit's k and v: never written
-    poison(kc);
+    poison(k);  // with the fold, RowSplit's k and v: never written
+    poison(v);
+    poison(kc);  // a cache row not written reads as NaN
     poison(vc);
-    const QkvStore st{kc.p, vc.p, q_end, k_end, r.cos_t.p, r.sin_t.p, r.pos.p, c.rope_dim / 2, kv};
-    kvgen::cuda::f16_split_sum(RowSplit{{q.p, unused.p, unused.p}, {q_end, k_end}}, dt.p, n, rows, false, nullptr,
-                               SplitSumTail{false, nullptr, st});
-    for (float u : unused.get())
-        if (!std::isnan(u)) throw Error("f16_split_sum with QkvStore wrote RowSplit's k or v");
+    const RowSplit out_rows{{q.p, k.p, v.p}, {q_end, k_end}};
+    if (launch) {  // the plain sums, then rope_store_kv's launch on the same tables
+        if (q_end != int64_t(c.n_heads) * c.head_dim || kd != int64_t(c.n_kv_heads) * c.head_dim || vd != kd)
+            throw Error("f16_split_sum then rope_store_kv: a whole Q|K|V product only");
+        kvgen::cuda::f16_split_sum(out_rows, dt.p, n, rows, false, nullptr);
+        rope_store_kv(q.p, reinterpret_cast<uint8_t*>(kc.p), reinterpret_cast<uint8_t*>(vc.p), k.p, v.p, r.cos_t.p,
+                      r.sin_t.p, nullptr, r.pos.p, 0, n, c.n_heads, kv, c.rope_dim, nullptr);
+    } else {
+        const QkvStore st{kc.p, vc.p, q_end, k_end, r.cos_t.p, r.sin_t.p, r.pos.p, c.rope_dim / 2, kv};
+        kvgen::cuda::f16_split_sum(out_rows, dt.p, n, rows, false, nullptr, SplitSumTail{false, nullptr, st});
+        for (const Dev<float>* b : {&k, &v})
+            for (float u : b->get())
+                if (!std::isnan(u)) throw Error("f16_split_sum with QkvStore wrote RowSplit's k or v");
+    }
     QkvStored out;
     out.q = q.get();
     const std::vector<float> kh = halves_to_floats(kc.get()), vh = halves_to_floats(vc.get());
-    for (const auto& [cache, dst, seg] :
-         {std::tuple{&kh, &out.k, k_end - q_end}, std::tuple{&vh, &out.v, rows - k_end}})
+    for (const auto& [cache, dst, seg] : {std::tuple{&kh, &out.k, kd}, std::tuple{&vh, &out.v, vd}}) {
+        // the rows of the step's positions, and nothing written elsewhere
+        if (std::count_if(cache->begin(), cache->end(), [](float e) { return !std::isnan(e); }) != n * seg)
+            throw Error("f16_split_sum with QkvStore: cache values written outside the step's rows");
         for (int i = 0; i < n; ++i)
             for (int h = 0; h < int(seg / c.head_dim); ++h)
                 for (int j = 0; j < c.head_dim; ++j) dst->push_back((*cache)[size_t(kv.row(h, pos0 + i) + j)]);
+    }
     return out;
 }
 
@@ -772,6 +786,9 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
         if (!std::isnan(tail[i])) throw Error("attention_prefill: a write past its partials");
     if (split) {
         const std::vector<float> got = halves_to_floats(xh.get());
+        // flash attention (the tensor cores, or a quantized K, with a head_dim it is built for) always writes it
+        const bool flash = (tensor_cores || kv.quantized()) && (c.head_dim == 64 || c.head_dim == 128);
+        if (wrote != flash) throw Error("attention_prefill: a split output where flash attention did not run, or none");
         if (wrote) {
             to_f16_split(want.p, out.p, int(rows), c.head_dim, nullptr);
             if (std::memcmp(got.data(), halves_to_floats(want.get()).data(), got.size() * sizeof(float)) != 0)

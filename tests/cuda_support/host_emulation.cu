@@ -1615,6 +1615,11 @@ QkvStored f16_split_sum_qkv_store(const std::vector<float>& t, int n, int64_t ro
     for (int64_t p = 0; p < int64_t(n) * rows / 2; ++p) f16_split_sum_qkv_item(p, t.data(), n, rows, split, st);
     for (float u : unused)
         if (!std::isnan(u)) throw Error("f16_split_sum with QkvStore wrote RowSplit's k or v");
+    // the step's rows, and nothing written elsewhere
+    for (const auto& [cache, seg] : {std::pair{&kc, k_end - q_end}, std::pair{&vc, rows - k_end}})
+        if (std::count_if(cache->begin(), cache->end(), [](__half e) { return !std::isnan(__half2float(e)); }) !=
+            n * seg)
+            throw Error("f16_split_sum with QkvStore: cache values written outside the step's rows");
     out.k = cache_rows(kc, kv, n, pos0, k_end - q_end);
     out.v = cache_rows(vc, kv, n, pos0, rows - k_end);
     return out;

@@ -129,8 +129,9 @@ std::pair<QkvStored, QkvStored> qkv_store(const HostWeight& wq, const HostWeight
                                           int pos0, int n_ctx);
 // f16_split_sum of t ([2n][rows]) with RoPE and the f16 K/V store as its tail (SplitSumTail::qkv) over a cache of
 // n_ctx positions with c's heads at positions pos0..: rows [0, q_end) queries, [q_end, k_end) keys, the rest values.
+// launch (a whole Q|K|V product): the plain sums, then rope_store_kv's launch, on the same RoPE tables.
 QkvStored f16_split_sum_qkv_store(const std::vector<float>& t, int n, int64_t rows, const Config& c, int pos0,
-                                  int n_ctx, int64_t q_end, int64_t k_end);
+                                  int n_ctx, int64_t q_end, int64_t k_end, bool launch = false);
 // W x through matvec_split with rows [0, q_rows) to one buffer, the next k_rows to a second and the rest to a third,
 // read back and concatenated (= W x when the split is right).
 std::vector<float> matvec_qkv(const HostWeight& w, const std::vector<float>& x, int64_t q_rows, int64_t k_rows);
