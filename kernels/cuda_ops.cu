@@ -148,7 +148,7 @@ private:
                        // Settings::cuda_matvec_stages on a device with cp.async (sm_80 and later), else 0
     bool qkv_store_;   // Settings::cuda_qkv_store
     bool kv_stored_ = false;      // the last norm_qkv() also rotated Q and K and stored K and V (QkvStore)
-    bool att_quantized_ = false;  // the last attention() also wrote its output into xq_
+    bool att_quantized_ = false;  // the last attention() also wrote its output, quantized, into xq_
     bool glu_quantized_ = false;  // the last norm_swiglu() also wrote its output into hq_
     bool norm_fold_;              // Settings::cuda_norm_fold
     bool f16_block_;              // Settings::cuda_f16_block
@@ -312,7 +312,7 @@ void CudaOps::release() {
 // more); Pass does not change them.
 void CudaOps::begin(const int32_t* tokens, int n, int pos0, Pass) {
     pos0_ = pos0;
-    kv_stored_ = norm_folded_ = h_split_ = att_split_ = false;
+    kv_stored_ = norm_folded_ = h_split_ = att_split_ = att_quantized_ = false;
     sets_offsets_ = kv_.k_offsets() && pos0 < kKvOffsetPositions && pos0 + n >= kKvOffsetPositions;
     h_step_[0] = pos0;
     h_step_[1] = n;
@@ -460,7 +460,7 @@ const DevWeight* CudaOps::gemm_next(const DevWeight& w, int n) const {
 void CudaOps::embed(float* x, int n) {
     // A forward starts here: nothing is left folded or stored by a step that did not finish (a capture that failed
     // halfway, after which run() launches the same step again without begin()).
-    kv_stored_ = norm_folded_ = h_split_ = att_split_ = false;
+    kv_stored_ = norm_folded_ = h_split_ = att_split_ = att_quantized_ = false;
     get_rows(x, w_.embd, d_step_ + 2, n, stream_);
     // note: the step's RoPE tables are made here, once, for every layer's rope_store_kv; inside the recorded step,
     // since they depend on the position in device memory.
@@ -562,11 +562,12 @@ void CudaOps::attention(float* out, const float* q, int l, int n) {
     // note: a quantized K is read in the rotated basis of kv_rotation.h, so the query turns to it (in rope_store_kv's
     // launch, with its RoPE); a quantized V gives the output in it, and it turns back.
     const int64_t rows = int64_t(n) * c_.n_heads;
-    // One token's output is also quantized where it is made, for the output projection's integer product: by
-    // attention, or through a quantized V by the rotation that turns it back.
+    // The output is also quantized where it is made, for the output projection's integer product (one token's, or a
+    // short prompt's): by attention (a prompt's by flash attention), or through a quantized V by the rotation that
+    // turns it back.
     const DevWeight& wo = w_.layers[size_t(l)].wo;
     KVGEN_ASSERT(wo.cols == int64_t(c_.n_heads) * c_.head_dim);  // out_proj_add reads all of out's blocks
-    att_quantized_ = n == 1 && c_.head_dim % 32 == 0 && use_int(wo);
+    att_quantized_ = c_.head_dim % 32 == 0 && (n == 1 ? use_int(wo) : int_product(wo, n));
     att_split_ = false;
     const bool turns_back = kv_type_quantized(kv_.v_type);
     // the next products' weights fetched into L2 while one token's attention leaves the memory bus idle
@@ -574,12 +575,17 @@ void CudaOps::attention(float* out, const float* q, int l, int n) {
     if (n == 1)
         attention_decode(out, att_quantized_ && !turns_back ? xq_ : nullptr, partials_, counters_, q, layer_k(l),
                          layer_v(l), layer_offsets(l), d_step_, c_.n_heads, kv_, splits_, stream_, pdl_, pf);
-    else  // a short prompt over a deep cache: its positions split among more blocks; the output also split for an
-          // output projection on split activations (flash attention writes it: att_split_)
-        att_split_ = attention_prefill(out, q, layer_k(l), layer_v(l), layer_offsets(l), d_step_, n, c_.n_heads, kv_,
-                                       flash_, flash_async_, flash_warp_split_,
-                                       attention_prefill_splits(c_.n_heads, kv_, n, pos0_, sm_count_), partials_,
-                                       stream_, !turns_back && split_product(wo, n) ? split_out(n, wo.cols) : nullptr);
+    else {  // a short prompt over a deep cache: its positions split among more blocks; the output also split for an
+            // output projection on split activations, or quantized for an integer one (by flash attention alone)
+        __half* const xh = !turns_back && split_product(wo, n) ? split_out(n, wo.cols) : nullptr;
+        ActBlock* const xq = !turns_back && att_quantized_ ? xq_ : nullptr;
+        const bool wrote = attention_prefill(out, q, layer_k(l), layer_v(l), layer_offsets(l), d_step_, n, c_.n_heads,
+                                             kv_, flash_, flash_async_, flash_warp_split_,
+                                             attention_prefill_splits(c_.n_heads, kv_, n, pos0_, sm_count_), partials_,
+                                             stream_, xh, xq);
+        att_split_ = xh && wrote;
+        if (xq && !wrote) att_quantized_ = false;  // quantize_act then, in out_proj_add
+    }
     if (turns_back) kv_rotate_rows(out, rows, c_.head_dim, stream_, pdl_, att_quantized_ ? xq_ : nullptr);
 }
 
@@ -587,8 +593,12 @@ void CudaOps::out_proj_add(float* x, const float* att, int l, int n) {
     const LayerDev& L = w_.layers[size_t(l)];
     const DevWeight& wo = L.wo;
     KVGEN_ASSERT(x == x_);
-    if (att_quantized_) {  // xq_: att as quantized by attention_decode, or by the rotation after a quantized V
-        residual_int(wo, xq_, L.ffn_norm, glu_in_int(L, 1));
+    if (att_quantized_) {  // xq_: att as quantized by attention, or by the rotation after a quantized V
+        att_quantized_ = false;
+        if (n == 1)
+            residual_int(wo, xq_, L.ffn_norm, glu_in_int(L, 1));
+        else
+            matvec_int(RowSplit::one(x, wo.rows), wo, xq_, n, true, pdl_, stream_, nullptr, mvi_);
         return;
     }
     if (n == 1 && use_int(wo)) {

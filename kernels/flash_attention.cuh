@@ -212,7 +212,9 @@ KVGEN_HD void flash_copy_tile(const Ctx& ctx, __half* kd, const uint8_t* kg, con
 // and writes each row's partial result to partials [n][n_heads][splits][HD + 2] (o unnormalized, m, l; m in natural
 // log units, as combine_head reads it) instead of out; a split with no tile writes m = -inf, l = 0. xh (not null: a
 // short prompt's output projection on split activations): out also written split into xh [2n][n_heads HD] as
-// to_f16_split would split it, without its launch (with splits > 1, by combine_head).
+// to_f16_split would split it, without its launch (with splits > 1, by combine_head). xq (not null; an integer output
+// projection): out also written as the ActBlocks quantize_act makes of it, without its launch (with splits > 1, by
+// combine_head).
 //
 // WS (flash_warp_split: the block's rows are 16 at most): every warp takes those rows and a quarter of each tile's
 // positions (16: two n-tiles of S, one k-step of P V), with a running max, sum and output of its own; at the end the
@@ -233,7 +235,8 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
                                  const uint8_t* __restrict__ vc, const float* __restrict__ k_offsets,
                                  const int* __restrict__ d_pos0, int n, int n_heads, int n_rep, const KvLayout& kv,
                                  float scale, float* __restrict__ out, int splits = 1,
-                                 float* __restrict__ partials = nullptr, __half* __restrict__ xh = nullptr) {
+                                 float* __restrict__ partials = nullptr, __half* __restrict__ xh = nullptr,
+                                 ActBlock* __restrict__ xq = nullptr) {
     constexpr int KS = kFaKStride<HD>, VS = kFaVStride;
     constexpr int DK = HD / 16;       // k-steps of Q K^T
     constexpr int DN = HD / 8;        // n-tiles of O
@@ -529,8 +532,9 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        if (qi[r] >= n) continue;
+        const bool row = qi[r] < n;  // (the lanes of the row go on without it for xq's shuffles)
         if (splits > 1) {
+            if (!row) continue;
             float* pp = partials + ((int64_t(qi[r]) * n_heads + hh[r]) * splits + sp) * (HD + 2);
 #pragma unroll
             for (int nt = 0; nt < DN; ++nt) {
@@ -545,15 +549,54 @@ KVGEN_HD void flash_prefill_body(const Ctx& ctx, const float* __restrict__ q, co
         }
         const float inv = 1.0f / sum[r];
         const int64_t at = (int64_t(qi[r]) * n_heads + hh[r]) * HD + 2 * tig;
-        float* op = out + at;
+        if (row) {
+            float* op = out + at;
 #pragma unroll
-        for (int nt = 0; nt < DN; ++nt) {
-            const float a = o[nt][2 * r] * inv, b = o[nt][2 * r + 1] * inv;
-            op[8 * nt] = a;
-            op[8 * nt + 1] = b;
-            if (xh) {  // the output projection's split input (f16_split_store)
-                f16_split_store(a, at + 8 * nt, int64_t(n) * n_heads * HD, xh);
-                f16_split_store(b, at + 8 * nt + 1, int64_t(n) * n_heads * HD, xh);
+            for (int nt = 0; nt < DN; ++nt) {
+                const float a = o[nt][2 * r] * inv, b = o[nt][2 * r + 1] * inv;
+                op[8 * nt] = a;
+                op[8 * nt + 1] = b;
+                if (xh) {  // the output projection's split input (f16_split_store)
+                    f16_split_store(a, at + 8 * nt, int64_t(n) * n_heads * HD, xh);
+                    f16_split_store(b, at + 8 * nt + 1, int64_t(n) * n_heads * HD, xh);
+                }
+            }
+        }
+        if (xq) {
+            // The output projection's integer input, quantize_act_item's blocks: block g of the row is columns
+            // 32 g .. + 31, n-tiles 4 g .. 4 g + 3, whose 8 values a lane holds for its tig; the row's 4 lanes (tig
+            // 0-3, lane ^ 1 and ^ 2) find the largest magnitude and the two halves' sums (n-tiles 4 g, 4 g + 1 and
+            // 4 g + 2, 4 g + 3) by shuffles, exact in any order (a row past n: zeros, nothing written).
+#pragma unroll
+            for (int g = 0; g < DN / 4; ++g) {
+                float amax = 0.0f;
+#pragma unroll
+                for (int t = 0; t < 4; ++t)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) amax = row ? fmaxf(amax, fabsf(o[4 * g + t][2 * r + e] * inv)) : 0.0f;
+                amax = fmaxf(amax, ctx.shfl_xor(amax, 1));
+                amax = fmaxf(amax, ctx.shfl_xor(amax, 2));
+                const float d = act_scale(amax), id = act_inverse_scale(d);
+                ActBlock* blk = row ? xq + (at - 2 * tig) / 32 + g : nullptr;
+                float h[2] = {0.0f, 0.0f};
+#pragma unroll
+                for (int t = 0; t < 4; ++t)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int qv = row ? act_quant(o[4 * g + t][2 * r + e] * inv, id) : 0;
+                        h[t / 2] += float(qv);
+                        if (row) blk->q[8 * t + 2 * tig + e] = int16_t(qv);
+                    }
+#pragma unroll
+                for (int k = 0; k < 2; ++k) h[k] += ctx.shfl_xor(h[k], 1);
+#pragma unroll
+                for (int k = 0; k < 2; ++k) h[k] += ctx.shfl_xor(h[k], 2);
+                if (row && tig == 0) {
+                    blk->d = d;
+                    blk->s = int(h[0]) + int(h[1]);
+                    blk->h[0] = int(h[0]);
+                    blk->h[1] = int(h[1]);
+                }
             }
         }
     }

@@ -631,24 +631,26 @@ __global__ void __launch_bounds__(kFaThreads)
     flash_prefill_kernel(const float* __restrict__ q, const uint8_t* __restrict__ kc, const uint8_t* __restrict__ vc,
                          const float* __restrict__ k_offsets, const int* __restrict__ d_pos0, int n, int n_heads,
                          int n_rep, KvLayout kv, float scale, float* __restrict__ out, int splits,
-                         float* __restrict__ partials, __half* __restrict__ xh) {
+                         float* __restrict__ partials, __half* __restrict__ xh, ActBlock* __restrict__ xq) {
     if constexpr (LO || ASYNC) {
         extern __shared__ __align__(16) float flash_lo_shared[];
         flash_prefill_body<HD, NQ, LO, DeviceThread, ASYNC, WS>(DeviceThread{flash_lo_shared}, q, kc, vc, k_offsets,
                                                                 d_pos0, n, n_heads, n_rep, kv, scale, out, splits,
-                                                                partials, xh);
+                                                                partials, xh, xq);
     } else {
         __shared__ __align__(16) float sm[kFaShared<HD>];
-        flash_prefill_body<HD, NQ, false, DeviceThread, false, WS>(
-            DeviceThread{sm}, q, kc, vc, k_offsets, d_pos0, n, n_heads, n_rep, kv, scale, out, splits, partials, xh);
+        flash_prefill_body<HD, NQ, false, DeviceThread, false, WS>(DeviceThread{sm}, q, kc, vc, k_offsets, d_pos0, n,
+                                                                   n_heads, n_rep, kv, scale, out, splits, partials, xh,
+                                                                   xq);
     }
 }
 
-// grid n * n_heads: row block_x's splits of a split flash_prefill_kernel combined into out (and split into xh).
+// grid n * n_heads: row block_x's splits of a split flash_prefill_kernel combined into out (and split into xh,
+// quantized into xq).
 __global__ void flash_combine_kernel(const float* __restrict__ partials, int splits, int hd, float* __restrict__ out,
-                                     __half* __restrict__ xh) {
-    combine_head(DeviceThread{nullptr}, int(blockDim.x), partials, splits, splits, hd, int(blockIdx.x), out, nullptr,
-                 xh, int64_t(gridDim.x) * hd);
+                                     __half* __restrict__ xh, ActBlock* __restrict__ xq) {
+    combine_head(DeviceThread{nullptr}, int(blockDim.x), partials, splits, splits, hd, int(blockIdx.x), out, xq, xh,
+                 int64_t(gridDim.x) * hd);
 }
 
 }  // namespace
@@ -1469,7 +1471,7 @@ static_assert(kFlashAsyncBytes == int64_t(sizeof(float)) * kFaShared<128, false,
 bool attention_prefill(float* out, const float* q, const uint8_t* k_cache, const uint8_t* v_cache,
                        const float* k_offsets, const int* d_pos0, int n, int n_heads, const KvLayout& kv,
                        bool tensor_cores, bool flash_async, bool warp_split, int splits, float* partials,
-                       cudaStream_t s, __half* xh) {
+                       cudaStream_t s, __half* xh, ActBlock* xq) {
     KVGEN_ASSERT(kv_cache_supported(kv));
     KVGEN_ASSERT((k_offsets != nullptr) == kv.k_offsets());
     const int n_rep = n_heads / kv.n_kv_heads;
@@ -1492,11 +1494,12 @@ bool attention_prefill(float* out, const float* q, const uint8_t* k_cache, const
                                                                                : kFaShared<HD, false, kAsyncBuilt>);
                     set_up_shared(reinterpret_cast<const void*>(kernel), bytes, nullptr, kFaBlocksPerSm);
                     kernel<<<grid, kFaThreads, bytes, s>>>(q, k_cache, v_cache, k_offsets, d_pos0, n, n_heads, n_rep,
-                                                           kv, scale, out, splits, partials, splits > 1 ? nullptr : xh);
+                                                           kv, scale, out, splits, partials, splits > 1 ? nullptr : xh,
+                                                           splits > 1 ? nullptr : xq);
                 } else {
-                    flash_prefill_kernel<HD, NQ, false, false, WS>
-                        <<<grid, kFaThreads, 0, s>>>(q, k_cache, v_cache, k_offsets, d_pos0, n, n_heads, n_rep, kv,
-                                                     scale, out, splits, partials, splits > 1 ? nullptr : xh);
+                    flash_prefill_kernel<HD, NQ, false, false, WS><<<grid, kFaThreads, 0, s>>>(
+                        q, k_cache, v_cache, k_offsets, d_pos0, n, n_heads, n_rep, kv, scale, out, splits, partials,
+                        splits > 1 ? nullptr : xh, splits > 1 ? nullptr : xq);
                 }
             };
             if (warp_split && flash_warp_split(n, NQ))
@@ -1506,10 +1509,10 @@ bool attention_prefill(float* out, const float* q, const uint8_t* k_cache, const
         })) {
         KVGEN_CUDA_LAUNCHED("flash_prefill");
         if (splits > 1) {
-            flash_combine_kernel<<<unsigned(n * n_heads), 128, 0, s>>>(partials, splits, kv.head_dim, out, xh);
+            flash_combine_kernel<<<unsigned(n * n_heads), 128, 0, s>>>(partials, splits, kv.head_dim, out, xh, xq);
             KVGEN_CUDA_LAUNCHED("flash_combine");
         }
-        return xh != nullptr;
+        return xh || xq;
     }
     const bool ok = dispatch_attention(n_rep, kv.head_dim, [&](auto nq, auto e) {
         constexpr int NQ = decltype(nq)::value, E = decltype(e)::value;

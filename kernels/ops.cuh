@@ -265,12 +265,13 @@ void attention_decode(float* out, ActBlock* xq, float* partials, int* counters, 
 // splits > 1 (flash attention only; attention_prefill_splits): the positions are split among that many blocks per
 // query block, their partial results (attention_partials floats at most) combined by a second kernel.
 // xh (not null): flash attention also writes out split into xh [2n][n_heads head_dim] (f16_split_store), the output
-// projection's input on split activations without to_f16_split's launch; true where it did (flash attention ran),
-// false where xh is untouched.
+// projection's input on split activations without to_f16_split's launch; xq (not null; head_dim a multiple of 32):
+// out also as the ActBlocks quantize_act makes of it, an integer output projection's input without its launch. True
+// where it wrote them (flash attention ran), false where xh and xq are untouched.
 // Twin: cpu::attention.
 bool attention_prefill(float* out, const float* q, const uint8_t* k_cache, const uint8_t* v_cache,
                        const float* k_offsets, const int* d_pos0, int n, int n_heads, const KvLayout& kv,
                        bool tensor_cores, bool flash_async, bool warp_split, int splits, float* partials,
-                       cudaStream_t s, __half* xh = nullptr);
+                       cudaStream_t s, __half* xh = nullptr, ActBlock* xq = nullptr);
 
 }  // namespace kvgen::cuda

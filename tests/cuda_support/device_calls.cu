@@ -779,8 +779,13 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
     const bool split = !kv_type_quantized(vt);
     Dev<__half> xh(split ? size_t(2 * rows) * c.head_dim : 0), want(xh.n);
     poison(xh);
-    const bool wrote = attention_prefill(out.p, dq.p, kc.p, vc.p, koff, pos.p, n, c.n_heads, kv, tensor_cores, async,
-                                         warp_split, sp, partials.p, nullptr, split ? xh.p : nullptr);
+    // and quantized for an integer one (head_dims of whole blocks), checked against quantize_act of the output
+    const bool blocks = split && c.head_dim % 32 == 0;
+    Dev<ActBlock> xq(blocks ? size_t(rows) * c.head_dim / 32 : 0), want_q(xq.n);
+    poison(xq);
+    const bool wrote =
+        attention_prefill(out.p, dq.p, kc.p, vc.p, koff, pos.p, n, c.n_heads, kv, tensor_cores, async, warp_split, sp,
+                          partials.p, nullptr, split ? xh.p : nullptr, blocks ? xq.p : nullptr);
     const std::vector<float> tail = partials.get();
     for (size_t i = n_partials; i < tail.size(); ++i)
         if (!std::isnan(tail[i])) throw Error("attention_prefill: a write past its partials");
@@ -795,6 +800,12 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
                 throw Error("attention_prefill: the split output differs from to_f16_split of the output");
         } else if (std::any_of(got.begin(), got.end(), [](float e) { return !std::isnan(e); })) {
             throw Error("attention_prefill: a split output written where it says none was");
+        }
+        if (blocks && wrote) {
+            quantize_act(want_q.p, out.p, rows * c.head_dim, nullptr);
+            const std::vector<ActBlock> g = xq.get(), r = want_q.get();
+            if (std::memcmp(g.data(), r.data(), g.size() * sizeof(ActBlock)) != 0)
+                throw Error("attention_prefill: the quantized output differs from quantize_act of the output");
         }
     }
     if (kv_type_quantized(vt)) kv_rotate_rows(out.p, rows, c.head_dim, nullptr);

@@ -1331,12 +1331,16 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q_in, co
             // flash kernel, or with splits by the combine
             const bool split = !kv_type_quantized(vt);
             std::vector<__half> xh(split ? 2 * q.size() : 0, __float2half(NAN));
+            // and quantized for an integer one (quantize_act's blocks), where the backend asks for it (an f16 V)
+            std::vector<ActBlock> blocks(split ? q.size() / 32 : 0);
+            std::memset(blocks.data(), 0xee, blocks.size() * sizeof(ActBlock));
             const auto grid = [&](auto lo, auto async, auto ws) {
                 constexpr bool LO = decltype(lo)::value, ASYNC = decltype(async)::value, WS = decltype(ws)::value;
                 run_grid(c.n_heads / NQ, gy, kFaThreads, size_t(kFaShared<HD, LO, ASYNC>), [&](const HostThread& t) {
                     flash_prefill_body<HD, NQ, LO, HostThread, ASYNC, WS>(
                         t, q.data(), kc, vc, koff, &pos0, n, c.n_heads, n_rep, kv, scale, out.data(), sp,
-                        partials.data(), split && sp == 1 ? xh.data() : nullptr);
+                        partials.data(), split && sp == 1 ? xh.data() : nullptr,
+                        split && sp == 1 ? blocks.data() : nullptr);
                 });
             };
             const auto by_split = [&](auto lo, auto async) {  // as attention_prefill launches it
@@ -1353,8 +1357,8 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q_in, co
                 by_split(std::false_type{}, std::false_type{});
             if (sp > 1)
                 run_grid(n * c.n_heads, 1, 128, 0, [&](const HostThread& t) {
-                    combine_head(t, 128, partials.data(), sp, sp, hd, t.block_x(), out.data(), nullptr,
-                                 split ? xh.data() : nullptr, int64_t(q.size()));
+                    combine_head(t, 128, partials.data(), sp, sp, hd, t.block_x(), out.data(),
+                                 split ? blocks.data() : nullptr, split ? xh.data() : nullptr, int64_t(q.size()));
                 });
             if (split) {
                 std::vector<float> halves;
@@ -1362,6 +1366,10 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q_in, co
                 const std::vector<float> want = split_halves(out);
                 if (std::memcmp(halves.data(), want.data(), want.size() * sizeof(float)) != 0)
                     throw Error("flash attention: the split output differs from to_f16_split of the output");
+                std::vector<ActBlock> want_q(blocks.size());
+                for (size_t b = 0; b < blocks.size(); ++b) quantize_act_item(int64_t(b), out.data(), want_q.data());
+                if (std::memcmp(blocks.data(), want_q.data(), blocks.size() * sizeof(ActBlock)) != 0)
+                    throw Error("flash attention: the quantized output differs from quantize_act of the output");
             }
         })) {
         unrotate();
