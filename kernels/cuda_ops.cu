@@ -190,7 +190,7 @@ private:
     int* d_step_;
     ActBlock* xq_;
     int* counters_;
-    ActBlock* hq_;      // [n_ff / 32]: the SwiGLU output as its product quantized it (null where n_ff % 32 != 0)
+    ActBlock* hq_;  // [tokens][n_ff / 32]: the SwiGLU output as its product quantized it (null where n_ff % 32 != 0)
     int* hq_counters_;  // [n_ff / 32]
     ActBlock* xnq_;     // [n_embd / 32]: the next norm's output, made by a residual product (null where n_embd % 32)
     float* norm_sums_;  // [n_embd / 32]
@@ -312,7 +312,7 @@ void CudaOps::release() {
 // more); Pass does not change them.
 void CudaOps::begin(const int32_t* tokens, int n, int pos0, Pass) {
     pos0_ = pos0;
-    kv_stored_ = norm_folded_ = h_split_ = att_split_ = att_quantized_ = false;
+    kv_stored_ = norm_folded_ = h_split_ = att_split_ = att_quantized_ = glu_quantized_ = false;
     sets_offsets_ = kv_.k_offsets() && pos0 < kKvOffsetPositions && pos0 + n >= kKvOffsetPositions;
     h_step_[0] = pos0;
     h_step_[1] = n;
@@ -460,7 +460,7 @@ const DevWeight* CudaOps::gemm_next(const DevWeight& w, int n) const {
 void CudaOps::embed(float* x, int n) {
     // A forward starts here: nothing is left folded or stored by a step that did not finish (a capture that failed
     // halfway, after which run() launches the same step again without begin()).
-    kv_stored_ = norm_folded_ = h_split_ = att_split_ = att_quantized_ = false;
+    kv_stored_ = norm_folded_ = h_split_ = att_split_ = att_quantized_ = glu_quantized_ = false;
     get_rows(x, w_.embd, d_step_ + 2, n, stream_);
     // note: the step's RoPE tables are made here, once, for every layer's rope_store_kv; inside the recorded step,
     // since they depend on the position in device memory.
@@ -634,8 +634,9 @@ void CudaOps::norm_swiglu(float* h, const float* x, int l, int n) {
     // Gate and up in one product: one token's, or in integers a short prompt's.
     const bool pair = glu_fusable(L.gate, L.up), in_int = glu_in_int(L, n);
     const bool fused = in_int || (n == 1 && pair);
-    // one token's down projection input quantized by the product that makes it, where both run in integers
-    glu_quantized_ = n == 1 && in_int && hq_ && use_int(L.down);
+    // the down projection's input quantized by the product that makes it, where both run in integers (a short
+    // prompt's: on the CUDA cores, in the launches of up to 8 tokens that take yq)
+    glu_quantized_ = in_int && hq_ && (n == 1 ? use_int(L.down) : !mvi_.mma && int_product(L.down, n));
     // a short prompt's gate and up products on the activations split once for both, by the norm
     const bool split = !fused && split_product(L.gate, n) && split_product(L.up, n);
     h_split_ = false;
@@ -683,8 +684,12 @@ void CudaOps::down_proj_add(float* x, const float* h, int l, int n) {
     const bool last = l + 1 == c_.n_layers;
     const float* norm_w = last ? w_.output_norm : w_.layers[size_t(l) + 1].attn_norm;
     const bool next_int = last ? use_int(w_.output) : qkv_in_int(w_.layers[size_t(l) + 1], 1);
-    if (n == 1 && glu_quantized_) {  // hq_: h as quantized by the SwiGLU product
-        residual_int(down, hq_, norm_w, next_int);
+    if (glu_quantized_) {  // hq_: h as quantized by the SwiGLU product
+        glu_quantized_ = false;
+        if (n == 1)
+            residual_int(down, hq_, norm_w, next_int);
+        else
+            matvec_int(RowSplit::one(x, down.rows), down, hq_, n, true, pdl_, stream_, nullptr, mvi_);
         return;
     }
     if (h_split_) {  // xh_: h as split by the SwiGLU product

@@ -42,7 +42,8 @@ constexpr int kFaTile = 64;             // cache positions per tile
 // Units of 8 values of a row a thread loads at once in the register path (of its 8 a tile for head_dim 128, 4 for
 // 64). sm_90: head_dim 128 221-232 registers, as one at a time; 64 131-141 with two (four would take 166-168 and
 // spill), where one at a time took 128-140: over an f16 cache with 2-8 query heads a block 133 against 128, three
-// blocks an SM instead of four (unmeasured which is faster).
+// blocks an SM instead of four (unmeasured which is faster). Since the epilogue also quantizes a short prompt's output
+// (xq): head_dim 128 200-252, 64 112-157 (157 over a quantized K with 2-8 query heads, still three blocks an SM).
 template <int HD, bool LO>
 constexpr int kFaUnitBatch = HD >= 128 ? 4 : 2;
 constexpr int kFaVStride = kFaTile + 8;  // halves per transposed V row (36 words: fragment reads in 32 banks)

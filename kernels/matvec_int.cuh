@@ -538,6 +538,33 @@ KVGEN_HD void glu_store_quantized(const Ctx& ctx, int lane, const float (&v)[R],
     quantize_act_warp(ctx, ctx.load_other(y + 32 * g + lane), lane, yq[g]);
 }
 
+// The same for a launch of m <= NT tokens (a short prompt; R NT <= 32): lane t < R NT holds o, the output of row
+// r0 + t / NT for token t % NT, stored at y[token][r0 ..] (y [m][rows]); every lane fences its store before lane 0
+// counts the block done on its 32-row group's counter, and the group's last block writes the group's outputs of each
+// token i as ActBlock yq[i rows / 32 + g] (quantize_act_warp).
+#pragma nv_exec_check_disable
+template <int R, int NT, class Ctx>
+KVGEN_HD void glu_store_quantized_tokens(const Ctx& ctx, int lane, float o, float* y, int64_t rows, int64_t r0, int m,
+                                         int* counters, ActBlock* yq) {
+    static_assert(32 % R == 0 && R * NT <= 32, "a 32-row group is whole blocks, a block's outputs one warp's");
+    const int r = lane / NT, i = lane % NT;
+    if (r < R && i < m) y[int64_t(i) * rows + r0 + r] = o;
+    ctx.fence();      // each lane's output is visible to every block before the count says so
+    ctx.sync_warp();  // ... and stored before lane 0 counts
+    const int64_t g = r0 / 32;
+    float last = 0.0f;
+    if (lane == 0) {
+        const bool done = ctx.atomic_add(&counters[g], 1) == 32 / R - 1;
+        if (done) counters[g] = 0;
+        last = done ? 1.0f : 0.0f;
+    }
+    ctx.sync_warp();
+    if (ctx.warp_sum(last) == 0.0f) return;  // lane 0's answer, the same in every lane
+    ctx.fence();
+    for (int t = 0; t < m; ++t)
+        quantize_act_warp(ctx, ctx.load_other(y + int64_t(t) * rows + 32 * g + lane), lane, yq[t * (rows / 32) + g]);
+}
+
 // The RMSNorm after a residual product, folded into it (one token): what the next integer products read, instead of
 // a launch of rmsnorm_kernel. out = x * w / rms(x) quantized in blocks of 32 is the blocks of u = x * w with each
 // scale divided by rms(x): a block's integers are round(u_j * 32512 / max |u|) either way, so the norm's factor is

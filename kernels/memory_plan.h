@@ -279,7 +279,7 @@ struct MemoryPlan {
                        // input of an integer product (one token, or a short prompt: up to 16 tokens, 64 on the
                        // tensor cores) in 16-bit integers
     Region counters;   // int [n_heads]: decode attention's per-head-group split counters, zero between launches
-    Region hq;         // ActBlock [n_ff / 32]: one token's SwiGLU output quantized by its product (n_ff % 32 == 0)
+    Region hq;  // ActBlock [min(n_batch, 16)][n_ff / 32]: the SwiGLU output quantized by its product (n_ff % 32 == 0)
     Region hq_counters;  // int [n_ff / 32]: that product's per-32-row-group counters, zero between launches
     // One token's RMSNorm folded into the residual product before it (NormStore, matvec_int.cuh; n_embd % 32 == 0):
     Region xnq;            // ActBlock [n_embd / 32]: the normed residual as the next integer products read it

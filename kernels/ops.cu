@@ -344,19 +344,22 @@ __global__ void __launch_bounds__(32 * kImWarps, 2)
 }
 
 // A block of matvec_glu_int_kernel's output o of row r0 + t / NT for token t % NT in thread t < R NT: stored, or
-// with yq (one token) also quantized by each 32-row group's last block (glu_store_quantized).
+// with yq also quantized by each 32-row group's last block (glu_store_quantized; a short prompt's tokens,
+// glu_store_quantized_tokens).
 template <int NT, int R>
 __device__ __forceinline__ void glu_store(float o, int64_t r0, int64_t rows, int n, float* __restrict__ y,
                                           ActBlock* __restrict__ yq, int* __restrict__ counters) {
-    if constexpr (NT == 1) {
-        if (yq) {
-            if (threadIdx.x >= kWarp) return;
+    if (yq) {
+        if (threadIdx.x >= kWarp) return;
+        if constexpr (NT == 1) {
             float v[R];
 #pragma unroll
             for (int r = 0; r < R; ++r) v[r] = __shfl_sync(0xffffffffu, o, r);
             glu_store_quantized(DeviceThread{nullptr}, int(threadIdx.x), v, y, r0, counters, yq);
-            return;
+        } else {
+            glu_store_quantized_tokens<R, NT>(DeviceThread{nullptr}, int(threadIdx.x), o, y, rows, r0, n, counters, yq);
         }
+        return;
     }
     const int r = threadIdx.x / NT, i = threadIdx.x % NT;
     if (r < R && i < n && r0 + r < rows) y[int64_t(i) * rows + r0 + r] = o;
@@ -929,7 +932,7 @@ void matvec_glu_int(float* y, ActBlock* yq, int* counters, const DevWeight& gate
                     const ActBlock* x, int n, bool pdl, cudaStream_t s, MviShape shape) {
     KVGEN_ASSERT(n >= 1 && (n <= kMvMaxTokens || (shape.mma && !yq && int_mma_ok(gate, n))) &&
                  (shape.stages == 0 || ring_stages_ok(shape.stages)));
-    KVGEN_ASSERT(!yq || (n == 1 && gate.rows % 32 == 0 && counters));
+    KVGEN_ASSERT(!yq || (n <= kMvMaxTokens && gate.rows % 32 == 0 && counters));
     if (!yq && glu_fusable(gate, up) &&
         launch_int_mma(RowSplit::one(y, gate.rows), gate, &up, x, n, false, pdl, s, shape))
         return;
@@ -940,6 +943,7 @@ void matvec_glu_int(float* y, ActBlock* yq, int* counters, const DevWeight& gate
             constexpr int NT = decltype(nt)::value;
             const ActBlock* xi = x + int64_t(i0) * n_units;
             float* yi = y + int64_t(i0) * gate.rows;
+            ActBlock* yqi = yq ? yq + int64_t(i0) * (gate.rows / 32) : nullptr;
             bool ringed = false;
             if (shape.stages > 0)
                 with_ring_shape<T, 2, NT>(shape, [&](auto r, auto step) {
@@ -947,14 +951,14 @@ void matvec_glu_int(float* y, ActBlock* yq, int* counters, const DevWeight& gate
                     const unsigned threads = unsigned(32 * mvi_warps(mvi_steps(n_units, S)));
                     ringed = launch_ring<IntRing<T, S>>(
                         matvec_glu_int_kernel<T, NT, R, S, true>, threads, 2 * R, shape.stages, gate.rows, R, pdl, s,
-                        gate.data, up.data, gate.row_bytes, n_units, gate.rows, xi, m, yi, yq, counters, shape.stages);
+                        gate.data, up.data, gate.row_bytes, n_units, gate.rows, xi, m, yi, yqi, counters, shape.stages);
                 });
             if (!ringed)
                 with_mvi_shape<T, 2, NT>(shape, [&](auto r, auto step) {
                     constexpr int R = decltype(r)::value, S = decltype(step)::value;
                     const unsigned threads = unsigned(32 * mvi_warps(mvi_steps(n_units, S)));
                     launch(matvec_glu_int_kernel<T, NT, R, S, false>, grid_for(gate.rows, R), threads, pdl, s,
-                           gate.data, up.data, gate.row_bytes, n_units, gate.rows, xi, m, yi, yq, counters, 0);
+                           gate.data, up.data, gate.row_bytes, n_units, gate.rows, xi, m, yi, yqi, counters, 0);
                 });
         });
     });

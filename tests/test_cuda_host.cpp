@@ -1084,6 +1084,16 @@ TEST_CASE("the SwiGLU product quantizes its output for the down projection: the 
         CHECK(yf == y);
         check_same_blocks(yq, cuda::host::quantize_act(y));
     }
+    // A short prompt's tokens (launches of up to 8): each token's rows the blocks quantize_act makes of them, the
+    // counters zero after each launch; 13 tokens in launches of 8 (8 + 5) and of 4 (4 + 4 + 4 + 1)
+    const int n = 13;
+    const std::vector<float> sums = test::randn(size_t(n * rows), 19, 2.0f);
+    for (const auto& [r, nt] : {std::pair{1, 8}, std::pair{2, 8}, std::pair{2, 4}, std::pair{4, 4}, std::pair{4, 2}}) {
+        INFO("rows a block " << r << ", tokens a launch " << nt);
+        std::vector<cuda::host::HostActBlock> yq;
+        CHECK(cuda::host::glu_quantized_tokens(sums, n, rows, r, nt, &yq) == sums);
+        check_same_blocks(yq, cuda::host::quantize_act(sums));
+    }
 }
 
 TEST_CASE("F16 and BF16 decode products by blocks of warps over 4 rows, run on the host, match the exact product",
@@ -1214,7 +1224,8 @@ TEST_CASE("float rows that are not whole 32-weight chunks: the ragged decoders a
 
 TEST_CASE("host emulation: a shuffle or mma.sync after a lane of the warp returned is an error, as on the device",
           "[cuda-host]") {
-    CHECK_THROWS_WITH(cuda::host::warp_after_a_lane_returned(0), Catch::Contains("which has returned"));
+    // (a full-mask shuffle needs every lane at it, whichever lanes it reads)
+    CHECK_THROWS_WITH(cuda::host::warp_after_a_lane_returned(0), Catch::Contains("a shuffle with thread 31"));
     CHECK_THROWS_WITH(cuda::host::warp_after_a_lane_returned(1), Catch::Contains("mma.sync with thread 31"));
     CHECK_NOTHROW(cuda::host::warp_after_a_lane_returned(2));
 }

@@ -143,20 +143,21 @@ std::vector<float> matvec_glu_int(const HostWeight& gate, const HostWeight& up, 
     kvgen::cuda::matvec_glu_int(y.p, nullptr, nullptr, dev_weight(gate, g), dev_weight(up, u), xq.p, n, false, nullptr,
                                 shape);
     const std::vector<float> result = y.get();
-    if (n == 1 && gate.rows % 32 == 0) {
-        // The output also quantized by the product (for the down projection), twice with the same counters: the same
-        // y, the blocks quantize_act makes of it, and the counters back at zero after each launch.
-        Dev<ActBlock> yq(size_t(gate.rows / 32)), want(yq.n);
+    if (n <= kMvMaxTokens && !mma && gate.rows % 32 == 0) {
+        // The output also quantized by the product (for the down projection; one token, or a short prompt's in the
+        // CUDA cores' launches of up to 8), twice with the same counters: the same y, the blocks quantize_act makes of
+        // it, and the counters back at zero after each launch.
+        Dev<ActBlock> yq(size_t(n) * size_t(gate.rows / 32)), want(yq.n);
         Dev<int> counters(std::vector<int>(size_t(gate.rows / 32), 0));
         for (int launch = 0; launch < 2; ++launch) {
             poison(y);
             poison(yq);
-            kvgen::cuda::matvec_glu_int(y.p, yq.p, counters.p, dev_weight(gate, g), dev_weight(up, u), xq.p, 1, false,
+            kvgen::cuda::matvec_glu_int(y.p, yq.p, counters.p, dev_weight(gate, g), dev_weight(up, u), xq.p, n, false,
                                         nullptr, shape);
             if (y.get() != result) throw Error("matvec_glu_int: another output when it also quantizes it");
             for (int cnt : counters.get())
                 if (cnt != 0) throw Error("matvec_glu_int: a row group's counter was not reset");
-            quantize_act(want.p, y.p, gate.rows, nullptr);
+            quantize_act(want.p, y.p, int64_t(n) * gate.rows, nullptr);
             const std::vector<ActBlock> got = yq.get(), ref = want.get();
             for (size_t b = 0; b < got.size(); ++b)
                 if (std::memcmp(&got[b], &ref[b], offsetof(ActBlock, h) + sizeof(ActBlock::h)) != 0)
@@ -776,11 +777,12 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
     const bool async = flash_async && flash_async_fits(c.head_dim, gemm_mma_device(device));
     // The output also split for the output projection where the backend asks for it (an f16 V; flash attention
     // writes it), checked against to_f16_split of the output; elsewhere left untouched.
-    const bool split = !kv_type_quantized(vt);
+    // (the backend asks for one of the two, never both: a prompt of an odd count here takes the blocks alone)
+    const bool blocks = !kv_type_quantized(vt) && c.head_dim % 32 == 0 && n % 2 == 1;
+    const bool split = !kv_type_quantized(vt) && !blocks;
     Dev<__half> xh(split ? size_t(2 * rows) * c.head_dim : 0), want(xh.n);
     poison(xh);
     // and quantized for an integer one (head_dims of whole blocks), checked against quantize_act of the output
-    const bool blocks = split && c.head_dim % 32 == 0;
     Dev<ActBlock> xq(blocks ? size_t(rows) * c.head_dim / 32 : 0), want_q(xq.n);
     poison(xq);
     const bool wrote =
@@ -789,11 +791,12 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
     const std::vector<float> tail = partials.get();
     for (size_t i = n_partials; i < tail.size(); ++i)
         if (!std::isnan(tail[i])) throw Error("attention_prefill: a write past its partials");
+    // flash attention (the tensor cores, or a quantized K, with a head_dim it is built for) always writes them
+    const bool flash = (tensor_cores || kv.quantized()) && (c.head_dim == 64 || c.head_dim == 128);
+    if ((split || blocks) && wrote != flash)
+        throw Error("attention_prefill: an output split or quantized where flash attention did not run, or none");
     if (split) {
         const std::vector<float> got = halves_to_floats(xh.get());
-        // flash attention (the tensor cores, or a quantized K, with a head_dim it is built for) always writes it
-        const bool flash = (tensor_cores || kv.quantized()) && (c.head_dim == 64 || c.head_dim == 128);
-        if (wrote != flash) throw Error("attention_prefill: a split output where flash attention did not run, or none");
         if (wrote) {
             to_f16_split(want.p, out.p, int(rows), c.head_dim, nullptr);
             if (std::memcmp(got.data(), halves_to_floats(want.get()).data(), got.size() * sizeof(float)) != 0)
@@ -801,12 +804,19 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q, const
         } else if (std::any_of(got.begin(), got.end(), [](float e) { return !std::isnan(e); })) {
             throw Error("attention_prefill: a split output written where it says none was");
         }
-        if (blocks && wrote) {
+    }
+    if (blocks) {
+        const std::vector<ActBlock> g = xq.get();
+        std::vector<ActBlock> r(g.size());
+        if (wrote) {
             quantize_act(want_q.p, out.p, rows * c.head_dim, nullptr);
-            const std::vector<ActBlock> g = xq.get(), r = want_q.get();
-            if (std::memcmp(g.data(), r.data(), g.size() * sizeof(ActBlock)) != 0)
-                throw Error("attention_prefill: the quantized output differs from quantize_act of the output");
+            r = want_q.get();
+        } else {
+            std::memset(r.data(), 0xff, r.size() * sizeof(ActBlock));  // poison's bytes: untouched
         }
+        if (std::memcmp(g.data(), r.data(), g.size() * sizeof(ActBlock)) != 0)
+            throw Error(wrote ? "attention_prefill: the quantized output differs from quantize_act of the output"
+                              : "attention_prefill: a quantized output written where it says none was");
     }
     if (kv_type_quantized(vt)) kv_rotate_rows(out.p, rows, c.head_dim, nullptr);
     return out.get();

@@ -738,6 +738,7 @@ class FiberBlock {
         const int base = current_ - current_ % 32;
         exch_[size_t(current_)] = v;
         wait(kWarp);
+        require_whole_warp(base, "a shuffle");  // (full-mask: every lane of the warp, as the device's are)
         const float p = exch_[source(base + src_lane)];
         wait(kWarp);
         return p;
@@ -750,6 +751,7 @@ class FiberBlock {
         for (int o = first; o > 0; o >>= 1) {
             exch_[size_t(current_)] = v;
             wait(kWarp);
+            require_whole_warp(base, "a shuffle");
             const float p = exch_[source(base + (lane ^ o))];
             wait(kWarp);
             v = op(v, p);
@@ -758,8 +760,8 @@ class FiberBlock {
     }
 
   private:
-    // A .sync.aligned warp instruction (mma.sync, ldmatrix) needs every lane of the warp at it; one that returned early
-    // leaves the device undefined.
+    // A .sync.aligned warp instruction (mma.sync, ldmatrix), or a full-mask shuffle, needs every lane of the warp at
+    // it; one that returned early leaves the device undefined.
     void require_whole_warp(int base, const char* what) const {
         for (int i = base; i < base + 32; ++i)
             if (size_t(i) >= fibers_.size() || fibers_[size_t(i)].done)
@@ -1231,6 +1233,49 @@ std::vector<float> matvec_glu_int_quantized(GgmlType type, const uint8_t* gate, 
         });
     for (int cnt : counters)
         if (cnt != 0) throw Error("matvec_glu_int: a row group's counter was not reset");
+    *yq = host_blocks(blocks);
+    return y;
+}
+
+std::vector<float> glu_quantized_tokens(const std::vector<float>& sums, int n, int64_t rows, int block_rows,
+                                        int launch_tokens, std::vector<HostActBlock>* yq) {
+    if (rows % 32 != 0) throw Error("the SwiGLU product quantizes its output for rows a multiple of 32");
+    std::vector<float> y(size_t(n) * size_t(rows), NAN);
+    std::vector<ActBlock> blocks(size_t(n) * size_t(rows / 32));
+    std::vector<int> counters(size_t(rows / 32), 0);
+    bool shaped = false;
+    const auto run = [&](auto r_c, auto nt_c) {
+        constexpr int R = decltype(r_c)::value, NT = decltype(nt_c)::value;
+        if (R != block_rows || NT != launch_tokens) return;
+        shaped = true;
+        // launches of NT tokens; in each, matvec_glu_int_kernel's tail block by block in a shuffled order (the
+        // device's is any): its first warp, lane t holding row r0 + t / NT of token t % NT
+        for (int i0 = 0; i0 < n; i0 += NT) {
+            const int m = std::min(NT, n - i0);
+            std::vector<int64_t> order;
+            for (int64_t r0 = 0; r0 < rows; r0 += R) order.push_back(r0);
+            std::shuffle(order.begin(), order.end(), std::mt19937(uint32_t(rows + i0)));
+            for (const int64_t r0 : order)
+                run_grid(1, 1, 32, 0, [&](const HostThread& t) {
+                    const int r = t.thread() / NT, i = t.thread() % NT;
+                    const float o = r < R && i < m ? sums[size_t(i0 + i) * size_t(rows) + size_t(r0 + r)] : NAN;
+                    glu_store_quantized_tokens<R, NT>(t, t.thread(), o, y.data() + int64_t(i0) * rows, rows, r0, m,
+                                                      counters.data(), blocks.data() + int64_t(i0) * (rows / 32));
+                });
+            for (int cnt : counters)
+                if (cnt != 0) throw Error("glu_store_quantized_tokens: a row group's counter was not reset");
+        }
+    };
+    using I1 = std::integral_constant<int, 1>;
+    using I2 = std::integral_constant<int, 2>;
+    using I4 = std::integral_constant<int, 4>;
+    using I8 = std::integral_constant<int, 8>;
+    run(I1{}, I8{});
+    run(I2{}, I8{});
+    run(I2{}, I4{});
+    run(I4{}, I4{});
+    run(I4{}, I2{});
+    if (!shaped) throw Error("glu_store_quantized_tokens: no such block shape here");
     *yq = host_blocks(blocks);
     return y;
 }

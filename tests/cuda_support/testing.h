@@ -230,6 +230,11 @@ std::vector<float> matvec_glu_int(GgmlType type, const uint8_t* gate, const uint
 // *yq its ActBlocks; rows a multiple of 32.
 std::vector<float> matvec_glu_int_quantized(GgmlType type, const uint8_t* gate, const uint8_t* up, int64_t rows,
                                             int64_t cols, const std::vector<float>& x, std::vector<HostActBlock>* yq);
+// A short prompt's SwiGLU outputs sums [n][rows] as matvec_glu_int_kernel's tail stores and quantizes them
+// (glu_store_quantized_tokens): launches of launch_tokens tokens (2, 4 or 8), blocks of block_rows rows (1, 2 or 4;
+// the shapes listed in host_emulation.cu) in a shuffled order: y, and *yq its ActBlocks [n][rows / 32].
+std::vector<float> glu_quantized_tokens(const std::vector<float>& sums, int n, int64_t rows, int block_rows,
+                                        int launch_tokens, std::vector<HostActBlock>* yq);
 // One token's residual product with the next RMSNorm folded in (matvec_int_kernel with NormStore, blocks of
 // block_rows = 4 or 8 rows in a shuffled order): residual + W x (x quantized by quantize_act_items), and *xq the
 // ActBlocks of its norm with weight norm_w (residual_norm_store); rows a multiple of 32.
