@@ -539,9 +539,9 @@ KVGEN_HD void glu_store_quantized(const Ctx& ctx, int lane, const float (&v)[R],
 }
 
 // The same for a launch of m <= NT tokens (a short prompt; R NT <= 32): lane t < R NT holds o, the output of row
-// r0 + t / NT for token t % NT, stored at y[token][r0 ..] (y [m][rows]); every lane fences its store before lane 0
-// counts the block done on its 32-row group's counter, and the group's last block writes the group's outputs of each
-// token i as ActBlock yq[i rows / 32 + g] (quantize_act_warp).
+// r0 + t / NT for token t % NT, stored at y[token][r0 ..] (y [m][rows]); every lane fences its store, and after the
+// warp's barrier lane 0 fences again and counts the block done on its 32-row group's counter; the group's last block
+// writes the group's outputs of each token i as ActBlock yq[i rows / 32 + g] (quantize_act_warp).
 #pragma nv_exec_check_disable
 template <int R, int NT, class Ctx>
 KVGEN_HD void glu_store_quantized_tokens(const Ctx& ctx, int lane, float o, float* y, int64_t rows, int64_t r0, int m,
@@ -554,8 +554,13 @@ KVGEN_HD void glu_store_quantized_tokens(const Ctx& ctx, int lane, float o, floa
     const int64_t g = r0 / 32;
     float last = 0.0f;
     if (lane == 0) {
+        ctx.fence();  // (and lane 0's fence after the warp's stores: a release of them all, without relying on the
+                      // lanes' fences being sequentially consistent)
         const bool done = ctx.atomic_add(&counters[g], 1) == 32 / R - 1;
-        if (done) counters[g] = 0;
+        if (done) {
+            counters[g] = 0;
+            ctx.fence();  // the count read before the other blocks' outputs are
+        }
         last = done ? 1.0f : 0.0f;
     }
     ctx.sync_warp();

@@ -738,7 +738,9 @@ class FiberBlock {
         const int base = current_ - current_ % 32;
         exch_[size_t(current_)] = v;
         wait(kWarp);
-        require_whole_warp(base, "a shuffle");  // (full-mask: every lane of the warp, as the device's are)
+        // (stricter than sm_70 and later, whose shuffle waits for the lanes that have not exited: the kernels shuffle
+        // with whole warps, and this holds them to it)
+        require_whole_warp(base, "a shuffle");
         const float p = exch_[source(base + src_lane)];
         wait(kWarp);
         return p;
@@ -760,8 +762,8 @@ class FiberBlock {
     }
 
   private:
-    // A .sync.aligned warp instruction (mma.sync, ldmatrix), or a full-mask shuffle, needs every lane of the warp at
-    // it; one that returned early leaves the device undefined.
+    // A .sync.aligned warp instruction (mma.sync, ldmatrix) needs every lane of the warp at it; one that returned early
+    // leaves the device undefined. (Shuffles are held to it too, see shfl.)
     void require_whole_warp(int base, const char* what) const {
         for (int i = base; i < base + 32; ++i)
             if (size_t(i) >= fibers_.size() || fibers_[size_t(i)].done)
@@ -1275,6 +1277,7 @@ std::vector<float> glu_quantized_tokens(const std::vector<float>& sums, int n, i
     run(I2{}, I4{});
     run(I4{}, I4{});
     run(I4{}, I2{});
+    run(I1{}, I4{});
     if (!shaped) throw Error("glu_store_quantized_tokens: no such block shape here");
     *yq = host_blocks(blocks);
     return y;
