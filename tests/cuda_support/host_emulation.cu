@@ -1381,7 +1381,7 @@ std::vector<float> attention(const Config& c, const std::vector<float>& q_in, co
             std::vector<__half> xh(split ? 2 * q.size() : 0, __float2half(NAN));
             // and quantized for an integer one (quantize_act's blocks), where the backend asks for it (an f16 V)
             std::vector<ActBlock> blocks(split ? q.size() / 32 : 0);
-            std::memset(blocks.data(), 0xee, blocks.size() * sizeof(ActBlock));
+            if (!blocks.empty()) std::memset(blocks.data(), 0xee, blocks.size() * sizeof(ActBlock));
             const auto grid = [&](auto lo, auto async, auto ws) {
                 constexpr bool LO = decltype(lo)::value, ASYNC = decltype(async)::value, WS = decltype(ws)::value;
                 run_grid(c.n_heads / NQ, gy, kFaThreads, size_t(kFaShared<HD, LO, ASYNC>), [&](const HostThread& t) {
