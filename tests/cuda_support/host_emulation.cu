@@ -1617,68 +1617,72 @@ std::vector<float> cache_rows(const std::vector<__half>& cache, const KvLayout& 
 }
 }  // namespace
 
+namespace {
+// A Q|K|V epilogue with QkvStore run on the host over an f16 cache of n_ctx positions with c's heads, n tokens at
+// positions pos0..: store(split, st) runs it for rows [0, q_end) queries, [q_end, k_end) keys, the rest values. The
+// queries as written, the key and value rows read back; checked that RowSplit's k and v and every other cache value
+// stay unwritten (what: the kernel, for the errors).
+template <typename Store>
+QkvStored qkv_stored(int n, int64_t rows, const Config& c, int pos0, int n_ctx, int64_t q_end, int64_t k_end,
+                     const char* what, Store&& store) {
+    std::vector<float> cs, sn;
+    host_rope_tables(n, pos0, c, {}, &cs, &sn);
+    const KvLayout kv = KvLayout::of(c, n_ctx, KvType::F16);
+    std::vector<__half> kc(size_t(kv.layer_elems()), __float2half(NAN)), vc(kc);
+    QkvStored out;
+    out.q.assign(size_t(n) * size_t(q_end), NAN);
+    std::vector<float> unused(size_t(n) * size_t(rows), NAN);  // RowSplit's k and v: never written
+    store(RowSplit{{out.q.data(), unused.data(), unused.data()}, {q_end, k_end}},
+          QkvStore{kc.data(), vc.data(), q_end, k_end, cs.data(), sn.data(), &pos0, c.rope_dim / 2, kv});
+    for (float u : unused)
+        if (!std::isnan(u)) throw Error(fmt::format("{} with QkvStore wrote RowSplit's k or v", what));
+    // the step's rows, and nothing written elsewhere
+    for (const auto& [cache, seg] : {std::pair{&kc, k_end - q_end}, std::pair{&vc, rows - k_end}})
+        if (std::count_if(cache->begin(), cache->end(), [](__half e) { return !std::isnan(__half2float(e)); }) !=
+            n * seg)
+            throw Error(fmt::format("{} with QkvStore: cache values written outside the step's rows", what));
+    out.k = cache_rows(kc, kv, n, pos0, k_end - q_end);
+    out.v = cache_rows(vc, kv, n, pos0, rows - k_end);
+    return out;
+}
+}  // namespace
+
 QkvStored matvec_int_qkv_store(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
                                const std::vector<float>& x, int n, const Config& c, int pos0, int n_ctx, int64_t q_end,
                                int64_t k_end) {
     const uint8_t* const w[1] = {bytes};
     const std::vector<float> y = matvec_int_blocks<1>(type, w, rows, cols, x, n, MviShape{})[0];  // the blocks' sums
-    std::vector<float> cs, sn;
-    host_rope_tables(n, pos0, c, {}, &cs, &sn);
-    const KvLayout kv = KvLayout::of(c, n_ctx, KvType::F16);
-    std::vector<__half> kc(size_t(kv.layer_elems()), __float2half(NAN)), vc(kc);
-    QkvStored out;
-    out.q.assign(size_t(n) * size_t(q_end), NAN);
-    std::vector<float> unused(size_t(n) * size_t(rows), NAN);  // RowSplit's k and v: never written
-    const RowSplit split{{out.q.data(), unused.data(), unused.data()}, {q_end, k_end}};
-    const QkvStore st{kc.data(), vc.data(), q_end, k_end, cs.data(), sn.data(), &pos0, c.rope_dim / 2, kv};
-    // matvec_int_kernel's epilogue, block by block in each launch: lane t of the first warp holds row r0 + t / NT
-    // for token i0 + t % NT
-    const bool ok = dispatch_int_type(type, [&](auto tag) {
-        constexpr GgmlType T = decltype(tag)::value;
-        int_launches(n, [&](auto nt, int i0, int m) {
-            constexpr int NT = decltype(nt)::value;
-            with_mvi_shape<T, 1, NT>(MviShape{}, [&](auto rows_a_block, auto) {
-                constexpr int R = decltype(rows_a_block)::value;
-                for (int64_t r0 = 0; r0 < rows; r0 += R)
-                    run_grid(1, 1, 32, 0, [&](const HostThread& t) {
-                        const int r = t.thread() / NT, i = t.thread() % NT;
-                        const bool valid = r < R && i < m && r0 + r < rows;
-                        const float v = valid ? y[size_t(i0 + i) * size_t(rows) + size_t(r0 + r)] : 0.0f;
-                        qkv_store_row(t, v, valid, r0 + r, i0 + i, NT, split, rows, st);
+    return qkv_stored(
+        n, rows, c, pos0, n_ctx, q_end, k_end, "matvec_int", [&](const RowSplit& split, const QkvStore& st) {
+            // matvec_int_kernel's epilogue, block by block in each launch: lane t of the first warp holds row r0 + t /
+            // NT for token i0 + t % NT
+            const bool ok = dispatch_int_type(type, [&](auto tag) {
+                constexpr GgmlType T = decltype(tag)::value;
+                int_launches(n, [&](auto nt, int i0, int m) {
+                    constexpr int NT = decltype(nt)::value;
+                    with_mvi_shape<T, 1, NT>(MviShape{}, [&](auto rows_a_block, auto) {
+                        constexpr int R = decltype(rows_a_block)::value;
+                        for (int64_t r0 = 0; r0 < rows; r0 += R)
+                            run_grid(1, 1, 32, 0, [&](const HostThread& t) {
+                                const int r = t.thread() / NT, i = t.thread() % NT;
+                                const bool valid = r < R && i < m && r0 + r < rows;
+                                const float v = valid ? y[size_t(i0 + i) * size_t(rows) + size_t(r0 + r)] : 0.0f;
+                                qkv_store_row(t, v, valid, r0 + r, i0 + i, NT, split, rows, st);
+                            });
                     });
+                });
             });
+            if (!ok) throw Error(fmt::format("no integer product for {}", ggml_type_name(type)));
         });
-    });
-    if (!ok) throw Error(fmt::format("no integer product for {}", ggml_type_name(type)));
-    for (float u : unused)
-        if (!std::isnan(u)) throw Error("matvec_int with QkvStore wrote RowSplit's k or v");
-    out.k = cache_rows(kc, kv, n, pos0, k_end - q_end);
-    out.v = cache_rows(vc, kv, n, pos0, rows - k_end);
-    return out;
 }
 
 QkvStored f16_split_sum_qkv_store(const std::vector<float>& t, int n, int64_t rows, const Config& c, int pos0,
                                   int n_ctx, int64_t q_end, int64_t k_end) {
-    std::vector<float> cs, sn;
-    host_rope_tables(n, pos0, c, {}, &cs, &sn);
-    const KvLayout kv = KvLayout::of(c, n_ctx, KvType::F16);
-    std::vector<__half> kc(size_t(kv.layer_elems()), __float2half(NAN)), vc(kc);
-    QkvStored out;
-    out.q.assign(size_t(n) * size_t(q_end), NAN);
-    std::vector<float> unused(size_t(n) * size_t(rows), NAN);  // RowSplit's k and v: never written
-    const RowSplit split{{out.q.data(), unused.data(), unused.data()}, {q_end, k_end}};
-    const QkvStore st{kc.data(), vc.data(), q_end, k_end, cs.data(), sn.data(), &pos0, c.rope_dim / 2, kv};
-    for (int64_t p = 0; p < int64_t(n) * rows / 2; ++p) f16_split_sum_qkv_item(p, t.data(), n, rows, split, st);
-    for (float u : unused)
-        if (!std::isnan(u)) throw Error("f16_split_sum with QkvStore wrote RowSplit's k or v");
-    // the step's rows, and nothing written elsewhere
-    for (const auto& [cache, seg] : {std::pair{&kc, k_end - q_end}, std::pair{&vc, rows - k_end}})
-        if (std::count_if(cache->begin(), cache->end(), [](__half e) { return !std::isnan(__half2float(e)); }) !=
-            n * seg)
-            throw Error("f16_split_sum with QkvStore: cache values written outside the step's rows");
-    out.k = cache_rows(kc, kv, n, pos0, k_end - q_end);
-    out.v = cache_rows(vc, kv, n, pos0, rows - k_end);
-    return out;
+    return qkv_stored(n, rows, c, pos0, n_ctx, q_end, k_end, "f16_split_sum",
+                      [&](const RowSplit& split, const QkvStore& st) {
+                          for (int64_t p = 0; p < int64_t(n) * rows / 2; ++p)
+                              f16_split_sum_qkv_item(p, t.data(), n, rows, split, st);
+                      });
 }
 
 std::vector<float> get_rows(GgmlType type, const uint8_t* bytes, int64_t rows, int64_t cols,
