@@ -28,7 +28,7 @@ namespace kvgen::cuda {
 namespace {
 
 static_assert(sizeof(ActBlock) == kActBlockBytes, "the memory plan's ActBlock size");
-static_assert(kImBatchTokens == kIntBatchTokens && kMvMaxTokens <= kIntBatchTokens,
+static_assert(kImBatchTokens == kIntBatchTokens && kMvMaxTokens <= kIntBatchTokens && kImMaxGroups == kIntBatchGroups,
               "the memory plan's tokens of an integer product");
 static_assert(kMvMaxTokens == kSplitBatchTokens, "the memory plan's tokens of a product on split activations");
 
@@ -191,7 +191,7 @@ private:
     ActBlock* xq_;
     int* counters_;
     ActBlock* hq_;  // [tokens][n_ff / 32]: the SwiGLU output as its product quantized it (null where n_ff % 32 != 0)
-    int* hq_counters_;  // [n_ff / 32]
+    int* hq_counters_;  // [kImMaxGroups][n_ff / 32]
     ActBlock* xnq_;     // [n_embd / 32]: the next norm's output, made by a residual product (null where n_embd % 32)
     float* norm_sums_;  // [n_embd / 32]
     int* norm_counters_;  // [n_embd / 32 + 1]
@@ -635,8 +635,8 @@ void CudaOps::norm_swiglu(float* h, const float* x, int l, int n) {
     const bool pair = glu_fusable(L.gate, L.up), in_int = glu_in_int(L, n);
     const bool fused = in_int || (n == 1 && pair);
     // the down projection's input quantized by the product that makes it, where both run in integers (a short
-    // prompt's: on the CUDA cores, in the launches of up to 8 tokens that take yq)
-    glu_quantized_ = in_int && hq_ && (n == 1 ? use_int(L.down) : !mvi_.mma && int_product(L.down, n));
+    // prompt's too: on the CUDA cores, in their launches of up to 8 tokens, or on the tensor cores in one)
+    glu_quantized_ = in_int && hq_ && (n == 1 ? use_int(L.down) : int_product(L.down, n));
     // a short prompt's gate and up products on the activations split once for both, by the norm
     const bool split = !fused && split_product(L.gate, n) && split_product(L.up, n);
     h_split_ = false;

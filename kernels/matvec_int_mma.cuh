@@ -41,6 +41,7 @@ constexpr int kImRows = 32;  // rows a block (of each of gate and up with GLU: k
 constexpr int kImTiles = 2;  // 16-row tiles a warp: kImRows / 16
 constexpr int kImMaxTokens = kMvMaxTokens;  // tokens a block takes at most
 constexpr int kImBatchTokens = 64;          // tokens a launch takes at most: up to 4 groups of 16 (Q6_K: 8 of 8)
+constexpr int kImMaxGroups = kImBatchTokens / 8;  // groups of tokens a launch has at most (Q6_K's 8 of 8)
 static_assert(kImRows == 16 * kImTiles && kImMaxTokens == 16, "two 16-row tiles, up to two 8-token tiles");
 
 KVGEN_HD constexpr bool int_mma_type(GgmlType t) {
@@ -248,6 +249,20 @@ KVGEN_HD float int_mma_add(const ImStep<T>& w, int k, int hi, const int (&c)[ImS
     }
 }
 
+// Where a block of an n-token launch works: its first row (GLU: of gate's and up's), its group's first token and the
+// group's tokens.
+struct ImBlock {
+    int64_t rb;
+    int i0, m;
+};
+#pragma nv_exec_check_disable
+template <class Ctx>
+KVGEN_HD ImBlock int_mma_block(const Ctx& ctx, bool glu, int n, int group_tokens, int sets) {
+    const int i0 = ctx.block_x() * group_tokens;
+    return ImBlock{int64_t(ctx.block_y()) * sets * int_mma_block_rows(glu), i0,
+                   n - i0 < group_tokens ? n - i0 : group_tokens};
+}
+
 // The sums of an n-token product of the block's rows and tokens: with GLU, rows r0 .. r0 + 15 of gate (w) and up,
 // else rows r0 .. r0 + 31 of w, for each of the block's sets of rows (r0 = (block_y x sets + set) x
 // int_mma_block_rows(GLU); sets 1 or 2, the block's warps split evenly among them, each set's warps taking the units
@@ -269,9 +284,9 @@ KVGEN_HD void matvec_int_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w,
     const int t = ctx.thread(), warp = t / 32, lane = t % 32, gid = lane >> 2, tig = lane & 3;
     // the warp's set of rows, its place among the set's warps, and the set's warps
     const int sw = kImWarps / sets, set = warp / sw, wi = warp % sw;
-    const int64_t rb = int64_t(ctx.block_y()) * sets * int_mma_block_rows(GLU);  // the block's first row
-    const int64_t r0 = rb + set * int_mma_block_rows(GLU);                       // the warp's
-    const int i0 = ctx.block_x() * group_tokens, m = n - i0 < group_tokens ? n - i0 : group_tokens;
+    const ImBlock blk = int_mma_block(ctx, GLU, n, group_tokens, sets);
+    const int64_t rb = blk.rb, r0 = rb + set * int_mma_block_rows(GLU);  // the block's first row, the warp's
+    const int i0 = blk.i0, m = blk.m;
     x += int64_t(i0) * n_units;
     // The tiles that hold one of the group's tokens (a last group of up to 8 in a launch of 16-token groups: one)
     const int tiles = (m + 7) / 8;
@@ -407,6 +422,44 @@ KVGEN_HD void matvec_int_mma_body(const Ctx& ctx, const uint8_t* __restrict__ w,
         const float v = GLU ? silu_mul(sum(rr), sum(16 + rr)) : sum(rr);
         const int64_t r = rb + so * int_mma_block_rows(GLU) + rr;
         if (r < rows && i < m) store(r, i0 + i, v);
+    }
+}
+
+// The SwiGLU product's output quantized where it is made, for the down projection, as the CUDA cores' launches do
+// (glu_store_quantized_tokens; one launch fewer a layer): after the block's threads have stored its outputs of
+// y [n][rows] (matvec_int_mma_body; rows a multiple of 32, so that a block's rows lie in one 32-row group) and fenced,
+// thread 0 counts the block done on the counter of its 32-row group g and its group of tokens
+// (counters[block_x][rows / 32]: a launch's groups of tokens run side by side), and the last of the group's
+// 32 / (sets x 16) blocks writes ActBlock yq[i][g] of each of its tokens i, warp w tokens w, w + kImWarps, ...
+// (quantize_act_warp, the blocks quantize_act makes). The counters are zero between launches (each last block sets
+// its own back). Run by all the block's threads after the body (its shared memory is free again after the first
+// barrier here).
+#pragma nv_exec_check_disable
+template <class Ctx>
+KVGEN_HD void int_mma_glu_quantize(const Ctx& ctx, const float* y, int64_t rows, int n, int group_tokens, int sets,
+                                   int* counters, ActBlock* yq) {
+    const ImBlock blk = int_mma_block(ctx, true, n, group_tokens, sets);
+    const int t = ctx.thread(), warp = t / 32, lane = t % 32;
+    const int64_t g = blk.rb / 32, groups = rows / 32;
+    float* const last = ctx.shared();
+    ctx.fence();  // each thread's outputs visible to every block before the count says so
+    ctx.sync();   // ... and stored (and the body's sums read from shared memory) before thread 0 counts
+    if (t == 0) {
+        ctx.fence();  // a release of the block's stores by the thread that counts
+        int* const c = counters + int64_t(ctx.block_x()) * groups + g;
+        const bool done = ctx.atomic_add(c, 1) == 32 / (sets * int_mma_block_rows(true)) - 1;
+        if (done) {
+            *c = 0;
+            ctx.fence();  // the count read before the other blocks' outputs are
+        }
+        *last = done ? 1.0f : 0.0f;
+    }
+    ctx.sync();
+    if (*last == 0.0f) return;  // the same in every thread
+    ctx.fence();
+    for (int i = warp; i < blk.m; i += kImWarps) {
+        const int64_t k = blk.i0 + i;
+        quantize_act_warp(ctx, ctx.load_other(y + k * rows + 32 * g + lane), lane, yq[k * groups + g]);
     }
 }
 

@@ -107,9 +107,9 @@ MemoryPlan plan_memory(const Model& m, const KvLayout& kv, int n_batch, int n_lo
     p.step = place(2 + nb, 4);
     p.xq = place(std::min(nb, int64_t(kIntBatchTokens)) * ((std::max({e, qd, ff}) + 31) / 32), kActBlockBytes);
     p.counters = place(c.n_heads, 4);
-    // (a short prompt's tokens too: at most kSplitBatchTokens, kMvMaxTokens, in the integer SwiGLU product)
-    p.hq = place(ff % 32 == 0 ? std::min(nb, int64_t(kSplitBatchTokens)) * (ff / 32) : 0, kActBlockBytes);
-    p.hq_counters = place(ff % 32 == 0 ? ff / 32 : 0, 4);
+    // (a short prompt's tokens too: at most kIntBatchTokens, on the tensor cores, in the integer SwiGLU product)
+    p.hq = place(ff % 32 == 0 ? std::min(nb, int64_t(kIntBatchTokens)) * (ff / 32) : 0, kActBlockBytes);
+    p.hq_counters = place(ff % 32 == 0 ? int64_t(kIntBatchGroups) * (ff / 32) : 0, 4);
     const int64_t groups = e % 32 == 0 ? e / 32 : 0;
     p.xnq = place(groups, kActBlockBytes);
     p.norm_sums = place(groups, 4);

@@ -20,6 +20,7 @@ struct Region {
 
 constexpr size_t kActBlockBytes = 80;  // sizeof(ActBlock), matvec_int.cuh
 constexpr int kIntBatchTokens = 64;    // kImBatchTokens, matvec_int_mma.cuh: the most tokens an integer product takes
+constexpr int kIntBatchGroups = 8;     // kImMaxGroups: the most groups of tokens such a product's launch has
 constexpr int kSplitBatchTokens = 16;  // kMvMaxTokens, matvec.cuh: the most tokens of a short prompt's product on
                                        // split activations (f16_split_product, ops.cuh)
 // The weight types whose short-prompt products take split activations on the tensor cores (Settings::
@@ -279,8 +280,10 @@ struct MemoryPlan {
                        // input of an integer product (one token, or a short prompt: up to 16 tokens, 64 on the
                        // tensor cores) in 16-bit integers
     Region counters;   // int [n_heads]: decode attention's per-head-group split counters, zero between launches
-    Region hq;  // ActBlock [min(n_batch, 16)][n_ff / 32]: the SwiGLU output quantized by its product (n_ff % 32 == 0)
-    Region hq_counters;  // int [n_ff / 32]: that product's per-32-row-group counters, zero between launches
+    Region hq;  // ActBlock [min(n_batch, kIntBatchTokens)][n_ff / 32]: the SwiGLU output quantized by its product
+                // (n_ff % 32 == 0; one token, or a short prompt's: up to 16 tokens, 64 on the tensor cores)
+    Region hq_counters;  // int [kIntBatchGroups][n_ff / 32]: that product's per-32-row-group counters (on the tensor
+                         // cores one set per group of tokens), zero between launches
     // One token's RMSNorm folded into the residual product before it (NormStore, matvec_int.cuh; n_embd % 32 == 0):
     Region xnq;            // ActBlock [n_embd / 32]: the normed residual as the next integer products read it
     Region norm_sums;      // f32 [n_embd / 32]: each 32-row group's sum of squares

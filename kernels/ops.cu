@@ -323,12 +323,13 @@ __global__ void __launch_bounds__(32 * kMviMaxWarps, 2)
 
 // grid (groups, rows / (sets int_mma_block_rows(GLU))) (int_mma_plan), 32 kImWarps threads: n tokens' product on the
 // tensor cores (matvec_int_mma_body) in groups of group_tokens <= 8 NTT, all in one launch: y (+)= W x through
-// RowSplit, or with GLU (up) y[i][r] = silu(gate x) * (up x) into y.y[0].
+// RowSplit, or with GLU (up) y[i][r] = silu(gate x) * (up x) into y.y[0], and with yq that quantized for the down
+// projection too (int_mma_glu_quantize, on counters).
 template <GgmlType T, bool GLU, int NTT>
 __global__ void __launch_bounds__(32 * kImWarps, 2)
     matvec_int_mma_kernel(const uint8_t* __restrict__ w, const uint8_t* __restrict__ up, int64_t row_bytes, int n_units,
                           int64_t rows, const ActBlock* __restrict__ x, int n, int group_tokens, int sets, RowSplit y,
-                          int accumulate) {
+                          int accumulate, ActBlock* __restrict__ yq, int* __restrict__ counters) {
     pdl_trigger();  // the next product may start loading its weights
     pdl_wait();
     __shared__ float part[int_mma_shared(NTT)];
@@ -341,6 +342,9 @@ __global__ void __launch_bounds__(32 * kImWarps, 2)
                                              *out = accumulate ? *out + v : v;
                                          }
                                      });
+    if constexpr (GLU) {
+        if (yq) int_mma_glu_quantize(DeviceThread{part}, y.y[0], rows, n, group_tokens, sets, counters, yq);
+    }
 }
 
 // A block of matvec_glu_int_kernel's output o of row r0 + t / NT for token t % NT in thread t < R NT: stored, or
@@ -853,10 +857,13 @@ void launch_f16(const RowSplit& y, const DevWeight& w, const DevWeight* up, cons
     KVGEN_CUDA_LAUNCHED("matvec_f16");
 }
 // An n-token product (2 to kImBatchTokens) on the tensor cores where shape.mma and the type allow it (int_mma_ok):
-// true when launched, false where the caller takes the CUDA-core kernels.
+// true when launched, false where the caller takes the CUDA-core kernels. yq, counters: with up, the output also
+// quantized (matvec_glu_int's).
 bool launch_int_mma(const RowSplit& y, const DevWeight& w, const DevWeight* up, const ActBlock* x, int n,
-                    bool accumulate, bool pdl, cudaStream_t s, MviShape shape) {
+                    bool accumulate, bool pdl, cudaStream_t s, MviShape shape, ActBlock* yq = nullptr,
+                    int* counters = nullptr) {
     if (!shape.mma || n < 2 || !int_mma_ok(w, n)) return false;
+    KVGEN_ASSERT(!yq || (up && counters && w.rows % 32 == 0));
     const int n_units = int(w.cols / 32);
     const uint8_t* u = up ? up->data : nullptr;
     dispatch_int_type(w.type, [&](auto tag) {
@@ -867,10 +874,11 @@ bool launch_int_mma(const RowSplit& y, const DevWeight& w, const DevWeight* up, 
                 int_mma_launch_of<T>(n, [&](auto ntt, ImPlan p) {
                     const int64_t block_rows = int64_t(p.sets) * int_mma_block_rows(GLU);
                     const int64_t row_blocks = (w.rows + block_rows - 1) / block_rows;
-                    KVGEN_ASSERT(row_blocks <= 65535);  // the grid's y
+                    KVGEN_ASSERT(row_blocks <= 65535 && p.groups <= kImMaxGroups);  // the grid's y, yq's counters
                     launch(matvec_int_mma_kernel<T, GLU, decltype(ntt)::value>,
                            dim3(unsigned(p.groups), unsigned(row_blocks)), 32 * kImWarps, pdl, s, w.data, u,
-                           w.row_bytes, n_units, w.rows, x, n, p.group_tokens, p.sets, y, accumulate ? 1 : 0);
+                           w.row_bytes, n_units, w.rows, x, n, p.group_tokens, p.sets, y, accumulate ? 1 : 0, yq,
+                           counters);
                 });
             };
             if (up)
@@ -930,11 +938,11 @@ void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n,
 
 void matvec_glu_int(float* y, ActBlock* yq, int* counters, const DevWeight& gate, const DevWeight& up,
                     const ActBlock* x, int n, bool pdl, cudaStream_t s, MviShape shape) {
-    KVGEN_ASSERT(n >= 1 && (n <= kMvMaxTokens || (shape.mma && !yq && int_mma_ok(gate, n))) &&
+    KVGEN_ASSERT(n >= 1 && (n <= kMvMaxTokens || (shape.mma && int_mma_ok(gate, n))) &&
                  (shape.stages == 0 || ring_stages_ok(shape.stages)));
-    KVGEN_ASSERT(!yq || (n <= kMvMaxTokens && gate.rows % 32 == 0 && counters));
-    if (!yq && glu_fusable(gate, up) &&
-        launch_int_mma(RowSplit::one(y, gate.rows), gate, &up, x, n, false, pdl, s, shape))
+    KVGEN_ASSERT(!yq || (gate.rows % 32 == 0 && counters));
+    if (glu_fusable(gate, up) &&
+        launch_int_mma(RowSplit::one(y, gate.rows), gate, &up, x, n, false, pdl, s, shape, yq, counters))
         return;
     const bool ok = glu_fusable(gate, up) && int_matvec_ok(gate) && dispatch_int_type(gate.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;

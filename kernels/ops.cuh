@@ -75,9 +75,10 @@ void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n,
                 cudaStream_t s, const QkvStore* store = nullptr, MviShape shape = {}, const NormStore* norm = nullptr);
 // y[i][r] = silu(gate[r] . x[i]) * (up[r] . x[i]) in integers (glu_fusable and int_matvec_ok), n <= kMvMaxTokens
 // (with MviShape::mma and int_mma_ok, up to kImBatchTokens).
-// With yq (may be null; one token, gate.rows a multiple of 32), y is also written as gate.rows / 32 ActBlocks for
-// the down projection, the blocks quantize_act makes of it; counters: gate.rows / 32 ints, zero before the first
-// launch and left at zero. shape: as for matvec_int (wide: twice the rows of each of gate and up a block).
+// With yq (may be null; gate.rows a multiple of 32), y is also written as [n][gate.rows / 32] ActBlocks for the down
+// projection, the blocks quantize_act makes of it; counters: kImMaxGroups x gate.rows / 32 ints (on the tensor cores
+// each group of tokens counts on its own; the CUDA cores' launches use the first gate.rows / 32), zero before the
+// first launch and left at zero. shape: as for matvec_int (wide: twice the rows of each of gate and up a block).
 void matvec_glu_int(float* y, ActBlock* yq, int* counters, const DevWeight& gate, const DevWeight& up,
                     const ActBlock* x, int n, bool pdl, cudaStream_t s, MviShape shape = {});
 

@@ -888,6 +888,30 @@ TEST_CASE("the integer products of a short prompt on the tensor cores, run on th
         }
 }
 
+TEST_CASE("the tensor cores' SwiGLU product quantizes its output for the down projection, run on the host",
+          "[cuda-host]") {
+    // int_mma_glu_quantize: each 32-row group's last block writes its tokens' ActBlocks, the blocks quantize_act makes
+    // of the output, and every counter is back at zero. 96 rows: one group of tokens, blocks of 16 rows (two a group);
+    // several groups, blocks of 32 (one a group), each group of tokens counting on its own counters (Q6_K: up to 8
+    // groups of 8). 2 to 64 tokens (a last group of 1, or of 8).
+    const int64_t rows = 96, cols = 256;
+    for (const char* name : {"Q4_0", "Q6_K"}) {
+        GgmlType t;
+        REQUIRE(ggml_type_from_name(name, &t));
+        const RandomRows gate = random_rows(t, rows, cols, 81), up = random_rows(t, rows, cols, 82);
+        for (const int n : {2, 9, 16, 17, 40, 64}) {
+            INFO(name << ", " << n << " tokens");
+            const std::vector<float> x = test::randn(size_t(n * cols), 83 + n, 2.0f);
+            std::vector<cuda::host::HostActBlock> yq;
+            const std::vector<float> y =
+                cuda::host::matvec_int_mma(t, gate.bytes.data(), up.bytes.data(), rows, cols, x, n, &yq);
+            CHECK(y == cuda::host::matvec_int_mma(t, gate.bytes.data(), up.bytes.data(), rows, cols, x, n));
+            REQUIRE(yq.size() == size_t(n) * size_t(rows / 32));
+            check_same_blocks(yq, cuda::host::quantize_act(y));
+        }
+    }
+}
+
 TEST_CASE("an 8-bit mma.sync, run on the host: the fragments of the PTX ISA's m16n8k32", "[cuda-host]") {
     // A [16][32] and B [32][8] of bytes placed in each lane's registers as DeviceThread::mma_i8 says, against the
     // integer product; the four signed / unsigned combinations, C added to.

@@ -430,6 +430,35 @@ TEST_CASE("the integer SwiGLU product quantizes its output for the down projecti
     }
 }
 
+TEST_CASE("the tensor cores' SwiGLU product quantizes its output for the down projection", "[cuda][kernels]") {
+    // --cuda-matvec-mma on: 96 rows, 2 to 64 tokens in one launch (one group of tokens: blocks of 16 rows, two a
+    // 32-row group; several: blocks of 32, each group of tokens on its own counters; Q6_K up to 8 groups of 8);
+    // ct::matvec_glu_int checks the blocks against quantize_act of the output and the counters after two launches.
+    std::string why;
+    const auto devices = kvgen::cuda::list_devices(&why);
+    REQUIRE_FALSE(devices.empty());
+    if (devices[0].cc_major < 8) {
+        WARN("SKIPPED: the tensor-core integer products need sm_80 or later");
+        return;
+    }
+    const int64_t rows = 96, cols = 1280;
+    for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"}) {
+        GgmlType t;
+        REQUIRE(ggml_type_from_name(name, &t));
+        const std::vector<uint8_t> b = random_weights(t, rows, cols, 27), b_up = random_weights(t, rows, cols, 28);
+        for (const int n : {2, 9, 17, 40, 64}) {
+            INFO(name << ", " << n << " tokens");
+            const std::vector<float> x = test::randn(size_t(n * cols), 29 + n, 1.0f);
+            std::vector<float> y;
+            REQUIRE_NOTHROW(y = ct::matvec_glu_int({t, rows, cols, &b}, {t, rows, cols, &b_up}, x, n, 0, true));
+            // (SwiGLU's expf: the device's within a few ulp of the host's, as in the case above)
+            const std::vector<float> g_host =
+                kvgen::cuda::host::matvec_int_mma(t, b.data(), b_up.data(), rows, cols, x, n);
+            require_close(y, g_host, 1e-6 * max_abs(g_host));
+        }
+    }
+}
+
 TEST_CASE("the integer products through rings of shared memory: the register path's bits, many row groups a block",
           "[cuda][kernels]") {
     // 8192 rows: 2048 groups of 4 (4096 of 2 of each of gate and up), several a block of a grid of as many blocks as

@@ -143,12 +143,12 @@ std::vector<float> matvec_glu_int(const HostWeight& gate, const HostWeight& up, 
     kvgen::cuda::matvec_glu_int(y.p, nullptr, nullptr, dev_weight(gate, g), dev_weight(up, u), xq.p, n, false, nullptr,
                                 shape);
     const std::vector<float> result = y.get();
-    if (n <= kMvMaxTokens && !mma && gate.rows % 32 == 0) {
+    if (gate.rows % 32 == 0) {
         // The output also quantized by the product (for the down projection; one token, or a short prompt's in the
-        // CUDA cores' launches of up to 8), twice with the same counters: the same y, the blocks quantize_act makes of
-        // it, and the counters back at zero after each launch.
+        // CUDA cores' launches of up to 8 or on the tensor cores in one), twice with the same counters: the same y,
+        // the blocks quantize_act makes of it, and the counters back at zero after each launch.
         Dev<ActBlock> yq(size_t(n) * size_t(gate.rows / 32)), want(yq.n);
-        Dev<int> counters(std::vector<int>(size_t(gate.rows / 32), 0));
+        Dev<int> counters(std::vector<int>(size_t(kIntBatchGroups) * size_t(gate.rows / 32), 0));
         for (int launch = 0; launch < 2; ++launch) {
             poison(y);
             poison(yq);

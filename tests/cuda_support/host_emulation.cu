@@ -1054,14 +1054,16 @@ std::vector<int> mma_i8(const uint8_t* a, const uint8_t* b, bool au, bool bu, in
 
 namespace {
 // The launch of matvec_int_mma_kernel launch_int_mma (ops.cu) makes for n tokens (int_mma_launch_of: groups of tokens
-// the grid's x, row blocks its y), its outputs into y [token][row] and counted in stored.
+// the grid's x, row blocks its y), its outputs into y [token][row] and counted in stored; with yq (GLU), also
+// quantized by int_mma_glu_quantize on counters.
 template <GgmlType T, bool GLU>
 void int_mma_all(const DeviceRows& dev, const DeviceRows& dup, int64_t rows, int n_units, const ActBlock* x, int n,
-                 std::vector<float>& y, std::vector<int>& stored) {
+                 std::vector<float>& y, std::vector<int>& stored, int* counters, ActBlock* yq) {
     int_mma_launch_of<T>(n, [&](auto ntt, ImPlan p) {
         constexpr int NTT = decltype(ntt)::value;
         const int64_t block_rows = int64_t(p.sets) * int_mma_block_rows(GLU);
         const int row_blocks = int((rows + block_rows - 1) / block_rows);
+        if (yq && p.groups > kImMaxGroups) throw Error("matvec_int_mma: more groups of tokens than counters");
         run_grid(p.groups, row_blocks, 32 * kImWarps, size_t(int_mma_shared(NTT)), [&](const HostThread& t) {
             matvec_int_mma_body<T, GLU, NTT>(t, dev.p, dup.p, dev.row_bytes, n_units, rows, x, n, p.group_tokens,
                                              p.sets, [&](int64_t r, int i, float v) {
@@ -1069,32 +1071,40 @@ void int_mma_all(const DeviceRows& dev, const DeviceRows& dup, int64_t rows, int
                                                  y[at] = v;
                                                  ++stored[at];
                                              });
+            if (yq) int_mma_glu_quantize(t, y.data(), rows, n, p.group_tokens, p.sets, counters, yq);
         });
     });
 }
 }  // namespace
 
 std::vector<float> matvec_int_mma(GgmlType type, const uint8_t* bytes, const uint8_t* up, int64_t rows, int64_t cols,
-                                  const std::vector<float>& x, int n) {
+                                  const std::vector<float>& x, int n, std::vector<HostActBlock>* yq) {
     if (n < 1 || n > kImBatchTokens || cols % 32 != 0) throw Error("matvec_int_mma: 1 to 64 tokens of whole blocks");
     if (!int_mma_type(type)) throw Error(fmt::format("no tensor-core integer product for {}", ggml_type_name(type)));
+    if (yq && (!up || rows % 32 != 0)) throw Error("matvec_int_mma: a SwiGLU output of whole 32-row groups quantized");
     const std::vector<ActBlock> a = act_blocks(x);
     const DeviceRows dev = device_rows(type, bytes, rows, cols);
     const DeviceRows dup = up ? device_rows(type, up, rows, cols) : DeviceRows{};
     std::vector<float> y(size_t(n) * size_t(rows), NAN);
     std::vector<int> stored(y.size(), 0);
+    std::vector<ActBlock> blocks(yq ? size_t(n) * size_t(rows / 32) : 0);
+    std::vector<int> counters(yq ? size_t(kImMaxGroups) * size_t(rows / 32) : 0, 0);
+    ActBlock* const bq = yq ? blocks.data() : nullptr;
     const int n_units = int(cols / 32);
     dispatch_int_type(type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
         if constexpr (int_mma_type(T)) {
             if (up)
-                int_mma_all<T, true>(dev, dup, rows, n_units, a.data(), n, y, stored);
+                int_mma_all<T, true>(dev, dup, rows, n_units, a.data(), n, y, stored, counters.data(), bq);
             else
-                int_mma_all<T, false>(dev, dup, rows, n_units, a.data(), n, y, stored);
+                int_mma_all<T, false>(dev, dup, rows, n_units, a.data(), n, y, stored, nullptr, nullptr);
         }
     });
     for (int c : stored)
         if (c != 1) throw Error("matvec_int_mma: an output stored other than once");
+    for (int c : counters)
+        if (c != 0) throw Error("matvec_int_mma: a row group's counter was not reset");
+    if (yq) *yq = host_blocks(blocks);
     return y;
 }
 

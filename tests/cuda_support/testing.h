@@ -214,9 +214,11 @@ std::vector<float> matvec_f16(GgmlType type, const uint8_t* bytes, int64_t rows,
                               const std::vector<float>& x, const uint8_t* up = nullptr, int stages = 0);
 // y = W x (with up: silu(W x) * (Up x)) in integers on the tensor cores, matvec_int_mma_body's blocks for n tokens
 // (2 to 64 on the device, here 1 to 64) x [n][cols] in the device's launch (int_mma_launch_of: groups of up to 16
-// tokens, Q6_K 8), y [n][rows]; Q4_0, Q8_0, Q4_K, Q6_K. Throws where an output is stored other than once.
+// tokens, Q6_K 8), y [n][rows]; Q4_0, Q8_0, Q4_K, Q6_K. Throws where an output is stored other than once. With yq
+// (and up; rows a multiple of 32), the SwiGLU output also quantized by the launch (int_mma_glu_quantize): *yq its
+// ActBlocks [n][rows / 32]; throws where a counter is not back at zero.
 std::vector<float> matvec_int_mma(GgmlType type, const uint8_t* bytes, const uint8_t* up, int64_t rows, int64_t cols,
-                                  const std::vector<float>& x, int n);
+                                  const std::vector<float>& x, int n, std::vector<HostActBlock>* yq = nullptr);
 // One warp's mma.sync m16n8k32 of A [16][32] and B [32][8] bytes (au, bu: unsigned, else signed) with every element of
 // C starting at c0, the fragments laid out as DeviceThread::mma_i8 says: D [16][8].
 std::vector<int> mma_i8(const uint8_t* a, const uint8_t* b, bool au, bool bu, int c0);
