@@ -63,8 +63,12 @@
 #                 writes, such as BF16 and Q5_K
 #
 # Later stages are skipped, and the report says so, when the time budget (KVGEN_GPU_BUDGET_S, default 420; 240 with
-# --quick) runs out; any one command is stopped 60 s past it, and the report is rewritten after every stage (marked
-# partial until the end), so a run cut short still leaves its figures. OUTDIR gets at most 8 files: log.txt,
+# --quick) runs out; any one command is stopped 60 s past it, and the report is rewritten after every stage and every
+# speed run (marked partial until the end), so a run cut short still leaves its figures. A type's variants run after
+# its main runs, those that decide a default not yet measured on a GPU first (rings, the tensor cores' short-prompt
+# products, the GEMM's overlap, flash attention's pipeline, the folded norm, the K/V store, the L2 prefetch), then its
+# per-kernel table, then the rest; each is skipped where it would leave less than 70 s for each type after it (and
+# 60 s for the profile still to come). OUTDIR gets at most 8 files: log.txt,
 # cuda-tests.txt (read its first failure: a device fault fails every later test case too; that case is rerun alone
 # under compute-sanitizer's memcheck, where the tool is, and its output ends the file), report.md, report.json,
 # ncu-SHAPE-TYPE.csv.gz per profile, kv-results.md. KVGEN_GPU_CHECK_DRY=1 rehearses the script on a machine without a
@@ -180,12 +184,16 @@ first=$(head -n 1 "$work/first-failure" 2>/dev/null || true)
 if ((cuda_rc != 0 && cuda_rc != 77)) && [[ -n $first ]]; then
     csan=$(cuda_tool compute-sanitizer)
     if [[ -n $csan ]]; then
-        log "first failing [cuda] case: $first; once more under compute-sanitizer --tool memcheck"
+        # at most 150 s, and at most a third of what is left, so that the speed runs keep most of it
+        csan_s=$(($(left) / 3))
+        ((csan_s > 150)) && csan_s=150
+        ((csan_s < 30)) && csan_s=30
+        log "first failing [cuda] case: $first; once more under compute-sanitizer --tool memcheck (${csan_s} s at most)"
         spec=$(catch_spec "$first")
         {
             printf '\n=== compute-sanitizer --tool memcheck, the first failing case alone: %s\n' "$first"
-            timeout -k 5 150 "$csan" --tool memcheck --print-limit 20 "$build/tests/kvgen_cuda_tests" "$spec" 2>&1 |
-                tail -n 250
+            timeout -k 5 "$csan_s" "$csan" --tool memcheck --print-limit 20 "$build/tests/kvgen_cuda_tests" "$spec" \
+                2>&1 | tail -n 250
         } >>"$out/cuda-tests.txt" || true
     else
         log "first failing [cuda] case: $first (no compute-sanitizer to rerun it under)"
@@ -291,7 +299,7 @@ profile_kernels() {
         # ncu's own errors go to its --log-file, kvgen's and ncu_sum's to the .err file
         {
             echo "ncu failed (exit $rc):"; echo; echo '```'
-            grep -v '^"' "$work/ncu/$name.csv" 2>/dev/null | tail -n 5
+            { grep -v '^"' "$work/ncu/$name.csv" 2>/dev/null || true; } | tail -n 5
             tail -n 5 "$work/ncu/$name.err"
             echo '```'
         } >"$work/ncu/$name.md"
@@ -332,28 +340,35 @@ profile_prefill() {
     log "$name profiled per kernel ($((SECONDS - start)) s, $( ((rc == 0)) && echo ok || echo "failed, exit $rc"))"
 }
 
-# variant SUFFIX FLAG... -- ARG...: the file being benchmarked ($f, named $name) benched again with FLAGs (and the
-# bench's ARGs: prompts, tokens, depths) as $name-SUFFIX: its inspect facts copied, its flags kept beside them for
-# the report's comparison with the default (gpu_report.py: "Variants against the defaults").
+# variant SUFFIX [--vs SUFFIX0] FLAG... -- ARG...: the file being benchmarked ($f, named $name) benched again with
+# FLAGs (and the bench's ARGs: prompts, tokens, depths) as $name-SUFFIX: its inspect facts copied, its flags kept
+# beside them for the report's comparison with the default run (gpu_report.py: "Variants against the defaults"), or
+# with --vs with the variant $name-SUFFIX0 (the one its flags change one thing of); skipped (the report names it)
+# where fewer than reserve + 20 seconds of the budget are left; the report rewritten after it.
 variant() {
-    local suffix=$1 flags=()
+    local suffix=$1 base=$name flags=()
     shift
+    [[ $1 == --vs ]] && { base=$name-$2; shift 2; }
     while [[ $1 != -- ]]; do flags+=("$1"); shift; done
     shift
+    if (($(left) < reserve + 20)); then skipped+=("$name-$suffix"); return 0; fi
     cp "$work/speed/$name.inspect.json" "$work/speed/$name-$suffix.inspect.json"
-    printf '%s\n%s\n' "$name" "${flags[*]}" >"$work/speed/$name-$suffix.flags"  # the default run's name, the flags
+    # the run it is compared with, the flags, the variant's name
+    printf '%s\n%s\n%s\n' "$base" "${flags[*]}" "$suffix" >"$work/speed/$name-$suffix.flags"
     bounded "$kvgen" -m "$f" --bench --device "$dev" "${flags[@]}" "$@" -r 2 -o json \
         >"$work/speed/$name-$suffix.bench.json" 2>>"$out/log.txt" || log "$name: bench with ${flags[*]} failed"
+    write_report "$name-$suffix" >/dev/null
 }
 
 mkdir -p "$work/speed" "$work/ncu"
-ring0_profiled=0 prefill_profiled=0
+ring0_profiled=0 prefill_profiled=0 reserve=0
 for shape in "${shapes[@]}"; do
     # seconds a shape's runs take at most (2026-11-30: a 7B type about 40 s, a 13B 60-100 s with its larger files;
     # since then up to three more short benches a type)
     need=85
     [[ $shape == *13b ]] && need=140
-    for t in "${speed_types[@]}"; do
+    for ti in "${!speed_types[@]}"; do
+        t=${speed_types[ti]}
         name="$shape-$t"
         if (($(left) < need)); then skipped+=("$name"); continue; fi
         f="$work/speed/$name.gguf"
@@ -367,76 +382,52 @@ for shape in "${shapes[@]}"; do
         ((quick)) && prompts=4,16,64,512
         bounded "$kvgen" -m "$f" --bench --device "$dev" -p "$prompts" -n 128 -d "$depths" -r 2 -o json \
             >"$work/speed/$name.bench.json" 2>>"$out/log.txt" || log "$name: bench failed"
-        if ((quick)); then  # the products of up to 16 tokens on f32 activations, to compare with the integer ones
-            variant f32matvec --cuda-matvec f32 -- -p 4,16 -n 128 -d 0
-        fi
-        # the decode products launched without programmatic dependent launch
-        variant nopdl --cuda-pdl off -- -p 0 -n 128 -d 0
-        # the output projection's and gate's and up's first weights read from memory, not fetched into L2 while decode
-        # attention runs
-        variant noprefetch --cuda-prefetch off -- -p 0 -n 128 -d 0
-        if [[ $t == F16 || $t == BF16 ]]; then
-            # one token's F16 (BF16) products by a warp over 2 rows (the default: blocks over 4), and a short prompt's
-            # by the f32 lanes (the default: cuBLAS on split activations)
-            variant warpf16 --cuda-f16-matvec warp --cuda-short-prompt lanes -- -p 16 -n 128 -d 0
-            # a short prompt's RoPE and K/V store in a launch of their own, not the split products' sums (BF16: with
-            # the quantized types below)
-            if [[ $t == F16 ]]; then variant storekernel --cuda-kv-store kernel -- -p 16 -n 0 -d 0; fi
-            # its one-token products' weights through registers (the default: rings)
-            variant ring0 --cuda-matvec-stages 0 -- -p 0 -n 128 -d 0
-        fi
-        if [[ $t == Q4_0 || $t == Q8_0 || $t == Q4_K_M || $t == Q5_K ]]; then
-            # the integer products' weights through registers, a block a row group (the default: rings of 3 stages)
-            variant ring0 --cuda-matvec-stages 0 -- -p 16 -n 128 -d 0
-        fi
-        if [[ $t == Q5_K ]]; then  # a short prompt's products in integers (the default: split activations)
-            variant lanes --cuda-short-prompt lanes -- -p 16 -n 0 -d 0
-        fi
-        if [[ $t == Q4_0 || $t == Q8_0 || $t == Q4_K_M ]]; then
-            # and so with 4 rows a block of one token's products (8 there by default)
-            variant rows4 --cuda-matvec-stages 0 --cuda-matvec-rows 4 -- -p 0 -n 128 -d 0
-            if [[ $t == "${speed_types[0]}" ]]; then  # rings of 2 and 4 stages
-                for st in 2 4; do variant "ring$st" --cuda-matvec-stages "$st" -- -p 0 -n 128 -d 0; done
+        log "$name benchmarked"
+        write_report "$name's main runs" >/dev/null
+        # The variants, those that decide a default still unmeasured on a GPU first, then the per-kernel table, then
+        # the rest: where the budget runs short, variant skips a run (and the report names it) rather than leave the
+        # next types without their main runs (reserve: 70 s each) or this one without its profile (60 s).
+        reserve=$(((${#speed_types[@]} - ti - 1) * 70))
+        profiling=0
+        if [[ -n $ncu || -n $ncu_csv ]] && { ((quick)) || [[ $name == "$kv_name" ]]; }; then profiling=1; fi
+        ((profiling)) && reserve=$((reserve + 60))
+        quantized=1
+        [[ $t == F16 || $t == BF16 || $t == F32 ]] && quantized=0
+        if [[ $t == Q4_0 || $t == Q8_0 || $t == Q4_K_M || $t == Q5_K || $t == F16 || $t == BF16 ]]; then
+            # the products' weights through registers, a block a row group (the default: rings of 3 stages in blocks
+            # that stay; F16 and BF16: one token's alone)
+            if ((quantized)); then
+                variant ring0 --cuda-matvec-stages 0 -- -p 16 -n 128 -d 0
+            else
+                variant ring0 --cuda-matvec-stages 0 -- -p 0 -n 128 -d 0
             fi
-        fi
-        if [[ $t == Q4_0 ]]; then  # a lane's step one Q4_0 block of a row (the default: two)
-            variant unit32 --cuda-matvec-unit 32 -- -p 16 -n 128 -d 0
         fi
         if [[ $t == Q4_0 || $t == Q8_0 || $t == Q4_K_M ]]; then  # a short prompt's products on the tensor cores
             variant intmma --cuda-matvec-mma on -- -p 4,16,64 -n 0 -d 0
         fi
-        if [[ $t != F16 ]]; then
-            # the prefill products in one kernel, each weight tile decoded in shared memory
-            variant mmagemm --cuda-gemm mma -- -p 512 -n 0 -d 0
-            # cuBLAS on fixed chunks of decoded rows (0: the whole matrix) instead of auto
-            for mib in 16 0; do variant "chunk$mib" --cuda-gemm-chunk "$mib" -- -p 512 -n 0 -d 0; done
+        if ((quantized)); then
+            # the prefill GEMM's chunks decoded and multiplied in turn on one stream (the default: the next chunk, or
+            # the next product's first, decoded on a second stream while one is multiplied)
             variant nooverlap --cuda-gemm-overlap off -- -p 512 -n 0 -d 0
-            # RoPE and the K/V store in a launch of their own, not the Q|K|V products' epilogue
-            variant storekernel --cuda-kv-store kernel -- -p 16 -n 128 -d 0
-            # each RMSNorm in a launch of its own, not folded into the residual product before it
-            variant normkernel --cuda-norm kernel -- -p 0 -n 128 -d 0
         fi
-        if [[ $t == "${speed_types[0]}" ]]; then
-            # prefill attention on the CUDA cores, to compare with the tensor cores
-            variant warpattn --cuda-attention warp -- -p 16,512 -n 0 -d "0,$attn_depth"
+        if ((ti == 0)); then
             # flash attention's tiles loaded through registers, not copied in two stages by cp.async
             variant flashsync --cuda-flash-pipeline off -- -p 512 -n 0 -d "0,$attn_depth"
-            # a short prompt's flash attention with one warp over each whole tile, not the four warps a quarter each
-            variant flashrows --cuda-flash-warps rows -- -p 16 -n 0 -d "0,$attn_depth"
-            # a quantized KV cache: decode and prefill at depth; a q8_0 K beside an f16 V (-ctk q8_0 alone), decode
-            for kvt in q8_0 q4_0 q8_0/f16; do
-                kvp=512
-                [[ $kvt == */* ]] && kvp=0
-                variant "kv${kvt//\//-}" --kv-type "$kvt" -- -p "$kvp" -n 128 -d "0,$attn_depth"
-            done
-            if ((quick)); then  # and the tensor cores at that depth (the full run has it in its depths)
-                bounded "$kvgen" -m "$f" --bench --device "$dev" -p 16,512 -n 0 -d "$attn_depth" -r 2 -o json \
-                    >"$work/speed/$name.deep.json" 2>>"$out/log.txt" || log "$name: deep bench failed"
-            fi
         fi
-        log "$name benchmarked"
-        # --quick profiles every type (its one shape); the full run the KV comparison's model alone
-        if [[ -n $ncu || -n $ncu_csv ]] && { ((quick)) || [[ $name == "$kv_name" ]]; }; then
+        if ((quantized)); then
+            # each RMSNorm in a launch of its own, not folded into the residual product before it
+            variant normkernel --cuda-norm kernel -- -p 0 -n 128 -d 0
+            # RoPE and the K/V store in a launch of their own, not the Q|K|V products' epilogue
+            variant storekernel --cuda-kv-store kernel -- -p 16 -n 128 -d 0
+        elif [[ $t == F16 ]]; then
+            # a short prompt's RoPE and K/V store in a launch of their own, not the split products' sums
+            variant storekernel --cuda-kv-store kernel -- -p 16 -n 0 -d 0
+        fi
+        # the output projection's and gate's and up's first weights read from memory, not fetched into L2 while decode
+        # attention runs
+        variant noprefetch --cuda-prefetch off -- -p 0 -n 128 -d 0
+        if ((profiling)); then
+            reserve=$((reserve - 60))
             profile_kernels "$f" "$name"
             # one more profile a type at most (OUTDIR keeps 8 files): Q4_0's steps of one block, else the first of
             # Q8_0 and Q4_K_M without rings
@@ -446,10 +437,65 @@ for shape in "${shapes[@]}"; do
                 profile_kernels "$f" "$name-ring0" --cuda-matvec-stages 0
                 ring0_profiled=1
             fi
-            if ((!prefill_profiled)) && [[ $t != F16 ]]; then  # the first quantized type profiled
+            if ((!prefill_profiled)) && ((quantized)); then  # the first quantized type profiled
                 profile_prefill "$f" "$name"
                 prefill_profiled=1
             fi
+        fi
+        if [[ $t == Q4_0 ]]; then  # a lane's step one Q4_0 block of a row (the default: two)
+            variant unit32 --cuda-matvec-unit 32 -- -p 16 -n 128 -d 0
+        fi
+        if [[ $t == Q4_0 || $t == Q8_0 || $t == Q4_K_M ]]; then
+            # the register path with 4 rows a block of the one-token products (8 there by default), against ring0
+            variant rows4 --vs ring0 --cuda-matvec-stages 0 --cuda-matvec-rows 4 -- -p 0 -n 128 -d 0
+        fi
+        if ((quantized)); then
+            # cuBLAS on fixed chunks of decoded rows (0: the whole matrix) instead of auto
+            for mib in 16 0; do variant "chunk$mib" --cuda-gemm-chunk "$mib" -- -p 512 -n 0 -d 0; done
+        fi
+        if ((ti == 0)); then
+            # a short prompt's flash attention with one warp over each whole tile, not the four warps a quarter each
+            variant flashrows --cuda-flash-warps rows -- -p 16 -n 0 -d "0,$attn_depth"
+            if ((quick)); then  # and the tensor cores at that depth (the full run has it in its depths)
+                if (($(left) >= reserve + 20)); then
+                    bounded "$kvgen" -m "$f" --bench --device "$dev" -p 16,512 -n 0 -d "$attn_depth" -r 2 -o json \
+                        >"$work/speed/$name.deep.json" 2>>"$out/log.txt" || log "$name: deep bench failed"
+                else
+                    skipped+=("$name pp16/pp512 at depth $attn_depth")
+                fi
+            fi
+        fi
+        if [[ $t == Q5_K ]]; then  # a short prompt's products in integers (the default: split activations)
+            variant lanes --cuda-short-prompt lanes -- -p 16 -n 0 -d 0
+        fi
+        if [[ $t == F16 || $t == BF16 ]]; then
+            # one token's F16 (BF16) products by a warp over 2 rows (the default: blocks over 4), and a short prompt's
+            # by the f32 lanes (the default: cuBLAS on split activations)
+            variant warpf16 --cuda-f16-matvec warp --cuda-short-prompt lanes -- -p 16 -n 128 -d 0
+        fi
+        if [[ $t == Q4_0 || $t == Q8_0 || $t == Q4_K_M ]] && ((ti == 0)); then  # rings of 2 and 4 stages
+            for st in 2 4; do variant "ring$st" --cuda-matvec-stages "$st" -- -p 0 -n 128 -d 0; done
+        fi
+        if ((ti == 0)); then
+            # a quantized KV cache: decode and prefill at depth; a q8_0 K beside an f16 V (-ctk q8_0 alone), decode
+            for kvt in q8_0 q4_0 q8_0/f16; do
+                kvp=512
+                [[ $kvt == */* ]] && kvp=0
+                variant "kv${kvt//\//-}" --kv-type "$kvt" -- -p "$kvp" -n 128 -d "0,$attn_depth"
+            done
+        fi
+        # the decode products launched without programmatic dependent launch
+        variant nopdl --cuda-pdl off -- -p 0 -n 128 -d 0
+        if ((quantized)); then
+            # the prefill products in one kernel, each weight tile decoded in shared memory
+            variant mmagemm --cuda-gemm mma -- -p 512 -n 0 -d 0
+        fi
+        if ((ti == 0)); then
+            # prefill attention on the CUDA cores, to compare with the tensor cores
+            variant warpattn --cuda-attention warp -- -p 16,512 -n 0 -d "0,$attn_depth"
+        fi
+        if ((quick)); then  # the products of up to 16 tokens on f32 activations, to compare with the integer ones
+            variant f32matvec --cuda-matvec f32 -- -p 4,16 -n 128 -d 0
         fi
         if [[ $name == "$kv_name" ]] && ((!quick)); then mv "$f" "$work/kv-model.gguf"; else rm -f "$f"; fi
         write_report "$name's speed runs" >/dev/null

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """scripts/lib/gpu_report.py's comparison of gpu-check.sh's variants with the default runs: a small WORK folder as the
 script leaves it (a default run, two variants of it with their .flags files, one named with a dash as the K/V type
-pairs are), the report made from it, its JSON and Markdown read back."""
+pairs are, and a variant compared with another variant, variant --vs), the report made from it, its JSON and Markdown
+read back."""
 import json
 import os
 import subprocess
@@ -25,7 +26,7 @@ with tempfile.TemporaryDirectory() as d:
     open(os.path.join(out, "log.txt"), "w").close()
     speed = os.path.join(work, "speed")
     base = "llama2-7b-Q4_0"
-    for name in (base, base + "-nopdl", base + "-kvq8_0-f16"):
+    for name in (base, base + "-nopdl", base + "-kvq8_0-f16", base + "-ring0", base + "-rows4"):
         with open(os.path.join(speed, name + ".inspect.json"), "w") as f:
             json.dump({"weight_bytes_per_token": 3.72e9}, f)
     bench(os.path.join(speed, base + ".bench.json"),
@@ -38,6 +39,13 @@ with tempfile.TemporaryDirectory() as d:
     bench(os.path.join(speed, base + "-kvq8_0-f16.bench.json"), [("tg128 @ d4096", 400.5, 0.3)])
     with open(os.path.join(speed, base + "-kvq8_0-f16.flags"), "w") as f:
         f.write(f"{base}\n--kv-type q8_0/f16\n")
+    # a variant (its name on the .flags file's third line) and one compared with it rather than the default
+    bench(os.path.join(speed, base + "-ring0.bench.json"), [("tg128", 450.0, 0.5)])
+    with open(os.path.join(speed, base + "-ring0.flags"), "w") as f:
+        f.write(f"{base}\n--cuda-matvec-stages 0\nring0\n")
+    bench(os.path.join(speed, base + "-rows4.bench.json"), [("tg128", 441.0, 0.5)])
+    with open(os.path.join(speed, base + "-rows4.flags"), "w") as f:
+        f.write(f"{base}-ring0\n--cuda-matvec-stages 0 --cuda-matvec-rows 4\nrows4\n")
     r = subprocess.run([sys.executable, os.path.join(root, "scripts", "lib", "gpu_report.py"), out, work,
                         "Test GPU", "4800", "0", "not run", "12", "abc1234", "", base, "quick", "Q4_0", "not run", "",
                         "complete"], capture_output=True, text=True)
@@ -45,7 +53,10 @@ with tempfile.TemporaryDirectory() as d:
     with open(os.path.join(out, "report.json")) as f:
         rep = json.load(f)
     got = {(v["variant"], v["test"]): v for v in rep["variants"]}
-    assert set(got) == {("nopdl", "tg128"), ("kvq8_0-f16", "tg128 @ d4096")}, got
+    assert set(got) == {("nopdl", "tg128"), ("kvq8_0-f16", "tg128 @ d4096"), ("ring0", "tg128"),
+                        ("rows4 (vs ring0)", "tg128")}, got
+    v = got[("rows4 (vs ring0)", "tg128")]
+    assert v["model"] == base and v["default_tok_s"] == 450.0 and abs(v["ratio"] - 0.98) < 1e-9, v
     v = got[("nopdl", "tg128")]
     assert v["model"] == base and v["flags"] == "--cuda-pdl off", v
     assert abs(v["ratio"] - 0.96) < 1e-9 and not v["within_noise"], v
@@ -54,5 +65,7 @@ with tempfile.TemporaryDirectory() as d:
     md = open(os.path.join(out, "report.md")).read()
     assert "## Variants against the defaults" in md, md
     assert f"| {base} | nopdl | `--cuda-pdl off` | tg128 | 500.0 | 480.0 | 0.960 |" in md, md
+    assert (f"| {base} | rows4 (vs ring0) | `--cuda-matvec-stages 0 --cuda-matvec-rows 4` | tg128 | 450.0 | 441.0 | "
+            "0.980 |") in md, md
     assert f"| {base} | kvq8_0-f16 | `--kv-type q8_0/f16` | tg128 @ d4096 | 400.0 | 400.5 | 1.001 (noise) |" in md, md
 print("gpu_report: variants compared")

@@ -91,6 +91,13 @@ for r in rep["speed"]:
     base, flags = lines[0], lines[1] if len(lines) > 1 else ""
     if base not in speed_by_model:
         continue
+    # the variant's name (a third line; older files: the model's name past the default run's), and what it is compared
+    # with where that is another variant of the same file (gpu-check.sh's variant --vs)
+    name = lines[2] if len(lines) > 2 and lines[2] else r["model"][len(base) + 1:]
+    vs = next((m for m in speed_by_model if base.startswith(m + "-") and os.path.exists(f"{work}/speed/{base}.flags")),
+              None)
+    if vs is not None:
+        name = f"{name} (vs {base[len(vs) + 1:]})"
     default = {e["test"]: e for e in speed_by_model[base]["tests"]}
     for e in r["tests"]:
         d = default.get(e["test"])
@@ -98,7 +105,7 @@ for r in rep["speed"]:
             continue
         # a difference within twice the two runs' spread together is not told apart from noise
         noise = 2 * math.sqrt(e["stddev"] ** 2 + d["stddev"] ** 2)
-        rep["variants"].append({"variant": r["model"][len(base) + 1:], "model": base, "flags": flags,
+        rep["variants"].append({"variant": name, "model": vs or base, "flags": flags,
                                 "test": e["test"], "default_tok_s": d["tok_s"], "tok_s": e["tok_s"],
                                 "ratio": e["tok_s"] / d["tok_s"],
                                 "within_noise": abs(e["tok_s"] - d["tok_s"]) <= noise})
