@@ -785,6 +785,16 @@ std::unique_ptr<Backend> make_backend(const Model& model, const Settings& s) {
                                     w->tensor ? w->tensor->name : std::string("?"), ggml_type_name(w->type)));
 
     KVGEN_CUDA_CHECK(cudaSetDevice(device));
+    if (kv_asked.quantized()) {
+        const GemmMmaDevice d = gemm_mma_device(device);
+        if (!flash_quantized_fits(c.head_dim, d))
+            throw Error(
+                fmt::format("--kv-type {}: a quantized cache's prompt attention takes {} bytes of shared memory a "
+                            "block at head_dim "
+                            "{}, and this GPU allows {} (use --kv-type f16, or --device cpu)",
+                            kv_types_name(s.kv_type_k, s.kv_type_v), flash_quantized_bytes(c.head_dim), c.head_dim,
+                            d.shared_per_block));
+    }
     size_t free_b = 0, total_b = 0;
     KVGEN_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     const CudaMemoryPlan plan = plan_memory(model, s);

@@ -140,6 +140,16 @@ inline bool flash_async_fits(int head_dim, const GemmMmaDevice& d) {
     return head_dim == 128 && kFlashAsyncBytes <= d.shared_per_block &&
            kFlashAsyncBlocksPerSm * (kFlashAsyncBytes + kSharedReservePerBlock) <= d.shared_per_sm;
 }
+// Bytes of shared memory a flash attention block takes over a quantized cache (kFaShared<head_dim, true>: the K tile,
+// 64 rows of head_dim + 8 halves, and the transposed V tile, head_dim rows of 72, each again for the low parts):
+// head_dim 128 71,680, 64 36,864. A quantized cache is prefilled by flash attention alone, so the device must let one
+// block ask for that much (flash_quantized_fits: not sm_75's 64 KiB at head_dim 128).
+constexpr int64_t flash_quantized_bytes(int head_dim) {
+    return 2 * 2 * (int64_t(64) * (head_dim + 8) + int64_t(head_dim) * (64 + 8));
+}
+inline bool flash_quantized_fits(int head_dim, const GemmMmaDevice& d) {
+    return flash_quantized_bytes(head_dim) <= d.shared_per_block;
+}
 
 // One token's decode attention at a shallow depth reads a few cache rows a head and waits on its own latency while
 // the memory bus idles; the products after it then stream their weights from DRAM. So decode attention's blocks first

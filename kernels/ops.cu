@@ -1479,6 +1479,9 @@ static_assert((kMaxBatch + kFaRows / 8 - 1) / (kFaRows / 8) <= 65535, "the flash
 static_assert(kFlashAsyncBytes == int64_t(sizeof(float)) * kFaShared<128, false, true> &&
                   kFlashAsyncBlocksPerSm == kFaBlocksPerSm,
               "the memory plan's facts of the two-stage flash kernel");
+static_assert(flash_quantized_bytes(128) == int64_t(sizeof(float)) * kFaShared<128, true> &&
+                  flash_quantized_bytes(64) == int64_t(sizeof(float)) * kFaShared<64, true>,
+              "the memory plan's shared memory of flash attention over a quantized cache");
 
 bool attention_prefill(float* out, const float* q, const uint8_t* k_cache, const uint8_t* v_cache,
                        const float* k_offsets, const int* d_pos0, int n, int n_heads, const KvLayout& kv,

@@ -373,6 +373,15 @@ TEST_CASE("the one-kernel prefill GEMM takes 64-token tiles for short prompts an
     CHECK_FALSE(flash_async_fits(64, h200));     // the register path's occupancy is higher there
     CHECK_FALSE(flash_async_fits(96, h200));     // no flash kernel
     CHECK_FALSE(flash_async_fits(128, cuda::GemmMmaDevice{132, 0, 0}));
+    // flash attention over a quantized cache (the only prefill of one): one block's K and V tiles with their low parts
+    using cuda::flash_quantized_fits;
+    CHECK(cuda::flash_quantized_bytes(128) == 71680);
+    CHECK(cuda::flash_quantized_bytes(64) == 36864);
+    CHECK(flash_quantized_fits(128, h200));
+    CHECK(flash_quantized_fits(128, a100));
+    CHECK(flash_quantized_fits(128, ada));
+    CHECK_FALSE(flash_quantized_fits(128, turing));  // a T4 refuses a quantized cache at head_dim 128
+    CHECK(flash_quantized_fits(64, turing));
 }
 
 TEST_CASE("the prefill GEMM's chunks stay within the L2-sized scratch, in whole tile steps", "[cuda-host]") {
