@@ -14,14 +14,15 @@
 
 #include "common/half.h"
 #include "cpu/cpu_backend.h"
-#include "engine/context_shift.h"
-#include "engine/generator.h"
 #include "cuda_backend.h"
 #include "device.h"
+#include "engine/context_shift.h"
+#include "engine/generator.h"
 #include "gguf/gguf.h"
 #include "model/weights.h"
 #include "reference_check.h"
 #include "synth/synth.h"
+#include "tensor_core_device.h"
 #include "test_util.h"
 
 using namespace kvgen;
@@ -278,13 +279,7 @@ TEST_CASE("CUDA short prompts on the tensor cores (--cuda-matvec-mma on) agree w
     // activations, further from the exact math), so there the check within f32 rounding is against the same prompt
     // in forwards of up to 16 tokens with the option on (a token's product does not depend on the group it is in);
     // the CPU's within the usual bounds throughout. Decode after them takes the same kernels either way.
-    std::string why;
-    const auto devices = cuda::list_devices(&why);
-    REQUIRE_FALSE(devices.empty());
-    if (devices[0].cc_major < 8) {
-        WARN("SKIPPED: the tensor-core integer products need sm_80 or later");
-        return;
-    }
+    if (!test::integer_mma_device()) return;
     for (const char* type : {"Q4_0", "Q8_0", "Q4_K_M"}) {  // Q4_K_M: Q4_K and Q6_K
         const Model m = synth_model(type);
         const int n_vocab = m.config.n_vocab;

@@ -8,16 +8,17 @@
 #include <random>
 #include <tuple>
 
+#include "attention_case.h"
 #include "common/half.h"
 #include "cpu/ops.h"
 #include "cpu/thread_pool.h"
 #include "cpu/vecdot.h"
+#include "cuda_test_util.h"
 #include "engine/kv_cache.h"
+#include "kv_bytes_compare.h"
 #include "model/dequant.h"
 #include "synth/synth.h"
-#include "attention_case.h"
-#include "cuda_test_util.h"
-#include "kv_bytes_compare.h"
+#include "tensor_core_device.h"
 #include "testing.h"
 
 #include "device.h"
@@ -371,13 +372,7 @@ TEST_CASE("the integer products of a short prompt on the tensor cores: the host 
     // CUDA-core products. 37 rows (blocks with rows past the matrix); 1280 columns (40 units: warps 0-1 two turns of 4,
     // the others one), 1312 (41: a turn that ends past the row; not Q4_K and Q6_K, whose rows are whole super-blocks),
     // 11008 (344: two warps a turn fewer).
-    std::string why;
-    const auto devices = kvgen::cuda::list_devices(&why);
-    REQUIRE_FALSE(devices.empty());
-    if (devices[0].cc_major < 8) {
-        WARN("SKIPPED: the tensor-core integer products need sm_80 or later");
-        return;
-    }
+    if (!test::integer_mma_device()) return;
     for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
         for (const int64_t cols : {1280, 1312, 11008}) {
             GgmlType t;
@@ -434,13 +429,7 @@ TEST_CASE("the tensor cores' SwiGLU product quantizes its output for the down pr
     // --cuda-matvec-mma on: 96 rows, 2 to 64 tokens in one launch (one group of tokens: blocks of 16 rows, two a
     // 32-row group; several: blocks of 32, each group of tokens on its own counters; Q6_K up to 8 groups of 8);
     // ct::matvec_glu_int checks the blocks against quantize_act of the output and the counters after two launches.
-    std::string why;
-    const auto devices = kvgen::cuda::list_devices(&why);
-    REQUIRE_FALSE(devices.empty());
-    if (devices[0].cc_major < 8) {
-        WARN("SKIPPED: the tensor-core integer products need sm_80 or later");
-        return;
-    }
+    if (!test::integer_mma_device()) return;
     const int64_t rows = 96, cols = 1280;
     for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"}) {
         GgmlType t;
