@@ -51,6 +51,10 @@ std::vector<DeviceInfo> list_devices(std::string* why_none) {
         d.cc_minor = p.minor;
         d.sm_count = p.multiProcessorCount;
         d.total_bytes = p.totalGlobalMem;
+        int clock_khz = 0, bus_bits = 0;
+        if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, i) == cudaSuccess &&
+            cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, i) == cudaSuccess)
+            d.peak_gbs = memory_peak_gbs(clock_khz, bus_bits);
         if (cudaSetDevice(i) == cudaSuccess) {
             size_t free_b = 0, total_b = 0;
             if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) d.free_bytes = free_b;

@@ -12,10 +12,11 @@
 #      synthetic files of every weight type (the default model's shape);
 #   3. speed: synthetic LLaMA-2-7B and 13B shapes in F16, Q8_0, Q4_0 and Q4_K_M (made here with kvgen-synth, one at a
 #      time, deleted after use): pp16 (a chat turn), pp64, pp512 and tg128 at depths 0, 1024 and 4096, with achieved
-#      bandwidth ((weight bytes + KV bytes read) x tokens/s) beside the card's peak (KVGEN_PEAK_GBS, default 4800 for
-#      H200); per kernel, when Nsight Compute's ncu is there (/usr/local/cuda/bin/ncu or on PATH), the 7B shape in
-#      Q4_K_M (with --quick: in every --types) over a 3-token prompt and 3 generated tokens: launches, GPU time, share
-#      of the step, GB read and GB/s of each kernel in one decode step and in the prefill, with its registers, block
+#      bandwidth ((weight bytes + KV bytes read) x tokens/s) beside the card's peak (KVGEN_PEAK_GBS; by default
+#      the card's, from its memory clock and bus width, as kvgen --list-devices prints it; else 4800, an H200's);
+#      per kernel, when Nsight Compute's ncu is there (/usr/local/cuda/bin/ncu or on PATH), the 7B shape in Q4_K_M
+#      (with --quick: in every --types) over a 3-token prompt and 3 generated tokens: launches, GPU time, share of the
+#      step, GB read and GB/s of each kernel in one decode step and in the prefill, with its registers, block
 #      and grid size, waves per SM and achieved occupancy (scripts/lib/ncu_sum.py; without those where this ncu does
 #      not know them), the raw CSV as OUTDIR/ncu-SHAPE-TYPE.csv.gz, and for the first quantized type profiled the
 #      first 200 kernels of a prefill of about 500 tokens (SHAPE-TYPE-prefill: time and bytes per kernel, nothing
@@ -158,6 +159,17 @@ if ! cmake --build "$build" -j "$(nproc)" --target kvgen kvgen-synth kvgen_cuda_
 fi
 kvgen="$root/$build/kvgen" synth="$root/$build/kvgen-synth"
 log "built"
+# The peak the bandwidths are counted against: KVGEN_PEAK_GBS, else the card's (its memory clock and bus width, as
+# kvgen --list-devices prints them), else an H200's 4800 GB/s.
+if [[ -z ${KVGEN_PEAK_GBS:-} ]]; then
+    card_gbs=$("$kvgen" --list-devices 2>/dev/null | sed -n 's|^ *cuda0: .*, memory \([0-9][0-9]*\) GB/s)$|\1|p')
+    if [[ -n $card_gbs ]]; then
+        peak=$card_gbs
+        log "peak bandwidth: $peak GB/s (cuda0's memory clock and bus width)"
+    else
+        log "peak bandwidth: $peak GB/s (cuda0 did not say; set KVGEN_PEAK_GBS for another card)"
+    fi
+fi
 
 # The report, rewritten after every stage from what is there (scripts/lib/gpu_report.py): a run stopped early
 # still leaves its figures. write_report STATE: "complete", or the stage just finished.

@@ -45,9 +45,12 @@ void list_devices() {
 #ifdef KVGEN_HAVE_CUDA
     std::string why;
     const auto devices = kvgen::cuda::list_devices(&why);
-    for (const auto& d : devices)
-        std::printf("  cuda%d: %s (compute %d.%d, %d SMs, %.1f GiB, %.1f GiB free)\n", d.id, d.name.c_str(), d.cc_major,
+    for (const auto& d : devices) {
+        std::printf("  cuda%d: %s (compute %d.%d, %d SMs, %.1f GiB, %.1f GiB free", d.id, d.name.c_str(), d.cc_major,
                     d.cc_minor, d.sm_count, double(d.total_bytes) / (1 << 30), double(d.free_bytes) / (1 << 30));
+        if (d.peak_gbs > 0) std::printf(", memory %.0f GB/s", d.peak_gbs);  // (scripts/gpu-check.sh reads it)
+        std::printf(")\n");
+    }
     if (devices.empty()) std::printf("  cuda: %s\n", why.c_str());
 #else
     std::printf("  cuda: this build has no CUDA backend (configure with -DKVGEN_CUDA=ON)\n");

@@ -8,23 +8,24 @@
 #include <random>
 #include <tuple>
 
+#include "attention_case.h"
 #include "common/half.h"
 #include "cpu/ops.h"
 #include "cpu/thread_pool.h"
 #include "cpu/vecdot.h"
 #include "cuda_backend.h"
-#include "memory_plan.h"
-#include "weight_layout.h"
+#include "cuda_test_util.h"
+#include "device.h"
 #include "engine/kv_cache.h"
 #include "engine/kv_offset.h"
 #include "engine/kv_rotation.h"
+#include "kv_bytes_compare.h"
+#include "memory_plan.h"
 #include "model/dequant.h"
 #include "model/weights.h"
 #include "synth/synth.h"
-#include "attention_case.h"
-#include "cuda_test_util.h"
-#include "kv_bytes_compare.h"
 #include "testing.h"
+#include "weight_layout.h"
 
 using namespace kvgen;
 using test::kv_rows_differing;
@@ -503,6 +504,17 @@ TEST_CASE("decode attention's L2 prefetch: what is planned, and every piece aske
             const auto [lo, hi] = std::minmax_element(per_block.begin(), per_block.end());
             CHECK(*hi - *lo <= 1);
         }
+}
+
+TEST_CASE("a GPU's peak memory bandwidth from its memory clock and bus width", "[cuda-host]") {
+    // what the driver reports for an H100 SXM (HBM3), an A100 80GB (HBM2e) and an RTX 4090 (GDDR6X), against their
+    // published 3.35 TB/s, 2,039 GB/s and 1,008 GB/s
+    CHECK(cuda::memory_peak_gbs(2619000, 5120) == Approx(3352.3).epsilon(1e-4));
+    CHECK(cuda::memory_peak_gbs(1593000, 5120) == Approx(2039.0).epsilon(1e-4));
+    CHECK(cuda::memory_peak_gbs(10501000, 384) == Approx(1008.1).epsilon(1e-4));
+    // nothing reported: unknown, not a bandwidth
+    CHECK(cuda::memory_peak_gbs(0, 5120) == 0.0);
+    CHECK(cuda::memory_peak_gbs(2619000, 0) == 0.0);
 }
 
 TEST_CASE("the prefill GEMM's auto chunks come from the tokens and the SMs, within the scratch planned",
