@@ -12,16 +12,17 @@
 #      synthetic files of every weight type (the default model's shape);
 #   3. speed: synthetic LLaMA-2-7B and 13B shapes in F16, Q8_0, Q4_0 and Q4_K_M (made here with kvgen-synth, one at a
 #      time, deleted after use): pp16 (a chat turn), pp64, pp512 and tg128 at depths 0, 1024 and 4096, with achieved
-#      bandwidth ((weight bytes + KV bytes read) x tokens/s) beside the card's peak (KVGEN_PEAK_GBS; by default
-#      the card's, from its memory clock and bus width, as kvgen --list-devices prints it; else 4800, an H200's);
-#      per kernel, when Nsight Compute's ncu is there (/usr/local/cuda/bin/ncu or on PATH), the 7B shape in Q4_K_M
-#      (with --quick: in every --types) over a 3-token prompt and 3 generated tokens: launches, GPU time, share of the
-#      step, GB read and GB/s of each kernel in one decode step and in the prefill, with its registers, block
-#      and grid size, waves per SM and achieved occupancy (scripts/lib/ncu_sum.py; without those where this ncu does
-#      not know them), the raw CSV as OUTDIR/ncu-SHAPE-TYPE.csv.gz, and for the first quantized type profiled the
-#      first 200 kernels of a prefill of about 500 tokens (SHAPE-TYPE-prefill: time and bytes per kernel, nothing
-#      raw kept); and for the first type of each shape, pp16 and pp512 at depths 0 and
-#      4096 with --cuda-attention warp (the CUDA-core prefill attention) beside the default tensor-core one
+#      bandwidth ((weight bytes + KV bytes read) x tokens/s) beside the card's peak (KVGEN_PEAK_GBS; by default the
+#      card's, from its memory clock and bus width, as kvgen --list-devices prints it; else 4800, an H200's); per
+#      kernel, when Nsight Compute's ncu is there (/usr/local/cuda/bin/ncu or on PATH), the 7B shape in Q4_K_M (with
+#      --quick: in every --types) over a 3-token prompt and 3 generated tokens: launches, GPU time, share of the step,
+#      GB read and GB/s of each kernel in one decode step and in the prefill, with its registers, block and grid size,
+#      waves per SM and achieved occupancy (scripts/lib/ncu_sum.py; without those where this ncu does not know them),
+#      the raw CSV as OUTDIR/ncu-SHAPE-TYPE.csv.gz, and for the first quantized type profiled the first 200 kernels of a
+#      prefill of about 500 tokens (SHAPE-TYPE-prefill: time and bytes per kernel, nothing raw kept) and one flash
+#      attention launch of a 512-token batch at depth 4096 under ncu's sections (throughput, tensor pipes, shared
+#      memory, occupancy, warp stalls: SHAPE-TYPE-flash); and for the first type of each shape, pp16 and pp512 at depths
+#      0 and 4096 with --cuda-attention warp (the CUDA-core prefill attention) beside the default tensor-core one
 #      (SHAPE-T-warpattn), pp512 at those depths with --cuda-flash-pipeline off (SHAPE-T-flashsync: flash attention's
 #      cache tiles loaded through registers, not copied in two stages), pp16 at those depths with --cuda-flash-warps
 #      rows (SHAPE-T-flashrows: a short prompt's block over each whole tile by one warp, not a quarter by each), and
@@ -352,6 +353,42 @@ profile_prefill() {
     log "$name profiled per kernel ($((SECONDS - start)) s, $( ((rc == 0)) && echo ok || echo "failed, exit $rc"))"
 }
 
+# One launch of prefill flash attention where a long prompt spends its time over a deep cache: the batch of 512
+# tokens at depth attn_depth of a longer prompt (the launches of the batches before it skipped, one a layer), under
+# Nsight Compute's sections (throughput against the SM's and memory's peaks, the tensor pipes, shared memory and its
+# bank conflicts, occupancy, where warps stall), in $work/ncu/NAME-flash.md. What the kernel is short of at that depth,
+# which the speed table (pp512 there) and the per-kernel tables (time and bytes) cannot say.
+profile_attention() {
+    local f=$1 name=$2-flash rc=0 start=$SECONDS layers reps
+    [[ -n $ncu ]] || return 0
+    if (($(left) < reserve + 60)); then skipped+=("flash attention at depth $attn_depth under ncu"); return; fi
+    layers=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["n_layers"])' \
+        "$work/speed/$2.inspect.json") || return 0
+    # at least 16 tokens a sentence (18 in the LLaMA vocabulary): more than attn_depth + 512 tokens
+    reps=$(((attn_depth + 512) / 16 + 4))
+    for _ in $(seq "$reps"); do
+        printf '%s ' "The key-value cache keeps the keys and values of every position, so each new token"
+    done >"$work/depth-prompt.txt"
+    bounded "$ncu" --clock-control none --kernel-name regex:flash_prefill_kernel \
+        --launch-skip $((attn_depth / 512 * layers)) --launch-count 1 --section SpeedOfLight \
+        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+        --section WarpStateStats --log-file "$work/ncu/$name.txt" "$kvgen" -m "$f" -f "$work/depth-prompt.txt" -n 1 \
+        -b 512 -c $((reps * 20 + 64)) --temp 0 --device "$dev" --no-perf >/dev/null 2>"$work/ncu/$name.err" || rc=$?
+    if ((rc == 0)) && grep -q "flash_prefill_kernel" "$work/ncu/$name.txt"; then
+        {
+            echo "pp512 at depth $attn_depth: the flash attention launch of layer 0 (${layers} layers), ncu's sections."
+            echo; echo '```'
+            grep -v '^==PROF==' "$work/ncu/$name.txt" | sed -e 's/[[:space:]]*$//' | cat -s
+            echo '```'
+        } >"$work/ncu/$name.md"
+    else
+        { echo "ncu failed (exit $rc):"; echo; echo '```'; tail -n 5 "$work/ncu/$name.txt" "$work/ncu/$name.err" \
+            2>/dev/null; echo '```'; } >"$work/ncu/$name.md"
+        cat "$work/ncu/$name.err" >>"$out/log.txt"
+    fi
+    log "$name profiled ($((SECONDS - start)) s, $( ((rc == 0)) && echo ok || echo "failed, exit $rc"))"
+}
+
 # variant SUFFIX [--vs SUFFIX0] FLAG... -- ARG...: the file being benchmarked ($f, named $name) benched again with
 # FLAGs (and the bench's ARGs: prompts, tokens, depths) as $name-SUFFIX: its inspect facts copied, its flags kept
 # beside them for the report's comparison with the default run (gpu_report.py: "Variants against the defaults"), or
@@ -451,6 +488,7 @@ for shape in "${shapes[@]}"; do
             fi
             if ((!prefill_profiled)) && ((quantized)); then  # the first quantized type profiled
                 profile_prefill "$f" "$name"
+                profile_attention "$f" "$name"
                 prefill_profiled=1
             fi
         fi

@@ -46,6 +46,11 @@ with tempfile.TemporaryDirectory() as d:
     bench(os.path.join(speed, base + "-rows4.bench.json"), [("tg128", 441.0, 0.5)])
     with open(os.path.join(speed, base + "-rows4.flags"), "w") as f:
         f.write(f"{base}-ring0\n--cuda-matvec-stages 0 --cuda-matvec-rows 4\nrows4\n")
+    # one flash attention launch's ncu sections (gpu-check.sh's profile_attention), as text
+    os.makedirs(os.path.join(work, "ncu"))
+    with open(os.path.join(work, "ncu", base + "-flash.md"), "w") as f:
+        f.write("pp512 at depth 4096: the flash attention launch of layer 0 (32 layers), ncu's sections.\n\n"
+                "```\n    Compute (SM) Throughput  %  41.2\n```\n")
     r = subprocess.run([sys.executable, os.path.join(root, "scripts", "lib", "gpu_report.py"), out, work,
                         "Test GPU", "4800", "0", "not run", "12", "abc1234", "", base, "quick", "Q4_0", "not run", "",
                         "complete"], capture_output=True, text=True)
@@ -68,4 +73,7 @@ with tempfile.TemporaryDirectory() as d:
     assert (f"| {base} | rows4 (vs ring0) | `--cuda-matvec-stages 0 --cuda-matvec-rows 4` | tg128 | 450.0 | 441.0 | "
             "0.980 |") in md, md
     assert f"| {base} | kvq8_0-f16 | `--kv-type q8_0/f16` | tg128 @ d4096 | 400.0 | 400.5 | 1.001 (noise) |" in md, md
-print("gpu_report: variants compared")
+    assert (f"## Per kernel (ncu): {base}-flash, one flash attention launch of a long prompt over a deep cache\n\n"
+            "pp512 at depth 4096") in md, md
+    assert "Compute (SM) Throughput  %  41.2" in rep["per_kernel"][base + "-flash"]["sections"], rep["per_kernel"]
+print("gpu_report: variants compared, a flash attention launch's sections shown")
