@@ -19,15 +19,15 @@
 #      GB read and GB/s of each kernel in one decode step and in the prefill, with its registers, block and grid size,
 #      waves per SM and achieved occupancy (scripts/lib/ncu_sum.py; without those where this ncu does not know them),
 #      the raw CSV as OUTDIR/ncu-SHAPE-TYPE.csv.gz, and for the first quantized type profiled the first 200 kernels of a
-#      prefill of about 500 tokens (SHAPE-TYPE-prefill: time and bytes per kernel, nothing raw kept) and one flash
-#      attention launch of a 512-token batch at depth 4096 under ncu's sections (throughput, tensor pipes, shared
-#      memory, occupancy, warp stalls: SHAPE-TYPE-flash); and for the first type of each shape, pp16 and pp512 at depths
-#      0 and 4096 with --cuda-attention warp (the CUDA-core prefill attention) beside the default tensor-core one
-#      (SHAPE-T-warpattn), pp512 at those depths with --cuda-flash-pipeline off (SHAPE-T-flashsync: flash attention's
-#      cache tiles loaded through registers, not copied in two stages), pp16 at those depths with --cuda-flash-warps
-#      rows (SHAPE-T-flashrows: a short prompt's block over each whole tile by one warp, not a quarter by each), and
-#      pp512 / tg128 at those depths with --kv-type q8_0 and q4_0 (SHAPE-T-kvq8_0, -kvq4_0), tg128 with q8_0/f16
-#      (-kvq8_0-f16);
+#      prefill of about 500 tokens (SHAPE-TYPE-prefill: time and bytes per kernel, nothing raw kept) and under ncu's
+#      sections (throughput, tensor pipes, shared memory, occupancy, warp stalls) one launch of a decode step's SwiGLU
+#      product (SHAPE-TYPE-glu) and one of flash attention in a 512-token batch at depth 4096 (SHAPE-TYPE-flash); and
+#      for the first type of each shape, pp16 and pp512 at depths 0 and 4096 with --cuda-attention warp (the CUDA-core
+#      prefill attention) beside the default tensor-core one (SHAPE-T-warpattn), pp512 at those depths with
+#      --cuda-flash-pipeline off (SHAPE-T-flashsync: flash attention's cache tiles loaded through registers, not copied
+#      in two stages), pp16 at those depths with --cuda-flash-warps rows (SHAPE-T-flashrows: a short prompt's block over
+#      each whole tile by one warp, not a quarter by each), and pp512 / tg128 at those depths with --kv-type q8_0 and
+#      q4_0 (SHAPE-T-kvq8_0, -kvq4_0), tg128 with q8_0/f16 (-kvq8_0-f16);
 #      for every file, tg128 with --cuda-pdl off (SHAPE-T-nopdl: the decode products launched without programmatic
 #      dependent launch) and with --cuda-prefetch off (SHAPE-T-noprefetch: the output projection's and gate's and up's
 #      first weights read from memory, not asked of the L2 cache by decode attention), for F16 and BF16 pp16 and tg128
@@ -353,30 +353,23 @@ profile_prefill() {
     log "$name profiled per kernel ($((SECONDS - start)) s, $( ((rc == 0)) && echo ok || echo "failed, exit $rc"))"
 }
 
-# One launch of prefill flash attention where a long prompt spends its time over a deep cache: the batch of 512
-# tokens at depth attn_depth of a longer prompt (the launches of the batches before it skipped, one a layer), under
-# Nsight Compute's sections (throughput against the SM's and memory's peaks, the tensor pipes, shared memory and its
-# bank conflicts, occupancy, where warps stall), in $work/ncu/NAME-flash.md. What the kernel is short of at that depth,
-# which the speed table (pp512 there) and the per-kernel tables (time and bytes) cannot say.
-profile_attention() {
-    local f=$1 name=$2-flash rc=0 start=$SECONDS layers reps
+# profile_sections MODEL NAME KERNEL SKIP WHAT [KVGEN ARGS...]: one launch of a kernel whose name holds KERNEL (the
+# SKIP such launches before it left alone) in a kvgen run of MODEL with ARGS, under Nsight Compute's sections:
+# throughput against the SM's and memory's peaks, the tensor pipes, shared memory and its bank conflicts, occupancy,
+# where warps stall. What a kernel is short of, which the speed table and the per-kernel tables (time and bytes) cannot
+# say. In $work/ncu/NAME.md (gpu_report.py shows it), WHAT its first line.
+profile_sections() {
+    local f=$1 name=$2 kernel=$3 skip=$4 what=$5 rc=0 start=$SECONDS
+    shift 5
     [[ -n $ncu ]] || return 0
-    if (($(left) < reserve + 60)); then skipped+=("flash attention at depth $attn_depth under ncu"); return; fi
-    layers=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["n_layers"])' \
-        "$work/speed/$2.inspect.json") || return 0
-    # at least 16 tokens a sentence (18 in the LLaMA vocabulary): more than attn_depth + 512 tokens
-    reps=$(((attn_depth + 512) / 16 + 4))
-    for _ in $(seq "$reps"); do
-        printf '%s ' "The key-value cache keeps the keys and values of every position, so each new token"
-    done >"$work/depth-prompt.txt"
-    bounded "$ncu" --clock-control none --kernel-name regex:flash_prefill_kernel \
-        --launch-skip $((attn_depth / 512 * layers)) --launch-count 1 --section SpeedOfLight \
-        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
-        --section WarpStateStats --log-file "$work/ncu/$name.txt" "$kvgen" -m "$f" -f "$work/depth-prompt.txt" -n 1 \
-        -b 512 -c $((reps * 20 + 64)) --temp 0 --device "$dev" --no-perf >/dev/null 2>"$work/ncu/$name.err" || rc=$?
-    if ((rc == 0)) && grep -q "flash_prefill_kernel" "$work/ncu/$name.txt"; then
+    if (($(left) < reserve + 60)); then skipped+=("$name under ncu"); return; fi
+    bounded "$ncu" --clock-control none --kernel-name "regex:$kernel" --launch-skip "$skip" --launch-count 1 \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy \
+        --section LaunchStats --section WarpStateStats --log-file "$work/ncu/$name.txt" "$kvgen" -m "$f" \
+        --device "$dev" --temp 0 --no-perf "$@" >/dev/null 2>"$work/ncu/$name.err" || rc=$?
+    if ((rc == 0)) && grep -q "$kernel" "$work/ncu/$name.txt"; then
         {
-            echo "pp512 at depth $attn_depth: the flash attention launch of layer 0 (${layers} layers), ncu's sections."
+            echo "$what: ncu's sections."
             echo; echo '```'
             grep -v '^==PROF==' "$work/ncu/$name.txt" | sed -e 's/[[:space:]]*$//' | cat -s
             echo '```'
@@ -387,6 +380,27 @@ profile_attention() {
         cat "$work/ncu/$name.err" >>"$out/log.txt"
     fi
     log "$name profiled ($((SECONDS - start)) s, $( ((rc == 0)) && echo ok || echo "failed, exit $rc"))"
+}
+
+# profile_launches MODEL NAME: under profile_sections, the SwiGLU product of layer 0 in the second generated token of
+# a 3-token prompt (NAME-glu: the largest of a decode step's products, a third of its time), and the flash attention
+# of layer 0 in the batch of 512 tokens at depth attn_depth of a longer prompt (NAME-flash: where pp512 at depth 4096
+# loses its time); the launches before them skipped, one a layer a step or batch.
+profile_launches() {
+    local f=$1 name=$2 layers reps
+    layers=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["n_layers"])' \
+        "$work/speed/$name.inspect.json") || return 0
+    profile_sections "$f" "$name-glu" matvec_glu_int_kernel $((2 * layers)) \
+        "The second generated token's SwiGLU product of layer 0 ($layers layers)" \
+        -p "$ncu_prompt" -n "$ncu_gen" --ignore-eos
+    # at least 16 tokens a sentence (18 in the LLaMA vocabulary): more than attn_depth + 512 tokens
+    reps=$(((attn_depth + 512) / 16 + 4))
+    for _ in $(seq "$reps"); do
+        printf '%s ' "The key-value cache keeps the keys and values of every position, so each new token"
+    done >"$work/depth-prompt.txt"
+    profile_sections "$f" "$name-flash" flash_prefill_kernel $((attn_depth / 512 * layers)) \
+        "pp512 at depth $attn_depth: the flash attention launch of layer 0 ($layers layers)" \
+        -f "$work/depth-prompt.txt" -n 1 -b 512 -c $((reps * 20 + 64))
 }
 
 # variant SUFFIX [--vs SUFFIX0] FLAG... -- ARG...: the file being benchmarked ($f, named $name) benched again with
@@ -488,7 +502,7 @@ for shape in "${shapes[@]}"; do
             fi
             if ((!prefill_profiled)) && ((quantized)); then  # the first quantized type profiled
                 profile_prefill "$f" "$name"
-                profile_attention "$f" "$name"
+                profile_launches "$f" "$name"
                 prefill_profiled=1
             fi
         fi

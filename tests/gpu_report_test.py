@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """scripts/lib/gpu_report.py's comparison of gpu-check.sh's variants with the default runs: a small WORK folder as the
 script leaves it (a default run, two variants of it with their .flags files, one named with a dash as the K/V type
-pairs are, and a variant compared with another variant, variant --vs), the report made from it, its JSON and Markdown
-read back."""
+pairs are, and a variant compared with another variant, variant --vs; one kernel launch's ncu sections and one such
+profile that failed), the report made from it, its JSON and Markdown read back."""
 import json
 import os
 import subprocess
@@ -51,6 +51,8 @@ with tempfile.TemporaryDirectory() as d:
     with open(os.path.join(work, "ncu", base + "-flash.md"), "w") as f:
         f.write("pp512 at depth 4096: the flash attention launch of layer 0 (32 layers), ncu's sections.\n\n"
                 "```\n    Compute (SM) Throughput  %  41.2\n```\n")
+    with open(os.path.join(work, "ncu", base + "-glu.md"), "w") as f:  # and one that failed
+        f.write("ncu failed (exit 1):\n\n```\n==ERROR== no kernels were profiled\n```\n")
     r = subprocess.run([sys.executable, os.path.join(root, "scripts", "lib", "gpu_report.py"), out, work,
                         "Test GPU", "4800", "0", "not run", "12", "abc1234", "", base, "quick", "Q4_0", "not run", "",
                         "complete"], capture_output=True, text=True)
@@ -76,4 +78,6 @@ with tempfile.TemporaryDirectory() as d:
     assert (f"## Per kernel (ncu): {base}-flash, one flash attention launch of a long prompt over a deep cache\n\n"
             "pp512 at depth 4096") in md, md
     assert "Compute (SM) Throughput  %  41.2" in rep["per_kernel"][base + "-flash"]["sections"], rep["per_kernel"]
-print("gpu_report: variants compared, a flash attention launch's sections shown")
+    assert f"## Per kernel (ncu): {base}-glu, one launch of a decode step's SwiGLU product\n\nncu failed" in md, md
+    assert "no kernels were profiled" in rep["per_kernel"][base + "-glu"]["error"], rep["per_kernel"]
+print("gpu_report: variants compared, a kernel launch's ncu sections shown, a failed one named")
