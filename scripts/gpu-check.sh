@@ -387,7 +387,7 @@ profile_sections() {
 # of layer 0 in the batch of 512 tokens at depth attn_depth of a longer prompt (NAME-flash: where pp512 at depth 4096
 # loses its time); the launches before them skipped, one a layer a step or batch.
 profile_launches() {
-    local f=$1 name=$2 layers reps
+    local f=$1 name=$2 layers reps batches
     layers=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["n_layers"])' \
         "$work/speed/$name.inspect.json") || return 0
     profile_sections "$f" "$name-glu" matvec_glu_int_kernel $((2 * layers)) \
@@ -398,7 +398,8 @@ profile_launches() {
     for _ in $(seq "$reps"); do
         printf '%s ' "The key-value cache keeps the keys and values of every position, so each new token"
     done >"$work/depth-prompt.txt"
-    profile_sections "$f" "$name-flash" flash_prefill_kernel $((attn_depth / 512 * layers)) \
+    batches=$((attn_depth / 512))  # the whole batches before the one at depth attn_depth
+    profile_sections "$f" "$name-flash" flash_prefill_kernel $((batches * layers)) \
         "pp512 at depth $attn_depth: the flash attention launch of layer 0 ($layers layers)" \
         -f "$work/depth-prompt.txt" -n 1 -b 512 -c $((reps * 20 + 64))
 }
