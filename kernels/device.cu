@@ -55,6 +55,8 @@ std::vector<DeviceInfo> list_devices(std::string* why_none) {
         if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, i) == cudaSuccess &&
             cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, i) == cudaSuccess)
             d.peak_gbs = memory_peak_gbs(clock_khz, bus_bits);
+        else
+            cudaGetLastError();  // unknown (0), and no error left for the backend's first launch check to find
         if (cudaSetDevice(i) == cudaSuccess) {
             size_t free_b = 0, total_b = 0;
             if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) d.free_bytes = free_b;

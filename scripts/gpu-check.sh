@@ -163,7 +163,8 @@ log "built"
 # The peak the bandwidths are counted against: KVGEN_PEAK_GBS, else the card's (its memory clock and bus width, as
 # kvgen --list-devices prints them), else an H200's 4800 GB/s.
 if [[ -z ${KVGEN_PEAK_GBS:-} ]]; then
-    card_gbs=$("$kvgen" --list-devices 2>/dev/null | sed -n 's|^ *cuda0: .*, memory \([0-9][0-9]*\) GB/s)$|\1|p')
+    card_gbs=$({ "$kvgen" --list-devices 2>/dev/null || true; } |
+        sed -n 's|^ *cuda0: .*, memory \([0-9][0-9]*\) GB/s)$|\1|p')
     if [[ -n $card_gbs ]]; then
         peak=$card_gbs
         log "peak bandwidth: $peak GB/s (cuda0's memory clock and bus width)"
@@ -354,45 +355,71 @@ profile_prefill() {
 }
 
 # profile_sections MODEL NAME KERNEL SKIP WHAT [KVGEN ARGS...]: one launch of a kernel whose name holds KERNEL (the
-# SKIP such launches before it left alone) in a kvgen run of MODEL with ARGS, under Nsight Compute's sections:
-# throughput against the SM's and memory's peaks, the tensor pipes, shared memory and its bank conflicts, occupancy,
-# where warps stall. What a kernel is short of, which the speed table and the per-kernel tables (time and bytes) cannot
-# say. In $work/ncu/NAME.md (gpu_report.py shows it), WHAT its first line.
+# SKIP such launches before it left alone) in a kvgen run of MODEL with ARGS, under Nsight Compute's sections with
+# their tables (--print-details all): throughput against the SM's and memory's peaks, the pipes (the tensor cores'
+# among them), shared memory and its bank conflicts, occupancy, the schedulers, where warps stall. What a kernel is
+# short of, which the speed table and the per-kernel tables (time and bytes) cannot say. In $work/ncu/NAME.md
+# (gpu_report.py shows it), WHAT its first line.
 profile_sections() {
-    local f=$1 name=$2 kernel=$3 skip=$4 what=$5 rc=0 start=$SECONDS
+    local f=$1 name=$2 kernel=$3 skip=$4 what=$5 rc=0 start=$SECONDS attempt details=(--print-details all)
     shift 5
     [[ -n $ncu ]] || return 0
     if (($(left) < reserve + 60)); then skipped+=("$name under ncu"); return; fi
-    bounded "$ncu" --clock-control none --kernel-name "regex:$kernel" --launch-skip "$skip" --launch-count 1 \
-        --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy \
-        --section LaunchStats --section WarpStateStats --log-file "$work/ncu/$name.txt" "$kvgen" -m "$f" \
-        --device "$dev" --temp 0 --no-perf "$@" >/dev/null 2>"$work/ncu/$name.err" || rc=$?
+    for attempt in 1 2; do
+        rc=0
+        bounded "$ncu" --clock-control none --kernel-name "regex:$kernel" --launch-skip "$skip" --launch-count 1 \
+            "${details[@]}" --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+            --section MemoryWorkloadAnalysis_Tables --section Occupancy --section LaunchStats --section SchedulerStats \
+            --section WarpStateStats --log-file "$work/ncu/$name.txt" "$kvgen" -m "$f" --device "$dev" --temp 0 \
+            --no-perf "$@" >/dev/null 2>"$work/ncu/$name.err" || rc=$?
+        # an ncu older than --print-details: once more with the sections' headers alone
+        if ((rc != 0 && attempt == 1 && $(left) >= reserve + 30)) &&
+            { cat "$work/ncu/$name.txt" "$work/ncu/$name.err" 2>/dev/null || true; } | grep -q -- "print-details"; then
+            details=()
+        else
+            break
+        fi
+    done
     if ((rc == 0)) && grep -q "$kernel" "$work/ncu/$name.txt"; then
         {
             echo "$what: ncu's sections."
             echo; echo '```'
-            grep -v '^==PROF==' "$work/ncu/$name.txt" | sed -e 's/[[:space:]]*$//' | cat -s
+            { grep -v '^==PROF==' "$work/ncu/$name.txt" || true; } | sed -e 's/[[:space:]]*$//' | cat -s
             echo '```'
         } >"$work/ncu/$name.md"
     else
-        { echo "ncu failed (exit $rc):"; echo; echo '```'; tail -n 5 "$work/ncu/$name.txt" "$work/ncu/$name.err" \
-            2>/dev/null; echo '```'; } >"$work/ncu/$name.md"
-        cat "$work/ncu/$name.err" >>"$out/log.txt"
+        {
+            echo "ncu failed (exit $rc; or profiled no launch of $kernel):"; echo; echo '```'
+            tail -n 5 "$work/ncu/$name.txt" "$work/ncu/$name.err" 2>/dev/null || true
+            echo '```'
+        } >"$work/ncu/$name.md"
+        cat "$work/ncu/$name.err" >>"$out/log.txt" 2>/dev/null || true
     fi
     log "$name profiled ($((SECONDS - start)) s, $( ((rc == 0)) && echo ok || echo "failed, exit $rc"))"
 }
 
-# profile_launches MODEL NAME: under profile_sections, the SwiGLU product of layer 0 in the second generated token of
-# a 3-token prompt (NAME-glu: the largest of a decode step's products, a third of its time), and the flash attention
-# of layer 0 in the batch of 512 tokens at depth attn_depth of a longer prompt (NAME-flash: where pp512 at depth 4096
-# loses its time); the launches before them skipped, one a layer a step or batch.
+# profile_launches MODEL NAME TYPE: under profile_sections, the SwiGLU product of layer 0 in the second generated token
+# of a 3-token prompt (NAME-glu: the largest of a decode step's products, a third of its time; for the types whose
+# one-token products are integer ones), and the flash attention of layer 0 in the batch of 512 tokens at depth
+# attn_depth of a longer prompt (NAME-flash: where pp512 at depth 4096 loses its time); the launches before them
+# skipped, one a layer a step or batch. Without the CUDA graph, so that every launch counts whatever ncu makes of
+# graphs.
 profile_launches() {
-    local f=$1 name=$2 layers reps batches
+    local f=$1 name=$2 t=$3 layers reps batches prompt_glu
     layers=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["n_layers"])' \
         "$work/speed/$name.inspect.json") || return 0
-    profile_sections "$f" "$name-glu" matvec_glu_int_kernel $((2 * layers)) \
-        "The second generated token's SwiGLU product of layer 0 ($layers layers)" \
-        -p "$ncu_prompt" -n "$ncu_gen" --ignore-eos
+    # the prompt's SwiGLU launches: the integer kernel's one a layer (3 tokens); Q5_K's short prompt takes the split
+    # activations instead (cuBLAS), as every type but these does, and only these decode through the integer kernel
+    case $t in
+        Q4_0 | Q8_0 | Q4_K_M) prompt_glu=$layers ;;
+        Q5_K) prompt_glu=0 ;;
+        *) prompt_glu=-1 ;;
+    esac
+    if ((prompt_glu >= 0)); then
+        profile_sections "$f" "$name-glu" matvec_glu_int_kernel $((prompt_glu + layers)) \
+            "The second generated token's SwiGLU product of layer 0 ($layers layers)" \
+            -p "$ncu_prompt" -n "$ncu_gen" --ignore-eos --no-cuda-graphs
+    fi
     # at least 16 tokens a sentence (18 in the LLaMA vocabulary): more than attn_depth + 512 tokens
     reps=$(((attn_depth + 512) / 16 + 4))
     for _ in $(seq "$reps"); do
@@ -401,7 +428,7 @@ profile_launches() {
     batches=$((attn_depth / 512))  # the whole batches before the one at depth attn_depth
     profile_sections "$f" "$name-flash" flash_prefill_kernel $((batches * layers)) \
         "pp512 at depth $attn_depth: the flash attention launch of layer 0 ($layers layers)" \
-        -f "$work/depth-prompt.txt" -n 1 -b 512 -c $((reps * 20 + 64))
+        -f "$work/depth-prompt.txt" -n 1 -b 512 -c $((reps * 20 + 64)) --no-cuda-graphs
 }
 
 # variant SUFFIX [--vs SUFFIX0] FLAG... -- ARG...: the file being benchmarked ($f, named $name) benched again with
@@ -503,7 +530,7 @@ for shape in "${shapes[@]}"; do
             fi
             if ((!prefill_profiled)) && ((quantized)); then  # the first quantized type profiled
                 profile_prefill "$f" "$name"
-                profile_launches "$f" "$name"
+                profile_launches "$f" "$name" "$t"
                 prefill_profiled=1
             fi
         fi

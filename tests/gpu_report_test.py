@@ -46,7 +46,7 @@ with tempfile.TemporaryDirectory() as d:
     bench(os.path.join(speed, base + "-rows4.bench.json"), [("tg128", 441.0, 0.5)])
     with open(os.path.join(speed, base + "-rows4.flags"), "w") as f:
         f.write(f"{base}-ring0\n--cuda-matvec-stages 0 --cuda-matvec-rows 4\nrows4\n")
-    # one flash attention launch's ncu sections (gpu-check.sh's profile_attention), as text
+    # one flash attention launch's ncu sections (gpu-check.sh's profile_sections), as text
     os.makedirs(os.path.join(work, "ncu"))
     with open(os.path.join(work, "ncu", base + "-flash.md"), "w") as f:
         f.write("pp512 at depth 4096: the flash attention launch of layer 0 (32 layers), ncu's sections.\n\n"
