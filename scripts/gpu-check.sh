@@ -20,8 +20,8 @@
 #      waves per SM and achieved occupancy (scripts/lib/ncu_sum.py; without those where this ncu does not know them),
 #      the raw CSV as OUTDIR/ncu-SHAPE-TYPE.csv.gz, and for the first quantized type profiled the first 200 kernels of a
 #      prefill of about 500 tokens (SHAPE-TYPE-prefill: time and bytes per kernel, nothing raw kept) and under ncu's
-#      sections (throughput, tensor pipes, shared memory, occupancy, warp stalls) one launch of a decode step's SwiGLU
-#      product (SHAPE-TYPE-glu) and one of flash attention in a 512-token batch at depth 4096 (SHAPE-TYPE-flash); and
+#      sections (throughput, tensor pipes, shared memory, occupancy, warp stalls) a decode step's attention and SwiGLU
+#      product (SHAPE-TYPE-decode) and one of flash attention in a 512-token batch at depth 4096 (SHAPE-TYPE-flash); and
 #      for the first type of each shape, pp16 and pp512 at depths 0 and 4096 with --cuda-attention warp (the CUDA-core
 #      prefill attention) beside the default tensor-core one (SHAPE-T-warpattn), pp512 at those depths with
 #      --cuda-flash-pipeline off (SHAPE-T-flashsync: flash attention's cache tiles loaded through registers, not copied
@@ -354,22 +354,24 @@ profile_prefill() {
     log "$name profiled per kernel ($((SECONDS - start)) s, $( ((rc == 0)) && echo ok || echo "failed, exit $rc"))"
 }
 
-# profile_sections MODEL NAME KERNEL SKIP WHAT [KVGEN ARGS...]: one launch of a kernel whose name holds KERNEL (the
-# SKIP such launches before it left alone) in a kvgen run of MODEL with ARGS, under Nsight Compute's sections with
+# profile_sections MODEL NAME KERNELS SKIP COUNT WHAT [KVGEN ARGS...]: COUNT launches of kernels whose names match
+# KERNELS (an extended regular expression; the SKIP such launches before them left alone) in a kvgen run of MODEL
+# with ARGS, under Nsight Compute's sections with
 # their tables (--print-details all): throughput against the SM's and memory's peaks, the pipes (the tensor cores'
 # among them), shared memory and its bank conflicts, occupancy, the schedulers, where warps stall. What a kernel is
 # short of, which the speed table and the per-kernel tables (time and bytes) cannot say. In $work/ncu/NAME.md
 # (gpu_report.py shows it), WHAT its first line.
 profile_sections() {
-    local f=$1 name=$2 kernel=$3 skip=$4 what=$5 rc=0 start=$SECONDS attempt details=(--print-details all)
-    shift 5
+    local f=$1 name=$2 kernel=$3 skip=$4 count=$5 what=$6 rc=0 start=$SECONDS attempt details=(--print-details all)
+    shift 6
     [[ -n $ncu ]] || return 0
     if (($(left) < reserve + 60)); then skipped+=("$name under ncu"); return; fi
     for attempt in 1 2; do
         rc=0
-        bounded "$ncu" --clock-control none --kernel-name "regex:$kernel" --launch-skip "$skip" --launch-count 1 \
-            "${details[@]}" --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-            --section MemoryWorkloadAnalysis_Tables --section Occupancy --section LaunchStats --section SchedulerStats \
+        bounded "$ncu" --clock-control none --kernel-name "regex:$kernel" --launch-skip "$skip" \
+            --launch-count "$count" "${details[@]}" --section SpeedOfLight --section ComputeWorkloadAnalysis \
+            --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section Occupancy \
+            --section LaunchStats --section SchedulerStats \
             --section WarpStateStats --log-file "$work/ncu/$name.txt" "$kvgen" -m "$f" --device "$dev" --temp 0 \
             --no-perf "$@" >/dev/null 2>"$work/ncu/$name.err" || rc=$?
         # an ncu older than --print-details: once more with the sections' headers alone
@@ -380,7 +382,7 @@ profile_sections() {
             break
         fi
     done
-    if ((rc == 0)) && grep -q "$kernel" "$work/ncu/$name.txt"; then
+    if ((rc == 0)) && grep -qE "$kernel" "$work/ncu/$name.txt"; then
         {
             echo "$what: ncu's sections."
             echo; echo '```'
@@ -398,9 +400,10 @@ profile_sections() {
     log "$name profiled ($((SECONDS - start)) s, $( ((rc == 0)) && echo ok || echo "failed, exit $rc"))"
 }
 
-# profile_launches MODEL NAME TYPE: under profile_sections, the SwiGLU product of layer 0 in the second generated token
-# of a 3-token prompt (NAME-glu: the largest of a decode step's products, a third of its time; for the types whose
-# one-token products are integer ones), and the flash attention of layer 0 in the batch of 512 tokens at depth
+# profile_launches MODEL NAME TYPE: under profile_sections, decode attention and the SwiGLU product of layer 0 in the
+# second generated token of a 3-token prompt (NAME-decode: the largest of a decode step's products, a third of its
+# time, and the largest kernel beside the products; for the types whose one-token products are integer ones), and the
+# flash attention of layer 0 in the batch of 512 tokens at depth
 # attn_depth of a longer prompt (NAME-flash: where pp512 at depth 4096 loses its time); the launches before them
 # skipped, one a layer a step or batch. Without the CUDA graph, so that every launch counts whatever ncu makes of
 # graphs.
@@ -409,15 +412,17 @@ profile_launches() {
     layers=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["n_layers"])' \
         "$work/speed/$name.inspect.json") || return 0
     # the prompt's SwiGLU launches: the integer kernel's one a layer (3 tokens); Q5_K's short prompt takes the split
-    # activations instead (cuBLAS), as every type but these does, and only these decode through the integer kernel
+    # activations instead (cuBLAS), as every type but these does, and only these decode through the integer kernel.
+    # A decode step: each layer's attention, then its SwiGLU product (a prompt's attention is flash attention).
     case $t in
         Q4_0 | Q8_0 | Q4_K_M) prompt_glu=$layers ;;
         Q5_K) prompt_glu=0 ;;
         *) prompt_glu=-1 ;;
     esac
     if ((prompt_glu >= 0)); then
-        profile_sections "$f" "$name-glu" matvec_glu_int_kernel $((prompt_glu + layers)) \
-            "The second generated token's SwiGLU product of layer 0 ($layers layers)" \
+        profile_sections "$f" "$name-decode" "attention_decode_kernel|matvec_glu_int_kernel" \
+            $((prompt_glu + 2 * layers)) 2 \
+            "The second generated token's decode attention and SwiGLU product of layer 0 ($layers layers)" \
             -p "$ncu_prompt" -n "$ncu_gen" --ignore-eos --no-cuda-graphs
     fi
     # at least 16 tokens a sentence (18 in the LLaMA vocabulary): more than attn_depth + 512 tokens
@@ -426,7 +431,7 @@ profile_launches() {
         printf '%s ' "The key-value cache keeps the keys and values of every position, so each new token"
     done >"$work/depth-prompt.txt"
     batches=$((attn_depth / 512))  # the whole batches before the one at depth attn_depth
-    profile_sections "$f" "$name-flash" flash_prefill_kernel $((batches * layers)) \
+    profile_sections "$f" "$name-flash" flash_prefill_kernel $((batches * layers)) 1 \
         "pp512 at depth $attn_depth: the flash attention launch of layer 0 ($layers layers)" \
         -f "$work/depth-prompt.txt" -n 1 -b 512 -c $((reps * 20 + 64)) --no-cuda-graphs
 }

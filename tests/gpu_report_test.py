@@ -51,7 +51,7 @@ with tempfile.TemporaryDirectory() as d:
     with open(os.path.join(work, "ncu", base + "-flash.md"), "w") as f:
         f.write("pp512 at depth 4096: the flash attention launch of layer 0 (32 layers), ncu's sections.\n\n"
                 "```\n    Compute (SM) Throughput  %  41.2\n```\n")
-    with open(os.path.join(work, "ncu", base + "-glu.md"), "w") as f:  # and one that failed
+    with open(os.path.join(work, "ncu", base + "-decode.md"), "w") as f:  # and one that failed
         f.write("ncu failed (exit 1):\n\n```\n==ERROR== no kernels were profiled\n```\n")
     r = subprocess.run([sys.executable, os.path.join(root, "scripts", "lib", "gpu_report.py"), out, work,
                         "Test GPU", "4800", "0", "not run", "12", "abc1234", "", base, "quick", "Q4_0", "not run", "",
@@ -78,6 +78,6 @@ with tempfile.TemporaryDirectory() as d:
     assert (f"## Per kernel (ncu): {base}-flash, one flash attention launch of a long prompt over a deep cache\n\n"
             "pp512 at depth 4096") in md, md
     assert "Compute (SM) Throughput  %  41.2" in rep["per_kernel"][base + "-flash"]["sections"], rep["per_kernel"]
-    assert f"## Per kernel (ncu): {base}-glu, one launch of a decode step's SwiGLU product\n\nncu failed" in md, md
-    assert "no kernels were profiled" in rep["per_kernel"][base + "-glu"]["error"], rep["per_kernel"]
+    assert f"## Per kernel (ncu): {base}-decode, a decode step's attention and SwiGLU product\n\nncu failed" in md, md
+    assert "no kernels were profiled" in rep["per_kernel"][base + "-decode"]["error"], rep["per_kernel"]
 print("gpu_report: variants compared, a kernel launch's ncu sections shown, a failed one named")

@@ -130,7 +130,7 @@ for md in sorted(glob.glob(f"{work}/ncu/*.md")):
     js = f"{work}/ncu/{name}.json"
     if os.path.exists(js):
         rep["per_kernel"][name] = json.load(open(js))
-    elif name.endswith(("-flash", "-glu")) and not per_kernel_md[name].startswith("ncu failed"):
+    elif name.endswith(("-flash", "-decode")) and not per_kernel_md[name].startswith("ncu failed"):
         rep["per_kernel"][name] = {"sections": per_kernel_md[name]}  # one launch's ncu sections, as text
     else:
         rep["per_kernel"][name] = {"error": per_kernel_md[name]}
@@ -196,7 +196,7 @@ if rep["variants"]:
 for name, md in per_kernel_md.items():
     what = ("the first kernels of a prefill of about 500 tokens" if name.endswith("-prefill")
             else "one flash attention launch of a long prompt over a deep cache" if name.endswith("-flash")
-            else "one launch of a decode step's SwiGLU product" if name.endswith("-glu")
+            else "a decode step's attention and SwiGLU product" if name.endswith("-decode")
             else "a 3-token prompt and 3 generated tokens")
     L += ["", f"## Per kernel (ncu): {name}, {what}", "", md]
 if kv_status == "ok" and os.path.exists(f"{out}/kv-results.md"):
