@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "act_blocks.h"
 #include "attention.cuh"
 #include "cuda_common.cuh"
 #include "elementwise.cuh"
@@ -345,20 +346,6 @@ std::vector<float> rmsnorm(const std::vector<float>& x, const std::vector<float>
     kvgen::cuda::rmsnorm(out.p, nullptr, dx.p, dw.p, n, dim, eps, false, nullptr);
     return out.get();
 }
-
-namespace {
-// Each block as d, s, h[0], h[1], q[0..31], after `result`.
-std::vector<float> append_blocks(std::vector<float> result, const std::vector<ActBlock>& blocks) {
-    for (const ActBlock& a : blocks) {
-        result.push_back(a.d);
-        result.push_back(float(a.s));
-        result.push_back(float(a.h[0]));
-        result.push_back(float(a.h[1]));
-        for (int16_t q : a.q) result.push_back(float(q));
-    }
-    return result;
-}
-}  // namespace
 
 std::vector<float> rmsnorm_quantized(const std::vector<float>& x, const std::vector<float>& w, int n, int dim,
                                      float eps) {

@@ -2,6 +2,8 @@
 // attention, the element-wise items, the SwiGLU tail of a short prompt and the Q|K|V stores.
 #include "host_emulation.h"
 
+#include "act_blocks.h"
+
 namespace kvgen::cuda::host {
 
 std::vector<float> rotate_rows(const std::vector<float>& x, int head_dim, std::vector<HostActBlock>* xq) {
@@ -436,15 +438,7 @@ std::vector<float> f16_split_sum(const std::vector<float>& t, int n, int64_t row
 std::vector<float> rmsnorm_quantized(const std::vector<float>& x, const std::vector<float>& w, int n, int dim,
                                      float eps, int threads) {
     std::vector<ActBlock> xq(x.size() / 32);
-    std::vector<float> out = rmsnorm_grid(x, w, n, dim, eps, threads, xq.data(), nullptr);
-    for (const ActBlock& a : xq) {
-        out.push_back(a.d);
-        out.push_back(float(a.s));
-        out.push_back(float(a.h[0]));
-        out.push_back(float(a.h[1]));
-        for (int16_t q : a.q) out.push_back(float(q));
-    }
-    return out;
+    return testing::append_blocks(rmsnorm_grid(x, w, n, dim, eps, threads, xq.data(), nullptr), xq);
 }
 
 namespace {
