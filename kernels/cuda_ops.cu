@@ -162,6 +162,7 @@ private:
     bool mma_gemm_;    // Settings::cuda_mma_gemm
     int64_t gemm_chunk_;  // Settings::cuda_gemm_chunk_mib in weights (0: whole matrices; kGemmChunkAuto)
     bool gemm_overlap_;   // Settings::cuda_gemm_overlap: gemm_weight decodes on overlap_.side
+    bool ring_fit_;       // Settings::cuda_ring_fit (set_ring_carveout at every forward: a process-wide setting)
     // Settings::cuda_l2_prefetch on a device that has the bulk prefetch (sm_90 and later): what one token's decode
     // attention of each layer asks the L2 cache for (decode_l2_prefetch, planned once), else empty
     std::vector<L2Prefetch> l2_prefetch_;
@@ -216,7 +217,8 @@ CudaOps::CudaOps(const Model& model, const Settings& s, int device)
       flash_warp_split_(s.cuda_flash_warp_split),
       mma_gemm_(s.cuda_mma_gemm),
       gemm_chunk_(gemm_chunk_elems_of_mib(s.cuda_gemm_chunk_mib)),
-      gemm_overlap_(s.cuda_gemm_overlap) {
+      gemm_overlap_(s.cuda_gemm_overlap),
+      ring_fit_(s.cuda_ring_fit) {
     KVGEN_CUDA_CHECK(cudaSetDevice(device_));
     int major = 0;
     KVGEN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_));
@@ -343,6 +345,7 @@ void CudaOps::capture(const std::function<void()>& step) {
 
 const float* CudaOps::run(int n, int n_out, const std::function<void()>& step) {
     head_rows_ = n_out;
+    set_ring_carveout(device_, ring_fit_);
     // note: the graph is captured once and replayed at every later position, so the one decode step that sets the
     // key offsets (kv_offsets between its rows in rope_store_kv) runs launch by launch, neither captured nor replayed.
     if (n == 1 && graphs_ && !sets_offsets_) {

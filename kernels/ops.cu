@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <mutex>
 #include <utility>
@@ -773,48 +774,120 @@ void launch(void (*kernel)(Params...), dim3 grid, unsigned block, bool pdl, cuda
     launch_shared(kernel, grid, block, 0, pdl, s, args...);
 }
 
+// The ring kernels' grids (ring_grid) and the share of each SM's L1 they take as shared memory, their carveout
+// (set_ring_carveout), for the whole process.
+struct RingKnown {
+    const void* kernel;
+    int device;
+    unsigned threads;
+    size_t bytes;
+    int carveout;  // what the kernels had when blocks was counted
+    int64_t blocks;
+};
+struct RingSetUp {
+    const void* kernel;
+    int device;
+    int carveout;  // percent, as last set; -1 before
+};
+struct RingState {
+    std::mutex mutex;
+    bool fit = true;  // Settings::cuda_ring_fit
+    std::vector<RingKnown> known;
+    std::vector<RingSetUp> set_up;                    // the kernels and devices whose attributes are set
+    std::vector<std::pair<int, int>> reached_shares;  // device, the carveout fit has reached there
+    int& reached(int device) {
+        for (auto& r : reached_shares)
+            if (r.first == device) return r.second;
+        reached_shares.emplace_back(device, 0);
+        return reached_shares.back().second;
+    }
+    int carveout(int device) { return fit ? reached(device) : int(cudaSharedmemCarveoutMaxShared); }
+    static void set(RingSetUp& k, int carveout) {
+        if (k.carveout == carveout) return;
+        KVGEN_CUDA_CHECK(cudaFuncSetAttribute(k.kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
+        k.carveout = carveout;
+    }
+    void set_all(int device, int carveout) {
+        for (RingSetUp& k : set_up)
+            if (k.device == device) set(k, carveout);
+    }
+};
+RingState& ring_state() {
+    static RingState state;
+    return state;
+}
+}  // namespace
+
+void set_ring_carveout(int device, bool fit) {
+    RingState& r = ring_state();
+    const std::lock_guard<std::mutex> lock(r.mutex);
+    r.fit = fit;
+    r.set_all(device, r.carveout(device));
+}
+
+namespace {
 // The blocks of a ring launch (matvec_ring) of `kernel` with blocks of `threads` threads and `bytes` of dynamic
 // shared memory: as many as the device's SMs hold at once (its registers, shared memory and threads, asked of the
-// runtime once per kernel, size and device), at most `groups`; 0 where not one block fits (the caller then takes
-// the register path). The first time for a kernel and device, its blocks may take all the shared memory a block may
-// have (less its static part), and it asks for the largest share of each SM's L1 as shared memory (what is left, 28 KiB
-// on an H200, holds a token's activations: 10 KiB for 4096 columns): the same attributes for every size it is launched
-// with, so that the blocks each size's answer counted fit at once.
+// runtime once per kernel, size, device and carveout), at most `groups`; 0 where not one block fits (the caller then
+// takes the register path). The first time for a kernel and device, its blocks may take all the shared memory a block
+// may have (less its static part). How much of each SM's L1 is shared memory (its carveout) is the same for every
+// ring kernel and every size it is launched with, so that the blocks each size's answer counted fit at once and one
+// ring kernel's blocks can join an SM that another's still hold (a programmatic launch): with --cuda-ring-carveout max
+// all of it (228 KiB of an H200's 256, leaving 28 KiB of L1); with fit (the default) the least that holds, for every
+// ring kernel and size launched so far, as many blocks as all of it would (ring_carveout_percent; 82% for five blocks
+// of 36 KiB, which the driver makes 196 KiB, leaving 60), raised for all of them when a launch needs more. The rest
+// is L1, where a block's groups read a token's activations again and again (the integer products' 80 bytes a block of
+// 32 values): 10 KiB for 4,096 columns, 26.9 for 11,008 (LLaMA-2-7B's down projection), 33.8 for 13,824 (13B's),
+// which 28 KiB holds barely or not at all.
 int64_t ring_grid(const void* kernel, unsigned threads, size_t bytes, int64_t groups) {
-    struct Known {
-        const void* kernel;
-        int device;
-        unsigned threads;
-        size_t bytes;
-        int64_t blocks;
-    };
-    static std::mutex mutex;
-    static std::vector<Known> known;
-    static std::vector<std::pair<const void*, int>> set_up;  // the kernels and devices whose attributes are set
+    RingState& r = ring_state();
     int device = 0;
     KVGEN_CUDA_CHECK(cudaGetDevice(&device));
-    const std::lock_guard<std::mutex> lock(mutex);
-    for (const Known& k : known)
-        if (k.kernel == kernel && k.device == device && k.threads == threads && k.bytes == bytes)
-            return std::min(k.blocks, groups);
+    const std::lock_guard<std::mutex> lock(r.mutex);
+    const int carveout = r.carveout(device);
+    r.set_all(device, carveout);
+    for (const RingKnown& k : r.known)
+        if (k.kernel == kernel && k.device == device && k.threads == threads && k.bytes == bytes &&
+            k.carveout <= carveout)
+            return std::min(k.blocks, groups);  // (more shared memory holds as many)
     const GemmMmaDevice d = gemm_mma_device(device);
     cudaFuncAttributes a{};
     KVGEN_CUDA_CHECK(cudaFuncGetAttributes(&a, kernel));
     const int64_t dynamic_max = d.shared_per_block - int64_t(a.sharedSizeBytes);  // what its static part leaves
-    int64_t blocks = 0;
-    if (int64_t(bytes) <= dynamic_max) {
-        if (std::find(set_up.begin(), set_up.end(), std::make_pair(kernel, device)) == set_up.end()) {
-            KVGEN_CUDA_CHECK(
-                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dynamic_max)));
-            KVGEN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                                  int(cudaSharedmemCarveoutMaxShared)));
-            set_up.emplace_back(kernel, device);
-        }
+    if (int64_t(bytes) > dynamic_max) {
+        r.known.push_back({kernel, device, threads, bytes, carveout, 0});
+        return 0;
+    }
+    auto me = std::find_if(r.set_up.begin(), r.set_up.end(),
+                           [&](const RingSetUp& k) { return k.kernel == kernel && k.device == device; });
+    if (me == r.set_up.end()) {
+        KVGEN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dynamic_max)));
+        me = r.set_up.insert(r.set_up.end(), {kernel, device, -1});
+    }
+    const auto blocks_at = [&](int c) {
+        RingState::set(*me, c);
         int per_sm = 0;
         KVGEN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, int(threads), bytes));
-        blocks = int64_t(per_sm) * d.sm_count;
+        return int64_t(per_sm);
+    };
+    const int64_t most = blocks_at(int(cudaSharedmemCarveoutMaxShared));
+    int used = int(cudaSharedmemCarveoutMaxShared);
+    int64_t per_sm = most;
+    if (r.fit) {
+        // the least that holds as many, or what the kernels have where that is more; all of it where the runtime
+        // counts fewer blocks there
+        used = std::max(carveout,
+                        ring_carveout_percent(most, int64_t(a.sharedSizeBytes) + int64_t(bytes), d.shared_per_sm));
+        per_sm = blocks_at(used);
+        if (per_sm < most) {
+            used = int(cudaSharedmemCarveoutMaxShared);
+            per_sm = blocks_at(used);
+        }
+        r.reached(device) = used;
     }
-    known.push_back({kernel, device, threads, bytes, blocks});
+    r.set_all(device, used);
+    const int64_t blocks = per_sm * d.sm_count;
+    r.known.push_back({kernel, device, threads, bytes, used, blocks});
     return std::min(blocks, groups);
 }
 // A ring launch (matvec_ring) of `kernel` over `rows` rows in groups of R, each group's items `slots` rows of the step

@@ -33,12 +33,14 @@
 #      first weights read from memory, not asked of the L2 cache by decode attention), for F16 and BF16 pp16 and tg128
 #      with --cuda-f16-matvec warp --cuda-short-prompt lanes (SHAPE-T-warpf16: one token's products by a warp over 2
 #      rows instead of a block of warps over 4, a short prompt's by the f32 lanes instead of cuBLAS on split
-#      activations) and tg128 with --cuda-matvec-stages 0 (SHAPE-T-ring0, as below), for Q5_K pp16 with
-#      --cuda-short-prompt lanes (SHAPE-Q5_K-lanes: a short prompt's products in integers, not on split activations),
-#      for Q4_0, Q8_0, Q4_K_M and Q5_K pp16 and tg128 with --cuda-matvec-stages 0 (SHAPE-T-ring0: the products' weights
-#      through registers, a block a row group, not through rings of shared memory in blocks that stay; with --quick also
-#      the per-kernel table of the first of Q8_0 and Q4_K_M), for Q4_0, Q8_0 and Q4_K_M tg128 with --cuda-matvec-stages
-#      0 --cuda-matvec-rows 4 (SHAPE-T-rows4: that path with 4 rows a block of the one-token products instead of 8), and
+#      activations) and tg128 with --cuda-matvec-stages 0 and with --cuda-ring-carveout max (SHAPE-T-ring0, -carvemax,
+#      as below), for Q5_K pp16 with --cuda-short-prompt lanes (SHAPE-Q5_K-lanes: a short prompt's products in integers,
+#      not on split activations), for Q4_0, Q8_0, Q4_K_M and Q5_K pp16 and tg128 with --cuda-matvec-stages 0
+#      (SHAPE-T-ring0: the products' weights through registers, a block a row group, not through rings of shared memory
+#      in blocks that stay; with --quick also the per-kernel table of the first of Q8_0 and Q4_K_M) and with
+#      --cuda-ring-carveout max (SHAPE-T-carvemax: the rings with all the shared memory an SM allows, 28 KiB of L1 left
+#      on an H200, not what their blocks need), for Q4_0, Q8_0 and Q4_K_M tg128 with --cuda-matvec-stages 0
+#      --cuda-matvec-rows 4 (SHAPE-T-rows4: that path with 4 rows a block of the one-token products instead of 8), and
 #      for the first type tg128 with --cuda-matvec-stages 2 and 4 (SHAPE-T-ring2, -ring4: rings of 2 and 4 stages
 #      instead of 3), for Q4_0 pp16 and tg128 with --cuda-matvec-unit 32 (SHAPE-Q4_0-unit32: a lane's step one block of
 #      a row, not two; with --quick also its per-kernel table), for Q4_0, Q8_0 and Q4_K_M pp4, pp16 and pp64 with
@@ -50,9 +52,8 @@
 #      pp512 with --cuda-gemm-overlap off (SHAPE-T-nooverlap: each chunk decoded and multiplied in turn on one stream,
 #      not the next, or the next product's first, decoded on a second while one is multiplied) and pp16 and tg128 with
 #      --cuda-kv-store kernel (SHAPE-T-storekernel: RoPE and the K/V store in their own launch, not in the Q|K|V
-#      products; for F16 pp16 alone, not in the sums of the products on split activations), and tg128 with
-#      --cuda-norm kernel (SHAPE-T-normkernel: each RMSNorm in its own launch, not folded into the residual product
-#      before it);
+#      products; for F16 pp16 alone, not in the sums of the products on split activations), and tg128 with --cuda-norm
+#      kernel (SHAPE-T-normkernel: each RMSNorm in its own launch, not folded into the residual product before it);
 #   4. the KV cache comparison (scripts/bench-kv.sh, --device cuda) on the first shape's Q4_K_M file (7B; without
 #      Q4_K_M in --types, the first type's): 128, 256, 512 tokens, and where the cached and recomputed tokens part
 #      (step, top-2 logit margin, logit difference).
@@ -492,10 +493,14 @@ for shape in "${shapes[@]}"; do
         if [[ $t == Q4_0 || $t == Q8_0 || $t == Q4_K_M || $t == Q5_K || $t == F16 || $t == BF16 ]]; then
             # the products' weights through registers, a block a row group (the default: rings of 3 stages in blocks
             # that stay; F16 and BF16: one token's alone)
+            # and the rings with all the shared memory an SM allows (the default: what their blocks need, the rest
+            # L1 for the activations every row group reads)
             if ((quantized)); then
                 variant ring0 --cuda-matvec-stages 0 -- -p 16 -n 128 -d 0
+                variant carvemax --cuda-ring-carveout max -- -p 16 -n 128 -d 0
             else
                 variant ring0 --cuda-matvec-stages 0 -- -p 0 -n 128 -d 0
+                variant carvemax --cuda-ring-carveout max -- -p 0 -n 128 -d 0
             fi
         fi
         if [[ $t == Q4_0 || $t == Q8_0 || $t == Q4_K_M ]]; then  # a short prompt's products on the tensor cores

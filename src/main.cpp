@@ -391,6 +391,11 @@ int main(int argc, char** argv) {
                     "2 or 4; 0 "
                     "loads them through registers, a block a row group (--cuda-matvec-rows), to compare; the same "
                     "results");
+    add_cuda_choice(app, "--cuda-ring-carveout", &gen.run.cuda_ring_fit, {"fit", "max"}, "fit",
+                    "CUDA, with the rings of --cuda-matvec-stages: how much of each SM's L1 they take as shared "
+                    "memory: fit (the default: what their blocks need, the rest stays L1 and holds a token's "
+                    "activations, which every row group reads) or max (all an SM allows: 228 of 256 KiB on an H100 "
+                    "or H200), to compare; the same results");
     add_cuda_choice(
         app, "--cuda-kv-store", &gen.run.cuda_qkv_store, {"product", "kernel"}, "product",
         "CUDA with an f16 KV cache: product (the Q|K|V products of up to 16 tokens, integer or on split "

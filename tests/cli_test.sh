@@ -126,6 +126,10 @@ expect_error "generate: --cuda-gemm-chunk 5000" "--cuda-gemm-chunk: must be auto
 expect_ok "generate: --cuda-gemm-chunk auto on the CPU" "." "$kvgen" -m "$ref" -p "The KV cache" -n 2 --temp 0 -t 1 \
     --cuda-gemm-chunk auto
 expect_error "generate: --cuda-norm bogus" "--cuda-norm: bogus not in" "$kvgen" -m "$ref" -p hi --cuda-norm bogus
+expect_error "generate: --cuda-ring-carveout half" "--cuda-ring-carveout: half not in" "$kvgen" -m "$ref" -p hi \
+    --cuda-ring-carveout half
+expect_ok "generate: --cuda-ring-carveout max on the CPU" "." "$kvgen" -m "$ref" -p "The KV cache" -n 2 --temp 0 -t 1 \
+    --cuda-ring-carveout max
 expect_error "generate: --cuda-matvec-mma yes" "--cuda-matvec-mma: yes not in" "$kvgen" -m "$ref" -p hi \
     --cuda-matvec-mma yes
 expect_error "generate: --cuda-flash-warps cols" "--cuda-flash-warps: cols not in" "$kvgen" -m "$ref" -p hi \

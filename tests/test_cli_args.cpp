@@ -136,6 +136,10 @@ TEST_CASE("the bench backend column names the CUDA options that differ from the 
     s.cuda_matvec_stages = 0;
     CHECK(cuda_options_name(s) ==
           "--cuda-flash-pipeline off --cuda-matvec-unit 32 --cuda-matvec-stages 0 --cuda-gemm-overlap off");
+    s = Settings{};
+    CHECK(Settings{}.cuda_ring_fit);
+    s.cuda_ring_fit = false;
+    CHECK(cuda_options_name(s) == "--cuda-ring-carveout max");
     Settings t;
     t.cuda_int_matvec = t.cuda_flash_attention = t.cuda_qkv_store = false;
     CHECK(cuda_options_name(t) == "--cuda-matvec f32 --cuda-attention warp --cuda-kv-store kernel");

@@ -413,6 +413,13 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
             Settings registers_s = narrow_rows;
             registers_s.cuda_matvec_rows = 8;
             std::unique_ptr<Backend> registers = cuda::make_backend(m, registers_s);
+            // The rings with all of each SM's shared memory they may have (--cuda-ring-carveout max) instead of what
+            // their blocks need: the same launches on another split of L1, the same bits (each forward sets the
+            // kernels' attributes, so they switch between this backend's forwards and the others')
+            Settings carve_max_s = registers_s;
+            carve_max_s.cuda_matvec_stages = Settings{}.cuda_matvec_stages;
+            carve_max_s.cuda_ring_fit = false;
+            std::unique_ptr<Backend> carve_max = cuda::make_backend(m, carve_max_s);
             // Each RMSNorm in a launch of its own (--cuda-norm kernel) instead of folded into the residual product
             // before it: not the same bits (the norm's factor meets the activation blocks' scales after their
             // rounding, not before), the same logits within a small part of the largest (an f16 cache; a 4-bit one
@@ -442,6 +449,7 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
             REQUIRE(copy(store_launch->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
             REQUIRE(copy(narrow->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
             REQUIRE(copy(registers->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
+            REQUIRE(copy(carve_max->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);
             REQUIRE(copy(norm_kernel->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab) == a);  // no fold here
             const std::vector<float> up = copy(units->forward(seq.data(), n0, 0, Pass::Prefill), n_vocab);
             if (norm_compared) check_logits(up, a, "--cuda-matvec-unit 32 vs 64, prompt", units_rel);
@@ -459,6 +467,7 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
                 REQUIRE(copy(store_launch->forward(&id, 1, pos, Pass::Decode), n_vocab) == a);
                 REQUIRE(copy(narrow->forward(&id, 1, pos, Pass::Decode), n_vocab) == a);
                 REQUIRE(copy(registers->forward(&id, 1, pos, Pass::Decode), n_vocab) == a);
+                REQUIRE(copy(carve_max->forward(&id, 1, pos, Pass::Decode), n_vocab) == a);
                 const std::vector<float> nk = copy(norm_kernel->forward(&id, 1, pos, Pass::Decode), n_vocab);
                 if (norm_compared) check_logits(nk, a, "--cuda-norm product vs kernel", norm_rel);
                 const std::vector<float> un = copy(units->forward(&id, 1, pos, Pass::Decode), n_vocab);

@@ -1,10 +1,12 @@
 // The CUDA decoders and the decode matvec's lane arithmetic, run on the host: these need no GPU, so CI checks the
 // device code's bit layouts and indexing on every run (the [cuda] tests repeat them on a device).
+#include <cuda_occupancy.h>
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <tuple>
 
@@ -383,6 +385,83 @@ TEST_CASE("the one-kernel prefill GEMM takes 64-token tiles for short prompts an
     CHECK(flash_quantized_fits(128, ada));
     CHECK_FALSE(flash_quantized_fits(128, turing));  // a T4 refuses a quantized cache at head_dim 128
     CHECK(flash_quantized_fits(64, turing));
+}
+
+TEST_CASE("the rings' carveout holds as many blocks as all of an SM's shared memory would, and no more",
+          "[cuda-host]") {
+    // --cuda-ring-carveout fit: the smallest percentage of an SM's shared memory (as cudaDeviceGetAttribute gives it)
+    // that holds the blocks, each with the runtime's 1 KiB and in 128-byte units; the rest is L1
+    using cuda::ring_carveout_percent;
+    const int64_t h200 = 233472, a100 = 167936;
+    CHECK(ring_carveout_percent(5, 36864, h200) == 82);  // 185 KiB of 228: the driver's 196, 60 KiB L1
+    CHECK(ring_carveout_percent(6, 36864, h200) == 98);
+    CHECK(ring_carveout_percent(7, 36864, h200) == 100);  // more than the SM has: all of it
+    CHECK(ring_carveout_percent(10, 100, h200) == 5);     // 1,124 bytes a block take 1,152
+    CHECK(ring_carveout_percent(4, 36864, a100) == 91);
+    CHECK(ring_carveout_percent(1, 1024, 0) == 100);
+    for (int64_t blocks = 1; blocks <= 8; ++blocks)
+        for (int64_t bytes : {0, 1, 4000, 24576, 36864, 55296}) {
+            const int pct = ring_carveout_percent(blocks, bytes, h200);
+            const int64_t need = blocks * ((bytes + 1024 + 127) / 128 * 128);
+            CHECK(pct * h200 / 100 + 1 > std::min(need, h200));              // what they take
+            if (pct > 1 && pct < 100) CHECK((pct - 1) * h200 < 100 * need);  // and no more
+        }
+}
+
+TEST_CASE("the rings' carveout holds the blocks NVIDIA's occupancy calculator counts at all of the shared memory",
+          "[cuda-host]") {
+    // cuda_occupancy.h (the CUDA toolkit's, host code) with a ring kernel's registers, threads and static and dynamic
+    // shared memory on four devices: at ring_carveout_percent's share the same blocks an SM as at 100 (ring_grid
+    // also asks the runtime, and takes all of it where the runtime counts fewer)
+    struct Dev {
+        int major, minor, threads_per_sm;
+        int64_t per_sm, per_block;
+    };
+    for (const Dev& dv : {Dev{9, 0, 2048, 233472, 232448}, Dev{8, 0, 2048, 167936, 166912},
+                          Dev{8, 9, 1536, 102400, 101376}, Dev{8, 6, 1536, 102400, 101376}}) {
+        cudaOccDeviceProp p;
+        p.computeMajor = dv.major;
+        p.computeMinor = dv.minor;
+        p.maxThreadsPerBlock = 1024;
+        p.maxThreadsPerMultiprocessor = dv.threads_per_sm;
+        p.regsPerBlock = p.regsPerMultiprocessor = 65536;
+        p.warpSize = 32;
+        p.sharedMemPerBlock = 49152;
+        p.sharedMemPerMultiprocessor = size_t(dv.per_sm);
+        p.numSms = 100;
+        p.sharedMemPerBlockOptin = size_t(dv.per_block);
+        p.reservedSharedMemPerBlock = 1024;
+        int below = 0;  // launches whose share leaves L1 more than all of it would
+        for (int threads : {128, 192, 256})
+            for (int regs : {64, 72, 91, 96, 128})
+                for (int64_t fixed : {0, 512, 4096})
+                    for (int64_t dynamic : {4096, 12288, 18432, 36864, 55296, 73728, 98304}) {
+                        if (fixed + dynamic > dv.per_block) continue;
+                        cudaOccFuncAttributes a;
+                        a.maxThreadsPerBlock = 1024;
+                        a.numRegs = regs;
+                        a.sharedSizeBytes = size_t(fixed);
+                        a.shmemLimitConfig = FUNC_SHMEM_LIMIT_OPTIN;
+                        a.maxDynamicSharedSizeBytes = size_t(dv.per_block - fixed);
+                        a.numBlockBarriers = 1;
+                        const auto blocks = [&](int carveout) {
+                            cudaOccDeviceState st;
+                            st.carveoutConfig = carveout;
+                            cudaOccResult r{};
+                            REQUIRE(cudaOccMaxActiveBlocksPerMultiprocessor(&r, &p, &a, &st, threads,
+                                                                            size_t(dynamic)) == CUDA_OCC_SUCCESS);
+                            return r.activeBlocksPerMultiprocessor;
+                        };
+                        const int most = blocks(100);
+                        if (most == 0) continue;
+                        const int pct = cuda::ring_carveout_percent(most, fixed + dynamic, dv.per_sm);
+                        INFO("sm_" << dv.major << dv.minor << ", " << threads << " threads, " << regs << " registers, "
+                                   << fixed << " + " << dynamic << " bytes: " << pct << "%");
+                        CHECK(blocks(pct) == most);
+                        if (pct < 100 && blocks(pct - 1) < most) ++below;
+                    }
+        CHECK(below > 0);  // the share is the least on some launches, not 100 on all
+    }
 }
 
 TEST_CASE("the prefill GEMM's chunks stay within the L2-sized scratch, in whole tile steps", "[cuda-host]") {

@@ -44,6 +44,8 @@ std::string cuda_options_name(const Settings& s) {
     if (s.cuda_matvec_unit != d.cuda_matvec_unit) add("--cuda-matvec-unit " + std::to_string(s.cuda_matvec_unit));
     if (s.cuda_matvec_stages != d.cuda_matvec_stages)
         add("--cuda-matvec-stages " + std::to_string(s.cuda_matvec_stages));
+    if (s.cuda_ring_fit != d.cuda_ring_fit)
+        add(s.cuda_ring_fit ? "--cuda-ring-carveout fit" : "--cuda-ring-carveout max");
     if (s.cuda_int_mma != d.cuda_int_mma) add(s.cuda_int_mma ? "--cuda-matvec-mma on" : "--cuda-matvec-mma off");
     if (s.cuda_qkv_store != d.cuda_qkv_store)
         add(s.cuda_qkv_store ? "--cuda-kv-store product" : "--cuda-kv-store kernel");

@@ -49,6 +49,8 @@ struct Settings {
     int cuda_matvec_stages = 3;  // CUDA (sm_80+): integer and F16 products' weights through a ring of this many
                                  // stages of shared memory in blocks that stay (2-4), or 0: through registers, a
                                  // block a row group (--cuda-matvec-stages; the same bits)
+    bool cuda_ring_fit = true;   // CUDA: the rings' share of each SM's L1 as shared memory is what their blocks need
+                                 // (fit), the rest L1 for the activations, not all of it (max) (--cuda-ring-carveout)
     bool cuda_int_mma = false;   // CUDA (sm_80+): integer products of 2-64 tokens of Q4_0 / Q8_0 / Q4_K / Q6_K on the
                                  // tensor cores in one launch (groups of up to 16 tokens, Q6_K 8, a block; 8-bit mma
                                  // on the activations' two bytes; --cuda-matvec-mma)
