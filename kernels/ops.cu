@@ -775,7 +775,8 @@ void launch(void (*kernel)(Params...), dim3 grid, unsigned block, bool pdl, cuda
 }
 
 // The ring kernels' grids (ring_grid) and the share of each SM's L1 they take as shared memory, their carveout
-// (set_ring_carveout), for the whole process.
+// (set_ring_carveout), for the whole process: one share for the one-token kernels of a device and one for those of
+// several tokens (a short prompt's; "several" below), whose activations need up to 8 times the room in L1.
 struct RingKnown {
     const void* kernel;
     int device;
@@ -787,6 +788,7 @@ struct RingKnown {
 struct RingSetUp {
     const void* kernel;
     int device;
+    bool several;
     int carveout;  // percent, as last set; -1 before
 };
 struct RingState {
@@ -794,22 +796,25 @@ struct RingState {
     bool fit = true;  // Settings::cuda_ring_fit
     std::vector<RingKnown> known;
     std::vector<RingSetUp> set_up;                    // the kernels and devices whose attributes are set
-    std::vector<std::pair<int, int>> reached_shares;  // device, the carveout fit has reached there
-    int& reached(int device) {
+    std::vector<std::pair<int, int>> reached_shares;  // 2 device + several, the carveout fit has reached there
+    int& reached(int device, bool several) {
+        const int key = 2 * device + (several ? 1 : 0);
         for (auto& r : reached_shares)
-            if (r.first == device) return r.second;
-        reached_shares.emplace_back(device, 0);
+            if (r.first == key) return r.second;
+        reached_shares.emplace_back(key, 0);
         return reached_shares.back().second;
     }
-    int carveout(int device) { return fit ? reached(device) : int(cudaSharedmemCarveoutMaxShared); }
+    int carveout(int device, bool several) {
+        return fit ? reached(device, several) : int(cudaSharedmemCarveoutMaxShared);
+    }
     static void set(RingSetUp& k, int carveout) {
         if (k.carveout == carveout) return;
         KVGEN_CUDA_CHECK(cudaFuncSetAttribute(k.kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
         k.carveout = carveout;
     }
-    void set_all(int device, int carveout) {
+    void set_all(int device, bool several, int carveout) {
         for (RingSetUp& k : set_up)
-            if (k.device == device) set(k, carveout);
+            if (k.device == device && k.several == several) set(k, carveout);
     }
 };
 RingState& ring_state() {
@@ -822,30 +827,30 @@ void set_ring_carveout(int device, bool fit) {
     RingState& r = ring_state();
     const std::lock_guard<std::mutex> lock(r.mutex);
     r.fit = fit;
-    r.set_all(device, r.carveout(device));
+    for (bool several : {false, true}) r.set_all(device, several, r.carveout(device, several));
 }
 
 namespace {
-// The blocks of a ring launch (matvec_ring) of `kernel` with blocks of `threads` threads and `bytes` of dynamic
-// shared memory: as many as the device's SMs hold at once (its registers, shared memory and threads, asked of the
-// runtime once per kernel, size, device and carveout), at most `groups`; 0 where not one block fits (the caller then
-// takes the register path). The first time for a kernel and device, its blocks may take all the shared memory a block
-// may have (less its static part). How much of each SM's L1 is shared memory (its carveout) is the same for every
-// ring kernel and every size it is launched with, so that the blocks each size's answer counted fit at once and one
-// ring kernel's blocks can join an SM that another's still hold (a programmatic launch): with --cuda-ring-carveout max
-// all of it (228 KiB of an H200's 256, leaving 28 KiB of L1); with fit (the default) the least that holds, for every
-// ring kernel and size launched so far, as many blocks as all of it would (ring_carveout_percent; 82% for five blocks
-// of 36 KiB, which the driver makes 196 KiB, leaving 60), raised for all of them when a launch needs more. The rest
-// is L1, where a block's groups read a token's activations again and again (the integer products' 80 bytes a block of
-// 32 values): 10 KiB for 4,096 columns, 26.9 for 11,008 (LLaMA-2-7B's down projection), 33.8 for 13,824 (13B's),
-// which 28 KiB holds barely or not at all.
-int64_t ring_grid(const void* kernel, unsigned threads, size_t bytes, int64_t groups) {
+// The blocks of a ring launch (matvec_ring) of `kernel`, for one token or several, with blocks of `threads` threads
+// and `bytes` of dynamic shared memory: as many as the device's SMs hold at once (its registers, shared memory and
+// threads, asked of the runtime once per kernel, size, device and carveout), at most `groups`; 0 where not one block
+// fits (the caller then takes the register path). The first time for a kernel and device, its blocks may take all the
+// shared memory a block may have (less its static part). How much of each SM's L1 is shared memory (its carveout) is
+// the same for every ring kernel of one token (or of several) and every size it is launched with, so that the blocks
+// each size's answer counted fit at once and one ring kernel's blocks can join an SM that another's still hold (a
+// programmatic launch): with --cuda-ring-carveout max all of it (228 KiB of an H200's 256, leaving 28 KiB of L1); with
+// fit (the default) the least that holds, for every ring kernel and size launched so far, as many blocks as all of it
+// would (ring_carveout_percent; 82% for five blocks of 36 KiB, which the driver makes 196 KiB, leaving 60), raised for
+// all of them when a launch needs more. The rest is L1, where a block's groups read the tokens' activations again and
+// again (the integer products' 80 bytes a block of 32 values): 10 KiB for 4,096 columns, 26.9 for 11,008 (LLaMA-2-7B's
+// down projection), 33.8 for 13,824 (13B's), which 28 KiB holds barely or not at all, and 8 times that for 8 tokens.
+int64_t ring_grid(const void* kernel, bool several, unsigned threads, size_t bytes, int64_t groups) {
     RingState& r = ring_state();
     int device = 0;
     KVGEN_CUDA_CHECK(cudaGetDevice(&device));
     const std::lock_guard<std::mutex> lock(r.mutex);
-    const int carveout = r.carveout(device);
-    r.set_all(device, carveout);
+    const int carveout = r.carveout(device, several);
+    r.set_all(device, several, carveout);
     for (const RingKnown& k : r.known)
         if (k.kernel == kernel && k.device == device && k.threads == threads && k.bytes == bytes &&
             k.carveout <= carveout)
@@ -862,7 +867,7 @@ int64_t ring_grid(const void* kernel, unsigned threads, size_t bytes, int64_t gr
                            [&](const RingSetUp& k) { return k.kernel == kernel && k.device == device; });
     if (me == r.set_up.end()) {
         KVGEN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dynamic_max)));
-        me = r.set_up.insert(r.set_up.end(), {kernel, device, -1});
+        me = r.set_up.insert(r.set_up.end(), {kernel, device, several, -1});
     }
     const auto blocks_at = [&](int c) {
         RingState::set(*me, c);
@@ -883,21 +888,22 @@ int64_t ring_grid(const void* kernel, unsigned threads, size_t bytes, int64_t gr
             used = int(cudaSharedmemCarveoutMaxShared);
             per_sm = blocks_at(used);
         }
-        r.reached(device) = used;
+        r.reached(device, several) = used;
     }
-    r.set_all(device, used);
+    r.set_all(device, several, used);
     const int64_t blocks = per_sm * d.sm_count;
     r.known.push_back({kernel, device, threads, bytes, used, blocks});
     return std::min(blocks, groups);
 }
-// A ring launch (matvec_ring) of `kernel` over `rows` rows in groups of R, each group's items `slots` rows of the step
-// policy Ring, in blocks of `threads` threads and `stages` stages: as many blocks as ring_grid says; false (nothing
-// launched) where not one fits, and the caller takes the register path.
+// A ring launch (matvec_ring) of `kernel`, whose launches take `tokens` tokens, over `rows` rows in groups of R, each
+// group's items `slots` rows of the step policy Ring, in blocks of `threads` threads and `stages` stages: as many
+// blocks as ring_grid says; false (nothing launched) where not one fits, and the caller takes the register path.
 template <typename Ring, typename... Params, typename... Args>
-bool launch_ring(void (*kernel)(Params...), unsigned threads, int slots, int stages, int64_t rows, int R, bool pdl,
-                 cudaStream_t s, Args... args) {
+bool launch_ring(void (*kernel)(Params...), int tokens, unsigned threads, int slots, int stages, int64_t rows, int R,
+                 bool pdl, cudaStream_t s, Args... args) {
     const size_t bytes = size_t(ring_layout<Ring>(int(threads), slots, stages).bytes());
-    const int64_t grid = ring_grid(reinterpret_cast<const void*>(kernel), threads, bytes, (rows + R - 1) / R);
+    const int64_t grid =
+        ring_grid(reinterpret_cast<const void*>(kernel), tokens > 1, threads, bytes, (rows + R - 1) / R);
     if (grid == 0) return false;
     launch_shared(kernel, dim3(unsigned(grid)), threads, bytes, pdl, s, args...);
     return true;
@@ -913,8 +919,9 @@ void launch_f16(const RowSplit& y, const DevWeight& w, const DevWeight* up, cons
     const auto go = [&](auto type, auto nm) {
         constexpr GgmlType T = decltype(type)::value;
         constexpr int NM = decltype(nm)::value, R = kMvF16Rows / NM;
-        if (stages > 0 && launch_ring<F16Ring<T>>(matvec_f16_kernel<T, NM, R, true>, threads, NM * R, stages, w.rows, R,
-                                                  pdl, s, w.data, u, w.row_bytes, n_units, w.rows, x, y, acc, stages))
+        if (stages > 0 &&
+            launch_ring<F16Ring<T>>(matvec_f16_kernel<T, NM, R, true>, 1, threads, NM * R, stages, w.rows, R, pdl, s,
+                                    w.data, u, w.row_bytes, n_units, w.rows, x, y, acc, stages))
             return;
         launch(matvec_f16_kernel<T, NM, R, false>, grid_for(w.rows, R), threads, pdl, s, w.data, u, w.row_bytes,
                n_units, w.rows, x, y, acc, 0);
@@ -992,9 +999,9 @@ void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n,
                 with_ring_shape<T, 1, NT>(shape, [&](auto r, auto step) {
                     constexpr int R = decltype(r)::value, S = decltype(step)::value;
                     const unsigned threads = unsigned(32 * mvi_warps(mvi_steps(n_units, S)));
-                    ringed = launch_ring<IntRing<T, S>>(matvec_int_kernel<T, NT, R, S, true>, threads, R, shape.stages,
-                                                        w.rows, R, pdl, s, w.data, w.row_bytes, n_units, w.rows, xi, m,
-                                                        y, i0, accumulate ? 1 : 0, st, ns, shape.stages);
+                    ringed = launch_ring<IntRing<T, S>>(matvec_int_kernel<T, NT, R, S, true>, NT, threads, R,
+                                                        shape.stages, w.rows, R, pdl, s, w.data, w.row_bytes, n_units,
+                                                        w.rows, xi, m, y, i0, accumulate ? 1 : 0, st, ns, shape.stages);
                 });
             if (!ringed)
                 with_mvi_shape<T, 1, NT>(shape, [&](auto r, auto step) {
@@ -1030,9 +1037,10 @@ void matvec_glu_int(float* y, ActBlock* yq, int* counters, const DevWeight& gate
                 with_ring_shape<T, 2, NT>(shape, [&](auto r, auto step) {
                     constexpr int R = decltype(r)::value, S = decltype(step)::value;
                     const unsigned threads = unsigned(32 * mvi_warps(mvi_steps(n_units, S)));
-                    ringed = launch_ring<IntRing<T, S>>(
-                        matvec_glu_int_kernel<T, NT, R, S, true>, threads, 2 * R, shape.stages, gate.rows, R, pdl, s,
-                        gate.data, up.data, gate.row_bytes, n_units, gate.rows, xi, m, yi, yqi, counters, shape.stages);
+                    ringed = launch_ring<IntRing<T, S>>(matvec_glu_int_kernel<T, NT, R, S, true>, NT, threads, 2 * R,
+                                                        shape.stages, gate.rows, R, pdl, s, gate.data, up.data,
+                                                        gate.row_bytes, n_units, gate.rows, xi, m, yi, yqi, counters,
+                                                        shape.stages);
                 });
             if (!ringed)
                 with_mvi_shape<T, 2, NT>(shape, [&](auto r, auto step) {

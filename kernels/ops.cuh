@@ -45,8 +45,9 @@ void matvec(float* y, const DevWeight& w, const float* x, bool accumulate, cudaS
             bool pdl = false, int stages = 0);
 // How the rings' kernels (the integer and F16 products with stages 2-4) share each SM's L1 with shared memory, for
 // the whole process (a backend sets it on its device as each forward starts, the kernels' attributes at once;
-// Settings::cuda_ring_fit, --cuda-ring-carveout): fit (true) as much shared memory as their blocks need, the same
-// share for all of them, the rest L1; false all an SM allows. The same results either way.
+// Settings::cuda_ring_fit, --cuda-ring-carveout): fit (true) as much shared memory as their blocks need, one share
+// for the one-token kernels and one for a short prompt's, the rest L1; false all an SM allows. The same results
+// either way.
 void set_ring_carveout(int device, bool fit);
 // The same product with its rows spread over up to three buffers (RowSplit, matvec.cuh): Q|K|V uploaded as one
 // matrix fill q, k and v in one launch. Twin: three matvec calls.
