@@ -345,7 +345,7 @@ void CudaOps::capture(const std::function<void()>& step) {
 
 const float* CudaOps::run(int n, int n_out, const std::function<void()>& step) {
     head_rows_ = n_out;
-    set_ring_carveout(device_, ring_fit_);
+    set_ring_carveout(ring_fit_);
     // note: the graph is captured once and replayed at every later position, so the one decode step that sets the
     // key offsets (kv_offsets between its rows in rope_store_kv) runs launch by launch, neither captured nor replayed.
     if (n == 1 && graphs_ && !sets_offsets_) {

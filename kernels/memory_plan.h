@@ -122,14 +122,14 @@ struct GemmMmaDevice {
     int64_t shared_per_sm = 0, shared_per_block = 0;
 };
 constexpr int64_t kSharedReservePerBlock = 1024;  // what the runtime keeps of an SM's shared memory per block
-// The one-token products' rings (matvec_ring) with --cuda-ring-carveout fit: the smallest shared-memory carveout, in
-// percent of an SM's shared memory (`shared_per_sm`, cudaDevAttrMaxSharedMemoryPerMultiprocessor) as
-// cudaFuncAttributePreferredSharedMemoryCarveout takes it, that holds `blocks` blocks of `block_bytes` (static and
-// dynamic) each: a block takes its bytes and the runtime's reserve, in units of 128 bytes (sm_80 and later). The
-// driver rounds the percentage up to one of the SM's sizes (228 KiB an H200's SM at most: 0, 8, 16, 32, 64, 100, 132,
-// 164, 196 or 228), so at least that much is shared memory and the rest of the SM's 256 KiB is L1, where a token's
-// activations stay while the blocks' groups read them (26.9 KiB for 11,008 columns in the integer products). 100 where
-// they take it all.
+// A ring launch (matvec_ring) with --cuda-ring-carveout fit: the smallest shared-memory carveout, in percent of an SM's
+// shared memory (`shared_per_sm`, cudaDevAttrMaxSharedMemoryPerMultiprocessor) as the carveout attributes
+// (cudaLaunchAttributePreferredSharedMemoryCarveout, cudaFuncAttributePreferredSharedMemoryCarveout) take it, that
+// holds `blocks` blocks of `block_bytes` (static and dynamic) each: a block takes its bytes and the runtime's reserve,
+// in units of 128 bytes (sm_80 and later). The driver rounds the percentage up to one of the SM's sizes (228 KiB an
+// H200's SM at most: 0, 8, 16, 32, 64, 100, 132, 164, 196 or 228), so at least that much is shared memory and the rest
+// of the SM's 256 KiB is L1, where the tokens' activations stay while the blocks' groups read them (26.9 KiB a token
+// for 11,008 columns in the integer products). 100 where they take it all.
 inline int ring_carveout_percent(int64_t blocks, int64_t block_bytes, int64_t shared_per_sm) {
     constexpr int64_t unit = 128;
     const int64_t need = blocks * ((block_bytes + kSharedReservePerBlock + unit - 1) / unit * unit);

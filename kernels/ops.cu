@@ -752,160 +752,152 @@ bool int_mma_ok(const DevWeight& w, int n) {
 }
 
 namespace {
+// Whether a launch can ask for its own carveout (cudaLaunchAttributePreferredSharedMemoryCarveout): builds with CUDA
+// 12.6 or later, on a driver that knows it (12.6 or later; an older one would refuse the launch).
+#if CUDART_VERSION >= 12060
+bool launch_carveout_ok() {
+    static const bool ok = [] {
+        int v = 0;
+        return cudaDriverGetVersion(&v) == cudaSuccess && v >= 12060;
+    }();
+    return ok;
+}
+#else
+bool launch_carveout_ok() {
+    return false;
+}
+#endif
 // A kernel launch, with programmatic dependent launch when pdl (sm_90: the kernel may start before the one before it
-// in the stream ends, and waits in pdl_wait; captured into graphs as a programmatic edge).
+// in the stream ends, and waits in pdl_wait; captured into graphs as a programmatic edge), and with `carveout` (0-100)
+// as the launch's share of each SM's L1 as shared memory where it is at least 0 and launch_carveout_ok() (the
+// kernel's own attribute otherwise; captured into graphs with the launch).
 template <typename... Params, typename... Args>
-void launch_shared(void (*kernel)(Params...), dim3 grid, unsigned block, size_t shared, bool pdl, cudaStream_t s,
-                   Args... args) {
+void launch_carved(void (*kernel)(Params...), dim3 grid, unsigned block, size_t shared, bool pdl, int carveout,
+                   cudaStream_t s, Args... args) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = grid;
     cfg.blockDim = dim3(block);
     cfg.dynamicSmemBytes = shared;
     cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute attr[2];
+    unsigned n = 0;
+    if (pdl) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+#if CUDART_VERSION >= 12060
+    if (carveout >= 0 && launch_carveout_ok()) {
+        attr[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+        attr[n++].val.sharedMemCarveout = unsigned(carveout);
+    }
+#else
+    (void)carveout;
+#endif
     cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
+    cfg.numAttrs = n;
     KVGEN_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, Params(args)...));
+}
+template <typename... Params, typename... Args>
+void launch_shared(void (*kernel)(Params...), dim3 grid, unsigned block, size_t shared, bool pdl, cudaStream_t s,
+                   Args... args) {
+    launch_carved(kernel, grid, block, shared, pdl, -1, s, args...);
 }
 template <typename... Params, typename... Args>
 void launch(void (*kernel)(Params...), dim3 grid, unsigned block, bool pdl, cudaStream_t s, Args... args) {
     launch_shared(kernel, grid, block, 0, pdl, s, args...);
 }
 
-// The ring kernels' grids (ring_grid) and the share of each SM's L1 they take as shared memory, their carveout
-// (set_ring_carveout), for the whole process: one share for the one-token kernels of a device and one for those of
-// several tokens (a short prompt's; "several" below), whose activations need up to 8 times the room in L1.
-struct RingKnown {
-    const void* kernel;
-    int device;
-    unsigned threads;
-    size_t bytes;
-    int carveout;  // what the kernels had when blocks was counted
-    int64_t blocks;
-};
-struct RingSetUp {
-    const void* kernel;
-    int device;
-    bool several;
-    int carveout;  // percent, as last set; -1 before
-};
-struct RingState {
-    std::mutex mutex;
-    bool fit = true;  // Settings::cuda_ring_fit
-    std::vector<RingKnown> known;
-    std::vector<RingSetUp> set_up;                    // the kernels and devices whose attributes are set
-    std::vector<std::pair<int, int>> reached_shares;  // 2 device + several, the carveout fit has reached there
-    int& reached(int device, bool several) {
-        const int key = 2 * device + (several ? 1 : 0);
-        for (auto& r : reached_shares)
-            if (r.first == key) return r.second;
-        reached_shares.emplace_back(key, 0);
-        return reached_shares.back().second;
-    }
-    int carveout(int device, bool several) {
-        return fit ? reached(device, several) : int(cudaSharedmemCarveoutMaxShared);
-    }
-    static void set(RingSetUp& k, int carveout) {
-        if (k.carveout == carveout) return;
-        KVGEN_CUDA_CHECK(cudaFuncSetAttribute(k.kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
-        k.carveout = carveout;
-    }
-    void set_all(int device, bool several, int carveout) {
-        for (RingSetUp& k : set_up)
-            if (k.device == device && k.several == several) set(k, carveout);
-    }
-};
-RingState& ring_state() {
-    static RingState state;
-    return state;
-}
+// Settings::cuda_ring_fit, for the whole process (set_ring_carveout).
+std::atomic<bool> g_ring_fit{true};
 }  // namespace
 
-void set_ring_carveout(int device, bool fit) {
-    RingState& r = ring_state();
-    const std::lock_guard<std::mutex> lock(r.mutex);
-    r.fit = fit;
-    for (bool several : {false, true}) r.set_all(device, several, r.carveout(device, several));
+void set_ring_carveout(bool fit) {
+    g_ring_fit = fit;
 }
 
 namespace {
-// The blocks of a ring launch (matvec_ring) of `kernel`, for one token or several, with blocks of `threads` threads
-// and `bytes` of dynamic shared memory: as many as the device's SMs hold at once (its registers, shared memory and
-// threads, asked of the runtime once per kernel, size, device and carveout), at most `groups`; 0 where not one block
-// fits (the caller then takes the register path). The first time for a kernel and device, its blocks may take all the
-// shared memory a block may have (less its static part). How much of each SM's L1 is shared memory (its carveout) is
-// the same for every ring kernel of one token (or of several) and every size it is launched with, so that the blocks
-// each size's answer counted fit at once and one ring kernel's blocks can join an SM that another's still hold (a
-// programmatic launch): with --cuda-ring-carveout max all of it (228 KiB of an H200's 256, leaving 28 KiB of L1); with
-// fit (the default) the least that holds, for every ring kernel and size launched so far, as many blocks as all of it
-// would (ring_carveout_percent; 82% for five blocks of 36 KiB, which the driver makes 196 KiB, leaving 60), raised for
-// all of them when a launch needs more. The rest is L1, where a block's groups read the tokens' activations again and
-// again (the integer products' 80 bytes a block of 32 values): 10 KiB for 4,096 columns, 26.9 for 11,008 (LLaMA-2-7B's
-// down projection), 33.8 for 13,824 (13B's), which 28 KiB holds barely or not at all, and 8 times that for 8 tokens.
-int64_t ring_grid(const void* kernel, bool several, unsigned threads, size_t bytes, int64_t groups) {
-    RingState& r = ring_state();
+// A ring launch's grid and share of each SM's L1 as shared memory (its carveout, percent; -1: the kernel's own).
+struct RingGrid {
+    int64_t blocks = 0;
+    int carveout = -1;
+};
+// The blocks of a ring launch (matvec_ring) of `kernel` with blocks of `threads` threads and `bytes` of dynamic
+// shared memory: as many as the device's SMs hold at once (its registers, shared memory and threads, asked of the
+// runtime once per kernel, size and device), at most `groups`; 0 where not one block fits (the caller then takes the
+// register path). The first time for a kernel and device, its blocks may take all the shared memory a block may have
+// (less its static part), and the kernel's own carveout is all of each SM's L1 that may be shared memory (228 KiB of
+// an H200's 256, leaving 28 KiB of L1): --cuda-ring-carveout max. With fit (the default; where launch_carveout_ok)
+// each launch asks for the least that holds as many blocks (ring_carveout_percent, checked against the runtime's
+// occupancy, which ring_grid asks by setting the kernel's own attribute there and back: one thread launches rings;
+// on an H200 82% for five Q4_K blocks of 36 KiB, which the driver makes 196 KiB, leaving 60 KiB; eight Q4_0 blocks of
+// 27 KiB take all 228; 13B's Q4_0 down projection, two blocks of 95 KiB, 196). The rest is L1, where a block's groups
+// read the tokens' activations again and again (the integer products' 80 bytes a block of 32 values): 10 KiB for 4,096
+// columns, 26.9 for 11,008 (LLaMA-2-7B's down projection), 33.8 for 13,824 (13B's), which 28 KiB holds barely or not at
+// all, and 8 times that for 8 tokens.
+RingGrid ring_grid(const void* kernel, unsigned threads, size_t bytes, int64_t groups) {
+    struct Known {
+        const void* kernel;
+        int device;
+        unsigned threads;
+        size_t bytes;
+        int64_t blocks;
+        int fit;  // the least carveout that holds them
+    };
+    static std::mutex mutex;
+    static std::vector<Known> known;
+    static std::vector<std::pair<const void*, int>> set_up;  // the kernels and devices whose attributes are set
     int device = 0;
     KVGEN_CUDA_CHECK(cudaGetDevice(&device));
-    const std::lock_guard<std::mutex> lock(r.mutex);
-    const int carveout = r.carveout(device, several);
-    r.set_all(device, several, carveout);
-    for (const RingKnown& k : r.known)
-        if (k.kernel == kernel && k.device == device && k.threads == threads && k.bytes == bytes &&
-            k.carveout <= carveout)
-            return std::min(k.blocks, groups);  // (more shared memory holds as many)
+    const std::lock_guard<std::mutex> lock(mutex);
+    const auto answer = [&](const Known& k) {
+        RingGrid g;
+        g.blocks = std::min(k.blocks, groups);
+        g.carveout = g_ring_fit && k.fit < int(cudaSharedmemCarveoutMaxShared) ? k.fit : -1;
+        return g;
+    };
+    for (const Known& k : known)
+        if (k.kernel == kernel && k.device == device && k.threads == threads && k.bytes == bytes) return answer(k);
     const GemmMmaDevice d = gemm_mma_device(device);
     cudaFuncAttributes a{};
     KVGEN_CUDA_CHECK(cudaFuncGetAttributes(&a, kernel));
     const int64_t dynamic_max = d.shared_per_block - int64_t(a.sharedSizeBytes);  // what its static part leaves
-    if (int64_t(bytes) > dynamic_max) {
-        r.known.push_back({kernel, device, threads, bytes, carveout, 0});
-        return 0;
-    }
-    auto me = std::find_if(r.set_up.begin(), r.set_up.end(),
-                           [&](const RingSetUp& k) { return k.kernel == kernel && k.device == device; });
-    if (me == r.set_up.end()) {
-        KVGEN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dynamic_max)));
-        me = r.set_up.insert(r.set_up.end(), {kernel, device, several, -1});
-    }
-    const auto blocks_at = [&](int c) {
-        RingState::set(*me, c);
-        int per_sm = 0;
-        KVGEN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, int(threads), bytes));
-        return int64_t(per_sm);
-    };
-    const int64_t most = blocks_at(int(cudaSharedmemCarveoutMaxShared));
-    int used = int(cudaSharedmemCarveoutMaxShared);
-    int64_t per_sm = most;
-    if (r.fit) {
-        // the least that holds as many, or what the kernels have where that is more; all of it where the runtime
-        // counts fewer blocks there
-        used = std::max(carveout,
-                        ring_carveout_percent(most, int64_t(a.sharedSizeBytes) + int64_t(bytes), d.shared_per_sm));
-        per_sm = blocks_at(used);
-        if (per_sm < most) {
-            used = int(cudaSharedmemCarveoutMaxShared);
-            per_sm = blocks_at(used);
+    Known k{kernel, device, threads, bytes, 0, int(cudaSharedmemCarveoutMaxShared)};
+    if (int64_t(bytes) <= dynamic_max) {
+        if (std::find(set_up.begin(), set_up.end(), std::make_pair(kernel, device)) == set_up.end()) {
+            KVGEN_CUDA_CHECK(
+                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dynamic_max)));
+            KVGEN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                  int(cudaSharedmemCarveoutMaxShared)));
+            set_up.emplace_back(kernel, device);
         }
-        r.reached(device, several) = used;
+        const auto blocks_at = [&](int carveout) {
+            KVGEN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
+            int per_sm = 0;
+            KVGEN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, int(threads), bytes));
+            return int64_t(per_sm);
+        };
+        const int64_t per_sm = blocks_at(int(cudaSharedmemCarveoutMaxShared));
+        if (per_sm > 0) {
+            // (the runtime's count at the least share, where it counts one; the kernel's own share back to all)
+            const int fit = ring_carveout_percent(per_sm, int64_t(a.sharedSizeBytes) + int64_t(bytes), d.shared_per_sm);
+            if (fit < int(cudaSharedmemCarveoutMaxShared) && blocks_at(fit) == per_sm) k.fit = fit;
+            blocks_at(int(cudaSharedmemCarveoutMaxShared));
+        }
+        k.blocks = per_sm * d.sm_count;
     }
-    r.set_all(device, several, used);
-    const int64_t blocks = per_sm * d.sm_count;
-    r.known.push_back({kernel, device, threads, bytes, used, blocks});
-    return std::min(blocks, groups);
+    known.push_back(k);
+    return answer(k);
 }
-// A ring launch (matvec_ring) of `kernel`, whose launches take `tokens` tokens, over `rows` rows in groups of R, each
-// group's items `slots` rows of the step policy Ring, in blocks of `threads` threads and `stages` stages: as many
-// blocks as ring_grid says; false (nothing launched) where not one fits, and the caller takes the register path.
+// A ring launch (matvec_ring) of `kernel` over `rows` rows in groups of R, each group's items `slots` rows of the step
+// policy Ring, in blocks of `threads` threads and `stages` stages: as many blocks as ring_grid says, with its
+// carveout; false (nothing launched) where not one fits, and the caller takes the register path.
 template <typename Ring, typename... Params, typename... Args>
-bool launch_ring(void (*kernel)(Params...), int tokens, unsigned threads, int slots, int stages, int64_t rows, int R,
-                 bool pdl, cudaStream_t s, Args... args) {
+bool launch_ring(void (*kernel)(Params...), unsigned threads, int slots, int stages, int64_t rows, int R, bool pdl,
+                 cudaStream_t s, Args... args) {
     const size_t bytes = size_t(ring_layout<Ring>(int(threads), slots, stages).bytes());
-    const int64_t grid =
-        ring_grid(reinterpret_cast<const void*>(kernel), tokens > 1, threads, bytes, (rows + R - 1) / R);
-    if (grid == 0) return false;
-    launch_shared(kernel, dim3(unsigned(grid)), threads, bytes, pdl, s, args...);
+    const RingGrid g = ring_grid(reinterpret_cast<const void*>(kernel), threads, bytes, (rows + R - 1) / R);
+    if (g.blocks == 0) return false;
+    launch_carved(kernel, dim3(unsigned(g.blocks)), threads, bytes, pdl, g.carveout, s, args...);
     return true;
 }
 
@@ -919,9 +911,8 @@ void launch_f16(const RowSplit& y, const DevWeight& w, const DevWeight* up, cons
     const auto go = [&](auto type, auto nm) {
         constexpr GgmlType T = decltype(type)::value;
         constexpr int NM = decltype(nm)::value, R = kMvF16Rows / NM;
-        if (stages > 0 &&
-            launch_ring<F16Ring<T>>(matvec_f16_kernel<T, NM, R, true>, 1, threads, NM * R, stages, w.rows, R, pdl, s,
-                                    w.data, u, w.row_bytes, n_units, w.rows, x, y, acc, stages))
+        if (stages > 0 && launch_ring<F16Ring<T>>(matvec_f16_kernel<T, NM, R, true>, threads, NM * R, stages, w.rows, R,
+                                                  pdl, s, w.data, u, w.row_bytes, n_units, w.rows, x, y, acc, stages))
             return;
         launch(matvec_f16_kernel<T, NM, R, false>, grid_for(w.rows, R), threads, pdl, s, w.data, u, w.row_bytes,
                n_units, w.rows, x, y, acc, 0);
@@ -999,9 +990,9 @@ void matvec_int(const RowSplit& y, const DevWeight& w, const ActBlock* x, int n,
                 with_ring_shape<T, 1, NT>(shape, [&](auto r, auto step) {
                     constexpr int R = decltype(r)::value, S = decltype(step)::value;
                     const unsigned threads = unsigned(32 * mvi_warps(mvi_steps(n_units, S)));
-                    ringed = launch_ring<IntRing<T, S>>(matvec_int_kernel<T, NT, R, S, true>, NT, threads, R,
-                                                        shape.stages, w.rows, R, pdl, s, w.data, w.row_bytes, n_units,
-                                                        w.rows, xi, m, y, i0, accumulate ? 1 : 0, st, ns, shape.stages);
+                    ringed = launch_ring<IntRing<T, S>>(matvec_int_kernel<T, NT, R, S, true>, threads, R, shape.stages,
+                                                        w.rows, R, pdl, s, w.data, w.row_bytes, n_units, w.rows, xi, m,
+                                                        y, i0, accumulate ? 1 : 0, st, ns, shape.stages);
                 });
             if (!ringed)
                 with_mvi_shape<T, 1, NT>(shape, [&](auto r, auto step) {
@@ -1037,10 +1028,9 @@ void matvec_glu_int(float* y, ActBlock* yq, int* counters, const DevWeight& gate
                 with_ring_shape<T, 2, NT>(shape, [&](auto r, auto step) {
                     constexpr int R = decltype(r)::value, S = decltype(step)::value;
                     const unsigned threads = unsigned(32 * mvi_warps(mvi_steps(n_units, S)));
-                    ringed = launch_ring<IntRing<T, S>>(matvec_glu_int_kernel<T, NT, R, S, true>, NT, threads, 2 * R,
-                                                        shape.stages, gate.rows, R, pdl, s, gate.data, up.data,
-                                                        gate.row_bytes, n_units, gate.rows, xi, m, yi, yqi, counters,
-                                                        shape.stages);
+                    ringed = launch_ring<IntRing<T, S>>(
+                        matvec_glu_int_kernel<T, NT, R, S, true>, threads, 2 * R, shape.stages, gate.rows, R, pdl, s,
+                        gate.data, up.data, gate.row_bytes, n_units, gate.rows, xi, m, yi, yqi, counters, shape.stages);
                 });
             if (!ringed)
                 with_mvi_shape<T, 2, NT>(shape, [&](auto r, auto step) {

@@ -43,12 +43,11 @@ void get_rows(float* out, const DevWeight& emb, const int32_t* d_tokens, int n, 
 // memory (F16Ring; MviShape::stages, --cuda-matvec-stages), 0 through registers.
 void matvec(float* y, const DevWeight& w, const float* x, bool accumulate, cudaStream_t s, bool f16_block = true,
             bool pdl = false, int stages = 0);
-// How the rings' kernels (the integer and F16 products with stages 2-4) share each SM's L1 with shared memory, for
-// the whole process (a backend sets it on its device as each forward starts, the kernels' attributes at once;
-// Settings::cuda_ring_fit, --cuda-ring-carveout): fit (true) as much shared memory as their blocks need, one share
-// for the one-token kernels and one for a short prompt's, the rest L1; false all an SM allows. The same results
-// either way.
-void set_ring_carveout(int device, bool fit);
+// How much of each SM's L1 the rings' launches (the integer and F16 products with stages 2-4) take as shared memory,
+// for the whole process (a backend sets it as each forward starts; Settings::cuda_ring_fit, --cuda-ring-carveout):
+// fit (true) each launch the least that holds its blocks (a launch attribute: CUDA 12.6 builds and drivers and later;
+// before, as false), the rest L1; false all an SM allows (the kernels' own attribute). The same results either way.
+void set_ring_carveout(bool fit);
 // The same product with its rows spread over up to three buffers (RowSplit, matvec.cuh): Q|K|V uploaded as one
 // matrix fill q, k and v in one launch. Twin: three matvec calls.
 void matvec_split(const RowSplit& y, const DevWeight& w, const float* x, cudaStream_t s, bool f16_block = true,

@@ -393,9 +393,9 @@ int main(int argc, char** argv) {
                     "results");
     add_cuda_choice(app, "--cuda-ring-carveout", &gen.run.cuda_ring_fit, {"fit", "max"}, "fit",
                     "CUDA, with the rings of --cuda-matvec-stages: how much of each SM's L1 they take as shared "
-                    "memory: fit (the default: what their blocks need, the rest stays L1 and holds a token's "
-                    "activations, which every row group reads) or max (all an SM allows: 228 of 256 KiB on an H100 "
-                    "or H200), to compare; the same results");
+                    "memory: fit (the default: each launch what its blocks need, the rest stays L1 and holds the "
+                    "activations, which every row group reads; CUDA 12.6 and later) or max (all an SM allows: "
+                    "228 of 256 KiB on an H100 or H200), to compare; the same results");
     add_cuda_choice(
         app, "--cuda-kv-store", &gen.run.cuda_qkv_store, {"product", "kernel"}, "product",
         "CUDA with an f16 KV cache: product (the Q|K|V products of up to 16 tokens, integer or on split "

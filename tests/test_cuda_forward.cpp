@@ -414,8 +414,8 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
             registers_s.cuda_matvec_rows = 8;
             std::unique_ptr<Backend> registers = cuda::make_backend(m, registers_s);
             // The rings with all of each SM's shared memory they may have (--cuda-ring-carveout max) instead of what
-            // their blocks need: the same launches on another split of L1, the same bits (each forward sets the
-            // kernels' attributes, so they switch between this backend's forwards and the others')
+            // their blocks need: the same launches on another split of L1, the same bits (each forward sets the choice
+            // its launches, and the graph it captures, take)
             Settings carve_max_s = registers_s;
             carve_max_s.cuda_matvec_stages = Settings{}.cuda_matvec_stages;
             carve_max_s.cuda_ring_fit = false;

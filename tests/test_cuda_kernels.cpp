@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <tuple>
 
 #include "attention_case.h"
@@ -329,6 +330,30 @@ TEST_CASE(
                 CHECK(ct::matvec_glu(w, wu, x, true, stages) == g);
             }
         }
+}
+
+TEST_CASE("a ring launch's carveout with --cuda-ring-carveout fit goes into the graph captured from it",
+          "[cuda][kernels]") {
+    // One token's Q4_K product over 4096 x 4096 through rings of 3 stages (5 blocks of 36 KiB an H100 or H200 SM at all
+    // of the shared memory, 82-84% with fit); with max the launch says nothing and the kernel's own attribute holds.
+    std::string why;
+    const std::vector<kvgen::cuda::DeviceInfo> devices = kvgen::cuda::list_devices(&why);
+    REQUIRE_FALSE(devices.empty());
+    if (devices[0].cc_major < 8) {
+        WARN("SKIPPED: rings of shared memory need sm_80 or later");
+        return;
+    }
+    const int64_t n = 4096;
+    const std::vector<uint8_t> b = random_weights(GgmlType::Q4_K, n, n, 91);
+    const ct::HostWeight w{GgmlType::Q4_K, n, n, &b};
+    const int fit = ct::ring_node_carveout(w, 3, true);
+    if (fit < 0) {
+        WARN("SKIPPED: this build or driver has no launch carveout (CUDA 12.6 and later)");
+        return;
+    }
+    CHECK(fit > 0);
+    CHECK(fit < 100);
+    CHECK(ct::ring_node_carveout(w, 3, false) != fit);
 }
 
 TEST_CASE("the integer products of a short prompt: each token the same bits as its product alone", "[cuda][kernels]") {

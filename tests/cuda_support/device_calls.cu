@@ -121,6 +121,51 @@ std::vector<float> matvec_batch(const HostWeight& w, const std::vector<float>& x
     return y.get();
 }
 
+int ring_node_carveout(const HostWeight& w, int stages, bool fit) {
+    int carveout = -1;
+#if CUDART_VERSION >= 12060
+    int driver = 0;
+    KVGEN_CUDA_CHECK(cudaDriverGetVersion(&driver));
+    if (driver < 12060) return -1;
+    Dev<uint8_t> b(device_bytes(w));
+    Dev<float> y(size_t(w.rows));
+    Dev<ActBlock> xq(size_t(w.cols / 32));
+    KVGEN_CUDA_CHECK(cudaMemset(xq.p, 0, xq.n * sizeof(ActBlock)));
+    cudaStream_t s = nullptr;
+    KVGEN_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    set_ring_carveout(fit);
+    const MviShape shape{false, true, stages, false};
+    const auto product = [&] {
+        kvgen::cuda::matvec_int(RowSplit::one(y.p, w.rows), dev_weight(w, b), xq.p, 1, false, false, s, nullptr, shape);
+    };
+    product();  // once outside the capture, as a backend's first decode step
+    KVGEN_CUDA_CHECK(cudaStreamSynchronize(s));
+    cudaGraph_t g = nullptr;
+    KVGEN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    product();
+    KVGEN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+    size_t n = 0;
+    KVGEN_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &n));
+    std::vector<cudaGraphNode_t> nodes(n);
+    KVGEN_CUDA_CHECK(cudaGraphGetNodes(g, nodes.data(), &n));
+    for (cudaGraphNode_t node : nodes) {
+        cudaGraphNodeType type{};
+        KVGEN_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+        if (type != cudaGraphNodeTypeKernel) continue;
+        cudaLaunchAttributeValue v{};
+        KVGEN_CUDA_CHECK(
+            cudaGraphKernelNodeGetAttribute(node, cudaKernelNodeAttributePreferredSharedMemoryCarveout, &v));
+        carveout = int(v.sharedMemCarveout);
+    }
+    KVGEN_CUDA_CHECK(cudaGraphDestroy(g));
+    KVGEN_CUDA_CHECK(cudaStreamDestroy(s));
+    set_ring_carveout(true);
+#else
+    (void)w, (void)stages, (void)fit;
+#endif
+    return carveout;
+}
+
 std::vector<float> matvec_int(const HostWeight& w, const std::vector<float>& x, int n, int stages, bool mma,
                               bool pairs) {
     Dev<uint8_t> b(device_bytes(w));

@@ -66,6 +66,10 @@ std::vector<float> f16_split_tiled(const HostWeight& w, const std::vector<float>
 // later). pairs: Q4_0 in steps of two units (MviShape::pairs, --cuda-matvec-unit 64, the default), else one.
 std::vector<float> matvec_int(const HostWeight& w, const std::vector<float>& x, int n = 1, int stages = 0,
                               bool mma = false, bool pairs = true);
+// The carveout (percent) that the kernel node of a graph captured from one token's integer product of w through a ring
+// of `stages` carries (cudaKernelNodeAttributePreferredSharedMemoryCarveout), with --cuda-ring-carveout fit or max
+// (set_ring_carveout); -1 where the build has no such attribute or the graph no kernel node.
+int ring_node_carveout(const HostWeight& w, int stages, bool fit);
 // silu(gate x) * (up x) through the fused integer kernel; n tokens, stages, mma and pairs as matvec_int.
 std::vector<float> matvec_glu_int(const HostWeight& gate, const HostWeight& up, const std::vector<float>& x, int n = 1,
                                   int stages = 0, bool mma = false, bool pairs = true);
