@@ -866,8 +866,6 @@ RingGrid ring_grid(const void* kernel, unsigned threads, size_t bytes, int64_t g
         if (std::find(set_up.begin(), set_up.end(), std::make_pair(kernel, device)) == set_up.end()) {
             KVGEN_CUDA_CHECK(
                 cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dynamic_max)));
-            KVGEN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                                  int(cudaSharedmemCarveoutMaxShared)));
             set_up.emplace_back(kernel, device);
         }
         const auto blocks_at = [&](int carveout) {

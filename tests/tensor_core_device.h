@@ -1,6 +1,7 @@
 #pragma once
-// [cuda] cases of the tensor cores' integer products (--cuda-matvec-mma on): whether the first device runs them
-// (sm_80 and later). Where it does not, the case says so, visibly, and is skipped.
+// [cuda] cases of what needs sm_80 and later (the tensor cores' integer products, --cuda-matvec-mma on; the rings of
+// shared memory, --cuda-matvec-stages): whether the first device runs them. Where it does not, the case says so,
+// visibly, naming `what`, and is skipped.
 #include <string>
 #include <vector>
 
@@ -10,12 +11,12 @@
 
 namespace kvgen::test {
 
-inline bool integer_mma_device() {
+inline bool sm80_device(const std::string& what = "the tensor-core integer products") {
     std::string why;
     const std::vector<cuda::DeviceInfo> devices = cuda::list_devices(&why);
     REQUIRE_FALSE(devices.empty());
     if (devices[0].cc_major >= 8) return true;
-    WARN("SKIPPED: the tensor-core integer products need sm_80 or later");
+    WARN("SKIPPED: " << what << " need sm_80 or later");
     return false;
 }
 

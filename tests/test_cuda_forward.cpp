@@ -279,7 +279,7 @@ TEST_CASE("CUDA short prompts on the tensor cores (--cuda-matvec-mma on) agree w
     // activations, further from the exact math), so there the check within f32 rounding is against the same prompt
     // in forwards of up to 16 tokens with the option on (a token's product does not depend on the group it is in);
     // the CPU's within the usual bounds throughout. Decode after them takes the same kernels either way.
-    if (!test::integer_mma_device()) return;
+    if (!test::sm80_device()) return;
     for (const char* type : {"Q4_0", "Q8_0", "Q4_K_M"}) {  // Q4_K_M: Q4_K and Q6_K
         const Model m = synth_model(type);
         const int n_vocab = m.config.n_vocab;

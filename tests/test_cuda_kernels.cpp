@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstring>
 #include <random>
-#include <string>
 #include <tuple>
 
 #include "attention_case.h"
@@ -336,13 +335,7 @@ TEST_CASE("a ring launch's carveout with --cuda-ring-carveout fit goes into the 
           "[cuda][kernels]") {
     // One token's Q4_K product over 4096 x 4096 through rings of 3 stages (5 blocks of 36 KiB an H100 or H200 SM at all
     // of the shared memory, 82-84% with fit); with max the launch says nothing and the kernel's own attribute holds.
-    std::string why;
-    const std::vector<kvgen::cuda::DeviceInfo> devices = kvgen::cuda::list_devices(&why);
-    REQUIRE_FALSE(devices.empty());
-    if (devices[0].cc_major < 8) {
-        WARN("SKIPPED: rings of shared memory need sm_80 or later");
-        return;
-    }
+    if (!test::sm80_device("rings of shared memory")) return;
     const int64_t n = 4096;
     const std::vector<uint8_t> b = random_weights(GgmlType::Q4_K, n, n, 91);
     const ct::HostWeight w{GgmlType::Q4_K, n, n, &b};
@@ -397,7 +390,7 @@ TEST_CASE("the integer products of a short prompt on the tensor cores: the host 
     // CUDA-core products. 37 rows (blocks with rows past the matrix); 1280 columns (40 units: warps 0-1 two turns of 4,
     // the others one), 1312 (41: a turn that ends past the row; not Q4_K and Q6_K, whose rows are whole super-blocks),
     // 11008 (344: two warps a turn fewer).
-    if (!test::integer_mma_device()) return;
+    if (!test::sm80_device()) return;
     for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"})
         for (const int64_t cols : {1280, 1312, 11008}) {
             GgmlType t;
@@ -454,7 +447,7 @@ TEST_CASE("the tensor cores' SwiGLU product quantizes its output for the down pr
     // --cuda-matvec-mma on: 96 rows, 2 to 64 tokens in one launch (one group of tokens: blocks of 16 rows, two a
     // 32-row group; several: blocks of 32, each group of tokens on its own counters; Q6_K up to 8 groups of 8);
     // ct::matvec_glu_int checks the blocks against quantize_act of the output and the counters after two launches.
-    if (!test::integer_mma_device()) return;
+    if (!test::sm80_device()) return;
     const int64_t rows = 96, cols = 1280;
     for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q6_K"}) {
         GgmlType t;
