@@ -28,12 +28,22 @@ void each_row(int n, ThreadPool& pool, Fn&& fn) {
     });
 }
 
+// Types whose generated tokens' kernels take one token at a time (AVX-512; elsewhere the scalar reference)
+bool one_token_rows(GgmlType t) {
+    return t == GgmlType::Q5_0 || t == GgmlType::Q5_1 || t == GgmlType::Q2_K || t == GgmlType::Q3_K;
+}
+
 }  // namespace
 
 bool prompt_integer(GgmlType t) {
     switch (t) {
         case GgmlType::Q8_0: case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q4_K: case GgmlType::Q5_K:
         case GgmlType::Q6_K: return true;
+        case GgmlType::Q5_0:
+        case GgmlType::Q5_1:
+        case GgmlType::Q2_K:
+        case GgmlType::Q3_K:
+            return kAvx512;
         default: return false;
     }
 }
@@ -121,7 +131,15 @@ void products(float* const* ys, Activations& x, const WeightView* const* ws, int
     // in 16 bits (level at 10), of 6 to 11 tokens up to 1.7x in 8 bits; the last group of a longer prompt, whose
     // weight tiles are widened for the groups before it anyway, 1.1x to 1.3x for 1 to 4 tokens, level at 6.
     const int min_group = !kAvx512 ? 14 : n > 16 ? 6 : x.mode() == MathMode::Fast ? 12 : 11;
-    const int n_side = n % 16 < min_group ? n - n % 16 : n;
+    // Q5_0, Q5_1, Q2_K, Q3_K (one_token_rows): their generated tokens' kernels take a token at a time, each a pass
+    // over the weights; measured (TinyLlama-shaped Q3_K and Q5_0 files, 2 threads) against a group of 16: a short
+    // prompt of 3 tokens 1.2x to 1.6x faster that way, 4 even (Q3_K) or 1.3x (Q5_0), 6 slower (0.63x, 0.87x); the last
+    // token of a longer prompt 1.2x to 1.4x, the last 2 even to 1.2x, the last 4 slower (0.77x, 0.92x).
+    const int min_one = n > 16 ? 3 : 5;
+    auto side = [&](GgmlType t) {
+        const int mg = one_token_rows(t) ? min_one : min_group;
+        return n % 16 < mg ? n - n % 16 : n;
+    };
     const void* xs[kMax];  // tokens 0 .. n_gemm[i] side by side: tokens16 (null: the f32 tiles of x)
     const void* xq[kMax];  // the others as generated tokens: from token n_gemm[i], stride[i] bytes apart (null: f32)
     int64_t stride[kMax] = {}, total = 0;
@@ -139,6 +157,7 @@ void products(float* const* ys, Activations& x, const WeightView* const* ws, int
         const bool integer = prompt_integer(w.type) && !f32_math;
         // the kernels for tokens16 (matmul_kernels.inc): AVX-512 VNNI; AVX2 for the 8-bit forms and the k-quants'
         const bool side_by_side = kAvx512 || (kAvx2 && (act_8bit(f) || f == ActFormat::A256));
+        const int n_side = side(w.type);
         xs[i] = x.f32() && side_by_side && integer && n_side > 0 ? x.tokens16(f, pool) : nullptr;
         n_gemm[i] = !x.f32() ? 0 : !integer ? n : xs[i] != nullptr ? n_side : 0;
         xq[i] = n_gemm[i] == n || f == ActFormat::None

@@ -2,19 +2,19 @@
 // y = x W^T for a weight in its GGUF type: y[i][r] = dot(W row r, x[i]) for n tokens.
 // Generated tokens (Pass::Decode): quantized weights meet 16-bit integer activations in integer dot products
 // (vecdot.h), read straight from the mapped file, 16 rows side by side; float weights are dotted in f32.
-// A prompt's tokens (Pass::Prefill): on AVX-512 VNNI, Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K weights widened to
-// int16 (k-quants with their sub-block scales) meet the tokens' 16-bit activations sixteen tokens to a vector
-// (prompt_integer); on AVX2 the k-quants do the same eight tokens to a vector, and the 32-weight blocks take the
-// generated tokens' kernels, four tokens at a time (so does everything on CPUs without AVX2, and a group of fewer
-// than 8 tokens, 14 on AVX2; with --math fast AVX2 runs all six types eight tokens to a vector); float weights and the
-// remaining types decode tiles of rows to f32 once and multiply them with the exact f32 activations in a
-// register-blocked GEMM.
-// For the types prompt_matches_decode names, every path computes the same sequence of roundings for a row and a token
-// (vecdot_kernels.inc; fold16 in matmul_kernels.inc): a token's result is the same bits in a prompt of any length or
-// as a generated token, on every instruction set. Rows are split across threads; each row's sum runs in a fixed
-// order, so results do not depend on the thread count either. Activations::mode() picks the activation forms
-// (MathMode): the 8-bit ones of --math fast take the same paths (8-bit prompt groups on AVX-512 VNNI and AVX2, for
-// all six types) and the same guarantees; --math f32 takes the f32 paths for every weight.
+// A prompt's tokens (Pass::Prefill): on AVX-512 VNNI, Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q2_K / Q3_K / Q4_K / Q5_K /
+// Q6_K weights widened to int16 (k-quants with their sub-block scales) meet the tokens' 16-bit activations sixteen
+// tokens to a vector (prompt_integer); on AVX2 the k-quants do the same eight tokens to a vector, and the 32-weight
+// blocks take the generated tokens' kernels, four tokens at a time (so does everything on CPUs without AVX2, and a
+// group of fewer than 8 tokens, 14 on AVX2; with --math fast AVX2 runs all six types eight tokens to a vector); float
+// weights, and Q5_0 / Q5_1 / Q2_K / Q3_K without AVX-512 VNNI, decode tiles of rows to f32 once and multiply them with
+// the exact f32 activations in a register-blocked GEMM. For the types prompt_matches_decode names, every path computes
+// the same sequence of roundings for a row and a token (vecdot_kernels.inc; fold16 in matmul_kernels.inc): a token's
+// result is the same bits in a prompt of any length or as a generated token, on every instruction set (Q5_0, Q5_1,
+// Q2_K and Q3_K: on AVX-512 VNNI). Rows are split across threads; each row's sum runs in a fixed order, so results do
+// not depend on the thread count either. Activations::mode() picks the activation forms (MathMode): the 8-bit ones of
+// --math fast take the same paths (8-bit prompt groups on AVX-512 VNNI and AVX2, for all six types) and the same
+// guarantees; --math f32 takes the f32 paths for every weight.
 #include <cstdint>
 
 #include "cpu/thread_pool.h"
@@ -92,12 +92,14 @@ void matmul_glu(float* h, float* up, Activations& x, const WeightView& w_gate, c
 void get_rows(float* out, const WeightView& w, const int32_t* rows, int n);
 
 // Weight types whose prompt products run in integers: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, 16 tokens per group
-// (Activations::tokens16) where the kernels above have them, else the generated tokens' integer kernels; the other
-// types multiply prompts in f32 tiles.
+// (Activations::tokens16) where the kernels above have them, else the generated tokens' integer kernels; on AVX-512
+// VNNI also Q5_0, Q5_1, Q2_K and Q3_K (16 tokens per group, in their scalar references' sequence). The other types
+// multiply prompts in f32 tiles.
 bool prompt_integer(GgmlType t);
 
 // Types whose products are the same bits for a prompt's token and a generated one: the integer types above and the
-// float types (Q5_0, Q5_1, Q2_K and Q3_K multiply prompts in f32 and generated tokens in integers).
+// float types (without AVX-512 VNNI, Q5_0, Q5_1, Q2_K and Q3_K multiply prompts in f32 and generated tokens in
+// integers).
 bool prompt_matches_decode(GgmlType t);
 
 // The instruction set the kernels were dispatched to ("avx512-vnni", "avx2" or "generic").
