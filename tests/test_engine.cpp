@@ -8,19 +8,21 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cpu/cpu_backend.h"
 #include "common/half.h"
+#include "cpu/cpu_backend.h"
+#include "cpu/cpu_features.h"
 #include "cpu/ops.h"
-#include "model/dequant.h"
-#include "model/quantize.h"
+#include "cuda_test_util.h"
 #include "engine/generator.h"
 #include "engine/kv_blocks.h"
 #include "engine/kv_cache.h"
 #include "engine/kv_offset.h"
 #include "engine/kv_rotation.h"
+#include "model/dequant.h"
+#include "model/quantize.h"
 #include "model/weights.h"
-#include "cuda_test_util.h"
 #include "reference_check.h"
+#include "synth/synth.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -106,6 +108,60 @@ TEST_CASE("one prefill of N tokens gives the logits of N single-token steps, as 
         const float* b = nullptr;
         for (int i = 0; i < int(tokens.size()); ++i) b = stepped.forward(&tokens[size_t(i)], 1, i, Pass::Decode);
         CHECK(std::vector<float>(b, b + n_vocab) == la);
+    }
+}
+
+TEST_CASE("Q5_0, Q5_1, Q2_K and Q3_K: a prefill gives single steps' logits bit for bit where the CPU has AVX-512 VNNI",
+          "[engine][invariant]") {
+    static const GgufFile vocab = GgufFile::open(test::shared("testdata/ref/open-gqa-Q8_0.gguf"));
+    std::vector<int32_t> tokens;
+    for (int i = 0; i < 37; ++i) tokens.push_back(int32_t(1 + (i * 97) % 4000));  // two groups of 16 and 5 tokens
+    for (const char* type : {"Q5_0", "Q5_1", "Q2_K", "Q3_K"}) {
+        SynthOptions o;
+        o.shape = {"test", 256, 2, 4, 2, 512, 512, 10000.0f, false};
+        o.type = type;
+        o.seed = 7;
+        const GgufWriter w = synth_layout(o, vocab);
+        Model model{GgufFile::parse(w.to_bytes([&](size_t i, uint8_t* dst, uint64_t n) {
+                        synth_fill(o, w.tensor_info(i), i, dst, n);
+                    }),
+                                    std::string("synth-") + type),
+                    Config{}, ModelWeights{}};
+        model.config = Config::from_gguf(model.file);
+        model.weights = bind_weights(model.file, model.config);
+        for (MathMode math : {MathMode::Exact, MathMode::Fast}) {
+            INFO(type << ", --math " << math_mode_name(math));
+            Settings opt;
+            opt.n_ctx = 64;
+            opt.n_threads = 2;
+            opt.math = math;
+            const std::unique_ptr<Backend> batched = cpu::make_backend(model, opt);
+            const std::unique_ptr<Backend> stepped = cpu::make_backend(model, opt);
+            if (!batched->decode_matches_prompt()) {  // f32 tiles for a prompt
+                CHECK_FALSE(cpu::has_avx512_vnni());
+                continue;
+            }
+            const int n_vocab = model.config.n_vocab;
+            // the prompt in batches of 18 (a group and 2 tokens, which take the one-token kernels) and 19 (a group
+            // of 16 and one of 3), then token by token as prompt tokens and as generated ones
+            batched->forward(tokens.data(), 18, 0, Pass::Prefill);
+            const float* a = batched->forward(tokens.data() + 18, 19, 18, Pass::Prefill);
+            const std::vector<float> la(a, a + n_vocab);
+            const float* p = nullptr;
+            for (int i = 0; i < int(tokens.size()); ++i) p = stepped->forward(&tokens[size_t(i)], 1, i, Pass::Prefill);
+            CHECK(std::vector<float>(p, p + n_vocab) == la);
+            const float* b = nullptr;
+            for (int i = 0; i < int(tokens.size()); ++i) b = stepped->forward(&tokens[size_t(i)], 1, i, Pass::Decode);
+            CHECK(std::vector<float>(b, b + n_vocab) == la);
+            // and a short prompt of 4 tokens (the one-token kernels) and one of 5 (a group)
+            for (int m : {4, 5}) {
+                const float* s = batched->forward(tokens.data(), m, 0, Pass::Prefill);
+                const std::vector<float> ls(s, s + n_vocab);
+                const float* t = nullptr;
+                for (int i = 0; i < m; ++i) t = stepped->forward(&tokens[size_t(i)], 1, i, Pass::Decode);
+                CHECK(std::vector<float>(t, t + n_vocab) == ls);
+            }
+        }
     }
 }
 

@@ -27,13 +27,18 @@ CpuOps::CpuOps(const Model& model, const Settings& s)
       rope_(RopeFreqs::of(model)),
       math_(s.math) {
     const ModelWeights& w = model.weights;
+    bool fast_t16 = false;  // --math fast: a weight whose prompts take 16-bit tokens side by side (prompt_integer,
+                            // no 8-bit form: Q5_0, Q5_1, Q2_K, Q3_K on AVX-512 VNNI)
+    const auto note = [&](GgmlType t) {
+        same_bits_ = same_bits_ && prompt_matches_decode(t);
+        fast_t16 = fast_t16 || (prompt_integer(t) && !fast_type(t));
+    };
     for (const LayerWeights& L : w.layers) {
         attn_norm_.push_back(decode_vector(L.attn_norm));
         ffn_norm_.push_back(decode_vector(L.ffn_norm));
-        for (const WeightView* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
-            same_bits_ = same_bits_ && prompt_matches_decode(m->type);
+        for (const WeightView* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) note(m->type);
     }
-    same_bits_ = same_bits_ && prompt_matches_decode(w.output.type);
+    note(w.output.type);
     output_norm_ = decode_vector(w.output_norm);
 
     const size_t nb = size_t(n_batch_);
@@ -52,8 +57,9 @@ CpuOps::CpuOps(const Model& model, const Settings& s)
     const size_t max_cols = size_t(std::max({c_.n_embd, c_.n_ff, int(q_dim)}));
     mm_scratch_.resize(size_t(pool_.size()) * size_t(matmul_scratch(int64_t(max_cols))));
     // The activation forms this mode's products take (matmul.cpp): 16-bit ones (--math fast still gives them to the
-    // types without 8-bit kernels), 8-bit ones for --math fast, and 16 tokens side by side only where the prompt
-    // kernels for them run (AVX-512 VNNI; AVX2 for k-quants and the 8-bit forms); --math f32 none.
+    // types without 8-bit kernels, and 16-bit tokens side by side to those among them with prompt kernels), 8-bit ones
+    // for --math fast, and 16 tokens side by side only where the prompt kernels for them run (AVX-512 VNNI; AVX2 for
+    // k-quants and the 8-bit forms); --math f32 none.
     const size_t blocks32 = nb * (max_cols / 32 + 1), blocks256 = nb * (max_cols / 256 + 1);
     const size_t groups32 = (nb + 15) / 16 * (max_cols / 32 + 1), groups256 = (nb + 15) / 16 * (max_cols / 256 + 1);
     const bool side_by_side = has_avx2();  // the prompt kernels for tokens side by side (AVX2, AVX-512 VNNI)
@@ -67,6 +73,7 @@ CpuOps::CpuOps(const Model& model, const Settings& s)
         b32_.resize(blocks32);
         b256_.resize(blocks256);
         if (side_by_side) u16_.resize(groups32), u256_.resize(groups256);
+        if (fast_t16 && has_avx512_vnni()) t16_.resize(groups32);
     }
     const auto at = [](auto& v) { return v.empty() ? nullptr : v.data(); };
     act_ = ActBuffers{at(a32_), at(a256_), at(t16_), at(t256_), at(b32_), at(b256_), at(u16_), at(u256_)};

@@ -153,7 +153,8 @@ void products(float* const* ys, Activations& x, const WeightView* const* ws, int
         fs[i] = f;
         // A prompt: tokens side by side in integer products (AVX-512 VNNI), or for the same types elsewhere (or
         // without the buffers for them) the generated tokens' kernels: the same bits either way. f32 tiles for the
-        // other types (and for everything with MathMode::F32). Quantized before the region.
+        // other types (Q5_0, Q5_1, Q2_K and Q3_K without AVX-512 VNNI, whose prompt_integer is false there) and for
+        // everything with MathMode::F32. Quantized before the region.
         const bool integer = prompt_integer(w.type) && !f32_math;
         // the kernels for tokens16 (matmul_kernels.inc): AVX-512 VNNI; AVX2 for the 8-bit forms and the k-quants'
         const bool side_by_side = kAvx512 || (kAvx2 && (act_8bit(f) || f == ActFormat::A256));
