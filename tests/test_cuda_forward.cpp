@@ -22,31 +22,13 @@
 #include "model/weights.h"
 #include "reference_check.h"
 #include "synth/synth.h"
+#include "synth_model.h"
 #include "tensor_core_device.h"
 #include "test_util.h"
 
 using namespace kvgen;
 
 namespace {
-
-Model model_from_bytes(std::vector<uint8_t> bytes, const std::string& name) {
-    Model m{GgufFile::parse(std::move(bytes), name), Config{}, ModelWeights{}};
-    m.config = Config::from_gguf(m.file);
-    m.weights = bind_weights(m.file, m.config);
-    return m;
-}
-
-Model synth_model(const std::string& type, int n_layers = 3) {
-    static const GgufFile vocab = GgufFile::open(test::shared("testdata/ref/open-gqa-Q8_0.gguf"));
-    SynthOptions o;
-    o.shape = {"test", 256, n_layers, 4, 2, 512, 512, 10000.0f, false};
-    o.type = type;
-    o.seed = 42;
-    const GgufWriter w = synth_layout(o, vocab);
-    return model_from_bytes(
-        w.to_bytes([&](size_t i, uint8_t* dst, uint64_t n) { synth_fill(o, w.tensor_info(i), i, dst, n); }),
-        "synth-" + type);
-}
 
 int argmax(const std::vector<float>& v) {
     return int(std::max_element(v.begin(), v.end()) - v.begin());
@@ -209,14 +191,15 @@ TEST_CASE("CUDA and CPU logits agree on the shared reference models", "[cuda][fo
 }
 
 TEST_CASE("CUDA and CPU logits agree on synthetic models of every weight type", "[cuda][forward]") {
-    for (const std::string& type : synth_types()) compare_backends(synth_model(type), "synthetic " + type);
+    for (const std::string& type : synth_types()) compare_backends(test::synth_model(type), "synthetic " + type);
 }
 
 TEST_CASE("CUDA prefill products in one kernel (--cuda-gemm mma) agree with the CPU and with cuBLAS's",
           "[cuda][forward]") {
     // 150 tokens: over 16, so every product is a GEMM, and two of the kernel's 128-token tiles
     std::vector<Model> models;
-    for (const char* type : {"Q4_0", "Q5_1", "Q8_0", "Q4_K_M", "Q6_K", "BF16"}) models.push_back(synth_model(type));
+    for (const char* type : {"Q4_0", "Q5_1", "Q8_0", "Q4_K_M", "Q6_K", "BF16"})
+        models.push_back(test::synth_model(type));
     models.push_back(Model::load(test::shared("testdata/ref/open-gqa-Q4_K_M.gguf")));
     for (const Model& m : models) {
         INFO(m.config.n_layers << " layers, " << m.config.n_embd << " wide, vocab " << m.config.n_vocab);
@@ -240,7 +223,7 @@ TEST_CASE("CUDA prefill decoding each product's first chunk ahead gives the bits
     // ones, every position's logits (so the output product follows the last layer's down projection): the same GEMMs
     // of the same chunks, so the same bits; the CPU within the usual bounds
     std::vector<Model> models;
-    for (const char* type : {"Q4_0", "Q4_K_M", "Q6_K"}) models.push_back(synth_model(type));
+    for (const char* type : {"Q4_0", "Q4_K_M", "Q6_K"}) models.push_back(test::synth_model(type));
     models.push_back(Model::load(test::shared("testdata/ref/open-gqa-Q4_K_M.gguf")));
     for (const Model& m : models) {
         const int n_vocab = m.config.n_vocab, n = 40;
@@ -281,7 +264,7 @@ TEST_CASE("CUDA short prompts on the tensor cores (--cuda-matvec-mma on) agree w
     // the CPU's within the usual bounds throughout. Decode after them takes the same kernels either way.
     if (!test::sm80_device()) return;
     for (const char* type : {"Q4_0", "Q8_0", "Q4_K_M"}) {  // Q4_K_M: Q4_K and Q6_K
-        const Model m = synth_model(type);
+        const Model m = test::synth_model(type);
         const int n_vocab = m.config.n_vocab;
         Settings s = test_settings(192);
         // Prefill attention with one warp over each whole tile, whatever the prompt: a block of at most 16 rows (up to
@@ -326,7 +309,7 @@ TEST_CASE("CUDA short prompts on the tensor cores (--cuda-matvec-mma on) agree w
 }
 
 TEST_CASE("CUDA and CPU logits agree with a quantized KV cache", "[cuda][forward]") {
-    const Model m = synth_model("Q8_0");
+    const Model m = test::synth_model("Q8_0");
     compare_backends(m, "synth-Q8_0", KvType::Q8_0, KvType::Q8_0);
     compare_backends(m, "synth-Q8_0", KvType::Q8_0, KvType::Q4_0);
     compare_backends(m, "synth-Q8_0", KvType::Q4_0, KvType::Q4_0);
@@ -370,8 +353,8 @@ TEST_CASE("CUDA decode: graph replay equals launch by launch, and prefill equals
     // And Q4_0 (fused Q|K|V), whose one-token products take 8 rows a block or 4 (--cuda-matvec-rows).
     std::vector<Model> models;
     if (test::file_exists(KVGEN_DEFAULT_MODEL)) models.push_back(Model::load(KVGEN_DEFAULT_MODEL));
-    models.push_back(synth_model("Q4_K_M"));
-    models.push_back(synth_model("Q4_0"));
+    models.push_back(test::synth_model("Q4_K_M"));
+    models.push_back(test::synth_model("Q4_0"));
     for (const Model& m : models)
         for (KvType kt : {KvType::F16, KvType::Q4_0}) {
             const int n_vocab = m.config.n_vocab;
@@ -495,7 +478,7 @@ TEST_CASE("CUDA: a short prompt's products on split activations give the f32 lan
     for (const auto& [type, rel] : {std::pair{"F16", 1e-4f}, std::pair{"BF16", 1e-4f}, std::pair{"Q5_K", 2e-3f},
                                     std::pair{"Q3_K", 2e-3f}, std::pair{"Q4_1", 2e-3f}}) {
         INFO(type);
-        const Model m = synth_model(type);
+        const Model m = test::synth_model(type);
         const int n_vocab = m.config.n_vocab;
         Settings s = test_settings(128);
         s.n_batch = 8;
@@ -536,7 +519,7 @@ TEST_CASE("CUDA: a short prompt's first-layer K/V rows are the bits its tokens' 
     // as one fused product (RowSplit, token after token in each buffer).
     for (const char* type : {"Q4_K_M", "Q8_0"}) {
         INFO(type);
-        const Model m = synth_model(type, 8);
+        const Model m = test::synth_model(type, 8);
         const LayerWeights& L0 = m.weights.layers[0];
         REQUIRE((L0.wv.type == L0.wq.type) == (std::string(type) == "Q8_0"));
         Settings go;
@@ -570,7 +553,7 @@ TEST_CASE("CUDA: a short prompt over a deep cache, its positions split among blo
           "[cuda][forward]") {
     // 1,500 positions, then 5 tokens: 2 blocks (4 heads, 2 per block), split 6 ways on a device of 132 SMs (at least
     // 2 on any with 2 or more: flash_splits); the chat turn's logits against the CPU backend's
-    const Model m = synth_model("Q4_K_M");
+    const Model m = test::synth_model("Q4_K_M");
     const int n_vocab = m.config.n_vocab;
     Settings s = test_settings(2048);
     s.n_batch = 512;

@@ -22,7 +22,7 @@
 #include "model/quantize.h"
 #include "model/weights.h"
 #include "reference_check.h"
-#include "synth/synth.h"
+#include "synth_model.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -113,22 +113,10 @@ TEST_CASE("one prefill of N tokens gives the logits of N single-token steps, as 
 
 TEST_CASE("Q5_0, Q5_1, Q2_K and Q3_K: a prefill gives single steps' logits bit for bit where the CPU has AVX-512 VNNI",
           "[engine][invariant]") {
-    static const GgufFile vocab = GgufFile::open(test::shared("testdata/ref/open-gqa-Q8_0.gguf"));
     std::vector<int32_t> tokens;
     for (int i = 0; i < 37; ++i) tokens.push_back(int32_t(1 + (i * 97) % 4000));  // two groups of 16 and 5 tokens
     for (const char* type : {"Q5_0", "Q5_1", "Q2_K", "Q3_K"}) {
-        SynthOptions o;
-        o.shape = {"test", 256, 2, 4, 2, 512, 512, 10000.0f, false};
-        o.type = type;
-        o.seed = 7;
-        const GgufWriter w = synth_layout(o, vocab);
-        Model model{GgufFile::parse(w.to_bytes([&](size_t i, uint8_t* dst, uint64_t n) {
-                        synth_fill(o, w.tensor_info(i), i, dst, n);
-                    }),
-                                    std::string("synth-") + type),
-                    Config{}, ModelWeights{}};
-        model.config = Config::from_gguf(model.file);
-        model.weights = bind_weights(model.file, model.config);
+        const Model model = test::synth_model(type, 2);
         for (MathMode math : {MathMode::Exact, MathMode::Fast}) {
             INFO(type << ", --math " << math_mode_name(math));
             Settings opt;

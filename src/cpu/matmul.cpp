@@ -39,12 +39,8 @@ bool prompt_integer(GgmlType t) {
     switch (t) {
         case GgmlType::Q8_0: case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q4_K: case GgmlType::Q5_K:
         case GgmlType::Q6_K: return true;
-        case GgmlType::Q5_0:
-        case GgmlType::Q5_1:
-        case GgmlType::Q2_K:
-        case GgmlType::Q3_K:
-            return kAvx512;
-        default: return false;
+        default:
+            return kAvx512 && one_token_rows(t);  // Q5_0, Q5_1, Q2_K, Q3_K
     }
 }
 
