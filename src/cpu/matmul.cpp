@@ -28,7 +28,7 @@ void each_row(int n, ThreadPool& pool, Fn&& fn) {
     });
 }
 
-// Types whose generated tokens' kernels take one token at a time (AVX-512; elsewhere the scalar reference)
+// Types whose generated tokens' kernels take one token at a time (AVX2 and AVX-512; without AVX2 the scalar reference)
 bool one_token_rows(GgmlType t) {
     return t == GgmlType::Q5_0 || t == GgmlType::Q5_1 || t == GgmlType::Q2_K || t == GgmlType::Q3_K;
 }
