@@ -363,9 +363,12 @@ TEST_CASE("a token's products are the same bits on every path: the scalar refere
             REQUIRE(ggml_type_from_name(name, &t));
             if (mode != MathMode::Exact && !fast_type(t)) continue;  // float weights: one way in every mode
             INFO(name << ", --math " << math_mode_name(mode));
-            // Q5_0, Q5_1, Q2_K and Q3_K: integer prompts on AVX-512 VNNI only (elsewhere f32 tiles)
+            // Q5_0, Q5_1, Q2_K and Q3_K: integer prompts on AVX2 and AVX-512 VNNI (elsewhere f32 tiles)
+            const bool a32_prompt =
+                t == GgmlType::Q5_0 || t == GgmlType::Q5_1 || t == GgmlType::Q2_K || t == GgmlType::Q3_K;
             if (!prompt_matches_decode(t)) {
-                CHECK_FALSE(has_avx512_vnni());
+                CHECK(a32_prompt);
+                CHECK_FALSE(has_avx2());
                 continue;
             }
             const ActFormat f = mode == MathMode::F32 ? ActFormat::None : act_format(t, mode);
@@ -478,7 +481,7 @@ TEST_CASE("a token's products are the same bits on every path: the scalar refere
                 using PromptFn = void (*)(float*, const float*, bool, ActFormat, const void*, int64_t,
                                           const WeightView&, int, int64_t, int64_t, float*);
                 std::vector<std::pair<const char*, PromptFn>> isas;
-                if (has_avx2() && (act_8bit(f) || f == ActFormat::A256))
+                if (has_avx2() && (act_8bit(f) || f == ActFormat::A256 || a32_prompt))
                     isas.emplace_back("AVX2 prompt kernel", kernels::matmul_rows_avx2);
                 if (has_avx512_vnni()) isas.emplace_back("AVX-512 prompt kernel", kernels::matmul_rows_avx512);
                 for (int m : {8, 9, 15}) {

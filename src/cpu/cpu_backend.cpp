@@ -27,11 +27,11 @@ CpuOps::CpuOps(const Model& model, const Settings& s)
       rope_(RopeFreqs::of(model)),
       math_(s.math) {
     const ModelWeights& w = model.weights;
-    bool fast_t16 = false;  // --math fast: a weight whose prompts take 16-bit tokens side by side (prompt_integer,
-                            // no 8-bit form: Q5_0, Q5_1, Q2_K, Q3_K on AVX-512 VNNI)
+    bool a32_t16 = false;  // a weight whose prompts take 16-bit tokens side by side in 32-column blocks in either
+                           // mode (prompt_integer, no 8-bit form: Q5_0, Q5_1, Q2_K, Q3_K on AVX2 and AVX-512 VNNI)
     const auto note = [&](GgmlType t) {
         same_bits_ = same_bits_ && prompt_matches_decode(t);
-        fast_t16 = fast_t16 || (prompt_integer(t) && !fast_type(t));
+        a32_t16 = a32_t16 || (prompt_integer(t) && !fast_type(t));
     };
     for (const LayerWeights& L : w.layers) {
         attn_norm_.push_back(decode_vector(L.attn_norm));
@@ -59,7 +59,7 @@ CpuOps::CpuOps(const Model& model, const Settings& s)
     // The activation forms this mode's products take (matmul.cpp): 16-bit ones (--math fast still gives them to the
     // types without 8-bit kernels, and 16-bit tokens side by side to those among them with prompt kernels), 8-bit ones
     // for --math fast, and 16 tokens side by side only where the prompt kernels for them run (AVX-512 VNNI; AVX2 for
-    // k-quants and the 8-bit forms); --math f32 none.
+    // k-quants, Q5_0, Q5_1, Q2_K, Q3_K and the 8-bit forms); --math f32 none.
     const size_t blocks32 = nb * (max_cols / 32 + 1), blocks256 = nb * (max_cols / 256 + 1);
     const size_t groups32 = (nb + 15) / 16 * (max_cols / 32 + 1), groups256 = (nb + 15) / 16 * (max_cols / 256 + 1);
     const bool side_by_side = has_avx2();  // the prompt kernels for tokens side by side (AVX2, AVX-512 VNNI)
@@ -67,13 +67,14 @@ CpuOps::CpuOps(const Model& model, const Settings& s)
     if (math_ == MathMode::Exact) {
         a256_.resize(blocks256);
         if (side_by_side) t256_.resize(groups256);
-        if (has_avx512_vnni()) t16_.resize(groups32);  // AVX2 keeps the decode kernels for 32-weight blocks
+        // AVX2 keeps the decode kernels for Q8_0, Q4_0 and Q4_1
+        if (has_avx512_vnni() || a32_t16) t16_.resize(groups32);
     }
     if (math_ == MathMode::Fast) {
         b32_.resize(blocks32);
         b256_.resize(blocks256);
         if (side_by_side) u16_.resize(groups32), u256_.resize(groups256);
-        if (fast_t16 && has_avx512_vnni()) t16_.resize(groups32);
+        if (a32_t16) t16_.resize(groups32);
     }
     const auto at = [](auto& v) { return v.empty() ? nullptr : v.data(); };
     act_ = ActBuffers{at(a32_), at(a256_), at(t16_), at(t256_), at(b32_), at(b256_), at(u16_), at(u256_)};

@@ -40,7 +40,7 @@ bool prompt_integer(GgmlType t) {
         case GgmlType::Q8_0: case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q4_K: case GgmlType::Q5_K:
         case GgmlType::Q6_K: return true;
         default:
-            return kAvx512 && one_token_rows(t);  // Q5_0, Q5_1, Q2_K, Q3_K
+            return kAvx2 && one_token_rows(t);  // Q5_0, Q5_1, Q2_K, Q3_K
     }
 }
 
@@ -149,11 +149,12 @@ void products(float* const* ys, Activations& x, const WeightView* const* ws, int
         fs[i] = f;
         // A prompt: tokens side by side in integer products (AVX-512 VNNI), or for the same types elsewhere (or
         // without the buffers for them) the generated tokens' kernels: the same bits either way. f32 tiles for the
-        // other types (Q5_0, Q5_1, Q2_K and Q3_K without AVX-512 VNNI, whose prompt_integer is false there) and for
+        // other types (Q5_0, Q5_1, Q2_K and Q3_K without AVX2, whose prompt_integer is false there) and for
         // everything with MathMode::F32. Quantized before the region.
         const bool integer = prompt_integer(w.type) && !f32_math;
-        // the kernels for tokens16 (matmul_kernels.inc): AVX-512 VNNI; AVX2 for the 8-bit forms and the k-quants'
-        const bool side_by_side = kAvx512 || (kAvx2 && (act_8bit(f) || f == ActFormat::A256));
+        // the kernels for tokens16 (matmul_kernels.inc): AVX-512 VNNI; AVX2 for the 8-bit forms, the k-quants' and
+        // Q5_0, Q5_1, Q2_K and Q3_K
+        const bool side_by_side = kAvx512 || (kAvx2 && (act_8bit(f) || f == ActFormat::A256 || one_token_rows(w.type)));
         const int n_side = side(w.type);
         xs[i] = x.f32() && side_by_side && integer && n_side > 0 ? x.tokens16(f, pool) : nullptr;
         n_gemm[i] = !x.f32() ? 0 : !integer ? n : xs[i] != nullptr ? n_side : 0;

@@ -4,15 +4,15 @@
 // (vecdot.h), read straight from the mapped file, 16 rows side by side; float weights are dotted in f32.
 // A prompt's tokens (Pass::Prefill): on AVX-512 VNNI, Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q2_K / Q3_K / Q4_K / Q5_K /
 // Q6_K weights widened to int16 (k-quants with their sub-block scales) meet the tokens' 16-bit activations sixteen
-// tokens to a vector (prompt_integer); on AVX2 the k-quants do the same eight tokens to a vector, and the 32-weight
-// blocks take the generated tokens' kernels, four tokens at a time (so does everything on CPUs without AVX2, and a
-// group too small to pay for widening a tile, matmul.cpp's min_group and min_one; with --math fast AVX2 runs all six
-// types eight tokens to a vector); float weights, and Q5_0 / Q5_1 / Q2_K / Q3_K without AVX-512 VNNI, decode tiles of
-// rows to f32 once and multiply them with the exact f32 activations in a register-blocked GEMM. For the types
-// prompt_matches_decode names, every path computes the same sequence of roundings for a row and a token
+// tokens to a vector (prompt_integer); on AVX2 the k-quants and Q5_0 / Q5_1 / Q2_K / Q3_K do the same eight tokens to
+// a vector, and Q8_0 / Q4_0 / Q4_1 take the generated tokens' kernels, four tokens at a time (so does everything on
+// CPUs without AVX2, and a group too small to pay for widening a tile, matmul.cpp's min_group and min_one; with --math
+// fast AVX2 runs all six types eight tokens to a vector); float weights, and Q5_0 / Q5_1 / Q2_K / Q3_K without AVX2,
+// decode tiles of rows to f32 once and multiply them with the exact f32 activations in a register-blocked GEMM. For
+// the types prompt_matches_decode names, every path computes the same sequence of roundings for a row and a token
 // (vecdot_kernels.inc; fold16 in matmul_kernels.inc): a token's result is the same bits in a prompt of any length or as
-// a generated token, on every instruction set (Q5_0, Q5_1, Q2_K and Q3_K: on AVX-512 VNNI). Rows are split across
-// threads; each row's sum runs in a fixed order, so results do not depend on the thread count either.
+// a generated token, on every instruction set (Q5_0, Q5_1, Q2_K and Q3_K: on AVX2 and AVX-512 VNNI). Rows are split
+// across threads; each row's sum runs in a fixed order, so results do not depend on the thread count either.
 // Activations::mode() picks the activation forms (MathMode): the 8-bit ones of
 // --math fast take the same paths (8-bit prompt groups on AVX-512 VNNI and AVX2, for all six types) and the same
 // guarantees; --math f32 takes the f32 paths for every weight.

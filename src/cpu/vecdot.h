@@ -130,8 +130,8 @@ namespace kernels {
 // t < nt (1 to 4), x_t at x + t * x_stride bytes, in the form xf: act_format(type, mode). Q8_0, Q4_0, Q4_1, Q4_K,
 // Q5_K and Q6_K give the same bits on every instruction set (the canonical order in vecdot_kernels.inc), and the
 // same bits as a prompt's products (matmul.h), in either integer form; Q5_0, Q5_1, Q2_K and Q3_K give the scalar
-// reference's bits too, from AVX-512 kernels of one token (several tokens take them a token at a time) or the scalar
-// code elsewhere, and on AVX-512 VNNI a prompt's. One implementation per instruction set.
+// reference's bits too, from AVX2 and AVX-512 kernels of one token (several tokens take them a token at a time) or
+// the scalar code elsewhere, and on AVX2 and AVX-512 VNNI a prompt's. One implementation per instruction set.
 void vec_dot_rows_avx512(GgmlType type, ActFormat xf, const void* w, int64_t row_bytes, int nr, const void* x,
                          int64_t x_stride, int nt, float* out, int64_t out_stride, int64_t n);
 void vec_dot_rows_avx2(GgmlType type, ActFormat xf, const void* w, int64_t row_bytes, int nr, const void* x,
