@@ -277,7 +277,7 @@ TEST_CASE("attention over tiles of a prompt's tokens gives each token's bits, in
 TEST_CASE("a prompt's integer products (16 tokens per vector) match dequantize-then-dot, whatever the batch",
           "[cpu][matmul]") {
     if (!has_avx512_vnni()) {
-        WARN("no AVX-512 VNNI here: prompts take the generated tokens' kernels (checked by the next test case)");
+        WARN("no AVX-512 VNNI here: this case checks its prompt kernels (the next test case checks every path)");
         return;
     }
     const int64_t cols = 512, rows = 21;  // 16 blocks or 2 super-blocks; rows not a multiple of the tile's 8

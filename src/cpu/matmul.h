@@ -93,14 +93,13 @@ void matmul_glu(float* h, float* up, Activations& x, const WeightView& w_gate, c
 void get_rows(float* out, const WeightView& w, const int32_t* rows, int n);
 
 // Weight types whose prompt products run in integers: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, 16 tokens per group
-// (Activations::tokens16) where the kernels above have them, else the generated tokens' integer kernels; on AVX-512
-// VNNI also Q5_0, Q5_1, Q2_K and Q3_K (16 tokens per group, in their scalar references' sequence). The other types
-// multiply prompts in f32 tiles.
+// (Activations::tokens16) where the kernels above have them, else the generated tokens' integer kernels; on AVX2 and
+// AVX-512 VNNI also Q5_0, Q5_1, Q2_K and Q3_K (16 tokens per group, in their scalar references' sequence). The other
+// types multiply prompts in f32 tiles.
 bool prompt_integer(GgmlType t);
 
 // Types whose products are the same bits for a prompt's token and a generated one: the integer types above and the
-// float types (without AVX-512 VNNI, Q5_0, Q5_1, Q2_K and Q3_K multiply prompts in f32 and generated tokens in
-// integers).
+// float types (without AVX2, Q5_0, Q5_1, Q2_K and Q3_K multiply prompts in f32 and generated tokens in integers).
 bool prompt_matches_decode(GgmlType t);
 
 // The instruction set the kernels were dispatched to ("avx512-vnni", "avx2" or "generic").
